@@ -1,0 +1,145 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// DBTX is what [*sql.DB], [*sql.Tx] and [*sql.Conn] have in common. Enqueue takes one so that
+// the event row is written by the caller's own transaction.
+type DBTX interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// Dialect adapts the outbox to one database. The engine ([Store], [Publisher]) owns
+// validation, ids, hashing, retry policy and the state machine; a Dialect owns the SQL and
+// executes it. Built-in dialects: [Postgres], [MySQL], [SQLite].
+//
+// A dialect for another database (CockroachDB, SQL Server, ...) implements these methods
+// and proves itself by calling conformance.Run from its own test. The checklist:
+//
+//  1. Schema: one table with the columns of [Record] (types are yours; the meaning is fixed),
+//     a unique index on (namespace, topic, dedupe_key) that lets rows without a dedupe key
+//     coexist, an index that serves the claim in (created_at, id) order without sorting the
+//     pending set or touching delivered rows, and an index for retention on (status, updated_at).
+//     Quote the table name from [Table.Name]; it is already validated.
+//  2. Time: use one clock for every worker, the database's where it has one. Never trust the
+//     client's clock or session time zone for leases and schedules.
+//  3. Insert writes rows with status pending, attempts 0, no lease and next_attempt_at =
+//     now + Row.Delay, on the caller's q. It never commits, never rolls back and never aborts
+//     the caller's transaction on a dedupe conflict: a conflicting row is skipped and reported
+//     as not inserted. Any other error is returned, never swallowed.
+//  4. Claim selects eligible rows, (pending and due) or (processing and lease expired), with
+//     attempts < MaxAttempts and within [Scope], in (created_at, id) order, at most Limit, and
+//     atomically sets status processing, attempts+1, locked_by, locked_until = now + Lease,
+//     lease_token = Token and updated_at = now. Concurrent claimers must never return the
+//     same row while its lease is valid (FOR UPDATE SKIP LOCKED, or a single-writer guard).
+//     It runs in its own short transaction on db, never in a caller's.
+//  5. Complete applies each [Outcome] only where the row is still processing under the
+//     outcome's token, in one statement, and returns the ids it could not apply (lease lost).
+//  6. Extend pushes locked_until to now + Lease for rows still held under their token and
+//     returns the ids it could not extend.
+//  7. Bury moves rows at or over the attempt limit that no live lease protects to dead.
+//  8. Get reads one row by id and returns [ErrNotFound] when there is none.
+//
+// Optional abilities (LISTEN/NOTIFY wake-ups, retention, admin) are separate interfaces that
+// the engine finds by type assertion; when absent the engine returns [errors.ErrUnsupported].
+type Dialect interface {
+	// Name is a short stable name: "postgres", "mysql", "sqlite". The migrations package
+	// uses it to pick its directory.
+	Name() string
+
+	// Insert writes rows and reports for each whether it was inserted (false: a row with
+	// the same namespace, topic and dedupe key exists). It may split rows into several
+	// statements to stay within the database's placeholder limits.
+	Insert(ctx context.Context, q DBTX, t Table, rows []Row) (inserted []bool, err error)
+
+	// Claim leases up to p.Limit eligible rows and returns them as they are after the claim.
+	Claim(ctx context.Context, db *sql.DB, t Table, p ClaimParams) ([]Record, error)
+
+	// Complete settles claimed rows and returns the ids whose lease was lost.
+	Complete(ctx context.Context, q DBTX, t Table, outcomes []Outcome) (lost []uuid.UUID, err error)
+
+	// Extend renews leases and returns the ids whose lease was lost.
+	Extend(ctx context.Context, q DBTX, t Table, p ExtendParams) (lost []uuid.UUID, err error)
+
+	// Bury dead-letters up to p.Limit exhausted rows and returns their ids.
+	Bury(ctx context.Context, q DBTX, t Table, p BuryParams) ([]uuid.UUID, error)
+
+	// Get returns one row, or [ErrNotFound].
+	Get(ctx context.Context, q DBTX, t Table, id uuid.UUID) (Record, error)
+}
+
+// Row is one validated message ready to insert, as the engine hands it to [Dialect.Insert].
+// Empty strings and [uuid.Nil] mean NULL.
+type Row struct {
+	ID           uuid.UUID
+	Namespace    string
+	Topic        string
+	TenantID     uuid.UUID
+	DedupeKey    string
+	PartitionKey string
+	Headers      Headers
+	Payload      []byte
+	PayloadHash  []byte
+	// Delay is added to the database clock's now to give next_attempt_at.
+	Delay time.Duration
+}
+
+// Scope restricts which rows a claim or a sweep may touch. Zero fields match everything.
+type Scope struct {
+	Namespace string
+	Topics    []string
+	TenantID  uuid.UUID
+}
+
+// ClaimParams are the arguments of [Dialect.Claim]. New fields may be added; a dialect that
+// does not understand a non-zero new field must return [errors.ErrUnsupported].
+type ClaimParams struct {
+	Scope
+	Limit       int
+	Lease       time.Duration
+	MaxAttempts int
+	WorkerID    string
+	// Token is written to lease_token on every claimed row; Complete and Extend present it.
+	Token uuid.UUID
+}
+
+// Lease names one claimed row and the token of the claim that holds it.
+type Lease struct {
+	ID    uuid.UUID
+	Token uuid.UUID
+}
+
+// Outcome is the fate of one claimed row, applied by [Dialect.Complete].
+type Outcome struct {
+	Lease
+	// Status is StatusDelivered, StatusPending (retry) or StatusDead.
+	Status Status
+	// Delay, for StatusPending, gives next_attempt_at = now + Delay.
+	Delay time.Duration
+	// Error is recorded in last_error for StatusPending and StatusDead (already bounded).
+	Error string
+}
+
+// ExtendParams are the arguments of [Dialect.Extend].
+type ExtendParams struct {
+	Leases []Lease
+	Lease  time.Duration
+}
+
+// BuryParams are the arguments of [Dialect.Bury]: rows in Scope with attempts >= MaxAttempts
+// that are pending, or processing with an expired lease, become dead with last_error =
+// Reason and lease_token = Token.
+type BuryParams struct {
+	Scope
+	MaxAttempts int
+	Limit       int
+	Reason      string
+	Token       uuid.UUID
+}

@@ -1,0 +1,217 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// SQLite returns the dialect for SQLite 3.35 or newer (UPDATE ... RETURNING, UPDATE ...
+// FROM, partial indexes), tested with modernc.org/sqlite.
+//
+// SQLite has one writer at a time, so there is no SKIP LOCKED: the claim is a single
+// UPDATE ... WHERE id IN (SELECT ... ORDER BY created_at, id LIMIT n) RETURNING statement.
+// A write statement takes the database's write lock before it reads, which is what BEGIN
+// IMMEDIATE buys a multi-statement transaction, and the UPDATE re-checks eligibility (the
+// optimistic guard), so two claimers can never take the same row. Times are Unix
+// microseconds from the process clock: every worker of one SQLite file shares a host.
+//
+// Connection settings users need (with modernc.org/sqlite, in the DSN):
+//
+//	file:app.db?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_txlock=immediate
+//
+// WAL lets readers run beside the writer; busy_timeout makes a writer wait for the lock
+// instead of failing with SQLITE_BUSY; _txlock=immediate makes every BEGIN take the write
+// lock up front, so a business transaction that reads and then enqueues cannot fail with
+// SQLITE_BUSY half way (a deferred transaction that must upgrade its lock is not retried
+// by busy_timeout). Without these, concurrent writers get "database is locked" errors.
+func SQLite() Dialect { return sqliteDialect{} }
+
+type sqliteDialect struct{}
+
+func (sqliteDialect) Name() string { return "sqlite" }
+
+// sqliteRowsPerInsert keeps a multi-row insert under SQLite's default limit of 32766
+// bound parameters (12 per row).
+const sqliteRowsPerInsert = 500
+
+func (d sqliteDialect) Insert(ctx context.Context, q DBTX, t Table, rows []Row) ([]bool, error) {
+	inserted := make([]bool, 0, len(rows))
+	now := time.Now().UnixMicro()
+	for len(rows) > 0 {
+		chunk := rows[:min(len(rows), sqliteRowsPerInsert)]
+		rows = rows[len(chunk):]
+		ok, err := d.insert(ctx, q, t, chunk, now)
+		if err != nil {
+			return nil, err
+		}
+		inserted = append(inserted, ok...)
+	}
+	return inserted, nil
+}
+
+func (sqliteDialect) insert(ctx context.Context, q DBTX, t Table, rows []Row, now int64) ([]bool, error) {
+	var b strings.Builder
+	b.WriteString(`INSERT INTO ` + quoteIdent(t.Name(), '"') + ` (id, namespace, topic, tenant_id, dedupe_key, partition_key, headers, payload, payload_hash, status, attempts, next_attempt_at, created_at, updated_at) VALUES `)
+	placeholders(&b, len(rows), `(?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', 0, ?, ?, ?)`)
+	b.WriteString(` ON CONFLICT (namespace, topic, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING`)
+	vals := make([]any, 0, len(rows)*12)
+	dedupe := false
+	for i := range rows {
+		r := &rows[i]
+		headers, err := r.Headers.Value()
+		if err != nil {
+			return nil, err
+		}
+		dedupe = dedupe || r.DedupeKey != ""
+		vals = append(vals, uuidBytes(r.ID), r.Namespace, r.Topic, uuidBytes(r.TenantID),
+			nullStr(r.DedupeKey), nullStr(r.PartitionKey), headers, string(r.Payload), r.PayloadHash,
+			now+micros(r.Delay), now, now)
+	}
+	return insertOutcome(ctx, q, b.String(), vals, rows, dedupe, " RETURNING id")
+}
+
+// insertOutcome runs an INSERT that skips dedupe conflicts and reports which rows went in.
+// Without dedupe keys every row went in or the statement failed; with one row the affected
+// count tells; otherwise the ids are read back with returning (or, where the database has
+// no INSERT ... RETURNING, by the caller's readBack).
+func insertOutcome(ctx context.Context, q DBTX, query string, vals []any, rows []Row, dedupe bool, returning string) ([]bool, error) {
+	inserted := make([]bool, len(rows))
+	if !dedupe || len(rows) == 1 {
+		res, err := q.ExecContext(ctx, query, vals...)
+		if err != nil {
+			return nil, err
+		}
+		if !dedupe {
+			for i := range inserted {
+				inserted[i] = true
+			}
+			return inserted, nil
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return nil, err
+		}
+		inserted[0] = n == 1
+		return inserted, nil
+	}
+	ids, err := queryIDs(ctx, q, query+returning, vals...)
+	if err != nil {
+		return nil, err
+	}
+	markInserted(inserted, rows, ids)
+	return inserted, nil
+}
+
+func markInserted(inserted []bool, rows []Row, ids []uuid.UUID) {
+	got := make(map[uuid.UUID]bool, len(ids))
+	for _, id := range ids {
+		got[id] = true
+	}
+	for i := range rows {
+		inserted[i] = got[rows[i].ID]
+	}
+}
+
+// sqliteEligible renders the claim predicate: (pending and due) or (processing and
+// expired), below the attempt limit, in scope. The leading status IN (...) term lets
+// SQLite use the partial claim index, whose WHERE clause it must imply.
+func sqliteEligible(a *args, p ClaimParams, now int64) string {
+	return `status IN ('pending', 'processing') AND ((status = 'pending' AND next_attempt_at <= ` + a.add(now) +
+		`) OR (status = 'processing' AND locked_until < ` + a.add(now) + `)) AND attempts < ` + a.add(p.MaxAttempts) +
+		scopeSQL(a, p.Scope, "", uuidBytes)
+}
+
+func (sqliteDialect) Claim(ctx context.Context, db *sql.DB, t Table, p ClaimParams) ([]Record, error) {
+	tbl := quoteIdent(t.Name(), '"')
+	now := time.Now().UnixMicro()
+	a := &args{}
+	var b strings.Builder
+	b.WriteString(`UPDATE ` + tbl + ` SET status = 'processing', attempts = attempts + 1, locked_by = ` + a.add(p.WorkerID) +
+		`, locked_until = ` + a.add(now+micros(p.Lease)) + `, lease_token = ` + a.add(uuidBytes(p.Token)) +
+		`, updated_at = ` + a.add(now))
+	b.WriteString(` WHERE id IN (SELECT id FROM ` + tbl + ` WHERE ` + sqliteEligible(a, p, now) +
+		` ORDER BY created_at, id LIMIT ` + a.add(p.Limit) + `)`)
+	b.WriteString(` AND ` + sqliteEligible(a, p, now)) // the guard: eligibility holds at write time
+	b.WriteString(` RETURNING ` + selectList("", nil))
+	return queryRecords(ctx, db, b.String(), a.vals...)
+}
+
+func (sqliteDialect) Complete(ctx context.Context, q DBTX, t Table, outcomes []Outcome) ([]uuid.UUID, error) {
+	if len(outcomes) == 0 {
+		return nil, nil
+	}
+	now := time.Now().UnixMicro()
+	a := &args{}
+	var b strings.Builder
+	b.WriteString(`WITH u(o_id, o_token, o_status, o_delay, o_error) AS (VALUES `)
+	for i, o := range outcomes {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString("(" + a.add(uuidBytes(o.ID)) + ", " + a.add(uuidBytes(o.Token)) + ", " + a.add(string(o.Status)) +
+			", " + a.add(micros(o.Delay)) + ", " + a.add(o.Error) + ")")
+	}
+	b.WriteString(`) UPDATE ` + quoteIdent(t.Name(), '"') + ` SET status = u.o_status,` +
+		` next_attempt_at = CASE WHEN u.o_status = 'pending' THEN ` + a.add(now) + ` + u.o_delay ELSE next_attempt_at END,` +
+		` last_error = CASE WHEN u.o_status = 'delivered' THEN last_error ELSE u.o_error END,` +
+		` delivered_at = CASE WHEN u.o_status = 'delivered' THEN ` + a.add(now) + ` ELSE delivered_at END,` +
+		` locked_by = NULL, locked_until = NULL, updated_at = ` + a.add(now) +
+		` FROM u WHERE id = u.o_id AND lease_token = u.o_token AND status = 'processing' RETURNING id`)
+	ids, err := queryIDs(ctx, q, b.String(), a.vals...)
+	if err != nil {
+		return nil, err
+	}
+	return missing(leasesOf(outcomes), ids), nil
+}
+
+func (sqliteDialect) Extend(ctx context.Context, q DBTX, t Table, p ExtendParams) ([]uuid.UUID, error) {
+	if len(p.Leases) == 0 {
+		return nil, nil
+	}
+	now := time.Now().UnixMicro()
+	a := &args{}
+	var b strings.Builder
+	b.WriteString(`WITH u(o_id, o_token) AS (VALUES `)
+	for i, l := range p.Leases {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString("(" + a.add(uuidBytes(l.ID)) + ", " + a.add(uuidBytes(l.Token)) + ")")
+	}
+	b.WriteString(`) UPDATE ` + quoteIdent(t.Name(), '"') + ` SET locked_until = ` + a.add(now+micros(p.Lease)) +
+		`, updated_at = ` + a.add(now) +
+		` FROM u WHERE id = u.o_id AND lease_token = u.o_token AND status = 'processing' RETURNING id`)
+	ids, err := queryIDs(ctx, q, b.String(), a.vals...)
+	if err != nil {
+		return nil, err
+	}
+	return missing(p.Leases, ids), nil
+}
+
+func (sqliteDialect) Bury(ctx context.Context, q DBTX, t Table, p BuryParams) ([]uuid.UUID, error) {
+	tbl := quoteIdent(t.Name(), '"')
+	now := time.Now().UnixMicro()
+	a := &args{}
+	query := `UPDATE ` + tbl + ` SET status = 'dead', last_error = ` + a.add(p.Reason) +
+		`, locked_by = NULL, locked_until = NULL, lease_token = ` + a.add(uuidBytes(p.Token)) + `, updated_at = ` + a.add(now) +
+		` WHERE id IN (SELECT id FROM ` + tbl + ` WHERE status IN ('pending', 'processing') AND attempts >= ` + a.add(p.MaxAttempts) +
+		` AND (status = 'pending' OR locked_until < ` + a.add(now) + `)` + scopeSQL(a, p.Scope, "", uuidBytes) +
+		` ORDER BY created_at, id LIMIT ` + a.add(p.Limit) + `) RETURNING id`
+	return queryIDs(ctx, q, query, a.vals...)
+}
+
+func (sqliteDialect) Get(ctx context.Context, q DBTX, t Table, id uuid.UUID) (Record, error) {
+	return getRecord(q.QueryRowContext(ctx, `SELECT `+selectList("", nil)+` FROM `+quoteIdent(t.Name(), '"')+` WHERE id = ?`, uuidBytes(id)))
+}
+
+func getRecord(row *sql.Row) (Record, error) {
+	r, err := scanRecord(row)
+	if err == sql.ErrNoRows {
+		return Record{}, ErrNotFound
+	}
+	return r, err
+}

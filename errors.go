@@ -1,0 +1,123 @@
+package outbox
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Sentinel errors. Match them with [errors.Is]; the typed errors below wrap them.
+var (
+	// ErrInvalid marks bad input: a message, an option or a table name the library refuses.
+	// Nothing was written. Every [*ValidationError] matches it.
+	ErrInvalid = errors.New("outbox: invalid input")
+
+	// ErrTenantMismatch marks a message whose dedupe key does not begin with its tenant id in
+	// canonical lowercase form followed by "/". It also matches [ErrInvalid].
+	ErrTenantMismatch = errors.New("outbox: dedupe key does not belong to tenant")
+
+	// ErrLeaseLost means a row is no longer held by the claim that tried to ack, nack or
+	// extend it: its lease expired and another worker reclaimed it, or it was settled
+	// already. The row was not changed. A publisher logs this and does not nack.
+	ErrLeaseLost = errors.New("outbox: lease lost")
+
+	// ErrNotFound means no row has the requested id.
+	ErrNotFound = errors.New("outbox: not found")
+)
+
+// ValidationError describes one refused input. It matches [ErrInvalid], and
+// [ErrTenantMismatch] when that is the reason.
+type ValidationError struct {
+	// Index is the position of the message in a batch, or -1 outside a batch.
+	Index int
+	// Field names what was wrong ("topic", "payload", "table", "BatchSize", ...).
+	Field string
+	// Reason says why, for people.
+	Reason string
+	kind   error
+}
+
+func (e *ValidationError) Error() string {
+	var b strings.Builder
+	b.WriteString("outbox: invalid ")
+	b.WriteString(e.Field)
+	if e.Index >= 0 {
+		fmt.Fprintf(&b, " (message %d)", e.Index)
+	}
+	b.WriteString(": ")
+	b.WriteString(e.Reason)
+	return b.String()
+}
+
+// Is reports whether target is [ErrInvalid] or the error's specific kind.
+func (e *ValidationError) Is(target error) bool {
+	return target == ErrInvalid || (e.kind != nil && target == e.kind)
+}
+
+func invalid(field, format string, args ...any) *ValidationError {
+	return &ValidationError{Index: -1, Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+// LeaseLostError lists the rows whose lease was lost during an ack, nack or extend. The
+// other rows of the same call were applied. It matches [ErrLeaseLost].
+type LeaseLostError struct {
+	IDs []uuid.UUID
+}
+
+func (e *LeaseLostError) Error() string {
+	return fmt.Sprintf("outbox: lease lost on %d row(s), first %s", len(e.IDs), e.IDs[0])
+}
+
+// Is reports whether target is [ErrLeaseLost].
+func (e *LeaseLostError) Is(target error) bool { return target == ErrLeaseLost }
+
+// Permanent marks a publish error as not worth retrying: the row goes to dead at once.
+func Permanent(err error) error {
+	if err == nil {
+		err = errors.New("permanent failure")
+	}
+	return &permanentError{err}
+}
+
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return "permanent: " + e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }
+
+// IsPermanent reports whether err, or an error it wraps, was marked with [Permanent].
+func IsPermanent(err error) bool {
+	var p *permanentError
+	return errors.As(err, &p)
+}
+
+// RetryAfter marks a publish error with the delay after which to try again (a broker's
+// back-pressure hint, an HTTP Retry-After). The delay replaces the backoff of the retry
+// policy for that attempt; the attempt limit still applies. A negative d counts as zero.
+func RetryAfter(err error, d time.Duration) error {
+	if err == nil {
+		err = errors.New("retry requested")
+	}
+	return &retryAfterError{err: err, after: max(d, 0)}
+}
+
+type retryAfterError struct {
+	err   error
+	after time.Duration
+}
+
+func (e *retryAfterError) Error() string {
+	return fmt.Sprintf("%v (retry after %s)", e.err, e.after)
+}
+func (e *retryAfterError) Unwrap() error { return e.err }
+
+// RetryAfterDelay returns the delay attached by [RetryAfter], if any.
+func RetryAfterDelay(err error) (time.Duration, bool) {
+	var r *retryAfterError
+	if errors.As(err, &r) {
+		return r.after, true
+	}
+	return 0, false
+}

@@ -1,0 +1,459 @@
+package outbox
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+)
+
+// Field bounds, in bytes of UTF-8. They fit every built-in schema (MySQL's index key limit
+// is the tightest) and are checked before any SQL runs.
+const (
+	MaxNamespaceBytes    = 128
+	MaxTopicBytes        = 255
+	MaxDedupeKeyBytes    = 255
+	MaxPartitionKeyBytes = 255
+	MaxWorkerIDBytes     = 128
+	MaxHeadersBytes      = 64 << 10 // encoded JSON
+	MaxLastErrorBytes    = 1024     // longer errors are truncated, not refused
+	// DefaultMaxPayloadBytes is the payload bound when [Options.MaxPayloadBytes] is zero.
+	DefaultMaxPayloadBytes = 1 << 20
+	// MaxBatch bounds one claim and one Complete call, which are single statements.
+	MaxBatch = 1000
+)
+
+// DefaultTable is the table name used when [Options.Table] is empty.
+const DefaultTable = "outbox_events"
+
+// Options configure a [Store]. The zero value is valid.
+type Options struct {
+	// Table is the outbox table: lowercase letters, digits and underscores, starting with a
+	// letter or underscore, at most 48 bytes (room for the index names derived from it).
+	// Default [DefaultTable].
+	Table string
+	// MaxPayloadBytes bounds a message payload. Default [DefaultMaxPayloadBytes]; at most 1 GiB.
+	MaxPayloadBytes int
+}
+
+// Store is the outbox on one database: it enqueues messages on callers' transactions and
+// offers the claim, ack and nack operations a [Publisher] runs. It is safe for concurrent use.
+type Store struct {
+	db         *sql.DB
+	dialect    Dialect
+	table      Table
+	maxPayload int
+}
+
+// New returns a Store for db. db is used for claims, acks and reads; Enqueue writes on
+// whatever transaction the caller passes.
+func New(db *sql.DB, d Dialect, opts Options) (*Store, error) {
+	if db == nil {
+		return nil, invalid("db", "is nil")
+	}
+	if d == nil {
+		return nil, invalid("dialect", "is nil")
+	}
+	name := opts.Table
+	if name == "" {
+		name = DefaultTable
+	}
+	t, err := NewTable(name)
+	if err != nil {
+		return nil, err
+	}
+	maxPayload := opts.MaxPayloadBytes
+	switch {
+	case maxPayload == 0:
+		maxPayload = DefaultMaxPayloadBytes
+	case maxPayload < 0 || maxPayload > 1<<30:
+		return nil, invalid("MaxPayloadBytes", "must be between 1 and 1 GiB, got %d", maxPayload)
+	}
+	return &Store{db: db, dialect: d, table: t, maxPayload: maxPayload}, nil
+}
+
+// DB returns the database the store claims from.
+func (s *Store) DB() *sql.DB { return s.db }
+
+// Dialect returns the store's dialect.
+func (s *Store) Dialect() Dialect { return s.dialect }
+
+// Table returns the store's table.
+func (s *Store) Table() Table { return s.table }
+
+// Message is one event to enqueue.
+type Message struct {
+	// Namespace and Topic route the message; both are required (1..128 and 1..255 bytes).
+	Namespace string
+	Topic     string
+	// TenantID optionally scopes the message to a tenant; uuid.Nil means none. When both
+	// TenantID and DedupeKey are set, DedupeKey must begin with TenantID.String() + "/".
+	TenantID uuid.UUID
+	// DedupeKey makes enqueue idempotent: at most one row exists per (Namespace, Topic,
+	// DedupeKey). Empty means none.
+	DedupeKey string
+	// PartitionKey is an ordering key (an entity id) passed to the transport. Empty means none.
+	PartitionKey string
+	// Headers carry metadata such as trace context and content type.
+	Headers Headers
+	// Payload is the complete event as JSON (valid UTF-8). It is stored and delivered byte
+	// for byte; consumers should not need to query back.
+	Payload json.RawMessage
+	// Delay postpones the first delivery: next_attempt_at = now + Delay on the database
+	// clock, so every host agrees. Zero delivers as soon as possible.
+	Delay time.Duration
+}
+
+// Result reports what Enqueue did with one message.
+type Result struct {
+	// ID is the new row's id (a time-ordered UUIDv7), or uuid.Nil when Duplicate.
+	ID uuid.UUID
+	// Duplicate is true when a row with the same namespace, topic and dedupe key already
+	// existed: nothing was inserted, and the caller's transaction is intact.
+	Duplicate bool
+}
+
+// Enqueue writes m on q, which should be the caller's transaction: the row commits or rolls
+// back with the business change. It never commits, rolls back or opens a transaction.
+// Invalid input returns a [*ValidationError] and writes nothing.
+func (s *Store) Enqueue(ctx context.Context, q DBTX, m Message) (Result, error) {
+	rs, err := s.enqueue(ctx, q, []Message{m}, -1)
+	if err != nil {
+		return Result{}, err
+	}
+	return rs[0], nil
+}
+
+// EnqueueBatch writes msgs on q in as few statements as the database's placeholder limits
+// allow. Every message is validated before any SQL runs; one invalid message fails the
+// whole call with a [*ValidationError] naming its index, and nothing is written.
+func (s *Store) EnqueueBatch(ctx context.Context, q DBTX, msgs []Message) ([]Result, error) {
+	if len(msgs) == 0 {
+		return nil, nil
+	}
+	return s.enqueue(ctx, q, msgs, 0)
+}
+
+func (s *Store) enqueue(ctx context.Context, q DBTX, msgs []Message, firstIndex int) ([]Result, error) {
+	if q == nil {
+		return nil, invalid("DBTX", "is nil")
+	}
+	rows := make([]Row, len(msgs))
+	for i := range msgs {
+		if err := s.validate(&msgs[i]); err != nil {
+			if firstIndex >= 0 {
+				err.Index = firstIndex + i
+			}
+			return nil, err
+		}
+		id, err := uuid.NewV7()
+		if err != nil {
+			return nil, fmt.Errorf("outbox: new id: %w", err)
+		}
+		m := &msgs[i]
+		sum := sha256.Sum256(m.Payload)
+		rows[i] = Row{
+			ID: id, Namespace: m.Namespace, Topic: m.Topic, TenantID: m.TenantID,
+			DedupeKey: m.DedupeKey, PartitionKey: m.PartitionKey, Headers: m.Headers,
+			Payload: m.Payload, PayloadHash: sum[:], Delay: m.Delay,
+		}
+	}
+	inserted, err := s.dialect.Insert(ctx, q, s.table, rows)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: enqueue: %w", err)
+	}
+	if len(inserted) != len(rows) {
+		return nil, fmt.Errorf("outbox: enqueue: dialect %s reported %d results for %d rows", s.dialect.Name(), len(inserted), len(rows))
+	}
+	res := make([]Result, len(rows))
+	for i, ok := range inserted {
+		if ok {
+			res[i].ID = rows[i].ID
+		} else {
+			res[i].Duplicate = true
+		}
+	}
+	return res, nil
+}
+
+// validate checks one message before any SQL (SPEC §4).
+func (s *Store) validate(m *Message) *ValidationError {
+	if err := checkText("namespace", m.Namespace, 1, MaxNamespaceBytes); err != nil {
+		return err
+	}
+	if err := checkText("topic", m.Topic, 1, MaxTopicBytes); err != nil {
+		return err
+	}
+	if err := checkText("dedupe_key", m.DedupeKey, 0, MaxDedupeKeyBytes); err != nil {
+		return err
+	}
+	if err := checkText("partition_key", m.PartitionKey, 0, MaxPartitionKeyBytes); err != nil {
+		return err
+	}
+	if m.TenantID != uuid.Nil && m.DedupeKey != "" {
+		prefix := m.TenantID.String() + "/"
+		if !strings.HasPrefix(m.DedupeKey, prefix) {
+			e := invalid("dedupe_key", "must begin with the tenant id %q", prefix)
+			e.kind = ErrTenantMismatch
+			return e
+		}
+	}
+	if len(m.Headers) > 0 {
+		size := 2
+		for k, v := range m.Headers {
+			if err := checkText("headers", k, 1, MaxHeadersBytes); err != nil {
+				err.Reason = "key: " + err.Reason
+				return err
+			}
+			if err := checkText("headers", v, 0, MaxHeadersBytes); err != nil {
+				err.Reason = fmt.Sprintf("value of %q: %s", k, err.Reason)
+				return err
+			}
+			size += len(k) + len(v) + 6
+		}
+		if size > MaxHeadersBytes {
+			return invalid("headers", "encode to more than %d bytes", MaxHeadersBytes)
+		}
+	}
+	switch {
+	case len(m.Payload) == 0:
+		return invalid("payload", "is empty")
+	case len(m.Payload) > s.maxPayload:
+		return invalid("payload", "is %d bytes, more than the limit of %d", len(m.Payload), s.maxPayload)
+	case !utf8.Valid(m.Payload):
+		return invalid("payload", "is not valid UTF-8")
+	case !json.Valid(m.Payload):
+		return invalid("payload", "is not valid JSON")
+	}
+	if m.Delay < 0 {
+		return invalid("delay", "is negative (%s)", m.Delay)
+	}
+	return nil
+}
+
+// checkText bounds a string field and rejects what no database stores faithfully.
+func checkText(field, v string, minLen, maxLen int) *ValidationError {
+	switch {
+	case len(v) < minLen:
+		return invalid(field, "is required")
+	case len(v) > maxLen:
+		return invalid(field, "is %d bytes, more than the limit of %d", len(v), maxLen)
+	case !utf8.ValidString(v):
+		return invalid(field, "is not valid UTF-8")
+	case strings.IndexByte(v, 0) >= 0:
+		return invalid(field, "contains a NUL byte")
+	}
+	return nil
+}
+
+// ClaimOptions configure one [Store.Claim].
+type ClaimOptions struct {
+	// Scope restricts the claim to a namespace, topics and a tenant. Zero fields match all.
+	Scope
+	// Limit is the most rows to claim, 1..[MaxBatch].
+	Limit int
+	// Lease is how long the rows stay reserved for this worker (at least 1ms).
+	Lease time.Duration
+	// MaxAttempts excludes rows that have been attempted this often (at least 1).
+	MaxAttempts int
+	// WorkerID is recorded in locked_by (1..128 bytes).
+	WorkerID string
+}
+
+func (o *ClaimOptions) validate() error {
+	if err := validateScope(o.Scope); err != nil {
+		return err
+	}
+	switch {
+	case o.Limit < 1 || o.Limit > MaxBatch:
+		return invalid("Limit", "must be between 1 and %d, got %d", MaxBatch, o.Limit)
+	case o.Lease < time.Millisecond:
+		return invalid("Lease", "must be at least 1ms, got %s", o.Lease)
+	case o.MaxAttempts < 1:
+		return invalid("MaxAttempts", "must be at least 1, got %d", o.MaxAttempts)
+	}
+	if err := checkText("WorkerID", o.WorkerID, 1, MaxWorkerIDBytes); err != nil {
+		return err
+	}
+	return nil
+}
+
+func validateScope(sc Scope) error {
+	if err := checkText("Namespace", sc.Namespace, 0, MaxNamespaceBytes); err != nil {
+		return err
+	}
+	for _, t := range sc.Topics {
+		if err := checkText("Topics", t, 1, MaxTopicBytes); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Claim leases up to o.Limit due rows in its own short transaction and returns them in
+// (created_at, id) order. Each returned [Record] carries the lease token that Ack, Nack and
+// Extend must present. An empty result is not an error.
+func (s *Store) Claim(ctx context.Context, o ClaimOptions) ([]Record, error) {
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	recs, err := s.dialect.Claim(ctx, s.db, s.table, ClaimParams{
+		Scope: o.Scope, Limit: o.Limit, Lease: o.Lease, MaxAttempts: o.MaxAttempts,
+		WorkerID: o.WorkerID, Token: uuid.New(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: claim: %w", err)
+	}
+	slices.SortFunc(recs, func(a, b Record) int {
+		if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(string(a.ID[:]), string(b.ID[:]))
+	})
+	return recs, nil
+}
+
+// Ack marks claimed rows delivered. Rows whose lease was lost are left unchanged and
+// reported by a [*LeaseLostError]; the others are acked all the same.
+func (s *Store) Ack(ctx context.Context, leases ...Lease) error {
+	out := make([]Outcome, len(leases))
+	for i, l := range leases {
+		out[i] = Outcome{Lease: l, Status: StatusDelivered}
+	}
+	return s.Complete(ctx, out...)
+}
+
+// Failure is a failed delivery of one claimed row, for [Store.Nack].
+type Failure struct {
+	Lease
+	// Attempts is the row's attempt count as claimed ([Record.Attempts]).
+	Attempts int
+	// Err is why it failed. Wrap it with [Permanent] to dead-letter at once, or with
+	// [RetryAfter] to choose the delay.
+	Err error
+}
+
+// Nack records failed deliveries: each row goes back to pending with next_attempt_at set by
+// policy, or to dead when its error is permanent or it reached policy.MaxAttempts. Lost
+// leases are reported as by [Store.Ack].
+func (s *Store) Nack(ctx context.Context, policy RetryPolicy, failures ...Failure) error {
+	if err := policy.validate(); err != nil {
+		return err
+	}
+	out := make([]Outcome, len(failures))
+	for i, f := range failures {
+		out[i] = policy.Outcome(f)
+	}
+	return s.Complete(ctx, out...)
+}
+
+// Complete applies outcomes in one statement per [MaxBatch] rows. It is the primitive under
+// Ack and Nack; a publisher settles a mixed batch with it in a single round trip.
+func (s *Store) Complete(ctx context.Context, outcomes ...Outcome) error {
+	for i := range outcomes {
+		o := &outcomes[i]
+		switch o.Status {
+		case StatusDelivered, StatusDead:
+		case StatusPending:
+			if o.Delay < 0 {
+				return invalid("Delay", "is negative (%s)", o.Delay)
+			}
+		default:
+			return invalid("Status", "outcome must be delivered, pending or dead, got %q", o.Status)
+		}
+		o.Error = truncateUTF8(o.Error, MaxLastErrorBytes)
+	}
+	var lost []uuid.UUID
+	for chunk := range slices.Chunk(outcomes, MaxBatch) {
+		l, err := s.dialect.Complete(ctx, s.db, s.table, chunk)
+		if err != nil {
+			return fmt.Errorf("outbox: complete: %w", err)
+		}
+		lost = append(lost, l...)
+	}
+	if len(lost) > 0 {
+		return &LeaseLostError{IDs: lost}
+	}
+	return nil
+}
+
+// Extend renews the leases for another d, measured from now on the database clock. Rows
+// whose lease was lost are reported by a [*LeaseLostError]; the others are extended.
+func (s *Store) Extend(ctx context.Context, d time.Duration, leases ...Lease) error {
+	if d < time.Millisecond {
+		return invalid("Lease", "must be at least 1ms, got %s", d)
+	}
+	var lost []uuid.UUID
+	for chunk := range slices.Chunk(leases, MaxBatch) {
+		l, err := s.dialect.Extend(ctx, s.db, s.table, ExtendParams{Leases: chunk, Lease: d})
+		if err != nil {
+			return fmt.Errorf("outbox: extend: %w", err)
+		}
+		lost = append(lost, l...)
+	}
+	if len(lost) > 0 {
+		return &LeaseLostError{IDs: lost}
+	}
+	return nil
+}
+
+// Bury dead-letters up to limit rows in scope that reached maxAttempts and that no live
+// lease protects (a worker crashed during the last attempt, or the limit was lowered), and
+// returns their ids. Claims never pick such rows; a [Publisher] buries them periodically.
+func (s *Store) Bury(ctx context.Context, scope Scope, maxAttempts, limit int) ([]uuid.UUID, error) {
+	if err := validateScope(scope); err != nil {
+		return nil, err
+	}
+	if maxAttempts < 1 {
+		return nil, invalid("MaxAttempts", "must be at least 1, got %d", maxAttempts)
+	}
+	if limit < 1 || limit > MaxBatch {
+		return nil, invalid("Limit", "must be between 1 and %d, got %d", MaxBatch, limit)
+	}
+	ids, err := s.dialect.Bury(ctx, s.db, s.table, BuryParams{
+		Scope: scope, MaxAttempts: maxAttempts, Limit: limit, Token: uuid.New(),
+		Reason: fmt.Sprintf("attempt limit reached (%d attempts)", maxAttempts),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: bury: %w", err)
+	}
+	return ids, nil
+}
+
+// Get reads one row by id, or returns [ErrNotFound].
+func (s *Store) Get(ctx context.Context, id uuid.UUID) (Record, error) {
+	r, err := s.dialect.Get(ctx, s.db, s.table, id)
+	if err != nil {
+		if errors.Is(err, ErrNotFound) {
+			return Record{}, err
+		}
+		return Record{}, fmt.Errorf("outbox: get: %w", err)
+	}
+	return r, nil
+}
+
+// truncateUTF8 cuts s to at most n bytes without splitting a rune, and drops NUL bytes
+// that some databases refuse in text.
+func truncateUTF8(s string, n int) string {
+	if strings.IndexByte(s, 0) >= 0 {
+		s = strings.ReplaceAll(s, "\x00", "")
+	}
+	if !utf8.ValidString(s) {
+		s = strings.ToValidUTF8(s, "\uFFFD")
+	}
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}

@@ -1,0 +1,96 @@
+package outbox
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"time"
+)
+
+// RetryPolicy decides what happens to a failed delivery (seed 001 §3): retry after
+//
+//	delay = min(BaseDelay * 2^(attempts-1), MaxDelay)
+//	next_attempt_at = now + uniform(delay/2, delay)   // equal jitter, clamped before jitter
+//
+// or dead-letter when the attempt limit is reached or the error is [Permanent].
+type RetryPolicy struct {
+	// BaseDelay is the first retry's delay before jitter. Default 1s.
+	BaseDelay time.Duration
+	// MaxDelay caps the delay before jitter. Default 5m.
+	MaxDelay time.Duration
+	// MaxAttempts is the total number of delivery attempts, the first included. Default 10.
+	MaxAttempts int
+}
+
+// DefaultRetryPolicy returns the defaults used when a field is zero.
+func DefaultRetryPolicy() RetryPolicy {
+	return RetryPolicy{BaseDelay: time.Second, MaxDelay: 5 * time.Minute, MaxAttempts: 10}
+}
+
+func (p *RetryPolicy) withDefaults() {
+	d := DefaultRetryPolicy()
+	if p.BaseDelay == 0 {
+		p.BaseDelay = d.BaseDelay
+	}
+	if p.MaxDelay == 0 {
+		p.MaxDelay = d.MaxDelay
+	}
+	if p.MaxAttempts == 0 {
+		p.MaxAttempts = d.MaxAttempts
+	}
+}
+
+func (p *RetryPolicy) validate() error {
+	p.withDefaults()
+	switch {
+	case p.BaseDelay < 0:
+		return invalid("BaseDelay", "must not be negative, got %s", p.BaseDelay)
+	case p.MaxDelay < p.BaseDelay:
+		return invalid("MaxDelay", "must be at least BaseDelay (%s), got %s", p.BaseDelay, p.MaxDelay)
+	case p.MaxAttempts < 1:
+		return invalid("MaxAttempts", "must be at least 1, got %d", p.MaxAttempts)
+	}
+	return nil
+}
+
+// Backoff returns the delay before jitter after the given attempt (1 for the first).
+func (p RetryPolicy) Backoff(attempts int) time.Duration {
+	d := p.BaseDelay
+	for i := 1; i < attempts && d < p.MaxDelay; i++ {
+		d *= 2
+	}
+	return min(d, p.MaxDelay)
+}
+
+// Jittered returns a delay drawn uniformly from [Backoff(attempts)/2, Backoff(attempts)].
+func (p RetryPolicy) Jittered(attempts int) time.Duration {
+	d := p.Backoff(attempts)
+	half := d / 2
+	if d-half <= 0 {
+		return d
+	}
+	return half + rand.N(d-half+1)
+}
+
+// Outcome turns a failure into the row's next state under p.
+func (p RetryPolicy) Outcome(f Failure) Outcome {
+	msg := "unknown error"
+	if f.Err != nil {
+		msg = f.Err.Error()
+	}
+	o := Outcome{Lease: f.Lease, Error: msg}
+	switch {
+	case IsPermanent(f.Err):
+		o.Status = StatusDead
+	case f.Attempts >= p.MaxAttempts:
+		o.Status = StatusDead
+		o.Error = fmt.Sprintf("attempt limit reached (%d of %d): %s", f.Attempts, p.MaxAttempts, msg)
+	default:
+		o.Status = StatusPending
+		if d, ok := RetryAfterDelay(f.Err); ok {
+			o.Delay = d
+		} else {
+			o.Delay = p.Jittered(f.Attempts)
+		}
+	}
+	return o
+}

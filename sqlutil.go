@@ -1,0 +1,233 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// This file holds what the built-in dialects share: the column list, one record scanner,
+// and small argument helpers. Custom dialects are free to use their own.
+
+// recordColumns is the order in which every built-in dialect selects a row; scanRecord
+// reads that order. MySQL wraps the time columns, the others select them as they are.
+var recordColumns = []string{
+	"id", "namespace", "topic", "tenant_id", "dedupe_key", "partition_key", "headers",
+	"payload", "payload_hash", "status", "attempts", "next_attempt_at", "locked_by",
+	"locked_until", "lease_token", "last_error", "created_at", "updated_at", "delivered_at",
+}
+
+// timeColumns are the columns of recordColumns that hold times.
+var timeColumns = map[string]bool{
+	"next_attempt_at": true, "locked_until": true, "created_at": true, "updated_at": true, "delivered_at": true,
+}
+
+// selectList renders recordColumns with prefix before each name (a table alias such as
+// "t."), passing time columns through wrapTime when it is not nil.
+func selectList(prefix string, wrapTime func(col string) string) string {
+	var b strings.Builder
+	for i, c := range recordColumns {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		if wrapTime != nil && timeColumns[c] {
+			b.WriteString(wrapTime(prefix + c))
+		} else {
+			b.WriteString(prefix + c)
+		}
+	}
+	return b.String()
+}
+
+// rowScanner is *sql.Row or *sql.Rows.
+type rowScanner interface{ Scan(dest ...any) error }
+
+// scanRecord reads one row selected with selectList.
+func scanRecord(s rowScanner) (Record, error) {
+	var (
+		r                                     Record
+		tenant, token                         uuid.NullUUID
+		dedupe, pkey, lockedBy, lastErr, stat sql.NullString
+		next, until, created, updated, deliv  timeCol
+		payload                               []byte
+	)
+	err := s.Scan(&r.ID, &r.Namespace, &r.Topic, &tenant, &dedupe, &pkey, &r.Headers,
+		&payload, &r.PayloadHash, &stat, &r.Attempts, &next, &lockedBy,
+		&until, &token, &lastErr, &created, &updated, &deliv)
+	if err != nil {
+		return Record{}, err
+	}
+	r.TenantID, r.LeaseToken = tenant.UUID, token.UUID
+	r.DedupeKey, r.PartitionKey, r.LockedBy, r.LastError = dedupe.String, pkey.String, lockedBy.String, lastErr.String
+	r.Status = Status(stat.String)
+	r.Payload = payload
+	r.NextAttemptAt, r.LockedUntil, r.CreatedAt, r.UpdatedAt, r.DeliveredAt =
+		next.t, until.t, created.t, updated.t, deliv.t
+	return r, nil
+}
+
+// timeCol scans a time stored natively (time.Time) or as integer Unix microseconds, the
+// form SQLite stores and MySQL's select list converts to. NULL gives the zero time.
+type timeCol struct{ t time.Time }
+
+func (c *timeCol) Scan(src any) error {
+	switch v := src.(type) {
+	case nil:
+		c.t = time.Time{}
+	case time.Time:
+		c.t = v.UTC()
+	case int64:
+		c.t = time.UnixMicro(v).UTC()
+	case []byte: // some drivers return numbers as text
+		var n int64
+		if _, err := fmt.Sscan(string(v), &n); err != nil {
+			return fmt.Errorf("outbox: scan time %q: %w", v, err)
+		}
+		c.t = time.UnixMicro(n).UTC()
+	default:
+		return fmt.Errorf("outbox: cannot scan %T into a time", src)
+	}
+	return nil
+}
+
+// queryRecords runs a query whose select list is recordColumns and scans every row.
+func queryRecords(ctx context.Context, q DBTX, query string, args ...any) ([]Record, error) {
+	rows, err := q.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var recs []Record
+	for rows.Next() {
+		r, err := scanRecord(rows)
+		if err != nil {
+			return nil, err
+		}
+		recs = append(recs, r)
+	}
+	return recs, rows.Err()
+}
+
+// queryIDs runs a query returning one id column.
+func queryIDs(ctx context.Context, q DBTX, query string, args ...any) ([]uuid.UUID, error) {
+	rows, err := q.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var ids []uuid.UUID
+	for rows.Next() {
+		var id uuid.UUID
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		ids = append(ids, id)
+	}
+	return ids, rows.Err()
+}
+
+// missing returns the ids of want that are not in got, in want's order.
+func missing(want []Lease, got []uuid.UUID) []uuid.UUID {
+	if len(got) == len(want) {
+		return nil
+	}
+	seen := make(map[uuid.UUID]struct{}, len(got))
+	for _, id := range got {
+		seen[id] = struct{}{}
+	}
+	var lost []uuid.UUID
+	for _, l := range want {
+		if _, ok := seen[l.ID]; !ok {
+			lost = append(lost, l.ID)
+		}
+	}
+	return lost
+}
+
+func leasesOf(outcomes []Outcome) []Lease {
+	ls := make([]Lease, len(outcomes))
+	for i, o := range outcomes {
+		ls[i] = o.Lease
+	}
+	return ls
+}
+
+// nullStr binds "" as NULL.
+func nullStr(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+// uuidBytes binds a UUID as 16 bytes (MySQL BINARY(16), SQLite BLOB), uuid.Nil as NULL.
+func uuidBytes(id uuid.UUID) any {
+	if id == uuid.Nil {
+		return nil
+	}
+	b := make([]byte, 16)
+	copy(b, id[:])
+	return b
+}
+
+// placeholders writes n comma-separated groups of the form "(?, ?, ?)".
+func placeholders(b *strings.Builder, n int, group string) {
+	for i := 0; i < n; i++ {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(group)
+	}
+}
+
+// quoteIdent quotes an identifier with q (a double quote or a backtick). Table names are
+// validated already; quoting keeps reserved words and the dialect's case rules harmless.
+func quoteIdent(name string, q byte) string {
+	return string(q) + name + string(q)
+}
+
+// micros converts a duration to whole microseconds, the unit every built-in schema keeps.
+func micros(d time.Duration) int64 { return d.Microseconds() }
+
+// args collects bind arguments and renders their placeholders: "?" or, for PostgreSQL,
+// "$n". Building SQL and arguments in one pass keeps them in step.
+type args struct {
+	vals   []any
+	dollar bool
+}
+
+// add appends v and returns its placeholder.
+func (a *args) add(v any) string {
+	a.vals = append(a.vals, v)
+	if a.dollar {
+		return fmt.Sprintf("$%d", len(a.vals))
+	}
+	return "?"
+}
+
+// scopeSQL renders the optional scope filters as " AND ..." terms. col prefixes column
+// names (an alias such as "t."); enc binds a UUID the way the dialect stores it.
+func scopeSQL(a *args, sc Scope, col string, enc func(uuid.UUID) any) string {
+	var b strings.Builder
+	if sc.Namespace != "" {
+		b.WriteString(" AND " + col + "namespace = " + a.add(sc.Namespace))
+	}
+	if len(sc.Topics) > 0 {
+		b.WriteString(" AND " + col + "topic IN (")
+		for i, t := range sc.Topics {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteString(a.add(t))
+		}
+		b.WriteString(")")
+	}
+	if sc.TenantID != uuid.Nil {
+		b.WriteString(" AND " + col + "tenant_id = " + a.add(enc(sc.TenantID)))
+	}
+	return b.String()
+}
