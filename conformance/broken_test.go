@@ -1,0 +1,101 @@
+package conformance_test
+
+import (
+	"context"
+	"database/sql"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/conformance"
+	"github.com/outboxgo/outbox/internal/testdb"
+)
+
+// The suite must catch broken adapters, not only pass good ones. Each broken dialect below
+// wraps the SQLite dialect with one bug; the suite runs against it in a child process (a
+// failing *testing.T cannot be contained in-process), and the parent requires the child
+// to fail on the tests that guard against that bug.
+
+// leaseBlindDialect claims rows whatever their lease: the double-claim bug.
+type leaseBlindDialect struct{ outbox.Dialect }
+
+func (d leaseBlindDialect) Claim(ctx context.Context, db *sql.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Record, error) {
+	// Forget every lease first, then claim as usual: live leases no longer protect rows.
+	if _, err := db.ExecContext(ctx, `UPDATE `+t.Name()+` SET locked_until = 0 WHERE status = 'processing'`); err != nil {
+		return nil, err
+	}
+	return d.Dialect.Claim(ctx, db, t, p)
+}
+
+// tokenBlindDialect settles rows without checking the lease token: a stale worker
+// overwrites the new owner's outcome.
+type tokenBlindDialect struct{ outbox.Dialect }
+
+func (d tokenBlindDialect) Complete(ctx context.Context, q outbox.DBTX, t outbox.Table, outcomes []outbox.Outcome) ([]uuid.UUID, error) {
+	for i := range outcomes {
+		var token []byte
+		if err := q.QueryRowContext(ctx, `SELECT lease_token FROM `+t.Name()+` WHERE id = ?`, outcomes[i].ID[:]).Scan(&token); err == nil {
+			copy(outcomes[i].Token[:], token)
+		}
+	}
+	return d.Dialect.Complete(ctx, q, t, outcomes)
+}
+
+var broken = map[string]outbox.Dialect{
+	"lease-blind": leaseBlindDialect{outbox.SQLite()},
+	"token-blind": tokenBlindDialect{outbox.SQLite()},
+}
+
+// TestBrokenDialectChild runs the suite against one broken dialect; it does something
+// only when re-executed by TestSuiteCatchesBrokenDialects.
+func TestBrokenDialectChild(t *testing.T) {
+	name := os.Getenv("OUTBOX_BROKEN_DIALECT")
+	if name == "" {
+		t.Skip("run by TestSuiteCatchesBrokenDialects")
+	}
+	conformance.Run(t, conformance.Harness{
+		Dialect: broken[name],
+		OpenDB:  func(t testing.TB) *sql.DB { return testdb.SQLite(t) },
+	})
+}
+
+func TestSuiteCatchesBrokenDialects(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		dialect  string
+		mustFail []string
+	}{
+		{"lease-blind", []string{"Concurrency/NoDoubleClaim", "Lease/ExtendKeepsTheRow", "Claim/Fields"}},
+		{"token-blind", []string{"Lease/ExpiredLeaseIsReclaimed", "Settle/AckReportsOnlyLostRows"}},
+	}
+	for _, c := range cases {
+		t.Run(c.dialect, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestBrokenDialectChild$", "-test.v", "-test.count=1")
+			cmd.Env = append(os.Environ(), "OUTBOX_BROKEN_DIALECT="+c.dialect)
+			out, err := cmd.CombinedOutput()
+			require.Error(t, err, "the suite passed a broken dialect:\n%s", out)
+			for _, name := range c.mustFail {
+				require.Contains(t, string(out), "--- FAIL: TestBrokenDialectChild/"+name,
+					"the suite must catch the %s bug in %s", c.dialect, name)
+			}
+			// A healthy area still passes: the failures are the bug's, not the harness's.
+			require.Contains(t, string(out), "--- PASS: TestBrokenDialectChild/Enqueue/CommitLeavesExactlyOne")
+			if testing.Verbose() {
+				for _, l := range strings.Split(string(out), "\n") {
+					if strings.HasPrefix(strings.TrimSpace(l), "--- FAIL") {
+						t.Log(strings.TrimSpace(l))
+					}
+				}
+			}
+		})
+	}
+}

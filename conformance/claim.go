@@ -1,0 +1,162 @@
+package conformance
+
+import (
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxgo/outbox"
+)
+
+var claimTests = []test{
+	{"Order", testClaimOrder},
+	{"Fields", testClaimFields},
+	{"Scope", testClaimScope},
+	{"EmptyIsNotAnError", testClaimEmpty},
+	{"AttemptLimitExcludes", testClaimAttemptLimit},
+	{"BuryExhausted", testBuryExhausted},
+}
+
+func testClaimOrder(t *testing.T, h Harness) {
+	e := setup(t, h)
+	want := e.enqueueN(t, 3) // three transactions: created_at increases
+	for _, r := range e.enqueue(t, msg(3), msg(4), msg(5)) {
+		want = append(want, r.ID) // one transaction: same created_at, id order
+	}
+	first := e.claim(t, claimOpts(4, time.Minute))
+	rest := e.claim(t, claimOpts(10, time.Minute))
+	require.Equal(t, want[:4], ids(first), "claims take the oldest rows first, in (created_at, id) order")
+	require.Equal(t, want[4:], ids(rest))
+	require.Empty(t, e.claim(t, claimOpts(10, time.Minute)))
+}
+
+func testClaimFields(t *testing.T, h Harness) {
+	e := setup(t, h)
+	id := e.enqueue(t, msg(1))[0].ID
+	before := e.get(t, id)
+	const lease = 90 * time.Second
+	recs := e.claim(t, outbox.ClaimOptions{Limit: 5, Lease: lease, MaxAttempts: 3, WorkerID: "worker-fields"})
+	require.Len(t, recs, 1)
+	r := recs[0]
+	require.Equal(t, id, r.ID)
+	require.Equal(t, outbox.StatusProcessing, r.Status)
+	require.Equal(t, 1, r.Attempts)
+	require.Equal(t, "worker-fields", r.LockedBy)
+	require.NotEqual(t, uuid.Nil, r.LeaseToken)
+	require.True(t, r.UpdatedAt.After(before.UpdatedAt), "claim sets updated_at")
+	within(t, r.LockedUntil.Sub(r.UpdatedAt), lease, lease, "locked_until - updated_at")
+	require.Equal(t, before.Payload, r.Payload)
+	require.Equal(t, before.CreatedAt, r.CreatedAt)
+
+	// What the claim returned is what it stored.
+	stored := e.get(t, id)
+	require.Equal(t, r.Status, stored.Status)
+	require.Equal(t, r.Attempts, stored.Attempts)
+	require.Equal(t, r.LockedBy, stored.LockedBy)
+	require.Equal(t, r.LeaseToken, stored.LeaseToken)
+	require.True(t, r.LockedUntil.Equal(stored.LockedUntil), "locked_until %s vs stored %s", r.LockedUntil, stored.LockedUntil)
+	require.True(t, r.UpdatedAt.Equal(stored.UpdatedAt))
+
+	// A second claim in one call gets a different token.
+	id2 := e.enqueue(t, msg(2))[0].ID
+	r2 := e.claim(t, claimOpts(5, lease))
+	require.Equal(t, []uuid.UUID{id2}, ids(r2))
+	require.NotEqual(t, r.LeaseToken, r2[0].LeaseToken)
+}
+
+func testClaimScope(t *testing.T, h Harness) {
+	e := setup(t, h)
+	tenant := uuid.New()
+	mk := func(ns, topic string, tenantID uuid.UUID) outbox.Message {
+		m := msg(0)
+		m.Namespace, m.Topic, m.TenantID = ns, topic, tenantID
+		return m
+	}
+	res := e.enqueue(t,
+		mk("a", "x", uuid.Nil), // 0
+		mk("a", "y", uuid.Nil), // 1
+		mk("b", "x", uuid.Nil), // 2
+		mk("a", "x", tenant),   // 3
+		mk("a", "z", uuid.Nil), // 4
+	)
+	scoped := func(sc outbox.Scope) []uuid.UUID {
+		o := claimOpts(10, time.Minute)
+		o.Scope = sc
+		return ids(e.claim(t, o))
+	}
+	require.Equal(t, []uuid.UUID{res[2].ID}, scoped(outbox.Scope{Namespace: "b"}))
+	require.Equal(t, []uuid.UUID{res[1].ID}, scoped(outbox.Scope{Namespace: "a", Topics: []string{"y"}}))
+	require.Equal(t, []uuid.UUID{res[3].ID}, scoped(outbox.Scope{Namespace: "a", TenantID: tenant}))
+	require.Empty(t, scoped(outbox.Scope{Namespace: "c"}))
+	require.ElementsMatch(t, []uuid.UUID{res[0].ID, res[4].ID}, scoped(outbox.Scope{Topics: []string{"x", "z"}}))
+}
+
+func testClaimEmpty(t *testing.T, h Harness) {
+	e := setup(t, h)
+	recs, err := e.store.Claim(e.ctx, claimOpts(10, time.Minute))
+	require.NoError(t, err)
+	require.Empty(t, recs)
+}
+
+func testClaimAttemptLimit(t *testing.T, h Harness) {
+	e := setup(t, h)
+	id := e.enqueue(t, msg(1))[0].ID
+	recs := e.claim(t, claimOpts(1, time.Minute))
+	require.Len(t, recs, 1)
+	// Back to pending and due at once, with attempts = 1.
+	require.NoError(t, e.store.Nack(e.ctx, outbox.RetryPolicy{MaxAttempts: 5},
+		outbox.Failure{Lease: recs[0].Lease(), Attempts: 1, Err: outbox.RetryAfter(nil, 0)}))
+
+	o := claimOpts(1, time.Minute)
+	o.MaxAttempts = 1
+	require.Empty(t, e.claim(t, o), "a row at the attempt limit is not claimable")
+	o.MaxAttempts = 2
+	recs = e.claim(t, o)
+	require.Equal(t, []uuid.UUID{id}, ids(recs))
+	require.Equal(t, 2, recs[0].Attempts)
+}
+
+func testBuryExhausted(t *testing.T, h Harness) {
+	e := setup(t, h)
+	expired := e.enqueue(t, msg(1))[0].ID
+	o := claimOpts(1, 200*time.Millisecond)
+	o.MaxAttempts = 1
+	require.Len(t, e.claim(t, o), 1)
+	live := e.enqueue(t, msg(2))[0].ID
+	o.Lease = time.Hour
+	require.Len(t, e.claim(t, o), 1)
+	fresh := e.enqueue(t, msg(3))[0].ID
+
+	// The worker holding "expired" crashed on its last attempt: once the lease runs out,
+	// the row is buried; the row under a live lease and the unattempted row are not.
+	var buried []uuid.UUID
+	eventually(t, 10*time.Second, "the expired row to be buried", func() bool {
+		got, err := e.store.Bury(e.ctx, outbox.Scope{}, 1, 10)
+		require.NoError(t, err)
+		buried = append(buried, got...)
+		return len(buried) > 0
+	})
+	require.Equal(t, []uuid.UUID{expired}, buried)
+	r := e.get(t, expired)
+	require.Equal(t, outbox.StatusDead, r.Status)
+	require.Contains(t, r.LastError, "attempt limit")
+	require.Empty(t, r.LockedBy)
+	require.True(t, r.LockedUntil.IsZero())
+	require.Equal(t, outbox.StatusProcessing, e.get(t, live).Status)
+	require.Equal(t, outbox.StatusPending, e.get(t, fresh).Status)
+
+	got, err := e.store.Bury(e.ctx, outbox.Scope{}, 1, 10)
+	require.NoError(t, err)
+	require.Empty(t, got, "dead rows are not buried twice")
+	_, err = e.store.Bury(e.ctx, outbox.Scope{}, 0, 10)
+	require.ErrorIs(t, err, outbox.ErrInvalid)
+}
+
+// within asserts lo <= d <= hi, allowing 2ms for the microsecond rounding of stored times.
+func within(t *testing.T, d, lo, hi time.Duration, what string) {
+	t.Helper()
+	const slack = 2 * time.Millisecond
+	require.True(t, d >= lo-slack && d <= hi+slack, "%s = %s, want within [%s, %s]", what, d, lo, hi)
+}
