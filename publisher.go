@@ -1,0 +1,706 @@
+package outbox
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Defaults of [PublisherOptions].
+const (
+	DefaultBatchSize       = 100
+	DefaultPollInterval    = time.Second
+	DefaultIdleBackoffMax  = 10 * time.Second // seed 000: idle polling backs off to 10s
+	DefaultLease           = 30 * time.Second
+	DefaultShutdownTimeout = 10 * time.Second
+	DefaultSweepInterval   = time.Minute
+)
+
+// MinLease is the shortest lease a [Publisher] accepts: its renewal runs every Lease/3.
+const MinLease = 3 * time.Millisecond
+
+var (
+	// ErrPublisherRunning is returned by [Publisher.Run] when the same Publisher is already
+	// running. Start more claim loops with [PublisherOptions.Concurrency], or more
+	// Publishers, instead.
+	ErrPublisherRunning = errors.New("outbox: publisher is already running")
+
+	// ErrIntegrity marks a message whose payload no longer matches the SHA-256 taken at
+	// enqueue: the row was changed behind the library's back. The publisher dead-letters it
+	// at once and never hands it to the [Transport]. [DeadLetter.Err] matches it.
+	ErrIntegrity = errors.New("outbox: payload does not match its hash")
+
+	// ErrAttemptLimit marks a message dead-lettered because it used all the attempts of its
+	// [RetryPolicy]. [DeadLetter.Err] matches it, and also the last transport error when the
+	// publisher saw one.
+	ErrAttemptLimit = errors.New("outbox: attempt limit reached")
+)
+
+// integrityReason is recorded in last_error for a row that fails the hash check.
+const integrityReason = "integrity: payload does not match the SHA-256 taken at enqueue; not published"
+
+// Internal timings that are not worth an option.
+const (
+	// settleAttempts is how often the publisher tries to record a batch's outcomes before
+	// leaving the rows to their lease (they are then redelivered: at least once).
+	settleAttempts = 4
+	// settleRetryDelay is the first pause between those tries; it doubles.
+	settleRetryDelay = 50 * time.Millisecond
+	// abandonAfter is how long a publish may outlive its context, cancelled at the shutdown
+	// deadline, before Run stops waiting for it.
+	abandonAfter = time.Second
+	// maxLoggedIDs bounds the ids written in one log line.
+	maxLoggedIDs = 20
+)
+
+// PublisherOptions configure a [Publisher]. Zero fields take the documented defaults;
+// [NewPublisher] refuses inconsistent settings with a [*ValidationError].
+type PublisherOptions struct {
+	// Scope is what the publisher serves. Namespace is required, so that a publisher never
+	// takes another module's events from a shared table; Topics (any of them) and TenantID
+	// narrow it further when set.
+	Scope
+
+	// BatchSize is the most rows one claim takes and one Complete settles, 1..[MaxBatch].
+	// Default [DefaultBatchSize].
+	BatchSize int
+
+	// PollInterval is the pause after a claim that found less than a full batch, and the
+	// first pause when idle. It must not exceed Lease/3. Default [DefaultPollInterval], or
+	// Lease/3 when that is shorter.
+	PollInterval time.Duration
+
+	// IdleBackoffMax caps the idle pause: while claims come back empty the pause doubles
+	// from PollInterval up to this ceiling, and any work resets it. It also caps the pause
+	// after database errors. At least PollInterval. Default [DefaultIdleBackoffMax], or
+	// PollInterval when that is longer.
+	IdleBackoffMax time.Duration
+
+	// Lease is how long a claim reserves its rows. While a publish is in flight the
+	// publisher renews the leases every Lease/3; a worker that dies leaves its rows to be
+	// reclaimed once the lease expires. At least [MinLease]. Default [DefaultLease].
+	Lease time.Duration
+
+	// Retry decides the delay before a failed message is tried again and the attempt limit
+	// after which it is dead-lettered. Zero fields take the values of [DefaultRetryPolicy].
+	Retry RetryPolicy
+
+	// WorkerID is written to locked_by on the rows this publisher claims (1..128 bytes).
+	// Default: a random UUID. Every claim loop of the publisher uses it; lease tokens, not
+	// worker ids, keep claims apart.
+	WorkerID string
+
+	// Concurrency is the number of claim loops, each claiming, publishing and settling its
+	// own batches. Default 1.
+	Concurrency int
+
+	// ShutdownTimeout is how long [Publisher.Run] waits, once its context is cancelled, for
+	// in-flight publishes and their settlement. When it passes, the transport's context is
+	// cancelled and rows not yet settled keep their lease until it expires. Default
+	// [DefaultShutdownTimeout].
+	ShutdownTimeout time.Duration
+
+	// SweepInterval is how often the publisher dead-letters rows that reached the attempt
+	// limit without a live lease (their worker crashed during the last attempt, or the limit
+	// was lowered), with [Store.Bury]. It also sweeps once at start. Default
+	// [DefaultSweepInterval].
+	SweepInterval time.Duration
+
+	// Logger receives the publisher's log lines. They carry message ids and errors, never
+	// payloads. Default [slog.Default], so that database outages are not silent; pass
+	// slog.New(slog.DiscardHandler) to turn logging off.
+	Logger *slog.Logger
+
+	// OnDead, when set, is called once for every message this publisher dead-letters: a
+	// [Permanent] error, the attempt limit, a failed integrity check, or a row buried by the
+	// sweep. It runs on a claim loop's goroutine after the row is recorded as dead, so it
+	// should be quick (alert, count, enqueue a ticket). The row stays in the table, readable
+	// with [Store.Get]. A panic in OnDead is recovered and logged.
+	OnDead func(ctx context.Context, dl DeadLetter)
+}
+
+// validate applies the defaults and checks the settings.
+func (o *PublisherOptions) validate() error {
+	if err := checkText("Namespace", o.Namespace, 1, MaxNamespaceBytes); err != nil {
+		return err
+	}
+	if err := validateScope(o.Scope); err != nil {
+		return err
+	}
+	switch {
+	case o.BatchSize == 0:
+		o.BatchSize = DefaultBatchSize
+	case o.BatchSize < 1 || o.BatchSize > MaxBatch:
+		return invalid("BatchSize", "must be between 1 and %d, got %d", MaxBatch, o.BatchSize)
+	}
+	switch {
+	case o.Lease == 0:
+		o.Lease = DefaultLease
+	case o.Lease < MinLease:
+		return invalid("Lease", "must be at least %s, got %s", MinLease, o.Lease)
+	}
+	switch {
+	case o.PollInterval == 0:
+		o.PollInterval = min(DefaultPollInterval, o.Lease/3)
+	case o.PollInterval < 0:
+		return invalid("PollInterval", "must be positive, got %s", o.PollInterval)
+	case o.PollInterval > o.Lease/3:
+		return invalid("PollInterval", "must be at most Lease/3 (%s), got %s", o.Lease/3, o.PollInterval)
+	}
+	switch {
+	case o.IdleBackoffMax == 0:
+		o.IdleBackoffMax = max(DefaultIdleBackoffMax, o.PollInterval)
+	case o.IdleBackoffMax < o.PollInterval:
+		return invalid("IdleBackoffMax", "must be at least PollInterval (%s), got %s", o.PollInterval, o.IdleBackoffMax)
+	}
+	if err := o.Retry.validate(); err != nil {
+		return err
+	}
+	if o.WorkerID == "" {
+		o.WorkerID = uuid.NewString()
+	}
+	if err := checkText("WorkerID", o.WorkerID, 1, MaxWorkerIDBytes); err != nil {
+		return err
+	}
+	switch {
+	case o.Concurrency == 0:
+		o.Concurrency = 1
+	case o.Concurrency < 1:
+		return invalid("Concurrency", "must be at least 1, got %d", o.Concurrency)
+	}
+	switch {
+	case o.ShutdownTimeout == 0:
+		o.ShutdownTimeout = DefaultShutdownTimeout
+	case o.ShutdownTimeout < 0:
+		return invalid("ShutdownTimeout", "must not be negative, got %s", o.ShutdownTimeout)
+	}
+	switch {
+	case o.SweepInterval == 0:
+		o.SweepInterval = DefaultSweepInterval
+	case o.SweepInterval < 0:
+		return invalid("SweepInterval", "must not be negative, got %s", o.SweepInterval)
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return nil
+}
+
+// DeadLetter describes a message that a [Publisher] moved to dead, as passed to
+// [PublisherOptions.OnDead]. The row stays in the table.
+type DeadLetter struct {
+	// Delivery is the message as it was claimed (Attempt is the attempts made). For a row
+	// buried by the sweep it is read back after the fact, and holds only the ID if that
+	// read failed.
+	Delivery
+	// Reason is what was recorded in the row's last_error.
+	Reason string
+	// Err is the cause: the transport's error (matching [IsPermanent] when it was marked
+	// so), [ErrIntegrity] for a payload that failed its hash check, or an error matching
+	// [ErrAttemptLimit] (and the last transport error, when known) for an exhausted row.
+	Err error
+}
+
+// PublisherStats are a [Publisher]'s counters since it was created, as returned by
+// [Publisher.Stats]. Each message outcome is counted once, when it is recorded in the table.
+type PublisherStats struct {
+	// Claimed counts rows claimed, redeliveries included.
+	Claimed int64
+	// Delivered counts rows acked as delivered.
+	Delivered int64
+	// Retried counts failed attempts rescheduled for another try.
+	Retried int64
+	// Dead counts rows this publisher dead-lettered, by outcome or by sweep.
+	Dead int64
+	// LeaseLost counts rows whose lease another worker took over before this one could
+	// renew it or record its outcome (see [ErrLeaseLost]).
+	LeaseLost int64
+	// Errors counts operational failures: database errors, transport panics and malformed
+	// transport results, hook panics, and publishes abandoned at shutdown. Failed
+	// deliveries are not errors here; they are Retried or Dead.
+	Errors int64
+}
+
+// Publisher is the background worker that delivers committed outbox rows through a
+// [Transport]: it claims batches from a [Store], checks each payload against its hash,
+// publishes, and records every outcome of a batch in one [Store.Complete] call: delivered,
+// rescheduled under its [RetryPolicy], or dead. Leases of in-flight batches are renewed, rows
+// that exhausted their attempts are swept to dead, and database errors are logged and
+// retried with backoff. Delivery is at least once.
+//
+// Create one with [NewPublisher] and start it with [Publisher.Run]. Any number of publishers,
+// in one process or many, may serve the same table.
+type Publisher struct {
+	store   *Store
+	tr      Transport
+	opts    PublisherOptions
+	log     *slog.Logger
+	running atomic.Bool
+
+	claimed, delivered, retried, dead, leaseLost, errs atomic.Int64
+}
+
+// NewPublisher returns a Publisher that claims from store and publishes through tr. Invalid
+// options return a [*ValidationError] (matching [ErrInvalid]).
+func NewPublisher(store *Store, tr Transport, opts PublisherOptions) (*Publisher, error) {
+	if store == nil {
+		return nil, invalid("store", "is nil")
+	}
+	if tr == nil {
+		return nil, invalid("transport", "is nil")
+	}
+	opts.Topics = append([]string(nil), opts.Topics...) // the caller may reuse its slice
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	return &Publisher{
+		store: store,
+		tr:    tr,
+		opts:  opts,
+		log:   opts.Logger.With("component", "outbox.publisher", "worker_id", opts.WorkerID, "namespace", opts.Namespace),
+	}, nil
+}
+
+// WorkerID returns the id this publisher writes to locked_by.
+func (p *Publisher) WorkerID() string { return p.opts.WorkerID }
+
+// Stats returns a snapshot of the publisher's counters.
+func (p *Publisher) Stats() PublisherStats {
+	return PublisherStats{
+		Claimed:   p.claimed.Load(),
+		Delivered: p.delivered.Load(),
+		Retried:   p.retried.Load(),
+		Dead:      p.dead.Load(),
+		LeaseLost: p.leaseLost.Load(),
+		Errors:    p.errs.Load(),
+	}
+}
+
+// Run publishes until ctx is cancelled, then shuts down and returns nil.
+//
+// It starts [PublisherOptions.Concurrency] claim loops and a sweeper. A claim loop claims a
+// batch, dead-letters rows whose payload fails its hash check, publishes the rest while
+// renewing their leases every Lease/3, and records all outcomes with one [Store.Complete].
+// After a full batch it claims again at once; after a partial one it waits PollInterval;
+// while claims come back empty it waits longer each time, up to IdleBackoffMax. Database
+// errors are logged, counted and retried after a backoff; they never stop Run.
+//
+// Shutdown: when ctx is cancelled Run stops claiming and waits up to ShutdownTimeout for
+// in-flight batches to be published and settled. The transport's context is not cancelled
+// with ctx, only when that deadline passes; rows still unsettled then keep their lease and
+// are reclaimed by a publisher after it expires. Run returns once every goroutine it started
+// has returned. A transport that ignores its cancelled context is abandoned after a further
+// second, and Run then reports an error.
+//
+// Run may be called again after it returned; a concurrent second call returns
+// [ErrPublisherRunning].
+func (p *Publisher) Run(ctx context.Context) error {
+	if !p.running.CompareAndSwap(false, true) {
+		return ErrPublisherRunning
+	}
+	defer p.running.Store(false)
+
+	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopWork()
+	r := &run{p: p, ctx: ctx, work: work}
+
+	var wg sync.WaitGroup
+	for range p.opts.Concurrency {
+		wg.Go(r.claimLoop)
+	}
+	wg.Go(r.sweepLoop)
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+
+	p.log.Info("outbox publisher started", "concurrency", p.opts.Concurrency, "batch_size", p.opts.BatchSize, "lease", p.opts.Lease)
+	<-ctx.Done()
+	deadline := time.NewTimer(p.opts.ShutdownTimeout)
+	defer deadline.Stop()
+	select {
+	case <-done:
+	case <-deadline.C:
+		p.log.Warn("outbox publisher: shutdown deadline passed, cancelling in-flight publishes", "shutdown_timeout", p.opts.ShutdownTimeout)
+		stopWork()
+		<-done
+	}
+	if n := r.abandoned.Load(); n > 0 {
+		return fmt.Errorf("outbox: publisher: %d publish call(s) ignored their cancelled context and were abandoned", n)
+	}
+	p.log.Info("outbox publisher stopped")
+	return nil
+}
+
+// run is the state of one call of Run.
+type run struct {
+	p *Publisher
+	// ctx is Run's context: when it is done, no new work starts.
+	ctx context.Context
+	// work carries the database calls and publishes of work already started; it is
+	// cancelled only at the shutdown deadline.
+	work      context.Context
+	abandoned atomic.Int64
+}
+
+// sleep waits d or until ctx is done, and reports whether the full wait elapsed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+func (r *run) claimLoop() {
+	p := r.p
+	o := ClaimOptions{Scope: p.opts.Scope, Limit: p.opts.BatchSize, Lease: p.opts.Lease, MaxAttempts: p.opts.Retry.MaxAttempts, WorkerID: p.opts.WorkerID}
+	idle := p.opts.PollInterval
+	errDelay := p.opts.PollInterval
+	for r.ctx.Err() == nil {
+		// The claim runs on the work context so that a shutdown cannot cut it off after the
+		// database leased rows but before this loop learned which; the rows it returns are
+		// published like any in-flight batch.
+		recs, err := p.store.Claim(r.work, o)
+		if err != nil {
+			if r.work.Err() != nil {
+				return
+			}
+			p.errs.Add(1)
+			p.log.Error("outbox publisher: claim failed", "err", err, "retry_in", errDelay)
+			sleep(r.ctx, errDelay)
+			errDelay = min(errDelay*2, p.opts.IdleBackoffMax)
+			continue
+		}
+		errDelay = p.opts.PollInterval
+		if len(recs) == 0 {
+			sleep(r.ctx, idle)
+			idle = min(idle*2, p.opts.IdleBackoffMax)
+			continue
+		}
+		idle = p.opts.PollInterval
+		p.claimed.Add(int64(len(recs)))
+		r.process(recs)
+		if len(recs) < p.opts.BatchSize {
+			sleep(r.ctx, p.opts.PollInterval)
+		}
+	}
+}
+
+// settlement is the fate of one claimed row.
+type settlement struct {
+	rec *Record
+	out Outcome
+	// cause is the error behind a retry or dead outcome, for the hook.
+	cause error
+}
+
+// process publishes one claimed batch and records its outcomes.
+func (r *run) process(recs []Record) {
+	p := r.p
+	items := make([]settlement, len(recs))
+	batch := make([]Delivery, 0, len(recs))
+	idx := make([]int, 0, len(recs)) // batch position -> items position
+	leases := make([]Lease, len(recs))
+	for i := range recs {
+		rec := &recs[i]
+		items[i].rec = rec
+		leases[i] = rec.Lease()
+		sum := sha256.Sum256(rec.Payload)
+		if !bytes.Equal(sum[:], rec.PayloadHash) {
+			items[i].out = Outcome{Lease: rec.Lease(), Status: StatusDead, Error: integrityReason}
+			items[i].cause = ErrIntegrity
+			continue
+		}
+		batch = append(batch, deliveryOf(*rec))
+		idx = append(idx, i)
+	}
+
+	lost := map[uuid.UUID]bool{}
+	if len(batch) > 0 {
+		results, ok := r.publish(batch, leases, lost)
+		if !ok {
+			p.log.Warn("outbox publisher: shutdown deadline passed before the batch was settled; its rows keep their lease until it expires",
+				idsAttr(leases), "count", len(leases))
+			return
+		}
+		for j, err := range results {
+			i := idx[j]
+			rec := items[i].rec
+			if err == nil {
+				items[i].out = Outcome{Lease: rec.Lease(), Status: StatusDelivered}
+				continue
+			}
+			items[i].out = p.opts.Retry.Outcome(Failure{Lease: rec.Lease(), Attempts: rec.Attempts, Err: err})
+			items[i].cause = err
+			if items[i].out.Status == StatusDead && !IsPermanent(err) {
+				items[i].cause = fmt.Errorf("%w: %w", ErrAttemptLimit, err)
+			}
+		}
+	}
+	r.settle(items, lost)
+}
+
+// publish hands the batch to the transport and renews the leases until it returns. It
+// reports false when the shutdown deadline passed first: the batch must then be left alone.
+// Renewal marks the rows whose lease was lost in lost and stops renewing them.
+func (r *run) publish(batch []Delivery, leases []Lease, lost map[uuid.UUID]bool) ([]error, bool) {
+	p := r.p
+	done := make(chan []error, 1) // buffered: an abandoned publish can still finish and exit
+	go func() { done <- r.callTransport(batch) }()
+
+	held := append([]Lease(nil), leases...)
+	renew := time.NewTimer(p.opts.Lease / 3)
+	defer renew.Stop()
+	for {
+		select {
+		case results := <-done:
+			return results, true
+		case <-renew.C:
+			var next time.Duration
+			held, next = r.extend(held, lost)
+			renew.Reset(next)
+		case <-r.work.Done():
+			grace := time.NewTimer(abandonAfter)
+			defer grace.Stop()
+			select {
+			case <-done:
+			case <-grace.C:
+				r.abandoned.Add(1)
+				p.errs.Add(1)
+				p.log.Error("outbox publisher: transport ignored its cancelled context; abandoning the publish",
+					"abandon_after", abandonAfter, "count", len(batch))
+			}
+			return nil, false
+		}
+	}
+}
+
+// callTransport runs the transport, turning a panic or a malformed result into a failure
+// of every message of the batch. The result has len(batch) entries.
+func (r *run) callTransport(batch []Delivery) (errs []error) {
+	p := r.p
+	defer func() {
+		if v := recover(); v != nil {
+			p.errs.Add(1)
+			p.log.Error("outbox publisher: transport panicked; the batch will be retried",
+				"panic", fmt.Sprint(v), "count", len(batch), "stack", string(debug.Stack()))
+			errs = failAll(len(batch), fmt.Errorf("outbox: transport panicked: %v", v))
+		}
+	}()
+	errs = p.tr.Publish(r.work, batch)
+	switch len(errs) {
+	case 0:
+		return make([]error, len(batch))
+	case len(batch):
+		return errs
+	}
+	p.errs.Add(1)
+	p.log.Error("outbox publisher: transport returned the wrong number of results; the batch will be retried",
+		"results", len(errs), "count", len(batch))
+	return failAll(len(batch), fmt.Errorf("outbox: transport returned %d results for %d messages", len(errs), len(batch)))
+}
+
+func failAll(n int, err error) []error {
+	errs := make([]error, n)
+	for i := range errs {
+		errs[i] = err
+	}
+	return errs
+}
+
+// extend renews held and returns the leases still held and when to renew next.
+func (r *run) extend(held []Lease, lost map[uuid.UUID]bool) ([]Lease, time.Duration) {
+	p := r.p
+	every := p.opts.Lease / 3
+	if len(held) == 0 {
+		return held, every
+	}
+	err := p.store.Extend(r.work, p.opts.Lease, held...)
+	var lle *LeaseLostError
+	switch {
+	case err == nil:
+		return held, every
+	case errors.As(err, &lle):
+		r.lostLeases(lle.IDs, lost, "renewing")
+		kept := held[:0]
+		for _, l := range held {
+			if !lost[l.ID] {
+				kept = append(kept, l)
+			}
+		}
+		return kept, every
+	case r.work.Err() != nil:
+		return held, every
+	default:
+		// Try again soon: the lease is still running, but time is short.
+		p.errs.Add(1)
+		p.log.Error("outbox publisher: lease renewal failed", "err", err, idsAttr(held))
+		return held, max(p.opts.Lease/10, time.Millisecond)
+	}
+}
+
+// lostLeases counts and logs rows whose lease was taken over, once per row.
+func (r *run) lostLeases(ids []uuid.UUID, lost map[uuid.UUID]bool, while string) {
+	fresh := make([]uuid.UUID, 0, len(ids))
+	for _, id := range ids {
+		if !lost[id] {
+			lost[id] = true
+			fresh = append(fresh, id)
+		}
+	}
+	if len(fresh) == 0 {
+		return
+	}
+	r.p.leaseLost.Add(int64(len(fresh)))
+	r.p.log.Warn("outbox publisher: lease lost while "+while+"; another worker owns the rows now",
+		idsAttr(fresh), "count", len(fresh))
+}
+
+// settle records the outcomes of a batch in one Complete call, retrying database errors a
+// few times. Rows whose lease was lost are left to their new owner.
+func (r *run) settle(items []settlement, lost map[uuid.UUID]bool) {
+	p := r.p
+	outs := make([]Outcome, 0, len(items))
+	for _, it := range items {
+		if !lost[it.out.ID] {
+			outs = append(outs, it.out)
+		}
+	}
+	if len(outs) == 0 {
+		return
+	}
+	var err error
+	delay := settleRetryDelay
+	for attempt := 1; ; attempt++ {
+		err = p.store.Complete(r.work, outs...)
+		if err == nil || errors.Is(err, ErrLeaseLost) || r.work.Err() != nil {
+			break
+		}
+		p.errs.Add(1)
+		if attempt == settleAttempts {
+			p.log.Error("outbox publisher: could not record outcomes; the rows keep their lease and will be redelivered after it expires",
+				"err", err, idsAttr(leasesOf(outs)), "count", len(outs))
+			return
+		}
+		p.log.Warn("outbox publisher: recording outcomes failed; retrying", "err", err, "retry_in", delay, "count", len(outs))
+		if !sleep(r.work, delay) {
+			break
+		}
+		delay *= 2
+	}
+	var lle *LeaseLostError
+	switch {
+	case err == nil:
+	case errors.As(err, &lle):
+		r.lostLeases(lle.IDs, lost, "settling")
+	default: // the shutdown deadline passed
+		p.log.Warn("outbox publisher: shutdown deadline passed before the batch was settled; its rows keep their lease until it expires",
+			idsAttr(leasesOf(outs)), "count", len(outs))
+		return
+	}
+	for i := range items {
+		it := &items[i]
+		if lost[it.out.ID] {
+			continue
+		}
+		switch it.out.Status {
+		case StatusDelivered:
+			p.delivered.Add(1)
+		case StatusPending:
+			p.retried.Add(1)
+			p.log.Debug("outbox publisher: delivery failed; will retry", "id", it.out.ID, "topic", it.rec.Topic,
+				"attempt", it.rec.Attempts, "retry_in", it.out.Delay, "err", it.cause)
+		case StatusDead:
+			dl := DeadLetter{Delivery: deliveryOf(*it.rec), Reason: truncateUTF8(it.out.Error, MaxLastErrorBytes), Err: it.cause}
+			r.dead(dl)
+		}
+	}
+}
+
+// dead counts, logs and reports one dead-lettered row.
+func (r *run) dead(dl DeadLetter) {
+	p := r.p
+	p.dead.Add(1)
+	p.log.Warn("outbox publisher: message dead-lettered", "id", dl.ID, "topic", dl.Topic, "attempts", dl.Attempt, "reason", dl.Reason)
+	if p.opts.OnDead == nil {
+		return
+	}
+	defer func() {
+		if v := recover(); v != nil {
+			p.errs.Add(1)
+			p.log.Error("outbox publisher: OnDead panicked", "id", dl.ID, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+		}
+	}()
+	p.opts.OnDead(r.work, dl)
+}
+
+func (r *run) sweepLoop() {
+	t := time.NewTicker(r.p.opts.SweepInterval)
+	defer t.Stop()
+	for {
+		r.sweep()
+		select {
+		case <-r.ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// sweep buries exhausted rows batch by batch until fewer than a batch remain.
+func (r *run) sweep() {
+	p := r.p
+	for r.ctx.Err() == nil {
+		ids, err := p.store.Bury(r.work, p.opts.Scope, p.opts.Retry.MaxAttempts, p.opts.BatchSize)
+		if err != nil {
+			if r.work.Err() == nil {
+				p.errs.Add(1)
+				p.log.Error("outbox publisher: sweep failed; will try again at the next sweep", "err", err)
+			}
+			return
+		}
+		for _, id := range ids {
+			dl := DeadLetter{Delivery: Delivery{ID: id}, Err: ErrAttemptLimit,
+				Reason: fmt.Sprintf("attempt limit reached (%d attempts)", p.opts.Retry.MaxAttempts)}
+			if p.opts.OnDead != nil {
+				rec, err := p.store.Get(r.work, id)
+				if err == nil {
+					dl.Delivery, dl.Reason = deliveryOf(rec), rec.LastError
+				} else if r.work.Err() == nil {
+					p.errs.Add(1)
+					p.log.Error("outbox publisher: reading a buried row failed", "id", id, "err", err)
+				}
+			}
+			r.dead(dl)
+		}
+		if len(ids) < p.opts.BatchSize {
+			return
+		}
+	}
+}
+
+// idsAttr logs at most maxLoggedIDs ids of leases.
+func idsAttr[T Lease | uuid.UUID](xs []T) slog.Attr {
+	n := min(len(xs), maxLoggedIDs)
+	ids := make([]string, n)
+	for i := range n {
+		switch v := any(xs[i]).(type) {
+		case Lease:
+			ids[i] = v.ID.String()
+		case uuid.UUID:
+			ids[i] = v.String()
+		}
+	}
+	return slog.Any("ids", ids)
+}

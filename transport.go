@@ -1,0 +1,95 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Delivery is one claimed message as a [Transport] receives it. Its fields are the
+// producer's, read back byte for byte from the table; the payload has been checked against
+// the SHA-256 taken at enqueue before the transport sees it.
+type Delivery struct {
+	// ID is the message id, stable across redeliveries: consumers deduplicate on it (or on
+	// DedupeKey when the producer set one).
+	ID        uuid.UUID
+	Namespace string
+	Topic     string
+	// TenantID is uuid.Nil when the message has no tenant.
+	TenantID uuid.UUID
+	// DedupeKey and PartitionKey are empty when the producer set none.
+	DedupeKey    string
+	PartitionKey string
+	Headers      Headers
+	Payload      json.RawMessage
+	// Attempt is this delivery's attempt number, 1 for the first. A value above 1 means an
+	// earlier attempt failed or its outcome was not recorded, so the consumer may already
+	// have seen the message.
+	Attempt   int
+	CreatedAt time.Time
+}
+
+// deliveryOf converts a claimed or read row into what a transport or hook receives.
+func deliveryOf(r Record) Delivery {
+	return Delivery{
+		ID: r.ID, Namespace: r.Namespace, Topic: r.Topic, TenantID: r.TenantID,
+		DedupeKey: r.DedupeKey, PartitionKey: r.PartitionKey, Headers: r.Headers,
+		Payload: r.Payload, Attempt: r.Attempts, CreatedAt: r.CreatedAt,
+	}
+}
+
+// Transport delivers messages to the outside world: a broker, a webhook, another module. The
+// library never interprets payloads; the transport is the user's (seed 001 §2).
+//
+// Publish receives a batch in claim order and reports one outcome per message, at the same
+// index: nil means delivered, an error means the attempt failed and is retried under the
+// [Publisher]'s [RetryPolicy]. Wrap an error with [Permanent] to dead-letter the message at
+// once, or with [RetryAfter] to choose when it is tried again. Returning a nil or empty
+// slice means every message was delivered. A slice of any other length than the batch is a
+// bug in the transport: the whole batch then counts as failed and is retried.
+//
+// ctx is cancelled only when the publisher's shutdown deadline passes
+// ([PublisherOptions.ShutdownTimeout]); a transport should return promptly then, failing what
+// it did not finish. The publisher renews the batch's leases while Publish runs. A panic in
+// Publish is recovered and fails the whole batch.
+//
+// A Publisher calls Publish from one goroutine per claim loop, so with
+// [PublisherOptions.Concurrency] above 1 calls may overlap. Delivery is at least once: the
+// same message may be published again after a crash or a lost acknowledgement, so consumers
+// must be idempotent on [Delivery.ID] or [Delivery.DedupeKey].
+type Transport interface {
+	Publish(ctx context.Context, batch []Delivery) []error
+}
+
+// TransportFunc adapts a function to [Transport].
+type TransportFunc func(ctx context.Context, batch []Delivery) []error
+
+// Publish calls f(ctx, batch).
+func (f TransportFunc) Publish(ctx context.Context, batch []Delivery) []error { return f(ctx, batch) }
+
+// PerMessage returns a [Transport] that calls fn for each message of a batch in turn, in
+// claim order. Once ctx is done, the messages not yet published fail with ctx's error and are
+// retried later. fn's errors follow the rules of [Transport]: nil, an error, [Permanent] or
+// [RetryAfter].
+func PerMessage(fn func(ctx context.Context, d Delivery) error) Transport {
+	return TransportFunc(func(ctx context.Context, batch []Delivery) []error {
+		var errs []error
+		for i := range batch {
+			var err error
+			if cerr := ctx.Err(); cerr != nil {
+				err = cerr
+			} else {
+				err = fn(ctx, batch[i])
+			}
+			if err != nil {
+				if errs == nil {
+					errs = make([]error, len(batch))
+				}
+				errs[i] = err
+			}
+		}
+		return errs
+	})
+}
