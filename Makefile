@@ -1,0 +1,54 @@
+# Tests talk to real databases: PostgreSQL on 127.0.0.1:5432 and MariaDB/MySQL on
+# 127.0.0.1:3306 (override with OUTBOX_POSTGRES_DSN / OUTBOX_MYSQL_DSN). A backend whose
+# server is unreachable is skipped loudly, unless OUTBOX_TEST_REQUIRE names it (or "all").
+export GOTOOLCHAIN := local
+GO ?= go
+GOOSE_VERSION := v3.29.0
+STATICCHECK_VERSION := v0.8.2
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## Show this help
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: demo
+demo: ## Run the demo: an order service and a publisher on embedded SQLite
+	$(GO) run ./cmd/outbox-demo
+
+.PHONY: test
+test: ## Run every test on every backend (set OUTBOX_TEST_REQUIRE=all to forbid skips)
+	$(GO) test -count=1 ./...
+	cd examples/customdialect && $(GO) test -count=1 ./...
+
+.PHONY: test-race
+test-race: ## Run every test with the race detector
+	$(GO) test -race -count=1 ./...
+	cd examples/customdialect && $(GO) test -race -count=1 ./...
+
+.PHONY: bench
+bench: ## Full benchmarks against raw SQL on every backend (writes BENCHMARKS data)
+	$(GO) run ./cmd/outbox-bench -mode full
+
+.PHONY: bench-quick
+bench-quick: ## Every benchmark metric on every backend in a few minutes
+	$(GO) run ./cmd/outbox-bench -mode quick
+
+.PHONY: bench-micro
+bench-micro: ## In-process micro-benchmarks (validation, hashing, SQL rendering), benchstat-ready
+	$(GO) test -run '^$$' -bench . -benchmem -count 6 .
+
+.PHONY: lint
+lint: ## gofmt, go vet and staticcheck
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	cd examples/customdialect && $(GO) vet ./...
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
+
+.PHONY: goose
+goose: ## Install the goose command line used to check the migration files
+	$(GO) install -tags 'no_clickhouse no_libsql no_mssql no_vertica no_ydb no_duckdb no_spanner no_starrocks' github.com/pressly/goose/v3/cmd/goose@$(GOOSE_VERSION)
+
+.PHONY: ci
+ci: ## What CI runs: servers up, all backends required, tests, goose CLI migrations, lint
+	bash .ci/run
