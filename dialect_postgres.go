@@ -1,0 +1,315 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"strings"
+	"sync"
+
+	"github.com/google/uuid"
+)
+
+// Postgres returns the dialect for PostgreSQL 12 or newer, tested with the pgx driver
+// (github.com/jackc/pgx/v5/stdlib) in every query execution mode. Batch statements bind
+// Go slices ([]string, []*string, [][]byte, []int64) as PostgreSQL arrays, which pgx does
+// and lib/pq does not; use pgx.
+//
+// Claim is one statement, run on the *sql.DB outside any caller transaction, so it is its
+// own short transaction (placeholders numbered as for an empty scope):
+//
+//	WITH c AS MATERIALIZED (
+//	    SELECT id FROM "outbox_events"
+//	    WHERE status IN ('pending', 'processing')
+//	      AND ((status = 'pending' AND next_attempt_at <= now())
+//	        OR (status = 'processing' AND locked_until < now()))
+//	      AND attempts < $1::bigint [AND namespace = $n] [AND topic IN (...)] [AND tenant_id = $n]
+//	    ORDER BY created_at, id LIMIT $2::bigint
+//	    FOR UPDATE SKIP LOCKED)
+//	UPDATE "outbox_events" AS t SET status = 'processing', attempts = t.attempts + 1,
+//	    locked_by = $3, locked_until = now() + $4::bigint * interval '1 microsecond',
+//	    lease_token = $5, updated_at = now()
+//	FROM c WHERE t.id = c.id
+//	RETURNING t.id, t.namespace, ... (every column)
+//
+// FOR UPDATE SKIP LOCKED lets concurrent claimers pass over each other's candidates
+// instead of queueing behind them, and the UPDATE commits the lease before the locks go.
+// The leading status IN (...) term matches the partial claim index ON (created_at, id)
+// WHERE status IN ('pending', 'processing'), so the planner walks that index in claim
+// order: no sort of the pending set, and delivered rows are never touched however many
+// are retained. MATERIALIZED (PostgreSQL 12) makes the locking subquery run exactly once,
+// whatever join the planner picks. Bury locks its candidates the same way.
+//
+// Complete (ack and nack) is one statement for the whole batch:
+//
+//	UPDATE "outbox_events" AS t SET status = u.status,
+//	    next_attempt_at = CASE WHEN u.status = 'pending'
+//	        THEN now() + u.delay_us * interval '1 microsecond' ELSE t.next_attempt_at END,
+//	    last_error = CASE WHEN u.status = 'delivered' THEN t.last_error ELSE u.error END,
+//	    delivered_at = CASE WHEN u.status = 'delivered' THEN now() ELSE t.delivered_at END,
+//	    locked_by = NULL, locked_until = NULL, updated_at = now()
+//	FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bigint[], $5::text[])
+//	    AS u(id, token, status, delay_us, error)
+//	WHERE t.id = u.id AND t.lease_token = u.token AND t.status = 'processing'
+//	RETURNING t.id
+//
+// The ids it does not return lost their lease. Extend has the same shape.
+//
+// Every time is the database's now() (the transaction's start time): the client never
+// binds a time, only durations as whole microseconds, so workers on hosts with skewed
+// clocks still agree on leases and schedules. Enqueue inside a long business transaction
+// therefore stamps created_at and next_attempt_at with that transaction's start.
+//
+// Insert writes one row with INSERT ... VALUES and a batch with one INSERT ... SELECT
+// FROM unnest(...) per 1000 rows (or 32 MiB of payload), a constant ten parameters
+// whatever the batch size. Both end in ON CONFLICT (namespace, topic, dedupe_key) WHERE
+// dedupe_key IS NOT NULL DO NOTHING: a duplicate is skipped, never raised as a unique
+// violation, which would abort the caller's transaction. A batch with dedupe keys reads
+// the inserted ids back with RETURNING id.
+//
+// payload and headers are json, not jsonb, so the bytes consumers receive are the bytes
+// enqueued, as the payload hash requires. Create the table with the migrations package.
+func Postgres() Dialect { return &postgresDialect{} }
+
+// postgresDialect keeps the statements that do not depend on call arguments rendered
+// once per table name. Claim and Bury depend on the scope and are rendered per call.
+type postgresDialect struct {
+	stmts sync.Map // table name → *pgStatements
+}
+
+type pgStatements struct {
+	insertOne, insertMany, complete, extend, get string
+}
+
+// Batch insert bounds: rows per statement, and payload plus headers bytes per statement
+// (PostgreSQL refuses a bound array over 1 GiB, and huge ones make poor neighbours).
+const (
+	pgRowsPerInsert  = 1000
+	pgBytesPerInsert = 32 << 20
+)
+
+// pgInsertColumns is the column list of both insert statements.
+const pgInsertColumns = `(id, namespace, topic, tenant_id, dedupe_key, partition_key, headers, payload, payload_hash, status, attempts, next_attempt_at, created_at, updated_at)`
+
+// pgOnConflict names the partial dedupe index, so rows without a key never conflict.
+const pgOnConflict = ` ON CONFLICT (namespace, topic, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING`
+
+// pgMicros turns a bound number of microseconds into an interval: durations are passed
+// as integers so the client never chooses the interval's text form.
+func pgMicros(expr string) string { return expr + ` * interval '1 microsecond'` }
+
+func renderPgStatements(t Table) *pgStatements {
+	tbl := quoteIdent(t.Name(), '"')
+	return &pgStatements{
+		insertOne: `INSERT INTO ` + tbl + ` ` + pgInsertColumns +
+			` VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'pending', 0, now() + ` + pgMicros(`$10::bigint`) + `, now(), now())` +
+			pgOnConflict,
+		insertMany: `INSERT INTO ` + tbl + ` ` + pgInsertColumns +
+			` SELECT u.id, u.namespace, u.topic, u.tenant_id, u.dedupe_key, u.partition_key, u.headers, u.payload, u.payload_hash,` +
+			` 'pending', 0, now() + ` + pgMicros(`u.delay_us`) + `, now(), now()` +
+			` FROM unnest($1::uuid[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::text[], $7::json[], $8::json[], $9::bytea[], $10::bigint[])` +
+			` AS u(id, namespace, topic, tenant_id, dedupe_key, partition_key, headers, payload, payload_hash, delay_us)` +
+			pgOnConflict,
+		complete: `UPDATE ` + tbl + ` AS t SET status = u.status,` +
+			` next_attempt_at = CASE WHEN u.status = 'pending' THEN now() + ` + pgMicros(`u.delay_us`) + ` ELSE t.next_attempt_at END,` +
+			` last_error = CASE WHEN u.status = 'delivered' THEN t.last_error ELSE u.error END,` +
+			` delivered_at = CASE WHEN u.status = 'delivered' THEN now() ELSE t.delivered_at END,` +
+			` locked_by = NULL, locked_until = NULL, updated_at = now()` +
+			` FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bigint[], $5::text[]) AS u(id, token, status, delay_us, error)` +
+			` WHERE t.id = u.id AND t.lease_token = u.token AND t.status = 'processing' RETURNING t.id`,
+		extend: `UPDATE ` + tbl + ` AS t SET locked_until = now() + ` + pgMicros(`$3::bigint`) + `, updated_at = now()` +
+			` FROM unnest($1::uuid[], $2::uuid[]) AS u(id, token)` +
+			` WHERE t.id = u.id AND t.lease_token = u.token AND t.status = 'processing' RETURNING t.id`,
+		get: `SELECT ` + selectList("", nil) + ` FROM ` + tbl + ` WHERE id = $1`,
+	}
+}
+
+func (d *postgresDialect) statements(t Table) *pgStatements {
+	if s, ok := d.stmts.Load(t.Name()); ok {
+		return s.(*pgStatements)
+	}
+	s, _ := d.stmts.LoadOrStore(t.Name(), renderPgStatements(t))
+	return s.(*pgStatements)
+}
+
+// pgUUID binds a UUID as its text form, which every PostgreSQL driver sends as it is,
+// and uuid.Nil as NULL.
+func pgUUID(id uuid.UUID) any {
+	if id == uuid.Nil {
+		return nil
+	}
+	return id.String()
+}
+
+// pgNullStr is nullStr for []*string array elements.
+func pgNullStr(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+func (*postgresDialect) Name() string { return "postgres" }
+
+func (d *postgresDialect) Insert(ctx context.Context, q DBTX, t Table, rows []Row) ([]bool, error) {
+	st := d.statements(t)
+	inserted := make([]bool, 0, len(rows))
+	for len(rows) > 0 {
+		chunk := rows[:pgChunkLen(rows)]
+		rows = rows[len(chunk):]
+		var (
+			ok  []bool
+			err error
+		)
+		if len(chunk) == 1 {
+			ok, err = pgInsertOne(ctx, q, st.insertOne, chunk)
+		} else {
+			ok, err = pgInsertMany(ctx, q, st.insertMany, chunk)
+		}
+		if err != nil {
+			return nil, err
+		}
+		inserted = append(inserted, ok...)
+	}
+	return inserted, nil
+}
+
+// pgChunkLen returns how many of rows go into the next statement: at least one, at most
+// pgRowsPerInsert, and no more than pgBytesPerInsert of payload and headers unless the
+// first row alone is bigger.
+func pgChunkLen(rows []Row) int {
+	size := 0
+	for i := range rows {
+		if i == pgRowsPerInsert {
+			return i
+		}
+		size += len(rows[i].Payload)
+		for k, v := range rows[i].Headers {
+			size += len(k) + len(v)
+		}
+		if i > 0 && size > pgBytesPerInsert {
+			return i
+		}
+	}
+	return len(rows)
+}
+
+func pgInsertOne(ctx context.Context, q DBTX, query string, rows []Row) ([]bool, error) {
+	r := &rows[0]
+	headers, err := r.Headers.Value()
+	if err != nil {
+		return nil, err
+	}
+	// The payload is bound as a string, not []byte: in pgx's simple protocol mode a
+	// []byte becomes a bytea literal, which a json column would not take as JSON.
+	vals := []any{pgUUID(r.ID), r.Namespace, r.Topic, pgUUID(r.TenantID), nullStr(r.DedupeKey),
+		nullStr(r.PartitionKey), headers, string(r.Payload), r.PayloadHash, micros(r.Delay)}
+	return insertOutcome(ctx, q, query, vals, rows, r.DedupeKey != "", " RETURNING id")
+}
+
+// pgInsertMany binds each column as one array. unnest returns the elements in order, so
+// of two rows with one dedupe key in a batch the first goes in, as with VALUES lists; the
+// report comes from RETURNING either way, so it is always what the database did.
+func pgInsertMany(ctx context.Context, q DBTX, query string, rows []Row) ([]bool, error) {
+	n := len(rows)
+	var (
+		ids, namespaces, topics, payloads = make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		tenants, dedupes, pkeys, headers  = make([]*string, n), make([]*string, n), make([]*string, n), make([]*string, n)
+		hashes                            = make([][]byte, n)
+		delays                            = make([]int64, n)
+		dedupe                            bool
+	)
+	for i := range rows {
+		r := &rows[i]
+		h, err := r.Headers.Value()
+		if err != nil {
+			return nil, err
+		}
+		if s, ok := h.(string); ok {
+			headers[i] = &s
+		}
+		if r.TenantID != uuid.Nil {
+			s := r.TenantID.String()
+			tenants[i] = &s
+		}
+		dedupe = dedupe || r.DedupeKey != ""
+		ids[i], namespaces[i], topics[i], payloads[i] = r.ID.String(), r.Namespace, r.Topic, string(r.Payload)
+		dedupes[i], pkeys[i] = pgNullStr(r.DedupeKey), pgNullStr(r.PartitionKey)
+		hashes[i], delays[i] = r.PayloadHash, micros(r.Delay)
+	}
+	vals := []any{ids, namespaces, topics, tenants, dedupes, pkeys, headers, payloads, hashes, delays}
+	return insertOutcome(ctx, q, query, vals, rows, dedupe, " RETURNING id")
+}
+
+// pgEligible renders the claim predicate. The leading status IN (...) term implies the
+// partial claim index's WHERE clause, which is what lets the planner use the index.
+func pgEligible(a *args, p ClaimParams) string {
+	return `status IN ('pending', 'processing') AND ((status = 'pending' AND next_attempt_at <= now())` +
+		` OR (status = 'processing' AND locked_until < now())) AND attempts < ` + a.add(p.MaxAttempts) + `::bigint` +
+		scopeSQL(a, p.Scope, "", pgUUID)
+}
+
+func (*postgresDialect) Claim(ctx context.Context, db *sql.DB, t Table, p ClaimParams) ([]Record, error) {
+	tbl := quoteIdent(t.Name(), '"')
+	a := &args{dollar: true}
+	var b strings.Builder
+	b.WriteString(`WITH c AS MATERIALIZED (SELECT id FROM ` + tbl + ` WHERE ` + pgEligible(a, p) +
+		` ORDER BY created_at, id LIMIT ` + a.add(p.Limit) + `::bigint FOR UPDATE SKIP LOCKED)`)
+	b.WriteString(` UPDATE ` + tbl + ` AS t SET status = 'processing', attempts = t.attempts + 1, locked_by = ` + a.add(p.WorkerID) +
+		`, locked_until = now() + ` + pgMicros(a.add(micros(p.Lease))+`::bigint`) + `, lease_token = ` + a.add(pgUUID(p.Token)) +
+		`, updated_at = now() FROM c WHERE t.id = c.id RETURNING ` + selectList("t.", nil))
+	return queryRecords(ctx, db, b.String(), a.vals...)
+}
+
+func (d *postgresDialect) Complete(ctx context.Context, q DBTX, t Table, outcomes []Outcome) ([]uuid.UUID, error) {
+	if len(outcomes) == 0 {
+		return nil, nil
+	}
+	n := len(outcomes)
+	ids, tokens, statuses, errs := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	delays := make([]int64, n)
+	for i, o := range outcomes {
+		// A uuid.Nil token binds as the all-zero UUID rather than NULL: either way it
+		// matches no row, since claims store random tokens.
+		ids[i], tokens[i], statuses[i], delays[i], errs[i] = o.ID.String(), o.Token.String(), string(o.Status), micros(o.Delay), o.Error
+	}
+	got, err := queryIDs(ctx, q, d.statements(t).complete, ids, tokens, statuses, delays, errs)
+	if err != nil {
+		return nil, err
+	}
+	return missing(leasesOf(outcomes), got), nil
+}
+
+func (d *postgresDialect) Extend(ctx context.Context, q DBTX, t Table, p ExtendParams) ([]uuid.UUID, error) {
+	if len(p.Leases) == 0 {
+		return nil, nil
+	}
+	ids, tokens := make([]string, len(p.Leases)), make([]string, len(p.Leases))
+	for i, l := range p.Leases {
+		ids[i], tokens[i] = l.ID.String(), l.Token.String()
+	}
+	got, err := queryIDs(ctx, q, d.statements(t).extend, ids, tokens, micros(p.Lease))
+	if err != nil {
+		return nil, err
+	}
+	return missing(p.Leases, got), nil
+}
+
+// Bury has the semantics of the SQLite dialect's UPDATE ... WHERE id IN (SELECT ...), in
+// the claim's CTE form: a LIMIT ... FOR UPDATE SKIP LOCKED subquery under IN may be
+// rescanned by a nested-loop semi-join and lock more than Limit rows; a materialized
+// CTE runs once.
+func (*postgresDialect) Bury(ctx context.Context, q DBTX, t Table, p BuryParams) ([]uuid.UUID, error) {
+	tbl := quoteIdent(t.Name(), '"')
+	a := &args{dollar: true}
+	query := `WITH c AS MATERIALIZED (SELECT id FROM ` + tbl + ` WHERE status IN ('pending', 'processing') AND attempts >= ` +
+		a.add(p.MaxAttempts) + `::bigint AND (status = 'pending' OR locked_until < now())` + scopeSQL(a, p.Scope, "", pgUUID) +
+		` ORDER BY created_at, id LIMIT ` + a.add(p.Limit) + `::bigint FOR UPDATE SKIP LOCKED)` +
+		` UPDATE ` + tbl + ` AS t SET status = 'dead', last_error = ` + a.add(p.Reason) +
+		`, locked_by = NULL, locked_until = NULL, lease_token = ` + a.add(pgUUID(p.Token)) +
+		`, updated_at = now() FROM c WHERE t.id = c.id RETURNING t.id`
+	return queryIDs(ctx, q, query, a.vals...)
+}
+
+func (d *postgresDialect) Get(ctx context.Context, q DBTX, t Table, id uuid.UUID) (Record, error) {
+	return getRecord(q.QueryRowContext(ctx, d.statements(t).get, pgUUID(id)))
+}
