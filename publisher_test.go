@@ -1098,3 +1098,169 @@ func TestPerMessage(t *testing.T) {
 	all := outbox.PerMessage(func(context.Context, outbox.Delivery) error { return nil })
 	require.Nil(t, all.Publish(context.Background(), batch))
 }
+
+// faultyDialect injects database failures into a real dialect: each counter is the number
+// of calls of that method still to fail. Extend can also be made a silent no-op, as if the
+// renewals never reached the database.
+type faultyDialect struct {
+	outbox.Dialect
+	claimFails, completeFails atomic.Int64
+	skipExtend                atomic.Bool
+	completes                 atomic.Int64
+}
+
+var errInjected = errors.New("injected database failure")
+
+func (d *faultyDialect) Claim(ctx context.Context, db *sql.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Record, error) {
+	if d.claimFails.Add(-1) >= 0 {
+		return nil, errInjected
+	}
+	return d.Dialect.Claim(ctx, db, t, p)
+}
+
+func (d *faultyDialect) Complete(ctx context.Context, q outbox.DBTX, t outbox.Table, o []outbox.Outcome) ([]uuid.UUID, error) {
+	d.completes.Add(1)
+	if d.completeFails.Add(-1) >= 0 {
+		return nil, errInjected
+	}
+	return d.Dialect.Complete(ctx, q, t, o)
+}
+
+func (d *faultyDialect) Extend(ctx context.Context, q outbox.DBTX, t outbox.Table, p outbox.ExtendParams) ([]uuid.UUID, error) {
+	if d.skipExtend.Load() {
+		return nil, nil
+	}
+	return d.Dialect.Extend(ctx, q, t, p)
+}
+
+// TestPublisherDatabaseErrors: failing claims are retried after a backoff; a failing
+// Complete is retried and then succeeds, settling the batch once.
+func TestPublisherDatabaseErrors(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, e *pubEnv) {
+		ids := e.enqueue(t, "dberr", 5)
+		d := &faultyDialect{Dialect: pubDialect(e.backend)}
+		d.claimFails.Store(3)
+		d.completeFails.Store(2)
+		rec := newRecorder(nil)
+		o := fastOptions(t, "dberr")
+		o.Logger = slog.New(slog.DiscardHandler) // the injected failures are logged as errors
+		p, err := outbox.NewPublisher(e.newStore(t, e.db, d), rec.transport("p"), o)
+		require.NoError(t, err)
+		stop := start(t, p)
+		e.waitCounts(t, 30*time.Second, func(m map[outbox.Status]int) bool { return m[outbox.StatusDelivered] == 5 })
+		stop()
+		for _, id := range ids {
+			require.Equal(t, []int{1}, rec.seen(id))
+		}
+		require.EqualValues(t, 3, d.completes.Load(), "two failed tries and one that worked")
+		require.Equal(t, outbox.PublisherStats{Claimed: 5, Delivered: 5, Errors: 5}, p.Stats())
+	})
+}
+
+// TestPublisherSettleGivesUp: when Complete keeps failing, the publisher leaves the rows
+// leased, and they are delivered again once the lease expires: at least once.
+func TestPublisherSettleGivesUp(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, e *pubEnv) {
+		ids := e.enqueue(t, "giveup", 3)
+		d := &faultyDialect{Dialect: pubDialect(e.backend)}
+		d.completeFails.Store(4) // every try of the first batch
+		rec := newRecorder(nil)
+		o := fastOptions(t, "giveup")
+		o.Lease = 600 * time.Millisecond
+		o.Logger = slog.New(slog.DiscardHandler)
+		p, err := outbox.NewPublisher(e.newStore(t, e.db, d), rec.transport("p"), o)
+		require.NoError(t, err)
+		stop := start(t, p)
+		e.waitCounts(t, 30*time.Second, func(m map[outbox.Status]int) bool { return m[outbox.StatusDelivered] == 3 })
+		stop()
+		for _, id := range ids {
+			require.Equal(t, []int{1, 2}, rec.seen(id), "redelivered after the lease expired")
+			require.Equal(t, 2, e.get(t, id).Attempts)
+		}
+		require.Equal(t, outbox.PublisherStats{Claimed: 6, Delivered: 3, Errors: 4}, p.Stats())
+	})
+}
+
+// TestPublisherLeaseLost: a publisher whose lease ran out (its renewals never landed) and
+// whose rows another publisher delivered meanwhile reports the lease lost and does not
+// overwrite the other's outcome with its own failure.
+func TestPublisherLeaseLost(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, e *pubEnv) {
+		ids := e.enqueue(t, "lost", 4)
+		d := &faultyDialect{Dialect: pubDialect(e.backend)}
+		d.skipExtend.Store(true)
+		taken := make(chan struct{})
+		slowStarted := make(chan struct{}, 1)
+		slow := outbox.TransportFunc(func(ctx context.Context, batch []outbox.Delivery) []error {
+			slowStarted <- struct{}{}
+			select { // hold the batch until the rival has delivered it
+			case <-taken:
+			case <-ctx.Done():
+			}
+			return failAllTest(len(batch), errors.New("too late"))
+		})
+		o := fastOptions(t, "lost")
+		o.Lease = 300 * time.Millisecond
+		o.Logger = slog.New(slog.DiscardHandler) // lost leases are logged as warnings
+		stale, err := outbox.NewPublisher(e.newStore(t, e.db, d), slow, o)
+		require.NoError(t, err)
+		stopStale := start(t, stale)
+		<-slowStarted
+
+		rec := newRecorder(func(outbox.Delivery) error { return nil })
+		rival, err := outbox.NewPublisher(e.newStore(t, e.openPool(t), pubDialect(e.backend)), rec.transport("rival"), fastOptions(t, "lost"))
+		require.NoError(t, err)
+		stopRival := start(t, rival)
+		e.waitCounts(t, 30*time.Second, func(m map[outbox.Status]int) bool { return m[outbox.StatusDelivered] == 4 })
+		close(taken)
+		require.Eventually(t, func() bool { return stale.Stats().LeaseLost == 4 }, 10*time.Second, 5*time.Millisecond)
+		stopStale()
+		stopRival()
+
+		for _, id := range ids {
+			r := e.get(t, id)
+			require.Equal(t, outbox.StatusDelivered, r.Status, "the stale worker's failure must not overwrite the delivery")
+			require.Empty(t, r.LastError)
+			require.Equal(t, []int{2}, rec.seen(id))
+		}
+		require.Equal(t, outbox.PublisherStats{Claimed: 4, LeaseLost: 4}, stale.Stats())
+	})
+}
+
+// TestPublisherAbandonsStuckTransport: a transport that ignores its cancelled context does
+// not hold Run hostage: Run gives it a second past the shutdown deadline, then reports it.
+func TestPublisherAbandonsStuckTransport(t *testing.T) {
+	t.Parallel()
+	e := pubSetup(t, "sqlite")
+	e.enqueue(t, "stuck", 2)
+	started, release := make(chan struct{}, 1), make(chan struct{})
+	returned := make(chan struct{})
+	stuck := outbox.TransportFunc(func(ctx context.Context, batch []outbox.Delivery) []error {
+		defer close(returned)
+		started <- struct{}{}
+		<-release // ignores ctx
+		return nil
+	})
+	o := fastOptions(t, "stuck")
+	o.ShutdownTimeout = 100 * time.Millisecond
+	o.Logger = slog.New(slog.DiscardHandler)
+	p, err := outbox.NewPublisher(e.store, stuck, o)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- p.Run(ctx) }()
+	<-started
+	cancel()
+	cancelled := time.Now()
+	err = <-errc
+	took := time.Since(cancelled)
+	require.ErrorContains(t, err, "abandoned")
+	require.Less(t, took, o.ShutdownTimeout+time.Second+time.Second, "Run took %s", took)
+	require.EqualValues(t, 1, p.Stats().Errors)
+	close(release)
+	<-returned
+	require.Equal(t, 2, e.counts(t)[outbox.StatusProcessing], "the abandoned batch keeps its lease")
+}
