@@ -1,0 +1,756 @@
+package outbox
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// MySQL returns the dialect for MySQL 8.0+ and MariaDB 10.6+ (InnoDB, FOR UPDATE SKIP
+// LOCKED), tested with github.com/go-sql-driver/mysql on MariaDB. Create the table with
+// the migrations package: the claim names its index, <table>_claim_idx.
+//
+// # Claim
+//
+// Neither server has UPDATE ... RETURNING, so a claim is a short transaction on the
+// *sql.DB at READ COMMITTED. At the default REPEATABLE READ a locking read also takes gap
+// locks, which block concurrent enqueues and deadlock with them; READ COMMITTED locks only
+// the rows it returns. Two locking reads walk the claim index (status, created_at, id) in
+// claim order, the second only when the first left room:
+//
+//	SELECT <columns>, TIMESTAMPDIFF(MICROSECOND, TIMESTAMP'1970-01-01 00:00:00', UTC_TIMESTAMP(6))
+//	FROM `outbox_events` FORCE INDEX (`outbox_events_claim_idx`)
+//	WHERE status = 'processing' AND locked_until < UTC_TIMESTAMP(6)
+//	  AND attempts < ? [AND namespace = ?] [AND topic IN (...)] [AND tenant_id = ?]
+//	ORDER BY created_at, id LIMIT ? FOR UPDATE SKIP LOCKED
+//
+//	... the same with WHERE status = 'pending' AND next_attempt_at <= UTC_TIMESTAMP(6),
+//	    LIMIT (what is left)
+//
+//	UPDATE `outbox_events` FORCE INDEX (PRIMARY)
+//	SET status = 'processing', attempts = attempts + 1, locked_by = ?,
+//	    locked_until = TIMESTAMP'1970-01-01 00:00:00' + INTERVAL ? MICROSECOND,
+//	    lease_token = ?, updated_at = TIMESTAMP'1970-01-01 00:00:00' + INTERVAL ? MICROSECOND
+//	WHERE id IN (?, ...)
+//
+//	COMMIT
+//
+// Expired leases are thus reclaimed before pending rows are taken. The reads are two
+// statements because a predicate spanning two status values cannot walk the index in
+// order: the server would sort, and lock, the whole pending set, and two claimers would
+// deadlock over it. FORCE INDEX keeps the walk whatever the optimizer thinks of a small
+// or skewed table. SKIP LOCKED lets concurrent claimers pass over each other's rows.
+// The reads return every column plus the database clock as Unix microseconds; the UPDATE
+// stamps the rows with that same reading, so the records returned are exactly the rows
+// stored, without reading them again, and one claim has one instant (as now() has in a
+// PostgreSQL transaction). A deadlock (error 1213) or lock wait timeout (1205) retries the
+// whole claim up to 4 times after a short jittered pause. A claim is six statements, five
+// when there is nothing to claim. With go-sql-driver's default server-side prepared
+// statements, each statement with arguments costs two round trips (prepare, execute);
+// interpolateParams=true in the DSN makes it one.
+//
+// # Complete and Extend
+//
+// Ack and nack are one statement for the whole batch, a join against the outcomes:
+//
+//	UPDATE (
+//	    SELECT CAST(? AS BINARY(16)) AS o_id, CAST(? AS BINARY(16)) AS o_token,
+//	        CAST(? AS CHAR(10)) AS o_status, CAST(? AS SIGNED) AS o_delay,
+//	        CAST(? AS CHAR(1024)) AS o_error
+//	    UNION ALL SELECT CAST(? AS BINARY(16)), ... ) u
+//	  STRAIGHT_JOIN `outbox_events` t FORCE INDEX (PRIMARY)
+//	  ON t.id = u.o_id AND t.lease_token = u.o_token
+//	SET t.status = u.o_status,
+//	    t.next_attempt_at = CASE WHEN u.o_status = 'pending'
+//	        THEN DATE_ADD(UTC_TIMESTAMP(6), INTERVAL u.o_delay MICROSECOND) ELSE t.next_attempt_at END,
+//	    t.last_error = CASE WHEN u.o_status = 'delivered' THEN t.last_error ELSE u.o_error END,
+//	    t.delivered_at = CASE WHEN u.o_status = 'delivered' THEN UTC_TIMESTAMP(6) ELSE t.delivered_at END,
+//	    t.locked_by = NULL, t.locked_until = NULL, t.updated_at = UTC_TIMESTAMP(6)
+//	WHERE t.status = 'processing'
+//
+// The outcomes drive the join and each finds its row by primary key, whatever the
+// optimizer would guess for a small table: an UPDATE that scanned the table would lock
+// every row it read. When the statement changes fewer rows than it was given, one more
+// read by primary key finds which leases were lost. Extend has the same shape.
+//
+// # Enqueue
+//
+// Insert is one multi-row INSERT per 1000 rows (or 4 MiB of data), ending in ON DUPLICATE
+// KEY UPDATE id = id: a row whose (namespace, topic, dedupe_key) exists is left as it is
+// and counts 0 affected rows, with no error, so the caller's transaction goes on. INSERT
+// IGNORE would do that too, but it also turns unrelated errors (a too-long value, a bad
+// type) into warnings. When the affected count does not tell which rows went in, the new
+// ids are read back by primary key. Rows without a dedupe key are written first, then the
+// others in key order, so producers enqueueing overlapping keys lock them in one order.
+//
+// InnoDB checks a unique secondary index for duplicates with a next-key lock, at every
+// isolation level. So when producers race for one dedupe key, a loser waits for the
+// winner's transaction, and its queued lock also covers the gap just below the key; if
+// the winner then inserts into that gap (a row of the same namespace and topic whose key
+// sorts just below, or, when the key is its topic's smallest, a row without a key), the
+// server rolls back one of the two transactions with error 1213 (deadlock). Retry such a
+// transaction as any MySQL transaction that can deadlock: the retry reports the row as
+// already enqueued.
+//
+// # Time
+//
+// The database clock is the only clock: every time is UTC_TIMESTAMP(6) (never NOW(), which
+// follows the session time zone), durations are bound as integer microseconds, and no
+// client clock reading is ever bound (a claim binds its own reading of the database clock
+// back, to stamp its rows). Times are read back as integer Unix microseconds (TIMESTAMPDIFF
+// from the epoch, pure DATETIME arithmetic), so the DSN's parseTime and loc and the
+// session's time_zone never matter. Columns are DATETIME(6), which no server converts
+// between time zones.
+//
+// # Server and driver settings
+//
+// Keep binlog_format ROW or MIXED (the defaults): READ COMMITTED writes cannot be logged as
+// statements. Do not set clientFoundRows=true in the DSN: it makes a skipped duplicate
+// count as one affected row, like an insert, so Insert would report duplicates as enqueued.
+func MySQL() Dialect { return mysqlDialect{} }
+
+// mysqlDialect is stateless: statements depend on the batch size, so they are rendered per
+// call, and the parts that never change are package constants.
+type mysqlDialect struct{}
+
+func (mysqlDialect) Name() string { return "mysql" }
+
+// Bounds and retry settings.
+const (
+	// mysqlRowsPerInsert keeps one INSERT at 10,000 placeholders, well below the 65,535
+	// the protocol can number.
+	mysqlRowsPerInsert = 1000
+	// mysqlBytesPerInsert bounds the data of one INSERT (a single larger row still goes
+	// alone), well below max_allowed_packet (16 MiB on MariaDB, 64 MiB on MySQL 8).
+	mysqlBytesPerInsert = 4 << 20
+	// mysqlClaimTries is how often a claim runs when it deadlocks or times out on a lock.
+	mysqlClaimTries = 4
+	// mysqlRetryPause is the longest pause before the second try (the shortest is half of
+	// it); it doubles for each further try.
+	mysqlRetryPause = 4 * time.Millisecond
+)
+
+// MySQL error numbers a claim retries.
+const (
+	mysqlErrLockWaitTimeout = 1205
+	mysqlErrDeadlock        = 1213
+)
+
+// mysqlEpoch is the Unix epoch as a DATETIME literal. Arithmetic between it and DATETIME
+// values involves no time zone.
+const mysqlEpoch = `TIMESTAMP'1970-01-01 00:00:00'`
+
+// mysqlMicros renders a DATETIME expression as integer Unix microseconds (NULL stays
+// NULL), the form [timeCol] scans.
+func mysqlMicros(expr string) string {
+	return `TIMESTAMPDIFF(MICROSECOND, ` + mysqlEpoch + `, ` + expr + `)`
+}
+
+// mysqlFromMicros renders a bound count of Unix microseconds as a DATETIME(6).
+func mysqlFromMicros(ph string) string { return mysqlEpoch + ` + INTERVAL ` + ph + ` MICROSECOND` }
+
+// mysqlLater renders now + a bound number of microseconds on the database clock.
+func mysqlLater(ph string) string {
+	return `DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ` + ph + ` MICROSECOND)`
+}
+
+// mysqlColumns is the select list of every record read: recordColumns with the times as
+// Unix microseconds.
+var mysqlColumns = selectList("", mysqlMicros)
+
+func mysqlTable(t Table) string { return quoteIdent(t.Name(), '`') }
+
+// mysqlInsertHead is the INSERT up to VALUES, after the table name.
+const mysqlInsertHead = ` (id, namespace, topic, tenant_id, dedupe_key, partition_key, headers, payload, payload_hash,` +
+	` status, attempts, next_attempt_at, created_at, updated_at) VALUES `
+
+// mysqlInsertRow is one row of the INSERT: ten placeholders.
+var mysqlInsertRow = `(?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', 0, ` + mysqlLater(`?`) + `, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))`
+
+// Insert writes rows without dedupe keys first, then rows with one in (namespace, topic,
+// dedupe_key) order, whatever their order in the call. InnoDB locks each key it checks for
+// a duplicate until the transaction ends, so producers that enqueue overlapping sets of
+// keys then take those locks in one global order and cannot deadlock with each other.
+func (d mysqlDialect) Insert(ctx context.Context, q DBTX, t Table, rows []Row) ([]bool, error) {
+	order := make([]int, len(rows))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(i, j int) int {
+		a, b := &rows[i], &rows[j]
+		switch {
+		case a.DedupeKey == "" && b.DedupeKey == "":
+			return 0
+		case a.DedupeKey == "":
+			return -1
+		case b.DedupeKey == "":
+			return 1
+		}
+		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Topic, b.Topic),
+			strings.Compare(a.DedupeKey, b.DedupeKey))
+	})
+	sorted := make([]Row, len(rows))
+	for k, i := range order {
+		sorted[k] = rows[i]
+	}
+	inserted := make([]bool, len(rows))
+	for done := 0; done < len(sorted); {
+		n := mysqlInsertChunk(sorted[done:])
+		ok, err := d.insert(ctx, q, t, sorted[done:done+n])
+		if err != nil {
+			return nil, err
+		}
+		for k, v := range ok {
+			inserted[order[done+k]] = v
+		}
+		done += n
+	}
+	return inserted, nil
+}
+
+// mysqlInsertChunk returns how many leading rows one INSERT takes: at most
+// mysqlRowsPerInsert, and no more than mysqlBytesPerInsert of data unless it is one row.
+func mysqlInsertChunk(rows []Row) int {
+	size := 0
+	for i := range rows {
+		if i == mysqlRowsPerInsert {
+			return i
+		}
+		r := &rows[i]
+		size += 128 + len(r.Namespace) + len(r.Topic) + len(r.DedupeKey) + len(r.PartitionKey) + len(r.Payload)
+		for k, v := range r.Headers {
+			size += len(k) + len(v) + 6
+		}
+		if i > 0 && size > mysqlBytesPerInsert {
+			return i
+		}
+	}
+	return len(rows)
+}
+
+func (mysqlDialect) insert(ctx context.Context, q DBTX, t Table, rows []Row) ([]bool, error) {
+	tbl := mysqlTable(t)
+	var b strings.Builder
+	b.WriteString(`INSERT INTO ` + tbl + mysqlInsertHead)
+	placeholders(&b, len(rows), mysqlInsertRow)
+	b.WriteString(` ON DUPLICATE KEY UPDATE id = id`)
+	vals := make([]any, 0, len(rows)*10)
+	var keyed []int // rows with a dedupe key: the only ones that can be skipped
+	for i := range rows {
+		r := &rows[i]
+		headers, err := r.Headers.Value()
+		if err != nil {
+			return nil, err
+		}
+		if r.DedupeKey != "" {
+			keyed = append(keyed, i)
+		}
+		vals = append(vals, uuidBytes(r.ID), r.Namespace, r.Topic, uuidBytes(r.TenantID),
+			nullStr(r.DedupeKey), nullStr(r.PartitionKey), headers, r.Payload, r.PayloadHash, micros(r.Delay))
+	}
+	res, err := q.ExecContext(ctx, b.String(), vals...)
+	if err != nil {
+		return nil, err
+	}
+	inserted := make([]bool, len(rows))
+	for i := range inserted {
+		inserted[i] = true
+	}
+	if len(keyed) == 0 {
+		return inserted, nil
+	}
+	// An inserted row counts 1 and a skipped duplicate 0, and only keyed rows can be
+	// skipped, so the count settles two cases; in between, read back which ids exist.
+	n, err := res.RowsAffected()
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case n >= int64(len(rows)):
+		return inserted, nil
+	case n == int64(len(rows)-len(keyed)):
+		for _, i := range keyed {
+			inserted[i] = false
+		}
+		return inserted, nil
+	}
+	a := &args{}
+	var s strings.Builder
+	s.WriteString(`SELECT id FROM ` + tbl + ` WHERE id IN (`)
+	for j, i := range keyed {
+		if j > 0 {
+			s.WriteString(", ")
+		}
+		s.WriteString(a.add(uuidBytes(rows[i].ID)))
+	}
+	s.WriteString(`)`)
+	ids, err := queryIDs(ctx, q, s.String(), a.vals...)
+	if err != nil {
+		return nil, err
+	}
+	found := make(map[uuid.UUID]bool, len(ids))
+	for _, id := range ids {
+		found[id] = true
+	}
+	for _, i := range keyed {
+		inserted[i] = found[rows[i].ID]
+	}
+	return inserted, nil
+}
+
+// The two eligibility predicates of a claim, one per status, each an equality on the
+// index's first column so that the read walks (created_at, id) in order.
+const (
+	mysqlExpired = `status = 'processing' AND locked_until < UTC_TIMESTAMP(6)`
+	mysqlDue     = `status = 'pending' AND next_attempt_at <= UTC_TIMESTAMP(6)`
+)
+
+func (d mysqlDialect) Claim(ctx context.Context, db *sql.DB, t Table, p ClaimParams) ([]Record, error) {
+	if p.Limit <= 0 {
+		return nil, nil
+	}
+	for try := 1; ; try++ {
+		recs, err := d.claim(ctx, db, t, p)
+		if err == nil || try == mysqlClaimTries || !mysqlRetryable(err) {
+			if err != nil && try > 1 {
+				err = fmt.Errorf("after %d tries: %w", try, err)
+			}
+			return recs, err
+		}
+		if err := mysqlPause(ctx, try); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// claim runs one claim transaction.
+func (mysqlDialect) claim(ctx context.Context, db *sql.DB, t Table, p ClaimParams) (_ []Record, err error) {
+	tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return nil, err
+	}
+	// Whatever happens below, the transaction ends here. sql.Tx.Rollback takes no context,
+	// so a cancelled caller cannot stop it; database/sql also rolls back by itself when
+	// ctx ends before Commit, and a statement interrupted by ctx closes its connection,
+	// which the server rolls back. No transaction outlives this call.
+	committed := false
+	defer func() {
+		if !committed {
+			_ = tx.Rollback()
+		}
+	}()
+	recs, now, err := mysqlLockEligible(ctx, tx, t, p, mysqlExpired, p.Limit)
+	if err != nil {
+		return nil, err
+	}
+	if len(recs) < p.Limit {
+		more, now2, err := mysqlLockEligible(ctx, tx, t, p, mysqlDue, p.Limit-len(recs))
+		if err != nil {
+			return nil, err
+		}
+		recs, now = append(recs, more...), max(now, now2)
+	}
+	if len(recs) == 0 {
+		return nil, nil // the deferred rollback ends the empty transaction
+	}
+
+	until := now + micros(p.Lease)
+	a := &args{}
+	var b strings.Builder
+	b.WriteString(`UPDATE ` + mysqlTable(t) + ` FORCE INDEX (PRIMARY) SET status = 'processing', attempts = attempts + 1, locked_by = ` + a.add(p.WorkerID) +
+		`, locked_until = ` + mysqlFromMicros(a.add(until)) + `, lease_token = ` + a.add(uuidBytes(p.Token)) +
+		`, updated_at = ` + mysqlFromMicros(a.add(now)) + ` WHERE id IN (`)
+	for i := range recs {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(a.add(uuidBytes(recs[i].ID)))
+	}
+	b.WriteString(`)`)
+	res, err := tx.ExecContext(ctx, b.String(), a.vals...)
+	if err != nil {
+		return nil, err
+	}
+	// Every locked row changes (status or attempts), so the count is exact with or
+	// without clientFoundRows.
+	if n, err := res.RowsAffected(); err != nil {
+		return nil, err
+	} else if n != int64(len(recs)) {
+		return nil, fmt.Errorf("claim updated %d of the %d rows it locked", n, len(recs))
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, err
+	}
+	committed = true
+
+	lockedUntil, updatedAt := time.UnixMicro(until).UTC(), time.UnixMicro(now).UTC()
+	for i := range recs {
+		r := &recs[i]
+		r.Status = StatusProcessing
+		r.Attempts++
+		r.LockedBy = p.WorkerID
+		r.LockedUntil = lockedUntil
+		r.LeaseToken = p.Token
+		r.UpdatedAt = updatedAt
+	}
+	slices.SortFunc(recs, func(x, y Record) int {
+		if c := x.CreatedAt.Compare(y.CreatedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(string(x.ID[:]), string(y.ID[:]))
+	})
+	return recs, nil
+}
+
+// mysqlLockEligible locks up to limit rows matching due, below the attempt limit and in
+// scope, in claim order, skipping rows other transactions hold. It also returns the
+// database clock, in Unix microseconds, as the statement saw it (0 when no row matched).
+func mysqlLockEligible(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, due string, limit int) ([]Record, int64, error) {
+	a := &args{}
+	query := `SELECT ` + mysqlColumns + `, ` + mysqlMicros(`UTC_TIMESTAMP(6)`) +
+		` FROM ` + mysqlTable(t) + ` FORCE INDEX (` + quoteIdent(t.Index("claim"), '`') + `)` +
+		` WHERE ` + due + ` AND attempts < ` + a.add(p.MaxAttempts) + scopeSQL(a, p.Scope, "", uuidBytes) +
+		` ORDER BY created_at, id LIMIT ` + a.add(limit) + ` FOR UPDATE SKIP LOCKED`
+	rows, err := tx.QueryContext(ctx, query, a.vals...)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer rows.Close()
+	var (
+		recs []Record
+		now  int64
+	)
+	for rows.Next() {
+		r, err := scanRecord(mysqlNowScanner{rows, &now})
+		if err != nil {
+			return nil, 0, err
+		}
+		recs = append(recs, r)
+	}
+	return recs, now, rows.Err()
+}
+
+// mysqlNowScanner scans a record followed by one more column, the clock reading.
+type mysqlNowScanner struct {
+	rows *sql.Rows
+	now  *int64
+}
+
+func (s mysqlNowScanner) Scan(dest ...any) error { return s.rows.Scan(append(dest, s.now)...) }
+
+// mysqlRetryable reports whether err is a deadlock or a lock wait timeout, after which the
+// claim transaction is gone (deadlock) or useless (timeout) and the claim can run again.
+//
+// The root package imports no driver, so it cannot use errors.As with *mysql.MySQLError.
+// It looks instead, through the whole Unwrap chain, for an error struct with a field
+// Number of type uint16, which is how go-sql-driver (and its forks) carry the server's
+// error number; failing that, it matches "Error 1213" or "Error 1205" in the text, which is
+// how go-sql-driver prints them, so an error flattened with %v is recognised too.
+func mysqlRetryable(err error) bool {
+	if n, ok := mysqlErrorNumber(err); ok {
+		return n == mysqlErrDeadlock || n == mysqlErrLockWaitTimeout
+	}
+	msg := err.Error()
+	return strings.Contains(msg, fmt.Sprintf("Error %d", mysqlErrDeadlock)) ||
+		strings.Contains(msg, fmt.Sprintf("Error %d", mysqlErrLockWaitTimeout))
+}
+
+// mysqlErrorNumber finds a server error number in err or in an error it wraps.
+func mysqlErrorNumber(err error) (uint16, bool) {
+	if err == nil {
+		return 0, false
+	}
+	v := reflect.ValueOf(err)
+	for v.Kind() == reflect.Pointer && !v.IsNil() {
+		v = v.Elem()
+	}
+	if v.Kind() == reflect.Struct {
+		if f, ok := v.Type().FieldByName("Number"); ok && len(f.Index) == 1 && f.Type.Kind() == reflect.Uint16 {
+			return uint16(v.Field(f.Index[0]).Uint()), true
+		}
+	}
+	switch u := err.(type) {
+	case interface{ Unwrap() error }:
+		return mysqlErrorNumber(u.Unwrap())
+	case interface{ Unwrap() []error }:
+		for _, e := range u.Unwrap() {
+			if n, ok := mysqlErrorNumber(e); ok {
+				return n, true
+			}
+		}
+	}
+	return 0, false
+}
+
+// mysqlPause waits before try+1: uniformly between half and all of mysqlRetryPause
+// doubled per try, so that claimers that collided do not collide again in step.
+func mysqlPause(ctx context.Context, try int) error {
+	d := mysqlRetryPause << (try - 1)
+	d = d/2 + rand.N(d/2+1)
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-timer.C:
+		return nil
+	}
+}
+
+// mysqlLeaseJoin writes the table references of Complete and Extend: a derived table u of
+// (o_id, o_token, ...) rows, one per lease, joined to the outbox table t by primary key.
+// The join order and the index are forced: on a small or freshly loaded table the
+// optimizer may otherwise scan t and probe u, and an UPDATE that scans locks every row it
+// reads (with gap locks at REPEATABLE READ), which deadlocks with claims and enqueues.
+// Explicit casts give every column of u a type that does not depend on how a server types
+// bare placeholders: ids stay 16 raw bytes whatever the connection's character set.
+func mysqlLeaseJoin(b *strings.Builder, tbl string, n int, row func(i int, first bool) string) {
+	b.WriteString(`(`)
+	for i := 0; i < n; i++ {
+		if i > 0 {
+			b.WriteString(` UNION ALL `)
+		}
+		b.WriteString(`SELECT ` + row(i, i == 0))
+	}
+	b.WriteString(`) u STRAIGHT_JOIN ` + tbl + ` t FORCE INDEX (PRIMARY) ON t.id = u.o_id AND t.lease_token = u.o_token`)
+}
+
+// mysqlAlias returns " AS name" for the first row of a derived table, "" for the others.
+func mysqlAlias(first bool, name string) string {
+	if first {
+		return ` AS ` + name
+	}
+	return ``
+}
+
+func (mysqlDialect) Complete(ctx context.Context, q DBTX, t Table, outcomes []Outcome) ([]uuid.UUID, error) {
+	if len(outcomes) == 0 {
+		return nil, nil
+	}
+	tbl := mysqlTable(t)
+	a := &args{}
+	var b strings.Builder
+	b.WriteString(`UPDATE `)
+	mysqlLeaseJoin(&b, tbl, len(outcomes), func(i int, first bool) string {
+		o := &outcomes[i]
+		return `CAST(` + a.add(uuidBytes(o.ID)) + ` AS BINARY(16))` + mysqlAlias(first, "o_id") +
+			`, CAST(` + a.add(uuidBytes(o.Token)) + ` AS BINARY(16))` + mysqlAlias(first, "o_token") +
+			`, CAST(` + a.add(string(o.Status)) + ` AS CHAR(10))` + mysqlAlias(first, "o_status") +
+			`, CAST(` + a.add(micros(o.Delay)) + ` AS SIGNED)` + mysqlAlias(first, "o_delay") +
+			`, CAST(` + a.add(o.Error) + ` AS CHAR(1024))` + mysqlAlias(first, "o_error")
+	})
+	// In a multiple-table UPDATE the server may apply assignments in any order, so none
+	// reads a column that another one writes.
+	b.WriteString(` SET t.status = u.o_status,` +
+		` t.next_attempt_at = CASE WHEN u.o_status = 'pending' THEN ` + mysqlLater(`u.o_delay`) + ` ELSE t.next_attempt_at END,` +
+		` t.last_error = CASE WHEN u.o_status = 'delivered' THEN t.last_error ELSE u.o_error END,` +
+		` t.delivered_at = CASE WHEN u.o_status = 'delivered' THEN UTC_TIMESTAMP(6) ELSE t.delivered_at END,` +
+		` t.locked_by = NULL, t.locked_until = NULL, t.updated_at = UTC_TIMESTAMP(6)` +
+		` WHERE t.status = 'processing'`)
+	res, err := q.ExecContext(ctx, b.String(), a.vals...)
+	if err != nil {
+		return nil, err
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return nil, err
+	}
+	leases := leasesOf(outcomes)
+	switch {
+	case n >= int64(len(outcomes)):
+		return nil, nil
+	case n == 0: // every applied row changes status, so 0 means none was applied
+		return missing(leases, nil), nil
+	}
+	// Some were applied. Without RETURNING, find them: a row this statement settled still
+	// carries the outcome's token and is no longer processing. A row of the same claim
+	// settled by an earlier call looks the same but for its updated_at, which is older than
+	// this statement's (one UTC_TIMESTAMP(6) per statement), so of such rows only those
+	// with the newest updated_at count as applied now.
+	rows, err := mysqlLeaseRows(ctx, q, t, leases)
+	if err != nil {
+		return nil, err
+	}
+	var (
+		set     = mysqlLeaseSet(leases)
+		settled []mysqlLeaseRow
+		newest  int64
+	)
+	for _, r := range rows {
+		if r.status != StatusProcessing && r.heldUnder(set) {
+			settled = append(settled, r)
+			newest = max(newest, r.updated)
+		}
+	}
+	var applied []uuid.UUID
+	for _, r := range settled {
+		if r.updated == newest {
+			applied = append(applied, r.id)
+		}
+	}
+	return missing(leases, applied), nil
+}
+
+func (mysqlDialect) Extend(ctx context.Context, q DBTX, t Table, p ExtendParams) ([]uuid.UUID, error) {
+	if len(p.Leases) == 0 {
+		return nil, nil
+	}
+	a := &args{}
+	var b strings.Builder
+	b.WriteString(`UPDATE `)
+	mysqlLeaseJoin(&b, mysqlTable(t), len(p.Leases), func(i int, first bool) string {
+		l := &p.Leases[i]
+		return `CAST(` + a.add(uuidBytes(l.ID)) + ` AS BINARY(16))` + mysqlAlias(first, "o_id") +
+			`, CAST(` + a.add(uuidBytes(l.Token)) + ` AS BINARY(16))` + mysqlAlias(first, "o_token")
+	})
+	b.WriteString(` SET t.locked_until = ` + mysqlLater(a.add(micros(p.Lease))) + `, t.updated_at = UTC_TIMESTAMP(6)` +
+		` WHERE t.status = 'processing'`)
+	res, err := q.ExecContext(ctx, b.String(), a.vals...)
+	if err != nil {
+		return nil, err
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return nil, err
+	}
+	if n >= int64(len(p.Leases)) {
+		return nil, nil
+	}
+	// The rows still processing under their token are held (extended now, or unchanged
+	// because nothing moved within the microsecond); the others were lost.
+	rows, err := mysqlLeaseRows(ctx, q, t, p.Leases)
+	if err != nil {
+		return nil, err
+	}
+	set := mysqlLeaseSet(p.Leases)
+	var held []uuid.UUID
+	for _, r := range rows {
+		if r.status == StatusProcessing && r.heldUnder(set) {
+			held = append(held, r.id)
+		}
+	}
+	return missing(p.Leases, held), nil
+}
+
+// mysqlLeaseRow is the lease state of one row, read after a Complete or Extend that did
+// not apply to every row it was given.
+type mysqlLeaseRow struct {
+	id, token uuid.UUID
+	status    Status
+	updated   int64
+}
+
+// mysqlLeaseSet indexes leases for mysqlLeaseRow.heldUnder.
+func mysqlLeaseSet(leases []Lease) map[Lease]bool {
+	set := make(map[Lease]bool, len(leases))
+	for _, l := range leases {
+		set[l] = true
+	}
+	return set
+}
+
+// heldUnder reports whether one of the leases names the row with its current token.
+func (r mysqlLeaseRow) heldUnder(set map[Lease]bool) bool {
+	return set[Lease{ID: r.id, Token: r.token}]
+}
+
+func mysqlLeaseRows(ctx context.Context, q DBTX, t Table, leases []Lease) ([]mysqlLeaseRow, error) {
+	a := &args{}
+	var b strings.Builder
+	b.WriteString(`SELECT id, lease_token, status, ` + mysqlMicros(`updated_at`) + ` FROM ` + mysqlTable(t) + ` WHERE id IN (`)
+	for i, l := range leases {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(a.add(uuidBytes(l.ID)))
+	}
+	b.WriteString(`)`)
+	rows, err := q.QueryContext(ctx, b.String(), a.vals...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []mysqlLeaseRow
+	for rows.Next() {
+		var (
+			r     mysqlLeaseRow
+			token uuid.NullUUID
+		)
+		if err := rows.Scan(&r.id, &token, &r.status, &r.updated); err != nil {
+			return nil, err
+		}
+		r.token = token.UUID
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// mysqlBuryable renders the predicate of Bury: at or over the attempt limit (bound as
+// maxAttempts), and pending or under an expired lease.
+func mysqlBuryable(maxAttempts string) string {
+	return `status IN ('pending', 'processing') AND attempts >= ` + maxAttempts +
+		` AND (status = 'pending' OR locked_until < UTC_TIMESTAMP(6))`
+}
+
+// Bury finds candidates with a plain (non-locking) read in claim order, then updates them
+// by primary key, checking the predicate again, and reads back by primary key only when
+// some changed meanwhile. A single UPDATE ... ORDER BY ... LIMIT would lock every row it
+// scans across the pending set (next-key locks at the default REPEATABLE READ, blocking
+// enqueues), and finding its rows afterwards by lease_token, which has no index, would
+// scan the table.
+func (mysqlDialect) Bury(ctx context.Context, q DBTX, t Table, p BuryParams) ([]uuid.UUID, error) {
+	if p.Limit <= 0 {
+		return nil, nil
+	}
+	tbl := mysqlTable(t)
+	a := &args{}
+	ids, err := queryIDs(ctx, q, `SELECT id FROM `+tbl+` WHERE `+mysqlBuryable(a.add(p.MaxAttempts))+scopeSQL(a, p.Scope, "", uuidBytes)+
+		` ORDER BY created_at, id LIMIT `+a.add(p.Limit), a.vals...)
+	if err != nil || len(ids) == 0 {
+		return nil, err
+	}
+	a = &args{}
+	var b strings.Builder
+	b.WriteString(`UPDATE ` + tbl + ` FORCE INDEX (PRIMARY) SET status = 'dead', last_error = ` + a.add(p.Reason) +
+		`, locked_by = NULL, locked_until = NULL, lease_token = ` + a.add(uuidBytes(p.Token)) +
+		`, updated_at = UTC_TIMESTAMP(6) WHERE id IN (`)
+	inList := func(a *args) {
+		for i, id := range ids {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteString(a.add(uuidBytes(id)))
+		}
+	}
+	inList(a)
+	b.WriteString(`) AND ` + mysqlBuryable(a.add(p.MaxAttempts)))
+	res, err := q.ExecContext(ctx, b.String(), a.vals...)
+	if err != nil {
+		return nil, err
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return nil, err
+	}
+	if n == int64(len(ids)) {
+		return ids, nil
+	}
+	a = &args{}
+	b.Reset()
+	b.WriteString(`SELECT id FROM ` + tbl + ` WHERE id IN (`)
+	inList(a)
+	b.WriteString(`) AND lease_token = ` + a.add(uuidBytes(p.Token)) + ` ORDER BY created_at, id`)
+	return queryIDs(ctx, q, b.String(), a.vals...)
+}
+
+func (mysqlDialect) Get(ctx context.Context, q DBTX, t Table, id uuid.UUID) (Record, error) {
+	return getRecord(q.QueryRowContext(ctx, `SELECT `+mysqlColumns+` FROM `+mysqlTable(t)+` WHERE id = ?`, uuidBytes(id)))
+}
