@@ -1,0 +1,268 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"sync/atomic"
+)
+
+// txCounter counts, at the database/sql driver level, what the connections of one pool sent:
+// statements outside a transaction (each is its own autocommit transaction), statements
+// inside one, commits and rollbacks, and connections opened. It is the client-side half of the
+// commit count; each backend confirms it with a server-side counter (see backend.countStart).
+type txCounter struct {
+	autocommit, inTx, commits, rollbacks, conns atomic.Int64
+}
+
+// counts is a snapshot of a txCounter.
+type counts struct {
+	Autocommit int64 `json:"autocommit_statements"`
+	InTx       int64 `json:"statements_in_tx"`
+	Commits    int64 `json:"tx_commits"`
+	Rollbacks  int64 `json:"tx_rollbacks"`
+	Conns      int64 `json:"connections_opened"`
+}
+
+func (c *txCounter) snapshot() counts {
+	return counts{
+		Autocommit: c.autocommit.Load(), InTx: c.inTx.Load(), Commits: c.commits.Load(),
+		Rollbacks: c.rollbacks.Load(), Conns: c.conns.Load(),
+	}
+}
+
+// Transactions is the number of committed transactions the client asked for: autocommit
+// statements plus explicit commits.
+func (c counts) Transactions() int64 { return c.Autocommit + c.Commits }
+
+// openCountingDB opens a pool on dsn through driverName's connector, with every connection
+// wrapped to count into a new txCounter. The wrapper forwards every optional interface the
+// drivers implement (named-value checking, session reset, validity), so the drivers behave
+// exactly as unwrapped; it costs an interface call per statement, the same for library and
+// raw runs.
+func openCountingDB(driverName, dsn string, maxConns int) (*sql.DB, *txCounter, error) {
+	probe, err := sql.Open(driverName, "")
+	if err != nil {
+		return nil, nil, err
+	}
+	drv := probe.Driver()
+	_ = probe.Close()
+	var conn driver.Connector
+	if dc, ok := drv.(driver.DriverContext); ok {
+		if conn, err = dc.OpenConnector(dsn); err != nil {
+			return nil, nil, err
+		}
+	} else {
+		conn = dsnConnector{drv: drv, dsn: dsn}
+	}
+	c := &txCounter{}
+	db := sql.OpenDB(countingConnector{Connector: conn, c: c})
+	db.SetMaxOpenConns(maxConns)
+	db.SetMaxIdleConns(maxConns) // never close a connection mid-run: server-side session counters live on them
+	return db, c, nil
+}
+
+type dsnConnector struct {
+	drv driver.Driver
+	dsn string
+}
+
+func (d dsnConnector) Connect(context.Context) (driver.Conn, error) { return d.drv.Open(d.dsn) }
+func (d dsnConnector) Driver() driver.Driver                        { return d.drv }
+
+type countingConnector struct {
+	driver.Connector
+	c *txCounter
+}
+
+func (cc countingConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	conn, err := cc.Connector.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cc.c.conns.Add(1)
+	return &countingConn{Conn: conn, c: cc.c}, nil
+}
+
+// countingConn is used by one goroutine at a time (database/sql guarantees it), so inTx
+// needs no lock.
+type countingConn struct {
+	driver.Conn
+	c    *txCounter
+	inTx bool
+}
+
+func (x *countingConn) count() {
+	if x.inTx {
+		x.c.inTx.Add(1)
+	} else {
+		x.c.autocommit.Add(1)
+	}
+}
+
+func (x *countingConn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	ec, ok := x.Conn.(driver.ExecerContext)
+	if !ok {
+		return nil, driver.ErrSkip
+	}
+	r, err := ec.ExecContext(ctx, query, args)
+	if !errors.Is(err, driver.ErrSkip) {
+		x.count()
+	}
+	return r, err
+}
+
+func (x *countingConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	qc, ok := x.Conn.(driver.QueryerContext)
+	if !ok {
+		return nil, driver.ErrSkip
+	}
+	r, err := qc.QueryContext(ctx, query, args)
+	if !errors.Is(err, driver.ErrSkip) {
+		x.count()
+	}
+	return r, err
+}
+
+func (x *countingConn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
+	var (
+		st  driver.Stmt
+		err error
+	)
+	if pc, ok := x.Conn.(driver.ConnPrepareContext); ok {
+		st, err = pc.PrepareContext(ctx, query)
+	} else {
+		st, err = x.Conn.Prepare(query)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &countingStmt{Stmt: st, conn: x}, nil
+}
+
+func (x *countingConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	var (
+		tx  driver.Tx
+		err error
+	)
+	if cb, ok := x.Conn.(driver.ConnBeginTx); ok {
+		tx, err = cb.BeginTx(ctx, opts)
+	} else {
+		tx, err = x.Conn.Begin() //nolint:staticcheck // fallback for drivers without BeginTx
+	}
+	if err != nil {
+		return nil, err
+	}
+	x.inTx = true
+	return &countingTx{Tx: tx, conn: x}, nil
+}
+
+func (x *countingConn) CheckNamedValue(nv *driver.NamedValue) error {
+	if nvc, ok := x.Conn.(driver.NamedValueChecker); ok {
+		return nvc.CheckNamedValue(nv)
+	}
+	return driver.ErrSkip
+}
+
+func (x *countingConn) ResetSession(ctx context.Context) error {
+	if sr, ok := x.Conn.(driver.SessionResetter); ok {
+		return sr.ResetSession(ctx)
+	}
+	return nil
+}
+
+func (x *countingConn) IsValid() bool {
+	if v, ok := x.Conn.(driver.Validator); ok {
+		return v.IsValid()
+	}
+	return true
+}
+
+func (x *countingConn) Ping(ctx context.Context) error {
+	if p, ok := x.Conn.(driver.Pinger); ok {
+		return p.Ping(ctx)
+	}
+	return nil
+}
+
+type countingTx struct {
+	driver.Tx
+	conn *countingConn
+}
+
+func (t *countingTx) Commit() error {
+	err := t.Tx.Commit()
+	t.conn.inTx = false
+	if err == nil {
+		t.conn.c.commits.Add(1)
+	}
+	return err
+}
+
+func (t *countingTx) Rollback() error {
+	err := t.Tx.Rollback()
+	t.conn.inTx = false
+	t.conn.c.rollbacks.Add(1)
+	return err
+}
+
+type countingStmt struct {
+	driver.Stmt
+	conn *countingConn
+}
+
+func (s *countingStmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
+	s.conn.count()
+	if se, ok := s.Stmt.(driver.StmtExecContext); ok {
+		return se.ExecContext(ctx, args)
+	}
+	vals, err := plainValues(args)
+	if err != nil {
+		return nil, err
+	}
+	return s.Stmt.Exec(vals) //nolint:staticcheck // fallback for drivers without ExecContext
+}
+
+func (s *countingStmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
+	s.conn.count()
+	if sq, ok := s.Stmt.(driver.StmtQueryContext); ok {
+		return sq.QueryContext(ctx, args)
+	}
+	vals, err := plainValues(args)
+	if err != nil {
+		return nil, err
+	}
+	return s.Stmt.Query(vals) //nolint:staticcheck // fallback for drivers without QueryContext
+}
+
+func (s *countingStmt) CheckNamedValue(nv *driver.NamedValue) error {
+	if nvc, ok := s.Stmt.(driver.NamedValueChecker); ok {
+		return nvc.CheckNamedValue(nv)
+	}
+	return s.conn.CheckNamedValue(nv)
+}
+
+func plainValues(args []driver.NamedValue) ([]driver.Value, error) {
+	vals := make([]driver.Value, len(args))
+	for i, a := range args {
+		if a.Name != "" {
+			return nil, fmt.Errorf("named parameters are not supported")
+		}
+		vals[i] = a.Value
+	}
+	return vals, nil
+}
+
+// commitCount is the commits of one measured window.
+type commitCount struct {
+	// Server is the number of committed transactions by the server-side measure named in
+	// Method.
+	Server int64  `json:"server"`
+	Method string `json:"method"`
+	// Client is what the driver wrapper saw.
+	Client counts `json:"client"`
+	// Check compares the two, in words.
+	Check string `json:"check"`
+}

@@ -1,0 +1,287 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/outboxgo/outbox"
+)
+
+// latencyResult is scenario 4 under one publisher configuration.
+type latencyResult struct {
+	Config       string  `json:"config"`
+	PollInterval string  `json:"poll_interval"`
+	TargetRate   float64 `json:"target_rate"`
+	AchievedRate float64 `json:"achieved_rate"`
+	TxPerSecond  float64 `json:"producer_tx_per_second"`
+	Messages     int     `json:"messages"`
+	P50          float64 `json:"p50_ms"`
+	P90          float64 `json:"p90_ms"`
+	P99          float64 `json:"p99_ms"`
+	Max          float64 `json:"max_ms"`
+	// Unpublished counts messages committed in the window but not published within the
+	// drain allowance; Early those the publisher received before the producer's Commit
+	// returned (their latency counts as zero).
+	Unpublished int `json:"unpublished"`
+	Early       int `json:"published_before_commit_returned"`
+	// Dropped counts producer ticks skipped because every producer was still busy.
+	Dropped int64 `json:"dropped_ticks"`
+	// FirstHalfP50 and SecondHalfP50 split the window by commit time. Steady is false when
+	// the second half is much slower: the publisher did not keep up and a backlog grew, so
+	// the percentiles depend on the window's length.
+	FirstHalfP50  float64 `json:"first_half_p50_ms"`
+	SecondHalfP50 float64 `json:"second_half_p50_ms"`
+	Steady        bool    `json:"steady"`
+	// Delivered is the publisher's delivery rate over the window.
+	DeliveredRate float64 `json:"delivered_rate"`
+}
+
+// Producer shape: a tick every latencyTick hands one transaction of enough messages to keep
+// the target rate to one of latencyProducers goroutines.
+const (
+	latencyTick      = 5 * time.Millisecond
+	latencyProducers = 4
+)
+
+// runLatency measures commit-to-publish latency with a steady producer at half the
+// library's burn-down rate, first with the publisher's default PollInterval (what a user
+// gets), then with a 10ms one (the floor the database allows).
+func runLatency(ctx context.Context, cfg config, b backend, res *backendResult) error {
+	if res.Burndown == nil || res.Burndown.Library.Median == 0 {
+		return fmt.Errorf("no burn-down rate to derive the producer rate from")
+	}
+	rate := res.Burndown.Library.Median / 2
+	for _, poll := range []time.Duration{0, 10 * time.Millisecond} {
+		r, err := latency(ctx, cfg, b, rate, poll)
+		if err != nil {
+			return err
+		}
+		logf("%s: latency (%s): %.0f msg/s (target %.0f): p50 %.1fms p90 %.1fms p99 %.1fms max %.1fms, %d messages, %d unpublished, %d early; p50 %.1f then %.1f ms (steady %v)",
+			b.name(), r.Config, r.AchievedRate, r.TargetRate, r.P50, r.P90, r.P99, r.Max, r.Messages, r.Unpublished, r.Early, r.FirstHalfP50, r.SecondHalfP50, r.Steady)
+		res.Latency = append(res.Latency, r)
+	}
+	return nil
+}
+
+func latency(ctx context.Context, cfg config, b backend, rate float64, poll time.Duration) (latencyResult, error) {
+	r := latencyResult{TargetRate: rate, Config: "default options", PollInterval: outbox.DefaultPollInterval.String()}
+	if poll > 0 {
+		r.Config, r.PollInterval = "PollInterval "+poll.String(), poll.String()
+	}
+	if err := b.reset(ctx, mainTable); err != nil {
+		return r, err
+	}
+	pubDB, _, err := b.pool(cfg.Workers + 2)
+	if err != nil {
+		return r, err
+	}
+	defer pubDB.Close()
+	prodDB, _, err := b.pool(latencyProducers)
+	if err != nil {
+		return r, err
+	}
+	defer prodDB.Close()
+	pubStore, err := outbox.New(pubDB, b.dialect(), outbox.Options{})
+	if err != nil {
+		return r, err
+	}
+	prodStore, err := outbox.New(prodDB, b.dialect(), outbox.Options{})
+	if err != nil {
+		return r, err
+	}
+
+	var (
+		mu        sync.Mutex
+		committed = map[uuid.UUID]time.Time{}
+		published = map[uuid.UUID]time.Time{}
+	)
+	tr := outbox.TransportFunc(func(_ context.Context, batch []outbox.Delivery) []error {
+		now := time.Now()
+		mu.Lock()
+		for _, d := range batch {
+			if _, seen := published[d.ID]; !seen {
+				published[d.ID] = now
+			}
+		}
+		mu.Unlock()
+		return nil
+	})
+	pub, err := outbox.NewPublisher(pubStore, tr, outbox.PublisherOptions{
+		Scope:     outbox.Scope{Namespace: benchNamespace},
+		BatchSize: cfg.Batch, Concurrency: cfg.Workers, PollInterval: poll, Logger: discard,
+	})
+	if err != nil {
+		return r, err
+	}
+	pctx, stopPub := context.WithCancel(ctx)
+	defer stopPub()
+	pubDone := make(chan error, 1)
+	go func() { pubDone <- pub.Run(pctx) }()
+
+	// Producers.
+	raw := b.raw(mainTable)
+	jobs := make(chan int, latencyProducers)
+	var (
+		seq      atomic.Int64
+		txs      atomic.Int64
+		prodErr  error
+		errOnce  sync.Once
+		wg       sync.WaitGroup
+		warmupTo = time.Now().Add(cfg.LatencyDur / 5)
+	)
+	for range latencyProducers {
+		wg.Go(func() {
+			for k := range jobs {
+				if err := produce(ctx, prodDB, prodStore, raw, &seq, k, &mu, committed, warmupTo); err != nil {
+					errOnce.Do(func() { prodErr = err })
+					return
+				}
+				txs.Add(1)
+			}
+		})
+	}
+	var dropped int64
+	perTick := rate * latencyTick.Seconds()
+	carry := 0.0
+	start := time.Now()
+	ticker := time.NewTicker(latencyTick)
+	for now := range ticker.C {
+		if now.Sub(start) >= cfg.LatencyDur || ctx.Err() != nil || prodErr != nil {
+			break
+		}
+		carry += perTick
+		k := int(carry)
+		if k == 0 {
+			continue
+		}
+		select {
+		case jobs <- k:
+			carry -= float64(k)
+		default:
+			dropped++ // every producer is busy: the backlog shows as a lower achieved rate
+		}
+	}
+	ticker.Stop()
+	close(jobs)
+	wg.Wait()
+	produced := time.Since(start)
+	if prodErr != nil {
+		return r, prodErr
+	}
+
+	// Drain: wait until everything committed is published, at most a few poll intervals.
+	drainBy := time.Now().Add(max(5*time.Second, 4*outbox.DefaultPollInterval))
+	for time.Now().Before(drainBy) {
+		mu.Lock()
+		left := 0
+		for id := range committed {
+			if _, ok := published[id]; !ok {
+				left++
+			}
+		}
+		mu.Unlock()
+		if left == 0 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	stopPub()
+	if err := <-pubDone; err != nil {
+		return r, err
+	}
+	if st := pub.Stats(); st.Errors > 0 {
+		return r, fmt.Errorf("publisher reported %d errors", st.Errors)
+	}
+
+	mu.Lock()
+	defer mu.Unlock()
+	type obs struct {
+		at  time.Time
+		lat float64
+	}
+	seen := make([]obs, 0, len(committed))
+	for id, c := range committed {
+		p, ok := published[id]
+		switch {
+		case !ok:
+			r.Unpublished++
+		case p.Before(c):
+			r.Early++
+			seen = append(seen, obs{c, 0})
+		default:
+			seen = append(seen, obs{c, float64(p.Sub(c).Microseconds()) / 1000})
+		}
+	}
+	slices.SortFunc(seen, func(a, b obs) int { return a.at.Compare(b.at) })
+	lat := make([]float64, len(seen))
+	for i, o := range seen {
+		lat[i] = o.lat
+	}
+	half := len(lat) / 2
+	r.FirstHalfP50, r.SecondHalfP50 = median(lat[:half]), median(lat[half:])
+	r.Steady = r.SecondHalfP50 <= 2*r.FirstHalfP50+50
+	r.DeliveredRate = float64(pub.Stats().Delivered) / produced.Seconds()
+	slices.Sort(lat)
+	r.Messages = len(lat)
+	r.AchievedRate = float64(seq.Load()) / produced.Seconds()
+	r.TxPerSecond = float64(txs.Load()) / produced.Seconds()
+	r.Dropped = dropped
+	r.P50, r.P90, r.P99 = quantile(lat, 0.50), quantile(lat, 0.90), quantile(lat, 0.99)
+	if len(lat) > 0 {
+		r.Max = lat[len(lat)-1]
+	}
+	return r, nil
+}
+
+// produce commits one business row and k events, and records the commit time of each event
+// committed after the warm-up.
+func produce(ctx context.Context, db *sql.DB, store *outbox.Store, raw rawOps, seq *atomic.Int64, k int,
+	mu *sync.Mutex, committed map[uuid.UUID]time.Time, warmupTo time.Time) error {
+	first := int(seq.Add(int64(k))) - k
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
+	if err := raw.insertBusiness(ctx, tx, first); err != nil {
+		return err
+	}
+	msgs := make([]outbox.Message, k)
+	for j := range msgs {
+		msgs[j] = message(first + j)
+	}
+	rs, err := store.EnqueueBatch(ctx, tx, msgs)
+	if err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return err
+	}
+	now := time.Now()
+	if now.Before(warmupTo) {
+		return nil
+	}
+	mu.Lock()
+	for _, x := range rs {
+		committed[x.ID] = now
+	}
+	mu.Unlock()
+	return nil
+}
+
+// quantile of sorted xs, nearest rank.
+func quantile(sorted []float64, q float64) float64 {
+	if len(sorted) == 0 {
+		return math.NaN()
+	}
+	i := int(math.Ceil(q*float64(len(sorted)))) - 1
+	return sorted[max(0, min(i, len(sorted)-1))]
+}

@@ -1,0 +1,303 @@
+// Command outbox-bench measures the outbox library against hand-written SQL doing the same
+// work on the same database, table and batch size, in the same run (SPEC §10).
+//
+// Absolute figures drift with the machine; the ratios do not, because every library figure is
+// paired with a raw-SQL baseline measured in alternation with it. For every reachable backend
+// (PostgreSQL, MariaDB/MySQL, SQLite) it measures:
+//
+//  1. enqueue: transactions per second of BEGIN; INSERT business row; COMMIT, of the same
+//     plus a hand-written outbox INSERT, and of the same plus one library Enqueue, at
+//     concurrency 1 and 8;
+//  2. batch enqueue: rows per second of Store.EnqueueBatch against the best raw multi-row
+//     insert, per batch size;
+//  3. burn-down: preloaded pending rows drained by a Publisher with a no-op transport against
+//     a raw loop of one-statement claim plus one batched ack (same batch size and workers),
+//     and the database commits per delivered message;
+//  4. latency: commit-to-publish p50 and p99 under a steady producer at half the burn-down
+//     rate;
+//  5. growth: burn-down next to a million retained delivered rows against an empty table.
+//
+// It prints a table, then every ratio as one JSON object per line, and writes the full
+// results (JSON, Markdown) and a throughput-against-batch-size plot (SVG) to -out.
+//
+//	go run ./cmd/outbox-bench -mode quick    # every metric on every backend in minutes
+//	go run ./cmd/outbox-bench -mode full -plot BENCHMARKS-throughput.svg
+//
+// Each backend gets a fresh database (PostgreSQL: a new database, so that
+// pg_stat_database counts only the bench's transactions; MariaDB: a new database; SQLite: a
+// file in a temporary directory) that is dropped at the end. A server that cannot be reached
+// is reported as SKIPPED on stderr and in the table; -require turns that into a failure.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime/pprof"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// config is what a mode measures, and for how long.
+type config struct {
+	Mode string `json:"mode"`
+
+	// Enqueue (1): each variant runs EnqueueDur per round, EnqueueRounds rounds, after one
+	// warm-up run of EnqueueWarmup.
+	EnqueueDur    time.Duration `json:"enqueue_duration"`
+	EnqueueWarmup time.Duration `json:"enqueue_warmup"`
+	EnqueueRounds int           `json:"enqueue_rounds"`
+	Concurrency   []int         `json:"concurrency"`
+
+	// Batch enqueue (2).
+	BatchSizes  []int         `json:"batch_sizes"`
+	BatchDur    time.Duration `json:"batch_duration"`
+	BatchRounds int           `json:"batch_rounds"`
+
+	// Burn-down (3): the headline runs at Batch rows per claim with Workers claim loops,
+	// BurnRounds pairs; the sweep adds the other SweepSizes at SweepRounds pairs each.
+	BurnN       int   `json:"burn_n"`
+	Batch       int   `json:"batch"`
+	Workers     int   `json:"workers"`
+	BurnRounds  int   `json:"burn_rounds"`
+	SweepSizes  []int `json:"sweep_sizes"`
+	SweepRounds int   `json:"sweep_rounds"`
+
+	// Breakdown: the burn-down gap split by statement, at these batch sizes.
+	BreakdownSizes  []int `json:"breakdown_sizes"`
+	BreakdownRounds int   `json:"breakdown_rounds"`
+
+	// Latency (4).
+	LatencyDur time.Duration `json:"latency_duration"`
+
+	// Growth (5).
+	Retained     int `json:"retained"`
+	GrowthRounds int `json:"growth_rounds"`
+
+	// Only restricts the run to some scenarios (-only); empty means all.
+	Only []string `json:"only,omitempty"`
+}
+
+func (c config) runs(scenario string) bool {
+	if len(c.Only) == 0 {
+		return true
+	}
+	for _, s := range c.Only {
+		if strings.TrimSpace(s) == scenario {
+			return true
+		}
+	}
+	return false
+}
+
+func modeConfig(mode string) (config, error) {
+	switch mode {
+	case "quick":
+		return config{
+			Mode:       mode,
+			EnqueueDur: 1200 * time.Millisecond, EnqueueWarmup: 300 * time.Millisecond, EnqueueRounds: 2,
+			Concurrency: []int{1, 8},
+			BatchSizes:  []int{10, 100, 500}, BatchDur: 700 * time.Millisecond, BatchRounds: 2,
+			BurnN: 10_000, Batch: 100, Workers: 2, BurnRounds: 2,
+			SweepSizes: []int{10, 100, 500}, SweepRounds: 1,
+			BreakdownSizes: []int{100, 500}, BreakdownRounds: 1,
+			LatencyDur: 4 * time.Second,
+			Retained:   100_000, GrowthRounds: 2,
+		}, nil
+	case "full":
+		return config{
+			Mode:       mode,
+			EnqueueDur: 5 * time.Second, EnqueueWarmup: time.Second, EnqueueRounds: 5,
+			Concurrency: []int{1, 8},
+			BatchSizes:  []int{1, 10, 50, 100, 250, 500, 1000}, BatchDur: 3 * time.Second, BatchRounds: 3,
+			BurnN: 100_000, Batch: 100, Workers: 2, BurnRounds: 5,
+			SweepSizes: []int{10, 50, 100, 250, 500, 1000}, SweepRounds: 2,
+			BreakdownSizes: []int{100, 500}, BreakdownRounds: 3,
+			LatencyDur: 30 * time.Second,
+			Retained:   1_000_000, GrowthRounds: 3,
+		}, nil
+	}
+	return config{}, fmt.Errorf("unknown -mode %q (quick or full)", mode)
+}
+
+// logf reports progress on stderr; stdout carries only the table and the JSON lines.
+var logf = log.New(os.Stderr, "outbox-bench: ", log.Ltime|log.Lmicroseconds).Printf
+
+func main() {
+	var (
+		mode     = flag.String("mode", "quick", "quick (every metric in minutes) or full (the published numbers)")
+		backends = flag.String("backends", "postgres,mysql,sqlite", "comma-separated backends to measure")
+		out      = flag.String("out", "bench-results", "directory for results.json, results.md and throughput.svg")
+		plot     = flag.String("plot", "", "also write the throughput plot here (e.g. BENCHMARKS-throughput.svg)")
+		pgDSN    = flag.String("pg-dsn", envOr("OUTBOX_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL server (the bench creates and drops its own database)")
+		myDSN    = flag.String("mysql-dsn", envOr("OUTBOX_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/test"), "MariaDB/MySQL server (the bench creates and drops its own database)")
+		require  = flag.String("require", os.Getenv("OUTBOX_TEST_REQUIRE"), "backends that must be reachable (comma list or all); others are skipped loudly")
+		batch    = flag.Int("batch", 0, "headline batch size (default 100)")
+		workers  = flag.Int("workers", 0, "publisher claim loops and raw workers in burn-down (default 2)")
+		burnN    = flag.Int("n", 0, "rows per burn-down (default: 10000 quick, 100000 full)")
+		retained = flag.Int("retained", 0, "retained delivered rows in the growth scenario (default: 100000 quick, 1000000 full)")
+		only     = flag.String("only", "", "run only these scenarios (comma list of enqueue, batch, burndown, breakdown, latency, growth; latency needs burndown)")
+		cpuprof  = flag.String("cpuprofile", "", "write a CPU profile of the bench process (library and raw alike) to this file")
+		from     = flag.String("from", "", "measure nothing: re-render the table, JSON lines, Markdown and plot of an earlier results.json")
+	)
+	flag.Parse()
+	if *from != "" {
+		rep, err := readReport(*from)
+		if err == nil {
+			rep.printTable(os.Stdout)
+			rep.printJSONLines(os.Stdout)
+			err = rep.write(*out, *plot)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		return
+	}
+	cfg, err := modeConfig(*mode)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	if *batch > 0 {
+		cfg.Batch = *batch
+	}
+	if *workers > 0 {
+		cfg.Workers = *workers
+	}
+	if *burnN > 0 {
+		cfg.BurnN = *burnN
+	}
+	if *retained > 0 {
+		cfg.Retained = *retained
+	}
+
+	if *only != "" {
+		cfg.Only = strings.Split(*only, ",")
+	}
+	if *cpuprof != "" {
+		f, err := os.Create(*cpuprof)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		defer pprof.StopCPUProfile()
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	rep := &report{Config: cfg, Command: "go run ./cmd/outbox-bench " + strings.Join(os.Args[1:], " "), Started: time.Now().UTC()}
+	rep.Machine = describeMachine()
+	logf("mode %s on %d cores, load average %s", cfg.Mode, rep.Machine.Cores, rep.Machine.LoadBefore)
+
+	failed := false
+	for _, name := range strings.Split(*backends, ",") {
+		name = strings.TrimSpace(name)
+		if name == "" {
+			continue
+		}
+		b, err := newBackend(name, *pgDSN, *myDSN)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		res := &backendResult{Backend: name}
+		rep.Backends = append(rep.Backends, res)
+		if err := b.setup(ctx); err != nil {
+			res.Skipped = err.Error()
+			logf("SKIPPING %s: %v", strings.ToUpper(name), err)
+			if required(*require, name) {
+				logf("%s is required (-require=%s)", name, *require)
+				failed = true
+			}
+			continue
+		}
+		start := time.Now()
+		err = runBackend(ctx, cfg, b, res)
+		b.teardown()
+		res.Elapsed = time.Since(start).Round(time.Millisecond).String()
+		if err != nil {
+			res.Error = err.Error()
+			logf("%s FAILED: %v", name, err)
+			failed = true
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	rep.Machine.LoadAfter = loadAverage()
+	rep.Finished = time.Now().UTC()
+
+	rep.printTable(os.Stdout)
+	rep.printJSONLines(os.Stdout)
+	if err := rep.write(*out, *plot); err != nil {
+		logf("writing results: %v", err)
+		failed = true
+	} else {
+		logf("results in %s", filepath.Join(*out, "results.json"))
+	}
+	pprof.StopCPUProfile()
+	if failed || ctx.Err() != nil {
+		os.Exit(1)
+	}
+}
+
+// runBackend measures every scenario on one backend.
+func runBackend(ctx context.Context, cfg config, b backend, res *backendResult) error {
+	res.Server = b.describe(ctx)
+	logf("%s: %s", b.name(), res.Server.Version)
+	steps := []struct {
+		name, key string
+		run       func(context.Context, config, backend, *backendResult) error
+	}{
+		{"commit counter validation", "burndown", validateCounter},
+		{"enqueue", "enqueue", runEnqueue},
+		{"batch enqueue", "batch", runBatchEnqueue},
+		{"burn-down", "burndown", runBurndown},
+		{"burn-down breakdown", "breakdown", runBreakdown},
+		{"latency", "latency", runLatency},
+		{"growth", "growth", runGrowth},
+	}
+	for _, s := range steps {
+		if !cfg.runs(s.key) {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		start := time.Now()
+		logf("%s: %s", b.name(), s.name)
+		if err := s.run(ctx, cfg, b, res); err != nil {
+			return fmt.Errorf("%s: %w", s.name, err)
+		}
+		logf("%s: %s done in %s", b.name(), s.name, time.Since(start).Round(time.Millisecond))
+	}
+	return nil
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+func required(list, backend string) bool {
+	for _, b := range strings.Split(list, ",") {
+		b = strings.TrimSpace(b)
+		if b == "all" || b == backend {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,131 @@
+package main
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// markdown writes the results as the Markdown tables BENCHMARKS.md quotes.
+func (rep *report) markdown(w *strings.Builder) {
+	fmt.Fprintf(w, "Command: `%s` (%s mode), %s to %s UTC.\n\n", rep.Command, rep.Config.Mode,
+		rep.Started.Format("2006-01-02 15:04"), rep.Finished.Format("15:04"))
+	m := rep.Machine
+	fmt.Fprintf(w, "Machine: %d cores (%s), %s RAM, %s, %s. Load average (1, 5, 15 min) %s before, %s after.\n\n",
+		m.Cores, m.CPU, m.Memory, m.Kernel, m.Go, m.LoadBefore, m.LoadAfter)
+	fmt.Fprintf(w, "Rows: %s.\n\n", m.Payload)
+
+	fmt.Fprintf(w, "### Targets\n\n| metric |")
+	for _, b := range rep.Backends {
+		fmt.Fprintf(w, " %s |", b.Backend)
+	}
+	fmt.Fprintf(w, " target |\n|---|")
+	for range rep.Backends {
+		fmt.Fprintf(w, "---:|")
+	}
+	fmt.Fprintf(w, "---|\n")
+	for _, t := range targets {
+		fmt.Fprintf(w, "| `%s` |", t.metric)
+		for _, b := range rep.Backends {
+			cell := "–"
+			if b.Skipped != "" {
+				cell = "skipped"
+			}
+			for _, x := range b.metrics(rep.Config) {
+				if x.Metric == t.metric {
+					cell = strconv.FormatFloat(x.Value, 'f', -1, 64)
+					if t.pass != nil && !t.pass(x.Value) {
+						cell = "**" + cell + " miss**"
+					}
+				}
+			}
+			fmt.Fprintf(w, " %s |", cell)
+		}
+		fmt.Fprintf(w, " %s |\n", t.text)
+	}
+
+	for _, b := range rep.Backends {
+		fmt.Fprintf(w, "\n### %s", b.Backend)
+		if b.Skipped != "" {
+			fmt.Fprintf(w, ": skipped (%s)\n", b.Skipped)
+			continue
+		}
+		fmt.Fprintf(w, ": %s\n\nDurability: %s. Connection: %s. Measured in %s.\n", b.Server.Version, b.Server.Durability, b.Server.Connection, b.Elapsed)
+		if b.Error != "" {
+			fmt.Fprintf(w, "\n**Error:** %s\n", b.Error)
+		}
+		if len(b.Enqueue) > 0 {
+			fmt.Fprintf(w, "\nEnqueue, transactions/s (median of %d alternating rounds of %s):\n\n", rep.Config.EnqueueRounds, rep.Config.EnqueueDur)
+			fmt.Fprintf(w, "| concurrency | business only | + raw INSERT | + library Enqueue | library ÷ raw | library ÷ business | raw ÷ business |\n|---:|---:|---:|---:|---:|---:|---:|\n")
+			for _, e := range b.Enqueue {
+				fmt.Fprintf(w, "| %d | %.0f | %.0f | %.0f | %.3f | %.3f | %.3f |\n", e.Concurrency, e.Business.Median, e.Raw.Median, e.Library.Median, e.LibVsRaw, e.LibVsBusiness, e.RawVsBusiness)
+			}
+		}
+		if len(b.Batch) > 0 {
+			fmt.Fprintf(w, "\nBatch enqueue, rows/s, one transaction per batch (median of %d rounds of %s):\n\n", rep.Config.BatchRounds, rep.Config.BatchDur)
+			fmt.Fprintf(w, "| batch | library | best raw | raw forms | library ÷ best raw |\n|---:|---:|---:|---|---:|\n")
+			for _, x := range b.Batch {
+				var forms []string
+				for _, f := range sortedKeys(x.Raw) {
+					forms = append(forms, fmt.Sprintf("%s %.0f", f, x.Raw[f].Median))
+				}
+				fmt.Fprintf(w, "| %d | %.0f | %.0f | %s | %.3f |\n", x.Batch, x.Library.Median, x.BestRaw.Median, strings.Join(forms, ", "), x.Ratio)
+			}
+		}
+		if len(b.Sweep) > 0 {
+			fmt.Fprintf(w, "\nBurn-down, rows/s, %d workers (headline batch %d: median of %d pairs; other sizes: %d pairs):\n\n",
+				rep.Config.Workers, rep.Config.Batch, rep.Config.BurnRounds, rep.Config.SweepRounds)
+			fmt.Fprintf(w, "| batch | rows | library | raw | library ÷ raw |\n|---:|---:|---:|---:|---:|\n")
+			for _, p := range b.Sweep {
+				fmt.Fprintf(w, "| %d | %d | %.0f | %.0f | %.3f |\n", p.Batch, p.N, p.Library.Median, p.Raw.Median, p.Ratio)
+			}
+		}
+		if len(b.Breakdown) > 0 {
+			fmt.Fprintf(w, "\nBurn-down breakdown: each library step swapped for its raw counterpart, rows/s (÷ raw loop), %d workers, %d alternating rounds:\n\n| loop |", rep.Config.Workers, rep.Config.BreakdownRounds)
+			for _, br := range b.Breakdown {
+				fmt.Fprintf(w, " batch %d (%d rows) |", br.Batch, br.N)
+			}
+			fmt.Fprintf(w, "\n|---|")
+			for range b.Breakdown {
+				fmt.Fprintf(w, "---:|")
+			}
+			fmt.Fprintln(w)
+			for _, k := range breakdownKinds {
+				fmt.Fprintf(w, "| %s |", breakdownLabel[k])
+				for _, br := range b.Breakdown {
+					fmt.Fprintf(w, " %.0f (%.2f) |", br.Rates[k].Median, br.VsRaw[k])
+				}
+				fmt.Fprintln(w)
+			}
+		}
+		if h := b.Burndown; h != nil {
+			fmt.Fprintf(w, "\nCommits during the headline burn-down: library %.2f per batch (%.4f per message), raw loop %.2f per batch. %s. %s.\n",
+				h.CommitsPerBatch, h.CommitsPerMessage, h.RawCommitsPerBatch, h.RawCommitsCheck, h.LibraryCommitsDetail)
+		}
+		if v := b.Validation; v != nil {
+			fmt.Fprintf(w, "\nCommit counter: %s. Validation with %s (expected %s): %s.\n", v.Count.Method, v.Workload, v.Expected, v.Count.Check)
+		}
+		if len(b.Latency) > 0 {
+			fmt.Fprintf(w, "\nCommit-to-publish latency, producer at half the library burn-down rate for %s (first fifth discarded as warm-up):\n\n", rep.Config.LatencyDur)
+			fmt.Fprintf(w, "| publisher | target msg/s | achieved msg/s | producer tx/s | messages | p50 ms | p90 ms | p99 ms | max ms |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+			for _, l := range b.Latency {
+				fmt.Fprintf(w, "| %s | %.0f | %.0f | %.0f | %d | %.1f | %.1f | %.1f | %.1f |\n", l.Config, l.TargetRate, l.AchievedRate, l.TxPerSecond, l.Messages, l.P50, l.P90, l.P99, l.Max)
+			}
+		}
+		if g := b.Growth; g != nil {
+			fmt.Fprintf(w, "\nGrowth: burn-down of %d rows (batch %d) next to %d retained delivered rows (loaded in %.0fs) against an empty table, %d alternating rounds:\n\n",
+				g.N, g.Batch, g.Retained, g.LoadSeconds, rep.Config.GrowthRounds)
+			fmt.Fprintf(w, "| | empty rows/s | retained rows/s | retained ÷ empty |\n|---|---:|---:|---:|\n")
+			fmt.Fprintf(w, "| library | %.0f | %.0f | %.3f |\n| raw | %.0f | %.0f | %.3f |\n", g.LibEmpty.Median, g.LibRetained.Median, g.Ratio, g.RawEmpty.Median, g.RawRetained.Median, g.RawRatio)
+		}
+	}
+}
+
+var breakdownLabel = map[string]string{
+	kindRaw:          "raw claim + raw ack (baseline)",
+	kindGuarded:      "raw claim + raw ack guarded by lease token (a possible library fast path)",
+	kindLibClaimOnly: "library Store.Claim + raw ack",
+	kindLibAckOnly:   "raw claim + library Store.Ack",
+	kindStore:        "library Store.Claim + Store.Ack, no Publisher",
+	"library":        "library Publisher",
+}

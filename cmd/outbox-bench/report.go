@@ -1,0 +1,330 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// report is everything one run measured.
+type report struct {
+	Command  string           `json:"command"`
+	Config   config           `json:"config"`
+	Started  time.Time        `json:"started"`
+	Finished time.Time        `json:"finished"`
+	Machine  machine          `json:"machine"`
+	Backends []*backendResult `json:"backends"`
+}
+
+type machine struct {
+	Cores      int    `json:"cores"`
+	CPU        string `json:"cpu"`
+	Memory     string `json:"memory"`
+	Kernel     string `json:"kernel"`
+	Go         string `json:"go"`
+	LoadBefore string `json:"load_before"`
+	LoadAfter  string `json:"load_after"`
+	Payload    string `json:"payload"`
+}
+
+type backendResult struct {
+	Backend    string             `json:"backend"`
+	Skipped    string             `json:"skipped,omitempty"`
+	Error      string             `json:"error,omitempty"`
+	Elapsed    string             `json:"elapsed,omitempty"`
+	Server     serverInfo         `json:"server"`
+	Validation *counterValidation `json:"counter_validation,omitempty"`
+	Enqueue    []enqueueResult    `json:"enqueue,omitempty"`
+	Batch      []batchResult      `json:"batch_enqueue,omitempty"`
+	Burndown   *burnResult        `json:"burndown,omitempty"`
+	Sweep      []sweepPoint       `json:"burndown_sweep,omitempty"`
+	Breakdown  []breakdownResult  `json:"burndown_breakdown,omitempty"`
+	Latency    []latencyResult    `json:"latency,omitempty"`
+	Growth     *growthResult      `json:"growth,omitempty"`
+}
+
+func describeMachine() machine {
+	m := machine{Cores: runtime.NumCPU(), Go: runtime.Version(), LoadBefore: loadAverage()}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPU = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if rest, ok := strings.CutPrefix(line, "MemTotal:"); ok {
+				kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
+				m.Memory = fmt.Sprintf("%.1f GiB", kb/(1<<20))
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m.Kernel = "Linux " + strings.TrimSpace(string(b))
+	}
+	lo, hi, mean := payloadBytes()
+	m.Payload = fmt.Sprintf("JSON payloads of %d-%d bytes (mean %d), namespace, topic and partition key set; no tenant, dedupe key or headers", lo, hi, mean)
+	return m
+}
+
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// metric is one JSON line.
+type metric struct {
+	Metric  string  `json:"metric"`
+	Backend string  `json:"backend"`
+	Value   float64 `json:"value"`
+}
+
+// target judges a metric.
+type target struct {
+	metric string
+	text   string
+	pass   func(v float64) bool
+}
+
+var targets = []target{
+	{"enqueue_vs_raw_c1", ">= 0.95", func(v float64) bool { return v >= 0.95 }},
+	{"enqueue_vs_raw_c8", ">= 0.95", func(v float64) bool { return v >= 0.95 }},
+	{"enqueue_vs_business_c8", "(cost of an outbox)", nil},
+	{"batch_enqueue_vs_raw", ">= 0.90", func(v float64) bool { return v >= 0.90 }},
+	{"burndown_vs_raw", ">= 0.85", func(v float64) bool { return v >= 0.85 }},
+	{"commits_per_message", "about 2 per batch", nil}, // judged per batch, see commits_per_batch
+	{"commits_per_batch", "<= 2.2", func(v float64) bool { return v <= 2.2 }},
+	{"latency_p50_ms", "(default options)", nil},
+	{"latency_p99_ms", "(default options)", nil},
+	{"latency_p50_ms_poll10ms", "(PollInterval 10ms)", nil},
+	{"latency_p99_ms_poll10ms", "(PollInterval 10ms)", nil},
+	{"burndown_retained_vs_empty", ">= 0.90", func(v float64) bool { return v >= 0.90 }},
+}
+
+// metrics returns the JSON lines of one backend, in the order of targets.
+func (r *backendResult) metrics(cfg config) []metric {
+	if r.Skipped != "" {
+		return nil
+	}
+	var out []metric
+	add := func(name string, v float64) {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return
+		}
+		out = append(out, metric{Metric: name, Backend: r.Backend, Value: round(v, 4)})
+	}
+	if e := r.enqueueAt(1); e != nil {
+		add("enqueue_vs_raw_c1", e.LibVsRaw)
+	}
+	if e := r.enqueueAt(8); e != nil {
+		add("enqueue_vs_raw_c8", e.LibVsRaw)
+		add("enqueue_vs_business_c8", e.LibVsBusiness)
+	}
+	if b := r.headlineBatch(cfg.Batch); b != nil {
+		add("batch_enqueue_vs_raw", b.Ratio)
+	}
+	if b := r.Burndown; b != nil {
+		add("burndown_vs_raw", b.Ratio)
+		add("commits_per_message", b.CommitsPerMessage)
+		add("commits_per_batch", b.CommitsPerBatch)
+	}
+	for _, l := range r.Latency {
+		suffix := ""
+		if l.Config != "default options" {
+			suffix = "_poll" + l.PollInterval
+		}
+		add("latency_p50_ms"+suffix, l.P50)
+		add("latency_p99_ms"+suffix, l.P99)
+	}
+	if g := r.Growth; g != nil {
+		add("burndown_retained_vs_empty", g.Ratio)
+	}
+	return out
+}
+
+func round(v float64, digits int) float64 {
+	p := math.Pow(10, float64(digits))
+	return math.Round(v*p) / p
+}
+
+func (rep *report) printJSONLines(w io.Writer) {
+	for _, b := range rep.Backends {
+		for _, m := range b.metrics(rep.Config) {
+			line, _ := json.Marshal(m)
+			fmt.Fprintln(w, string(line))
+		}
+	}
+}
+
+// printTable writes the human-readable results.
+func (rep *report) printTable(w io.Writer) {
+	fmt.Fprintf(w, "\noutbox-bench, %s mode: %s\n", rep.Config.Mode, rep.Command)
+	fmt.Fprintf(w, "machine: %d cores (%s), %s, %s, %s; load average %s before, %s after\n",
+		rep.Machine.Cores, rep.Machine.CPU, rep.Machine.Memory, rep.Machine.Kernel, rep.Machine.Go, rep.Machine.LoadBefore, rep.Machine.LoadAfter)
+	fmt.Fprintf(w, "rows: %s\n", rep.Machine.Payload)
+	for _, b := range rep.Backends {
+		fmt.Fprintf(w, "\n=== %s", b.Backend)
+		if b.Skipped != "" {
+			fmt.Fprintf(w, ": SKIPPED (%s)\n", b.Skipped)
+			continue
+		}
+		fmt.Fprintf(w, ": %s (%s)\n", b.Server.Version, b.Elapsed)
+		fmt.Fprintf(w, "durability: %s\n", b.Server.Durability)
+		if b.Error != "" {
+			fmt.Fprintf(w, "ERROR: %s\n", b.Error)
+		}
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		if len(b.Enqueue) > 0 {
+			fmt.Fprintln(tw, "enqueue tx/s\tconcurrency\tbusiness only\t+ raw INSERT\t+ library Enqueue\tlibrary/raw\tlibrary/business\traw/business\t")
+			for _, e := range b.Enqueue {
+				fmt.Fprintf(tw, "\t%d\t%.0f\t%.0f\t%.0f\t%.3f\t%.3f\t%.3f\t\n", e.Concurrency, e.Business.Median, e.Raw.Median, e.Library.Median, e.LibVsRaw, e.LibVsBusiness, e.RawVsBusiness)
+			}
+		}
+		if len(b.Batch) > 0 {
+			fmt.Fprintln(tw, "batch enqueue rows/s\tbatch\tlibrary\tbest raw\traw forms\tlibrary/raw\t\t\t")
+			for _, x := range b.Batch {
+				var forms []string
+				for _, f := range sortedKeys(x.Raw) {
+					forms = append(forms, fmt.Sprintf("%s %.0f", f, x.Raw[f].Median))
+				}
+				fmt.Fprintf(tw, "\t%d\t%.0f\t%.0f\t%s\t%.3f\t\t\t\n", x.Batch, x.Library.Median, x.BestRaw.Median, strings.Join(forms, ", "), x.Ratio)
+			}
+		}
+		if len(b.Sweep) > 0 {
+			fmt.Fprintf(tw, "burn-down rows/s\tbatch\tn\tlibrary\traw\tlibrary/raw\t(workers %d)\t\t\n", rep.Config.Workers)
+			for _, p := range b.Sweep {
+				fmt.Fprintf(tw, "\t%d\t%d\t%.0f\t%.0f\t%.3f\t\t\t\n", p.Batch, p.N, p.Library.Median, p.Raw.Median, p.Ratio)
+			}
+		}
+		for _, br := range b.Breakdown {
+			fmt.Fprintf(tw, "breakdown rows/s\tbatch %d\t", br.Batch)
+			for _, k := range breakdownKinds {
+				fmt.Fprintf(tw, "%s %.0f (%.2f)\t", k, br.Rates[k].Median, br.VsRaw[k])
+			}
+			fmt.Fprintln(tw, "\t")
+		}
+		if h := b.Burndown; h != nil {
+			fmt.Fprintf(tw, "commits\tper batch\tlibrary %.2f\traw %.2f\tper message\tlibrary %.4f\t\t\t\n", h.CommitsPerBatch, h.RawCommitsPerBatch, h.CommitsPerMessage)
+		}
+		if len(b.Latency) > 0 {
+			fmt.Fprintln(tw, "latency ms\tpublisher\tmsg/s\tp50\tp90\tp99\tmax\tmessages\t")
+			for _, l := range b.Latency {
+				fmt.Fprintf(tw, "\t%s\t%.0f\t%.1f\t%.1f\t%.1f\t%.1f\t%d\t\n", l.Config, l.AchievedRate, l.P50, l.P90, l.P99, l.Max, l.Messages)
+			}
+		}
+		if g := b.Growth; g != nil {
+			fmt.Fprintln(tw, "growth rows/s\tretained\tlibrary empty\tlibrary retained\tratio\traw empty\traw retained\traw ratio\t")
+			fmt.Fprintf(tw, "\t%d\t%.0f\t%.0f\t%.3f\t%.0f\t%.0f\t%.3f\t\n", g.Retained, g.LibEmpty.Median, g.LibRetained.Median, g.Ratio, g.RawEmpty.Median, g.RawRetained.Median, g.RawRatio)
+		}
+		_ = tw.Flush()
+		if v := b.Validation; v != nil {
+			fmt.Fprintf(w, "commit counter: %s\n  validation (%s; expected %s): %s\n", v.Count.Method, v.Workload, v.Expected, v.Count.Check)
+		}
+		if h := b.Burndown; h != nil {
+			fmt.Fprintf(w, "  burn-down cross-check: %s\n  %s\n", h.RawCommitsCheck, h.LibraryCommitsDetail)
+		}
+	}
+
+	fmt.Fprintln(w, "\n=== targets")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	hdr := []string{"metric"}
+	for _, b := range rep.Backends {
+		hdr = append(hdr, b.Backend)
+	}
+	fmt.Fprintln(tw, strings.Join(append(hdr, "target"), "\t")+"\t")
+	for _, t := range targets {
+		row := []string{t.metric}
+		for _, b := range rep.Backends {
+			cell := "-"
+			if b.Skipped != "" {
+				cell = "skipped"
+			}
+			for _, m := range b.metrics(rep.Config) {
+				if m.Metric == t.metric {
+					cell = strconv.FormatFloat(m.Value, 'f', -1, 64)
+					if t.pass != nil {
+						if t.pass(m.Value) {
+							cell += " ok"
+						} else {
+							cell += " MISS"
+						}
+					}
+				}
+			}
+			row = append(row, cell)
+		}
+		fmt.Fprintln(tw, strings.Join(append(row, t.text), "\t")+"\t")
+	}
+	_ = tw.Flush()
+	fmt.Fprintln(w)
+}
+
+func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
+
+// readReport loads a results.json written by an earlier run.
+func readReport(path string) (*report, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	rep := &report{}
+	if err := json.Unmarshal(b, rep); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return rep, nil
+}
+
+// write saves results.json, results.md, metrics.jsonl and throughput.svg in dir, and the
+// plot also at plotPath when set.
+func (rep *report) write(dir, plotPath string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	js, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "results.json"), append(js, '\n'), 0o644); err != nil {
+		return err
+	}
+	var lines strings.Builder
+	rep.printJSONLines(&lines)
+	if err := os.WriteFile(filepath.Join(dir, "metrics.jsonl"), []byte(lines.String()), 0o644); err != nil {
+		return err
+	}
+	var md strings.Builder
+	rep.markdown(&md)
+	if err := os.WriteFile(filepath.Join(dir, "results.md"), []byte(md.String()), 0o644); err != nil {
+		return err
+	}
+	svg := rep.plot()
+	if err := os.WriteFile(filepath.Join(dir, "throughput.svg"), []byte(svg), 0o644); err != nil {
+		return err
+	}
+	if plotPath != "" {
+		if err := os.WriteFile(plotPath, []byte(svg), 0o644); err != nil {
+			return err
+		}
+		logf("plot written to %s", plotPath)
+	}
+	return nil
+}

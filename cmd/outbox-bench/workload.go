@@ -1,0 +1,106 @@
+package main
+
+import (
+	"crypto/sha256"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+
+	"github.com/google/uuid"
+
+	"github.com/outboxgo/outbox"
+)
+
+// The rows every scenario writes, library and raw alike: one namespace and topic, a partition
+// key, no tenant, dedupe key or headers, and a JSON payload of 200 to 500 bytes.
+const (
+	benchNamespace = "bench"
+	benchTopic     = "order.paid"
+	businessTable  = "bench_orders"
+	mainTable      = outbox.DefaultTable
+	retainedTable  = "outbox_retained"
+)
+
+// payloads are 64 deterministic order events of 200 to 500 bytes.
+var payloads = func() [][]byte {
+	r := rand.New(rand.NewPCG(1, 2))
+	out := make([][]byte, 64)
+	for i := range out {
+		size := 200 + r.IntN(301)
+		var b strings.Builder
+		fmt.Fprintf(&b, `{"order_id":%d,"customer_id":%d,"status":"paid","amount_cents":%d,"currency":"EUR","items":[`,
+			100000+i, r.IntN(1_000_000), r.IntN(100_000))
+		for j := 0; b.Len() < size-40; j++ {
+			if j > 0 {
+				b.WriteByte(',')
+			}
+			fmt.Fprintf(&b, `{"sku":"SKU-%05d","qty":%d}`, r.IntN(100000), 1+r.IntN(5))
+		}
+		b.WriteString(`],"note":"`)
+		for b.Len() < size-2 {
+			b.WriteByte('x')
+		}
+		b.WriteString(`"}`)
+		out[i] = []byte(b.String())
+	}
+	return out
+}()
+
+// payloadBytes is the mean payload size, for the report.
+func payloadBytes() (lo, hi, mean int) {
+	lo, hi, sum := 1<<30, 0, 0
+	for _, p := range payloads {
+		lo, hi, sum = min(lo, len(p)), max(hi, len(p)), sum+len(p)
+	}
+	return lo, hi, sum / len(payloads)
+}
+
+func partitionKey(i int) string { return "order-" + strconv.Itoa(i) }
+
+// message is the i-th event as the library enqueues it.
+func message(i int) outbox.Message {
+	return outbox.Message{
+		Namespace:    benchNamespace,
+		Topic:        benchTopic,
+		PartitionKey: partitionKey(i),
+		Payload:      payloads[i%len(payloads)],
+	}
+}
+
+// rawRow is the i-th event as hand-written SQL inserts it: the same columns the library
+// writes, with the id (UUIDv7) and SHA-256 computed here, as the library computes them.
+type rawRow struct {
+	id        uuid.UUID
+	namespace string
+	topic     string
+	pkey      string
+	payload   []byte
+	hash      []byte
+}
+
+func newRawRow(i int) rawRow {
+	p := payloads[i%len(payloads)]
+	sum := sha256.Sum256(p)
+	return rawRow{
+		id: uuid.Must(uuid.NewV7()), namespace: benchNamespace, topic: benchTopic,
+		pkey: partitionKey(i), payload: p, hash: sum[:],
+	}
+}
+
+func newRawRows(start, n int) []rawRow {
+	rows := make([]rawRow, n)
+	for i := range rows {
+		rows[i] = newRawRow(start + i)
+	}
+	return rows
+}
+
+// rawMsg is what a hand-written relay reads back from its claim: what a transport needs.
+type rawMsg struct {
+	topic    string
+	pkey     []byte
+	headers  []byte
+	payload  []byte
+	attempts int
+}
