@@ -30,12 +30,14 @@ import (
 
 // pubBackends are the backends every publisher test runs on. A backend whose server is
 // unreachable is skipped by testdb (or fails under OUTBOX_TEST_REQUIRE).
-var pubBackends = []string{"sqlite", "postgres"}
+var pubBackends = []string{"sqlite", "postgres", "mysql"}
 
 func pubDialect(backend string) outbox.Dialect {
 	switch backend {
 	case "postgres":
 		return outbox.Postgres()
+	case "mysql":
+		return outbox.MySQL()
 	case "sqlite":
 		return outbox.SQLite()
 	}
