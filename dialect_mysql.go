@@ -23,17 +23,25 @@ import (
 // Neither server has UPDATE ... RETURNING, so a claim is a short transaction on the
 // *sql.DB at READ COMMITTED. At the default REPEATABLE READ a locking read also takes gap
 // locks, which block concurrent enqueues and deadlock with them; READ COMMITTED locks only
-// the rows it returns. Two locking reads walk the claim index (status, created_at, id) in
-// claim order, the second only when the first left room:
+// the rows it returns. Rendered for the default table:
 //
-//	SELECT <columns>, TIMESTAMPDIFF(MICROSECOND, TIMESTAMP'1970-01-01 00:00:00', UTC_TIMESTAMP(6))
-//	FROM `outbox_events` FORCE INDEX (`outbox_events_claim_idx`)
+//	SELECT id FROM `outbox_events` FORCE INDEX (`outbox_events_claim_idx`)
 //	WHERE status = 'processing' AND locked_until < UTC_TIMESTAMP(6)
 //	  AND attempts < ? [AND namespace = ?] [AND topic IN (...)] [AND tenant_id = ?]
-//	ORDER BY created_at, id LIMIT ? FOR UPDATE SKIP LOCKED
+//	ORDER BY created_at, id LIMIT ?
 //
-//	... the same with WHERE status = 'pending' AND next_attempt_at <= UTC_TIMESTAMP(6),
-//	    LIMIT (what is left)
+//	-- only when that found expired leases:
+//	SELECT <columns>, TIMESTAMPDIFF(MICROSECOND, TIMESTAMP'1970-01-01 00:00:00', UTC_TIMESTAMP(6))
+//	FROM `outbox_events` FORCE INDEX (PRIMARY)
+//	WHERE id IN (?, ...) AND status = 'processing' AND locked_until < UTC_TIMESTAMP(6)
+//	  AND attempts < ? FOR UPDATE SKIP LOCKED
+//
+//	-- only when the limit is not reached yet:
+//	SELECT <columns>, TIMESTAMPDIFF(MICROSECOND, TIMESTAMP'1970-01-01 00:00:00', UTC_TIMESTAMP(6))
+//	FROM `outbox_events` FORCE INDEX (`outbox_events_claim_idx`)
+//	WHERE status = 'pending' AND next_attempt_at <= UTC_TIMESTAMP(6)
+//	  AND attempts < ? [AND namespace = ?] [AND topic IN (...)] [AND tenant_id = ?]
+//	ORDER BY created_at, id LIMIT ? FOR UPDATE SKIP LOCKED
 //
 //	UPDATE `outbox_events` FORCE INDEX (PRIMARY)
 //	SET status = 'processing', attempts = attempts + 1, locked_by = ?,
@@ -43,19 +51,24 @@ import (
 //
 //	COMMIT
 //
-// Expired leases are thus reclaimed before pending rows are taken. The reads are two
-// statements because a predicate spanning two status values cannot walk the index in
-// order: the server would sort, and lock, the whole pending set, and two claimers would
-// deadlock over it. FORCE INDEX keeps the walk whatever the optimizer thinks of a small
-// or skewed table. SKIP LOCKED lets concurrent claimers pass over each other's rows.
-// The reads return every column plus the database clock as Unix microseconds; the UPDATE
-// stamps the rows with that same reading, so the records returned are exactly the rows
-// stored, without reading them again, and one claim has one instant (as now() has in a
-// PostgreSQL transaction). A deadlock (error 1213) or lock wait timeout (1205) retries the
-// whole claim up to 4 times after a short jittered pause. A claim is six statements, five
-// when there is nothing to claim. With go-sql-driver's default server-side prepared
-// statements, each statement with arguments costs two round trips (prepare, execute);
-// interpolateParams=true in the DSN makes it one.
+// Expired leases are reclaimed before pending rows are taken, each set in (created_at, id)
+// order. Each read is an equality on the first column of the claim index (status,
+// created_at, id), so it walks the index in claim order: a predicate spanning both status
+// values could not, and the server would sort, and lock, the whole pending set, and two
+// claimers would deadlock over it. FORCE INDEX keeps the walk whatever the optimizer
+// thinks of a small or skewed table. SKIP LOCKED lets concurrent claimers pass over each
+// other's rows. Expired leases are first looked for without locking, because every row in
+// flight sits in the processing part of the index: a locking walk there would lock, index
+// entry first, the very rows that acks are settling, primary key first, and deadlock with
+// them. The locking reads return every column plus the database clock as Unix
+// microseconds; the UPDATE stamps the rows with that same reading, so the records returned
+// are exactly the rows stored, without reading them again, and one claim has one instant
+// (as now() has in a PostgreSQL transaction). A deadlock (error 1213) or lock wait timeout
+// (1205) retries the whole claim up to 4 times after a short jittered pause. A claim is six
+// statements (SET TRANSACTION, START TRANSACTION, the two index reads, UPDATE, COMMIT),
+// five when there is nothing to claim and seven when it reclaims. With go-sql-driver's
+// default server-side prepared statements, each statement with arguments costs two round
+// trips (prepare, execute); interpolateParams=true in the DSN makes it one.
 //
 // # Complete and Extend
 //
@@ -79,7 +92,9 @@ import (
 // The outcomes drive the join and each finds its row by primary key, whatever the
 // optimizer would guess for a small table: an UPDATE that scanned the table would lock
 // every row it read. When the statement changes fewer rows than it was given, one more
-// read by primary key finds which leases were lost. Extend has the same shape.
+// read by primary key finds which leases were lost. Extend has the same shape. On a
+// *sql.DB (autocommit), as the Store runs them, these writes and Bury's are retried after
+// a deadlock or a lock wait timeout like a claim; on a caller's transaction they are not.
 //
 // # Enqueue
 //
@@ -131,8 +146,9 @@ const (
 	// mysqlBytesPerInsert bounds the data of one INSERT (a single larger row still goes
 	// alone), well below max_allowed_packet (16 MiB on MariaDB, 64 MiB on MySQL 8).
 	mysqlBytesPerInsert = 4 << 20
-	// mysqlClaimTries is how often a claim runs when it deadlocks or times out on a lock.
-	mysqlClaimTries = 4
+	// mysqlTries is how often a claim, or a write on a *sql.DB, runs when it deadlocks or
+	// times out on a lock.
+	mysqlTries = 4
 	// mysqlRetryPause is the longest pause before the second try (the shortest is half of
 	// it); it doubles for each further try.
 	mysqlRetryPause = 4 * time.Millisecond
@@ -307,7 +323,7 @@ func (mysqlDialect) insert(ctx context.Context, q DBTX, t Table, rows []Row) ([]
 }
 
 // The two eligibility predicates of a claim, one per status, each an equality on the
-// index's first column so that the read walks (created_at, id) in order.
+// index's first column so that a read walks (created_at, id) in order.
 const (
 	mysqlExpired = `status = 'processing' AND locked_until < UTC_TIMESTAMP(6)`
 	mysqlDue     = `status = 'pending' AND next_attempt_at <= UTC_TIMESTAMP(6)`
@@ -319,7 +335,7 @@ func (d mysqlDialect) Claim(ctx context.Context, db *sql.DB, t Table, p ClaimPar
 	}
 	for try := 1; ; try++ {
 		recs, err := d.claim(ctx, db, t, p)
-		if err == nil || try == mysqlClaimTries || !mysqlRetryable(err) {
+		if err == nil || try == mysqlTries || !mysqlRetryable(err) {
 			if err != nil && try > 1 {
 				err = fmt.Errorf("after %d tries: %w", try, err)
 			}
@@ -332,7 +348,7 @@ func (d mysqlDialect) Claim(ctx context.Context, db *sql.DB, t Table, p ClaimPar
 }
 
 // claim runs one claim transaction.
-func (mysqlDialect) claim(ctx context.Context, db *sql.DB, t Table, p ClaimParams) (_ []Record, err error) {
+func (mysqlDialect) claim(ctx context.Context, db *sql.DB, t Table, p ClaimParams) ([]Record, error) {
 	tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
 		return nil, err
@@ -347,12 +363,16 @@ func (mysqlDialect) claim(ctx context.Context, db *sql.DB, t Table, p ClaimParam
 			_ = tx.Rollback()
 		}
 	}()
-	recs, now, err := mysqlLockEligible(ctx, tx, t, p, mysqlExpired, p.Limit)
+	recs, now, err := mysqlReclaim(ctx, tx, t, p)
 	if err != nil {
 		return nil, err
 	}
 	if len(recs) < p.Limit {
-		more, now2, err := mysqlLockEligible(ctx, tx, t, p, mysqlDue, p.Limit-len(recs))
+		a := &args{}
+		more, now2, err := mysqlLockRecords(ctx, tx, `SELECT `+mysqlColumns+`, `+mysqlMicros(`UTC_TIMESTAMP(6)`)+
+			` FROM `+mysqlTable(t)+` FORCE INDEX (`+quoteIdent(t.Index("claim"), '`')+`)`+
+			` WHERE `+mysqlDue+` AND attempts < `+a.add(p.MaxAttempts)+scopeSQL(a, p.Scope, "", uuidBytes)+
+			` ORDER BY created_at, id LIMIT `+a.add(p.Limit-len(recs))+` FOR UPDATE SKIP LOCKED`, a.vals)
 		if err != nil {
 			return nil, err
 		}
@@ -410,16 +430,42 @@ func (mysqlDialect) claim(ctx context.Context, db *sql.DB, t Table, p ClaimParam
 	return recs, nil
 }
 
-// mysqlLockEligible locks up to limit rows matching due, below the attempt limit and in
-// scope, in claim order, skipping rows other transactions hold. It also returns the
-// database clock, in Unix microseconds, as the statement saw it (0 when no row matched).
-func mysqlLockEligible(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, due string, limit int) ([]Record, int64, error) {
+// mysqlReclaim locks the rows of expired leases, oldest first, that the claim may take
+// over. It finds them with a plain read of the claim index, which takes no lock, and only
+// then locks them by primary key. A locking read through the claim index would lock the
+// index entry of every row in flight (all processing rows, expired or not) before their
+// primary key, the opposite order of the acks that settle them (primary key, then index
+// entry), and deadlock with them; usually there is nothing expired and no lock at all.
+func mysqlReclaim(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams) ([]Record, int64, error) {
+	tbl := mysqlTable(t)
 	a := &args{}
-	query := `SELECT ` + mysqlColumns + `, ` + mysqlMicros(`UTC_TIMESTAMP(6)`) +
-		` FROM ` + mysqlTable(t) + ` FORCE INDEX (` + quoteIdent(t.Index("claim"), '`') + `)` +
-		` WHERE ` + due + ` AND attempts < ` + a.add(p.MaxAttempts) + scopeSQL(a, p.Scope, "", uuidBytes) +
-		` ORDER BY created_at, id LIMIT ` + a.add(limit) + ` FOR UPDATE SKIP LOCKED`
-	rows, err := tx.QueryContext(ctx, query, a.vals...)
+	ids, err := queryIDs(ctx, tx, `SELECT id FROM `+tbl+` FORCE INDEX (`+quoteIdent(t.Index("claim"), '`')+`)`+
+		` WHERE `+mysqlExpired+` AND attempts < `+a.add(p.MaxAttempts)+scopeSQL(a, p.Scope, "", uuidBytes)+
+		` ORDER BY created_at, id LIMIT `+a.add(p.Limit), a.vals...)
+	if err != nil || len(ids) == 0 {
+		return nil, 0, err
+	}
+	a = &args{}
+	var b strings.Builder
+	b.WriteString(`SELECT ` + mysqlColumns + `, ` + mysqlMicros(`UTC_TIMESTAMP(6)`) + ` FROM ` + tbl +
+		` FORCE INDEX (PRIMARY) WHERE id IN (`)
+	for i, id := range ids {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(a.add(uuidBytes(id)))
+	}
+	// The predicate again: the plain read saw the last committed state, the locking read
+	// sees the current one.
+	b.WriteString(`) AND ` + mysqlExpired + ` AND attempts < ` + a.add(p.MaxAttempts) + ` FOR UPDATE SKIP LOCKED`)
+	return mysqlLockRecords(ctx, tx, b.String(), a.vals)
+}
+
+// mysqlLockRecords runs a locking read whose select list is mysqlColumns followed by the
+// database clock, and returns the records and the clock in Unix microseconds (0 when no
+// row matched).
+func mysqlLockRecords(ctx context.Context, tx *sql.Tx, query string, vals []any) ([]Record, int64, error) {
+	rows, err := tx.QueryContext(ctx, query, vals...)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -505,6 +551,23 @@ func mysqlPause(ctx context.Context, try int) error {
 	}
 }
 
+// mysqlExec runs a write, and runs it again after a deadlock or a lock wait timeout when q
+// is a *sql.DB: in autocommit mode the server rolled back exactly that statement. On a
+// caller's transaction (or a *sql.Conn, which may be in one) the error is returned, since
+// a deadlock rolls back the whole transaction.
+func mysqlExec(ctx context.Context, q DBTX, query string, args ...any) (sql.Result, error) {
+	_, pool := q.(*sql.DB)
+	for try := 1; ; try++ {
+		res, err := q.ExecContext(ctx, query, args...)
+		if err == nil || !pool || try == mysqlTries || !mysqlRetryable(err) {
+			return res, err
+		}
+		if err := mysqlPause(ctx, try); err != nil {
+			return nil, err
+		}
+	}
+}
+
 // mysqlLeaseJoin writes the table references of Complete and Extend: a derived table u of
 // (o_id, o_token, ...) rows, one per lease, joined to the outbox table t by primary key.
 // The join order and the index are forced: on a small or freshly loaded table the
@@ -555,7 +618,7 @@ func (mysqlDialect) Complete(ctx context.Context, q DBTX, t Table, outcomes []Ou
 		` t.delivered_at = CASE WHEN u.o_status = 'delivered' THEN UTC_TIMESTAMP(6) ELSE t.delivered_at END,` +
 		` t.locked_by = NULL, t.locked_until = NULL, t.updated_at = UTC_TIMESTAMP(6)` +
 		` WHERE t.status = 'processing'`)
-	res, err := q.ExecContext(ctx, b.String(), a.vals...)
+	res, err := mysqlExec(ctx, q, b.String(), a.vals...)
 	if err != nil {
 		return nil, err
 	}
@@ -613,7 +676,7 @@ func (mysqlDialect) Extend(ctx context.Context, q DBTX, t Table, p ExtendParams)
 	})
 	b.WriteString(` SET t.locked_until = ` + mysqlLater(a.add(micros(p.Lease))) + `, t.updated_at = UTC_TIMESTAMP(6)` +
 		` WHERE t.status = 'processing'`)
-	res, err := q.ExecContext(ctx, b.String(), a.vals...)
+	res, err := mysqlExec(ctx, q, b.String(), a.vals...)
 	if err != nil {
 		return nil, err
 	}
@@ -732,7 +795,7 @@ func (mysqlDialect) Bury(ctx context.Context, q DBTX, t Table, p BuryParams) ([]
 	}
 	inList(a)
 	b.WriteString(`) AND ` + mysqlBuryable(a.add(p.MaxAttempts)))
-	res, err := q.ExecContext(ctx, b.String(), a.vals...)
+	res, err := mysqlExec(ctx, q, b.String(), a.vals...)
 	if err != nil {
 		return nil, err
 	}

@@ -227,8 +227,9 @@ func TestMySQLRoundTrip(t *testing.T) {
 }
 
 // TestMySQLClaimPlan checks with EXPLAIN, on the statements the dialect really runs, that
-// both locking reads of a claim walk the claim index in order (no filesort), with or
-// without a scope, and that Complete joins the table by primary key.
+// both reads of a claim through the claim index walk it in order (no filesort), with or
+// without a scope, that expired leases are locked by primary key, and that Complete joins
+// the table by primary key.
 func TestMySQLClaimPlan(t *testing.T) {
 	t.Parallel()
 	e := setupMySQL(t, "")
@@ -244,45 +245,67 @@ func TestMySQLClaimPlan(t *testing.T) {
 	}
 	e.enqueue(t, msgs...)
 	require.EqualValues(t, 2000, e.exec(t, "UPDATE $table SET status = 'delivered', delivered_at = UTC_TIMESTAMP(6) ORDER BY created_at, id LIMIT 2000"))
-	e.claim(t, e.store, myClaimOpts(50)) // some live leases: the reclaim probe walks them
+	live := e.claim(t, e.store, myClaimOpts(50)) // leases in flight: the reclaim read passes them
 	rows, err := e.db.QueryContext(e.ctx, "ANALYZE TABLE `"+e.table+"`")
 	require.NoError(t, err)
 	require.NoError(t, rows.Close())
 
 	rec := &myRecorder{}
-	db := reopenMySQL(t, e.db, nil, rec.wrap)
-	s := e.storeOn(t, db)
+	s := e.storeOn(t, reopenMySQL(t, e.db, nil, rec.wrap))
+	requireIndexWalk := func(t *testing.T, what string, plan myPlan) {
+		t.Helper()
+		t.Logf("EXPLAIN of the %s:\n%s", what, plan)
+		require.Len(t, plan, 1)
+		require.Equal(t, e.table+"_claim_idx", plan[0]["key"], "the claim index serves the %s", what)
+		require.Contains(t, []string{"ref", "range"}, plan[0]["type"])
+		require.NotContains(t, plan[0]["Extra"], "filesort", "rows come in index order, never sorted")
+	}
 	scoped := myClaimOpts(10)
 	scoped.Scope = outbox.Scope{Namespace: "orders", Topics: []string{"order.created", "order.paid"}, TenantID: tenant}
 	for _, o := range []outbox.ClaimOptions{myClaimOpts(10), scoped} {
-		rec.reset()
-		recs := e.claim(t, s, o)
-		require.Len(t, recs, 10)
-		reads := rec.matching("FOR UPDATE SKIP LOCKED")
-		require.Len(t, reads, 2, "the reclaim probe finds nothing, so the pending read runs too")
-		for i, r := range reads {
-			plan := myExplain(t, e, r)
-			t.Logf("EXPLAIN of locking read %d (scope %+v):\n%s", i+1, o.Scope, plan)
-			require.Len(t, plan, 1)
-			require.Equal(t, e.table+"_claim_idx", plan[0]["key"], "the claim index serves the read")
-			require.Contains(t, []string{"ref", "range"}, plan[0]["type"])
-			require.NotContains(t, plan[0]["Extra"], "filesort", "rows come in index order, never sorted")
-		}
-		rec.reset()
-		require.NoError(t, s.Ack(e.ctx, myLeases(recs)...))
-		updates := rec.matching("UPDATE")
-		require.Len(t, updates, 1, "a batch ack is one statement")
-		plan := myExplain(t, e, updates[0])
-		t.Logf("EXPLAIN of the batch ack:\n%s", plan)
-		var target myPlanRow
-		for _, row := range plan {
-			if row["table"] == "t" {
-				target = row
+		t.Run(fmt.Sprintf("scope=%v", o.Namespace != ""), func(t *testing.T) {
+			rec.reset()
+			recs := e.claim(t, s, o)
+			require.Len(t, recs, 10)
+			reads := rec.matching("FORCE INDEX (`" + e.table + "_claim_idx`)")
+			require.Len(t, reads, 2, "nothing expired, so the pending read runs too")
+			require.NotContains(t, reads[0].query, "FOR UPDATE", "expired leases are looked for without locking")
+			requireIndexWalk(t, "reclaim read", myExplain(t, e, reads[0]))
+			require.Contains(t, reads[1].query, "FOR UPDATE SKIP LOCKED")
+			requireIndexWalk(t, "pending read", myExplain(t, e, reads[1]))
+
+			rec.reset()
+			require.NoError(t, s.Ack(e.ctx, myLeases(recs)...))
+			updates := rec.matching("UPDATE")
+			require.Len(t, updates, 1, "a batch ack is one statement")
+			plan := myExplain(t, e, updates[0])
+			t.Logf("EXPLAIN of the batch ack:\n%s", plan)
+			var target myPlanRow
+			for _, row := range plan {
+				if row["table"] == "t" {
+					target = row
+				}
 			}
-		}
-		require.Equal(t, "PRIMARY", target["key"], "the ack finds its rows by primary key")
-		require.Equal(t, "eq_ref", target["type"])
+			require.Equal(t, "PRIMARY", target["key"], "the ack finds its rows by primary key")
+			require.Equal(t, "eq_ref", target["type"])
+		})
 	}
+
+	// Expired leases are locked by primary key, then pending rows fill the batch.
+	e.expire(t, live[3].ID, live[7].ID)
+	rec.reset()
+	recs := e.claim(t, s, myClaimOpts(10))
+	require.Len(t, recs, 10)
+	require.Contains(t, myIDs(recs), live[3].ID)
+	require.Contains(t, myIDs(recs), live[7].ID)
+	locks := rec.matching("FOR UPDATE SKIP LOCKED")
+	require.Len(t, locks, 2)
+	plan := myExplain(t, e, locks[0])
+	t.Logf("EXPLAIN of the reclaim lock:\n%s", plan)
+	require.Len(t, plan, 1)
+	require.Equal(t, "PRIMARY", plan[0]["key"])
+	require.Equal(t, "range", plan[0]["type"])
+	requireIndexWalk(t, "pending read", myExplain(t, e, locks[1]))
 }
 
 func myLeases(recs []outbox.Record) []outbox.Lease {
@@ -468,7 +491,7 @@ func TestMySQLClaimStatements(t *testing.T) {
 			require.Equal(t, 5, full["claimed"])
 			require.Equal(t, 1, full["Com_begin"])
 			require.Equal(t, 1, full["Com_commit"])
-			require.Equal(t, 2, full["Com_select"], "reclaim probe and pending read")
+			require.Equal(t, 2, full["Com_select"], "reclaim read and pending read")
 			require.Equal(t, 1, full["Com_update"])
 			// Questions counts every statement the client sent, prepared ones when they are
 			// executed; a prepare is one more round trip.
@@ -842,7 +865,7 @@ func TestMySQLConcurrentClaims(t *testing.T) {
 }
 
 // TestMySQLClaimRetriesLockWaits holds a table lock so that every claim statement times
-// out at once (lock_wait_timeout=0): the claim is tried mysqlClaimTries times, counted by
+// out at once (lock_wait_timeout=0): the claim is tried 4 times, counted by
 // the server, and then fails with the server's error. Other errors are not retried.
 func TestMySQLClaimRetriesLockWaits(t *testing.T) {
 	t.Parallel()
@@ -851,12 +874,14 @@ func TestMySQLClaimRetriesLockWaits(t *testing.T) {
 	db := reopenMySQL(t, e.db, func(c *mysql.Config) { c.Params = map[string]string{"lock_wait_timeout": "0"} }, nil)
 	db.SetMaxOpenConns(1)
 	s := e.storeOn(t, db)
-	begins := func() int {
-		var name string
+	counter := func(conn interface {
+		QueryRowContext(context.Context, string, ...any) *sql.Row
+	}, name string) int {
 		var n int
-		require.NoError(t, db.QueryRowContext(e.ctx, "SHOW SESSION STATUS LIKE 'Com_begin'").Scan(&name, &n))
+		require.NoError(t, conn.QueryRowContext(e.ctx, "SHOW SESSION STATUS LIKE '"+name+"'").Scan(&name, &n))
 		return n
 	}
+	begins := func() int { return counter(db, "Com_begin") }
 
 	lock, err := e.db.Conn(e.ctx)
 	require.NoError(t, err)
@@ -873,7 +898,28 @@ func TestMySQLClaimRetriesLockWaits(t *testing.T) {
 	require.Equal(t, 4, begins()-before, "a lock wait timeout is retried")
 	_, err = lock.ExecContext(e.ctx, "UNLOCK TABLES")
 	require.NoError(t, err)
-	require.Len(t, e.claim(t, s, myClaimOpts(10)), 1)
+	recs := e.claim(t, s, myClaimOpts(10))
+	require.Len(t, recs, 1)
+
+	// Writes on the pool are retried too; on a connection, which may be in a transaction
+	// that a deadlock would have rolled back, they are not.
+	_, err = lock.ExecContext(e.ctx, "LOCK TABLES `"+e.table+"` WRITE")
+	require.NoError(t, err)
+	before = counter(db, "Com_update_multi")
+	require.ErrorContains(t, s.Ack(e.ctx, recs[0].Lease()), "Error 1205")
+	require.Equal(t, 4, counter(db, "Com_update_multi")-before)
+	conn, err := db.Conn(e.ctx)
+	require.NoError(t, err)
+	table, err := outbox.NewTable(e.table)
+	require.NoError(t, err)
+	before = counter(conn, "Com_update_multi")
+	_, err = outbox.MySQL().Complete(e.ctx, conn, table, []outbox.Outcome{{Lease: recs[0].Lease(), Status: outbox.StatusDelivered}})
+	require.ErrorContains(t, err, "Error 1205")
+	require.Equal(t, 1, counter(conn, "Com_update_multi")-before)
+	require.NoError(t, conn.Close())
+	_, err = lock.ExecContext(e.ctx, "UNLOCK TABLES")
+	require.NoError(t, err)
+	require.NoError(t, s.Ack(e.ctx, recs[0].Lease()))
 
 	missingTable, err := outbox.New(db, outbox.MySQL(), outbox.Options{Table: "no_such_table"})
 	require.NoError(t, err)
@@ -1097,4 +1143,54 @@ func TestMySQLClientFoundRows(t *testing.T) {
 	buried, err := s.Bury(e.ctx, outbox.Scope{}, 1, 10)
 	require.NoError(t, err)
 	require.Equal(t, []uuid.UUID{recs[2].ID}, buried)
+}
+
+// TestMySQLConcurrentReclaims expires 600 leases at once and lets 8 claimers take them
+// over: each row is reclaimed exactly once, with its second attempt.
+func TestMySQLConcurrentReclaims(t *testing.T) {
+	t.Parallel()
+	e := setupMySQL(t, "")
+	const rows, claimers = 600, 8
+	e.enqueue(t, myMsgs(rows)...)
+	require.Len(t, e.claim(t, e.store, myClaimOpts(rows)), rows)
+	require.EqualValues(t, rows, e.exec(t, "UPDATE $table SET locked_until = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND"))
+	var (
+		mu       sync.Mutex
+		counts   = map[uuid.UUID]int{}
+		attempts = map[int]int{}
+		seen     atomic.Int64
+		errs     = make(chan error, claimers)
+		wg       sync.WaitGroup
+	)
+	for w := range claimers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			o := outbox.ClaimOptions{Limit: 20, Lease: time.Hour, MaxAttempts: 5, WorkerID: fmt.Sprintf("w-%d", w)}
+			for seen.Load() < rows && e.ctx.Err() == nil {
+				recs, err := e.store.Claim(e.ctx, o)
+				if err != nil {
+					errs <- err
+					return
+				}
+				mu.Lock()
+				for _, r := range recs {
+					counts[r.ID]++
+					attempts[r.Attempts]++
+				}
+				mu.Unlock()
+				seen.Add(int64(len(recs)))
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.Len(t, counts, rows)
+	for id, n := range counts {
+		require.Equal(t, 1, n, "row %s", id)
+	}
+	require.Equal(t, map[int]int{2: rows}, attempts, "every reclaim is the second attempt")
 }
