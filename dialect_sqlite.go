@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"strings"
 	"time"
 
@@ -13,11 +14,13 @@ import (
 // FROM, partial indexes), tested with modernc.org/sqlite.
 //
 // SQLite has one writer at a time, so there is no SKIP LOCKED: the claim is a single
-// UPDATE ... WHERE id IN (SELECT ... ORDER BY created_at, id LIMIT n) RETURNING statement.
-// A write statement takes the database's write lock before it reads, which is what BEGIN
-// IMMEDIATE buys a multi-statement transaction, and the UPDATE re-checks eligibility (the
-// optimistic guard), so two claimers can never take the same row. Times are Unix
-// microseconds from the process clock: every worker of one SQLite file shares a host.
+// UPDATE ... WHERE id IN (SELECT ... ORDER BY created_at, id LIMIT n) RETURNING statement
+// inside BEGIN IMMEDIATE, and the UPDATE re-checks eligibility (the optimistic guard), so
+// two claimers can never take the same row. Times are Unix microseconds from the process
+// clock (every worker of one SQLite file shares a host), read after BEGIN IMMEDIATE has
+// the write lock: SQLite's own clock has only millisecond precision, and a clock read
+// before a wait for the lock would shorten the lease by that wait. Complete, Extend and
+// Bury run the same way.
 //
 // Connection settings users need (with modernc.org/sqlite, in the DSN):
 //
@@ -125,9 +128,27 @@ func sqliteEligible(a *args, p ClaimParams, now int64) string {
 		scopeSQL(a, p.Scope, "", uuidBytes)
 }
 
-func (sqliteDialect) Claim(ctx context.Context, db *sql.DB, t Table, p ClaimParams) ([]Record, error) {
+func (sqliteDialect) Claim(ctx context.Context, db *sql.DB, t Table, p ClaimParams) (recs []Record, err error) {
+	// Probe first, without the write lock (in WAL mode readers never wait): idle publishers
+	// polling an empty outbox must not queue for the one write lock that producers need.
+	a := &args{}
+	probe := `SELECT 1 FROM ` + quoteIdent(t.Name(), '"') + ` WHERE ` + sqliteEligible(a, p, time.Now().UnixMicro()) + ` LIMIT 1`
+	var one int
+	switch err := db.QueryRowContext(ctx, probe, a.vals...).Scan(&one); {
+	case err == sql.ErrNoRows:
+		return nil, nil
+	case err != nil:
+		return nil, err
+	}
+	err = sqliteWrite(ctx, db, func(q DBTX, now int64) error {
+		recs, err = sqliteClaim(ctx, q, t, p, now)
+		return err
+	})
+	return recs, err
+}
+
+func sqliteClaim(ctx context.Context, q DBTX, t Table, p ClaimParams, now int64) ([]Record, error) {
 	tbl := quoteIdent(t.Name(), '"')
-	now := time.Now().UnixMicro()
 	a := &args{}
 	var b strings.Builder
 	b.WriteString(`UPDATE ` + tbl + ` SET status = 'processing', attempts = attempts + 1, locked_by = ` + a.add(p.WorkerID) +
@@ -137,14 +158,21 @@ func (sqliteDialect) Claim(ctx context.Context, db *sql.DB, t Table, p ClaimPara
 		` ORDER BY created_at, id LIMIT ` + a.add(p.Limit) + `)`)
 	b.WriteString(` AND ` + sqliteEligible(a, p, now)) // the guard: eligibility holds at write time
 	b.WriteString(` RETURNING ` + selectList("", nil))
-	return queryRecords(ctx, db, b.String(), a.vals...)
+	return queryRecords(ctx, q, b.String(), a.vals...)
 }
 
-func (sqliteDialect) Complete(ctx context.Context, q DBTX, t Table, outcomes []Outcome) ([]uuid.UUID, error) {
+func (sqliteDialect) Complete(ctx context.Context, q DBTX, t Table, outcomes []Outcome) (lost []uuid.UUID, err error) {
 	if len(outcomes) == 0 {
 		return nil, nil
 	}
-	now := time.Now().UnixMicro()
+	err = sqliteWrite(ctx, q, func(q DBTX, now int64) error {
+		lost, err = sqliteComplete(ctx, q, t, outcomes, now)
+		return err
+	})
+	return lost, err
+}
+
+func sqliteComplete(ctx context.Context, q DBTX, t Table, outcomes []Outcome, now int64) ([]uuid.UUID, error) {
 	a := &args{}
 	var b strings.Builder
 	b.WriteString(`WITH u(o_id, o_token, o_status, o_delay, o_error) AS (VALUES `)
@@ -168,11 +196,18 @@ func (sqliteDialect) Complete(ctx context.Context, q DBTX, t Table, outcomes []O
 	return missing(leasesOf(outcomes), ids), nil
 }
 
-func (sqliteDialect) Extend(ctx context.Context, q DBTX, t Table, p ExtendParams) ([]uuid.UUID, error) {
+func (sqliteDialect) Extend(ctx context.Context, q DBTX, t Table, p ExtendParams) (lost []uuid.UUID, err error) {
 	if len(p.Leases) == 0 {
 		return nil, nil
 	}
-	now := time.Now().UnixMicro()
+	err = sqliteWrite(ctx, q, func(q DBTX, now int64) error {
+		lost, err = sqliteExtend(ctx, q, t, p, now)
+		return err
+	})
+	return lost, err
+}
+
+func sqliteExtend(ctx context.Context, q DBTX, t Table, p ExtendParams, now int64) ([]uuid.UUID, error) {
 	a := &args{}
 	var b strings.Builder
 	b.WriteString(`WITH u(o_id, o_token) AS (VALUES `)
@@ -192,9 +227,16 @@ func (sqliteDialect) Extend(ctx context.Context, q DBTX, t Table, p ExtendParams
 	return missing(p.Leases, ids), nil
 }
 
-func (sqliteDialect) Bury(ctx context.Context, q DBTX, t Table, p BuryParams) ([]uuid.UUID, error) {
+func (sqliteDialect) Bury(ctx context.Context, q DBTX, t Table, p BuryParams) (ids []uuid.UUID, err error) {
+	err = sqliteWrite(ctx, q, func(q DBTX, now int64) error {
+		ids, err = sqliteBury(ctx, q, t, p, now)
+		return err
+	})
+	return ids, err
+}
+
+func sqliteBury(ctx context.Context, q DBTX, t Table, p BuryParams, now int64) ([]uuid.UUID, error) {
 	tbl := quoteIdent(t.Name(), '"')
-	now := time.Now().UnixMicro()
 	a := &args{}
 	query := `UPDATE ` + tbl + ` SET status = 'dead', last_error = ` + a.add(p.Reason) +
 		`, locked_by = NULL, locked_until = NULL, lease_token = ` + a.add(uuidBytes(p.Token)) + `, updated_at = ` + a.add(now) +
@@ -214,4 +256,45 @@ func getRecord(row *sql.Row) (Record, error) {
 		return Record{}, ErrNotFound
 	}
 	return r, err
+}
+
+// sqliteWrite runs fn with the time read once SQLite's write lock is held. On a *sql.DB it
+// takes one connection and wraps fn in BEGIN IMMEDIATE ... COMMIT: the lock comes first
+// (waiting under busy_timeout), then the clock, so a wait for the lock can never shorten a
+// lease, backdate a schedule or let a row be read before the previous writer committed. On
+// a transaction or connection that the caller owns, fn runs as it is and the caller's
+// transaction decides the locking.
+func sqliteWrite(ctx context.Context, q DBTX, fn func(q DBTX, now int64) error) error {
+	db, ok := q.(*sql.DB)
+	if !ok {
+		return fn(q, time.Now().UnixMicro())
+	}
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, `BEGIN IMMEDIATE`); err != nil {
+		return err
+	}
+	committed := false
+	defer func() {
+		if committed {
+			return
+		}
+		// Roll back even when ctx is cancelled. database/sql does not know about this
+		// transaction, so a connection that cannot roll back is discarded, never returned
+		// to the pool with a transaction open.
+		if _, err := conn.ExecContext(context.WithoutCancel(ctx), `ROLLBACK`); err != nil {
+			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+		}
+	}()
+	if err := fn(conn, time.Now().UnixMicro()); err != nil {
+		return err
+	}
+	if _, err := conn.ExecContext(ctx, `COMMIT`); err != nil {
+		return err
+	}
+	committed = true
+	return nil
 }
