@@ -98,22 +98,19 @@ import (
 //
 // # Enqueue
 //
-// Insert is one multi-row INSERT per 1000 rows (or 4 MiB of data), ending in ON DUPLICATE
-// KEY UPDATE id = id: a row whose (namespace, topic, dedupe_key) exists is left as it is
-// and counts 0 affected rows, with no error, so the caller's transaction goes on. INSERT
-// IGNORE would do that too, but it also turns unrelated errors (a too-long value, a bad
-// type) into warnings. When the affected count does not tell which rows went in, the new
-// ids are read back by primary key. Rows without a dedupe key are written first, then the
-// others in key order, so producers enqueueing overlapping keys lock them in one order.
-//
-// InnoDB checks a unique secondary index for duplicates with a next-key lock, at every
-// isolation level. So when producers race for one dedupe key, a loser waits for the
-// winner's transaction, and its queued lock also covers the gap just below the key; if
-// the winner then inserts into that gap (a row of the same namespace and topic whose key
-// sorts just below, or, when the key is its topic's smallest, a row without a key), the
-// server rolls back one of the two transactions with error 1213 (deadlock). Retry such a
-// transaction as any MySQL transaction that can deadlock: the retry reports the row as
-// already enqueued.
+// Uniqueness of (namespace, topic, dedupe_key) is the primary key of a second table,
+// <table>_dedupe, not a unique index on the outbox table. InnoDB checks a unique secondary
+// index for duplicates with a next-key lock, at every isolation level: when producers race
+// for one key, a loser waits with a lock that also covers the gap below the key, and when
+// the winner then inserts into that gap (another event of the same topic, say) the server
+// rolls one of them back with error 1213. A duplicate primary key is locked as a record
+// only, so racing producers queue on the key, the loser learns "already enqueued", and its
+// transaction goes on. So Insert reserves keys first, with INSERT INTO <table>_dedupe ...
+// ON DUPLICATE KEY UPDATE id = id (0 affected rows for a skipped key, and never INSERT
+// IGNORE, which turns unrelated errors into warnings), then writes the outbox rows with a
+// plain multi-row INSERT (one per 1000 rows or 4 MiB). Rows without a key skip the first
+// step, and the outbox table carries one index fewer. Retention that deletes outbox rows
+// must delete their keys from <table>_dedupe as well.
 //
 // # Time
 //
@@ -128,8 +125,9 @@ import (
 // # Server and driver settings
 //
 // Keep binlog_format ROW or MIXED (the defaults): READ COMMITTED writes cannot be logged as
-// statements. Do not set clientFoundRows=true in the DSN: it makes a skipped duplicate
-// count as one affected row, like an insert, so Insert would report duplicates as enqueued.
+// statements. Do not set clientFoundRows=true in the DSN: it makes a skipped dedupe key
+// count as one affected row, like a reserved one, so Insert would report a duplicate as
+// enqueued.
 func MySQL() Dialect { return mysqlDialect{} }
 
 // mysqlDialect is stateless: statements depend on the batch size, so they are rendered per
@@ -184,6 +182,9 @@ var mysqlColumns = selectList("", mysqlMicros)
 
 func mysqlTable(t Table) string { return quoteIdent(t.Name(), '`') }
 
+// mysqlDedupeTable is the table whose primary key holds the dedupe keys: <table>_dedupe.
+func mysqlDedupeTable(t Table) string { return quoteIdent(t.Name()+"_dedupe", '`') }
+
 // mysqlInsertHead is the INSERT up to VALUES, after the table name.
 const mysqlInsertHead = ` (id, namespace, topic, tenant_id, dedupe_key, partition_key, headers, payload, payload_hash,` +
 	` status, attempts, next_attempt_at, created_at, updated_at) VALUES `
@@ -191,45 +192,159 @@ const mysqlInsertHead = ` (id, namespace, topic, tenant_id, dedupe_key, partitio
 // mysqlInsertRow is one row of the INSERT: ten placeholders.
 var mysqlInsertRow = `(?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', 0, ` + mysqlLater(`?`) + `, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))`
 
-// Insert writes rows without dedupe keys first, then rows with one in (namespace, topic,
-// dedupe_key) order, whatever their order in the call. InnoDB locks each key it checks for
-// a duplicate until the transaction ends, so producers that enqueue overlapping sets of
-// keys then take those locks in one global order and cannot deadlock with each other.
+// Insert writes the rows in two steps when any carries a dedupe key. First it reserves the
+// keys, in (namespace, topic, dedupe_key) order, in the <table>_dedupe table whose primary
+// key they are; a key that is already there is skipped (ON DUPLICATE KEY UPDATE id = id,
+// 0 affected rows). Then it inserts the outbox rows of the keys it reserved and of the rows
+// without a key. See [MySQL] for why uniqueness lives in a primary key of its own table.
+//
+// On a *sql.DB the two steps run in one short transaction, so they commit together; on a
+// caller's transaction they are part of it. If the second step fails, the reservations of
+// the first are removed before the error is returned, so a caller that commits anyway does
+// not leave a key reserved for an event that was never written.
 func (d mysqlDialect) Insert(ctx context.Context, q DBTX, t Table, rows []Row) ([]bool, error) {
-	order := make([]int, len(rows))
-	for i := range order {
-		order[i] = i
+	keyed := false
+	for i := range rows {
+		keyed = keyed || rows[i].DedupeKey != ""
 	}
-	slices.SortStableFunc(order, func(i, j int) int {
-		a, b := &rows[i], &rows[j]
-		switch {
-		case a.DedupeKey == "" && b.DedupeKey == "":
-			return 0
-		case a.DedupeKey == "":
-			return -1
-		case b.DedupeKey == "":
-			return 1
-		}
-		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Topic, b.Topic),
-			strings.Compare(a.DedupeKey, b.DedupeKey))
-	})
-	sorted := make([]Row, len(rows))
-	for k, i := range order {
-		sorted[k] = rows[i]
+	db, pool := q.(*sql.DB)
+	if !keyed || !pool {
+		return d.insert(ctx, q, t, rows)
 	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = tx.Rollback() }()
+	inserted, err := d.insert(ctx, tx, t, rows)
+	if err != nil {
+		return nil, err
+	}
+	return inserted, tx.Commit()
+}
+
+func (d mysqlDialect) insert(ctx context.Context, q DBTX, t Table, rows []Row) ([]bool, error) {
 	inserted := make([]bool, len(rows))
-	for done := 0; done < len(sorted); {
-		n := mysqlInsertChunk(sorted[done:])
-		ok, err := d.insert(ctx, q, t, sorted[done:done+n])
-		if err != nil {
-			return nil, err
+	var keyed []int
+	for i := range rows {
+		if rows[i].DedupeKey == "" {
+			inserted[i] = true
+		} else {
+			keyed = append(keyed, i)
 		}
-		for k, v := range ok {
-			inserted[order[done+k]] = v
+	}
+	if len(keyed) > 0 {
+		// Reserve in key order: producers enqueueing overlapping sets of keys then lock
+		// them in one global order and cannot deadlock with each other.
+		slices.SortStableFunc(keyed, func(i, j int) int {
+			a, b := &rows[i], &rows[j]
+			return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Topic, b.Topic),
+				strings.Compare(a.DedupeKey, b.DedupeKey))
+		})
+		for chunk := range slices.Chunk(keyed, mysqlRowsPerInsert) {
+			if err := mysqlReserve(ctx, q, t, rows, chunk, inserted); err != nil {
+				return nil, err
+			}
+		}
+	}
+	var write []Row
+	for i := range rows {
+		if inserted[i] {
+			write = append(write, rows[i])
+		}
+	}
+	for done := 0; done < len(write); {
+		n := mysqlInsertChunk(write[done:])
+		if err := mysqlInsertRows(ctx, q, t, write[done:done+n]); err != nil {
+			if len(keyed) > 0 {
+				mysqlRelease(ctx, q, t, rows, keyed, inserted)
+			}
+			return nil, err
 		}
 		done += n
 	}
 	return inserted, nil
+}
+
+// mysqlReserve inserts the dedupe keys of rows[chunk] and sets inserted[i] for those that
+// were free. An inserted key counts one affected row and a skipped one zero, so the count
+// settles the common cases; otherwise the keys are read back by primary key and a key is
+// ours when it carries our id.
+func mysqlReserve(ctx context.Context, q DBTX, t Table, rows []Row, chunk []int, inserted []bool) error {
+	dedupe := mysqlDedupeTable(t)
+	var b strings.Builder
+	b.WriteString(`INSERT INTO ` + dedupe + ` (namespace, topic, dedupe_key, id) VALUES `)
+	placeholders(&b, len(chunk), `(?, ?, ?, ?)`)
+	b.WriteString(` ON DUPLICATE KEY UPDATE id = id`)
+	vals := make([]any, 0, 4*len(chunk))
+	for _, i := range chunk {
+		r := &rows[i]
+		vals = append(vals, r.Namespace, r.Topic, r.DedupeKey, uuidBytes(r.ID))
+	}
+	res, err := q.ExecContext(ctx, b.String(), vals...)
+	if err != nil {
+		return err
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return err
+	}
+	if n == int64(len(chunk)) {
+		for _, i := range chunk {
+			inserted[i] = true
+		}
+		return nil
+	}
+	if n == 0 {
+		return nil
+	}
+	a := &args{}
+	var s strings.Builder
+	s.WriteString(`SELECT id FROM ` + dedupe + ` WHERE `)
+	for j, i := range chunk {
+		if j > 0 {
+			s.WriteString(` OR `)
+		}
+		r := &rows[i]
+		s.WriteString(`(namespace = ` + a.add(r.Namespace) + ` AND topic = ` + a.add(r.Topic) + ` AND dedupe_key = ` + a.add(r.DedupeKey) + `)`)
+	}
+	ids, err := queryIDs(ctx, q, s.String(), a.vals...)
+	if err != nil {
+		return err
+	}
+	ours := make(map[uuid.UUID]bool, len(ids))
+	for _, id := range ids {
+		ours[id] = true
+	}
+	for _, i := range chunk {
+		inserted[i] = ours[rows[i].ID]
+	}
+	return nil
+}
+
+// mysqlRelease removes the reservations this call made, after its outbox insert failed.
+// It is best effort: the error that matters is the insert's, and a transaction whose
+// connection broke is rolled back by the server anyway.
+func mysqlRelease(ctx context.Context, q DBTX, t Table, rows []Row, keyed []int, inserted []bool) {
+	a := &args{}
+	var b strings.Builder
+	b.WriteString(`DELETE FROM ` + mysqlDedupeTable(t) + ` WHERE id IN (`)
+	first := true
+	for _, i := range keyed {
+		if !inserted[i] {
+			continue
+		}
+		if !first {
+			b.WriteString(`, `)
+		}
+		first = false
+		b.WriteString(a.add(uuidBytes(rows[i].ID)))
+	}
+	if first {
+		return
+	}
+	b.WriteString(`)`)
+	_, _ = q.ExecContext(context.WithoutCancel(ctx), b.String(), a.vals...)
 }
 
 // mysqlInsertChunk returns how many leading rows one INSERT takes: at most
@@ -252,74 +367,24 @@ func mysqlInsertChunk(rows []Row) int {
 	return len(rows)
 }
 
-func (mysqlDialect) insert(ctx context.Context, q DBTX, t Table, rows []Row) ([]bool, error) {
-	tbl := mysqlTable(t)
+// mysqlInsertRows writes outbox rows whose keys, if any, are reserved: a plain INSERT, so
+// every error surfaces.
+func mysqlInsertRows(ctx context.Context, q DBTX, t Table, rows []Row) error {
 	var b strings.Builder
-	b.WriteString(`INSERT INTO ` + tbl + mysqlInsertHead)
+	b.WriteString(`INSERT INTO ` + mysqlTable(t) + mysqlInsertHead)
 	placeholders(&b, len(rows), mysqlInsertRow)
-	b.WriteString(` ON DUPLICATE KEY UPDATE id = id`)
 	vals := make([]any, 0, len(rows)*10)
-	var keyed []int // rows with a dedupe key: the only ones that can be skipped
 	for i := range rows {
 		r := &rows[i]
 		headers, err := r.Headers.Value()
 		if err != nil {
-			return nil, err
-		}
-		if r.DedupeKey != "" {
-			keyed = append(keyed, i)
+			return err
 		}
 		vals = append(vals, uuidBytes(r.ID), r.Namespace, r.Topic, uuidBytes(r.TenantID),
 			nullStr(r.DedupeKey), nullStr(r.PartitionKey), headers, r.Payload, r.PayloadHash, micros(r.Delay))
 	}
-	res, err := q.ExecContext(ctx, b.String(), vals...)
-	if err != nil {
-		return nil, err
-	}
-	inserted := make([]bool, len(rows))
-	for i := range inserted {
-		inserted[i] = true
-	}
-	if len(keyed) == 0 {
-		return inserted, nil
-	}
-	// An inserted row counts 1 and a skipped duplicate 0, and only keyed rows can be
-	// skipped, so the count settles two cases; in between, read back which ids exist.
-	n, err := res.RowsAffected()
-	if err != nil {
-		return nil, err
-	}
-	switch {
-	case n >= int64(len(rows)):
-		return inserted, nil
-	case n == int64(len(rows)-len(keyed)):
-		for _, i := range keyed {
-			inserted[i] = false
-		}
-		return inserted, nil
-	}
-	a := &args{}
-	var s strings.Builder
-	s.WriteString(`SELECT id FROM ` + tbl + ` WHERE id IN (`)
-	for j, i := range keyed {
-		if j > 0 {
-			s.WriteString(", ")
-		}
-		s.WriteString(a.add(uuidBytes(rows[i].ID)))
-	}
-	s.WriteString(`)`)
-	ids, err := queryIDs(ctx, q, s.String(), a.vals...)
-	if err != nil {
-		return nil, err
-	}
-	found := make(map[uuid.UUID]bool, len(ids))
-	for _, id := range ids {
-		found[id] = true
-	}
-	for _, i := range keyed {
-		inserted[i] = found[rows[i].ID]
-	}
-	return inserted, nil
+	_, err := q.ExecContext(ctx, b.String(), vals...)
+	return err
 }
 
 // The two eligibility predicates of a claim, one per status, each an equality on the

@@ -35,10 +35,23 @@ CREATE TABLE IF NOT EXISTS `${OUTBOX_TABLE:-outbox_events}` (
     delivered_at    DATETIME(6)    NULL,
     PRIMARY KEY (id),
     KEY `${OUTBOX_TABLE:-outbox_events}_claim_idx` (status, created_at, id),
-    UNIQUE KEY `${OUTBOX_TABLE:-outbox_events}_dedupe_idx` (namespace, topic, dedupe_key),
     KEY `${OUTBOX_TABLE:-outbox_events}_retention_idx` (status, updated_at)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 
+-- One row per dedupe key, reserved in the enqueueing transaction before its event row is
+-- written. Uniqueness is this table's primary key rather than a unique index on the outbox
+-- table: InnoDB checks a unique secondary index for duplicates with a next-key lock, so
+-- producers racing for one key deadlock (error 1213) as soon as the winner inserts another
+-- row next to the key, while a duplicate primary key is locked as a record only.
+CREATE TABLE IF NOT EXISTS `${OUTBOX_TABLE:-outbox_events}_dedupe` (
+    namespace  VARBINARY(128) NOT NULL,
+    topic      VARBINARY(255) NOT NULL,
+    dedupe_key VARBINARY(255) NOT NULL,
+    id         BINARY(16)     NOT NULL,
+    PRIMARY KEY (namespace, topic, dedupe_key)
+) ENGINE = InnoDB;
+
 -- +goose Down
 -- +goose ENVSUB ON
+DROP TABLE IF EXISTS `${OUTBOX_TABLE:-outbox_events}_dedupe`;
 DROP TABLE IF EXISTS `${OUTBOX_TABLE:-outbox_events}`;
