@@ -147,6 +147,24 @@ func BenchmarkEnqueue(b *testing.B) {
 	}
 }
 
+// BenchmarkRawInsert is the reference for BenchmarkEnqueue/*/batch=1: what a hand-written
+// insert of the same row costs the client (an id, a hash, one ExecContext of the bench's
+// raw statement).
+func BenchmarkRawInsert(b *testing.B) {
+	db := benchNullDB()
+	ctx := context.Background()
+	const q = `INSERT INTO outbox_events (id, namespace, topic, partition_key, payload, payload_hash, status, attempts, next_attempt_at, created_at, updated_at)` +
+		` VALUES ($1, $2, $3, $4, $5, $6, 'pending', 0, now(), now(), now())`
+	m := benchMessage(1)
+	for b.Loop() {
+		id, _ := uuid.NewV7()
+		sum := sha256.Sum256(m.Payload)
+		if _, err := db.ExecContext(ctx, q, id.String(), m.Namespace, m.Topic, m.PartitionKey, string(m.Payload), sum[:]); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // BenchmarkClaim is Store.Claim against a database that has no eligible row: the client-side
 // cost of rendering and sending a claim.
 func BenchmarkClaim(b *testing.B) {

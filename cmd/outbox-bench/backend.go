@@ -6,8 +6,8 @@ import (
 	"database/sql"
 	"encoding/hex"
 
-	"github.com/google/uuid"
 	"fmt"
+	"github.com/google/uuid"
 
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/migrations"

@@ -291,10 +291,12 @@ func (r *myRaw) insertOne(ctx context.Context, tx *sql.Tx, row *rawRow) error {
 	return err
 }
 
-func (r *myRaw) insertForms() []insertForm { return []insertForm{{"values", false}, {"library-shape", true}} }
+func (r *myRaw) insertForms() []insertForm {
+	return []insertForm{{"values", false}, {"library-shape", true}}
+}
 
-// myLibRow is the library's row (dialect_mysql.go): ten placeholders, next_attempt_at from a
-// bound delay, and ON DUPLICATE KEY UPDATE id = id after the last row.
+// myLibRow is the library's row for messages without a dedupe key (dialect_mysql.go): ten
+// placeholders, next_attempt_at from a bound delay.
 const (
 	myLibCols = " (id, namespace, topic, tenant_id, dedupe_key, partition_key, headers, payload, payload_hash, status, attempts, next_attempt_at, created_at, updated_at)"
 	myLibRow  = "(?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', 0, DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))"
@@ -307,7 +309,7 @@ func (r *myRaw) insertMany(ctx context.Context, q outbox.DBTX, form string, rows
 			row := &rows[i]
 			args = append(args, row.id[:], row.namespace, row.topic, nil, nil, row.pkey, nil, row.payload, row.hash, int64(0))
 		}
-		_, err := q.ExecContext(ctx, r.render("libshape", len(rows), r.libHead, myLibRow)+" ON DUPLICATE KEY UPDATE id = id", args...)
+		_, err := q.ExecContext(ctx, r.render("libshape", len(rows), r.libHead, myLibRow), args...)
 		return err
 	}
 	args := make([]any, 0, 6*len(rows))
@@ -325,7 +327,7 @@ func (r *myRaw) claim(ctx context.Context, db *sql.DB, limit int, worker string)
 	if err != nil {
 		return c, err
 	}
-	defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
+	defer tx.Rollback()
 	rows, err := tx.QueryContext(ctx, r.claimSQL, maxAttempts, benchNamespace, limit)
 	if err != nil {
 		return c, err

@@ -226,7 +226,9 @@ func (r *liteRaw) insertOne(ctx context.Context, tx *sql.Tx, row *rawRow) error 
 	return err
 }
 
-func (r *liteRaw) insertForms() []insertForm { return []insertForm{{"values", false}, {"library-shape", true}} }
+func (r *liteRaw) insertForms() []insertForm {
+	return []insertForm{{"values", false}, {"library-shape", true}}
+}
 
 // liteLibRow is the library's row (dialect_sqlite.go): twelve placeholders and ON CONFLICT
 // DO NOTHING on the partial dedupe index after the last row.

@@ -407,7 +407,7 @@ var breakdownKinds = []string{kindRaw, kindGuarded, kindLibClaimOnly, kindLibAck
 
 func runBreakdown(ctx context.Context, cfg config, b backend, res *backendResult) error {
 	for _, size := range cfg.BreakdownSizes {
-		n := min(cfg.BurnN, max(3000, 200*size))
+		n := min(cfg.BurnN, cfg.BreakdownN)
 		var vs []variant
 		for _, kind := range breakdownKinds {
 			vs = append(vs, variant{name: kind, run: func(ctx context.Context) (float64, error) {

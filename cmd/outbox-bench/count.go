@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
-	"fmt"
 	"sync/atomic"
 )
 
@@ -143,15 +142,11 @@ func (x *countingConn) PrepareContext(ctx context.Context, query string) (driver
 }
 
 func (x *countingConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
-	var (
-		tx  driver.Tx
-		err error
-	)
-	if cb, ok := x.Conn.(driver.ConnBeginTx); ok {
-		tx, err = cb.BeginTx(ctx, opts)
-	} else {
-		tx, err = x.Conn.Begin() //nolint:staticcheck // fallback for drivers without BeginTx
+	cb, ok := x.Conn.(driver.ConnBeginTx)
+	if !ok {
+		return nil, errNoContext
 	}
+	tx, err := cb.BeginTx(ctx, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -218,11 +213,7 @@ func (s *countingStmt) ExecContext(ctx context.Context, args []driver.NamedValue
 	if se, ok := s.Stmt.(driver.StmtExecContext); ok {
 		return se.ExecContext(ctx, args)
 	}
-	vals, err := plainValues(args)
-	if err != nil {
-		return nil, err
-	}
-	return s.Stmt.Exec(vals) //nolint:staticcheck // fallback for drivers without ExecContext
+	return nil, errNoContext
 }
 
 func (s *countingStmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
@@ -230,11 +221,7 @@ func (s *countingStmt) QueryContext(ctx context.Context, args []driver.NamedValu
 	if sq, ok := s.Stmt.(driver.StmtQueryContext); ok {
 		return sq.QueryContext(ctx, args)
 	}
-	vals, err := plainValues(args)
-	if err != nil {
-		return nil, err
-	}
-	return s.Stmt.Query(vals) //nolint:staticcheck // fallback for drivers without QueryContext
+	return nil, errNoContext
 }
 
 func (s *countingStmt) CheckNamedValue(nv *driver.NamedValue) error {
@@ -244,16 +231,9 @@ func (s *countingStmt) CheckNamedValue(nv *driver.NamedValue) error {
 	return s.conn.CheckNamedValue(nv)
 }
 
-func plainValues(args []driver.NamedValue) ([]driver.Value, error) {
-	vals := make([]driver.Value, len(args))
-	for i, a := range args {
-		if a.Name != "" {
-			return nil, fmt.Errorf("named parameters are not supported")
-		}
-		vals[i] = a.Value
-	}
-	return vals, nil
-}
+// errNoContext: the wrapper supports drivers with the context interfaces of Go 1.8+, as
+// pgx, go-sql-driver/mysql and modernc.org/sqlite all are.
+var errNoContext = errors.New("outbox-bench: the driver lacks the context-aware interfaces")
 
 // commitCount is the commits of one measured window.
 type commitCount struct {

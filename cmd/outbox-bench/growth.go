@@ -24,7 +24,7 @@ type growthResult struct {
 }
 
 func runGrowth(ctx context.Context, cfg config, b backend, res *backendResult) error {
-	g := &growthResult{Retained: cfg.Retained, Batch: cfg.Batch, N: cfg.BurnN}
+	g := &growthResult{Retained: cfg.Retained, Batch: cfg.Batch, N: min(cfg.BurnN, cfg.GrowthN)}
 	if err := migrate(ctx, b.admin(), b.name(), retainedTable); err != nil {
 		return err
 	}
@@ -46,7 +46,7 @@ func runGrowth(ctx context.Context, cfg config, b backend, res *backendResult) e
 	logf("%s: loaded %d retained delivered rows in %.1fs", b.name(), cfg.Retained, g.LoadSeconds)
 	drain := func(kind, table string) variant {
 		return variant{name: kind + " " + table, run: func(ctx context.Context) (float64, error) {
-			r, err := burn(ctx, b, kind, table, cfg.BurnN, cfg.Batch, cfg.Workers)
+			r, err := burn(ctx, b, kind, table, g.N, cfg.Batch, cfg.Workers)
 			return r.Rate, err
 		}}
 	}

@@ -227,7 +227,7 @@ func latency(ctx context.Context, cfg config, b backend, rate float64, poll time
 	}
 	half := len(lat) / 2
 	r.FirstHalfP50, r.SecondHalfP50 = median(lat[:half]), median(lat[half:])
-	r.Steady = r.SecondHalfP50 <= 2*r.FirstHalfP50+50
+	r.Steady = r.SecondHalfP50 <= 1.5*r.FirstHalfP50+25
 	r.DeliveredRate = float64(pub.Stats().Delivered) / produced.Seconds()
 	slices.Sort(lat)
 	r.Messages = len(lat)
@@ -250,7 +250,7 @@ func produce(ctx context.Context, db *sql.DB, store *outbox.Store, raw rawOps, s
 	if err != nil {
 		return err
 	}
-	defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
+	defer tx.Rollback()
 	if err := raw.insertBusiness(ctx, tx, first); err != nil {
 		return err
 	}

@@ -70,6 +70,7 @@ type config struct {
 
 	// Breakdown: the burn-down gap split by statement, at these batch sizes.
 	BreakdownSizes  []int `json:"breakdown_sizes"`
+	BreakdownN      int   `json:"breakdown_n"`
 	BreakdownRounds int   `json:"breakdown_rounds"`
 
 	// Latency (4).
@@ -77,6 +78,7 @@ type config struct {
 
 	// Growth (5).
 	Retained     int `json:"retained"`
+	GrowthN      int `json:"growth_n"`
 	GrowthRounds int `json:"growth_rounds"`
 
 	// Only restricts the run to some scenarios (-only); empty means all.
@@ -100,26 +102,26 @@ func modeConfig(mode string) (config, error) {
 	case "quick":
 		return config{
 			Mode:       mode,
-			EnqueueDur: 1200 * time.Millisecond, EnqueueWarmup: 300 * time.Millisecond, EnqueueRounds: 2,
+			EnqueueDur: 800 * time.Millisecond, EnqueueWarmup: 300 * time.Millisecond, EnqueueRounds: 3,
 			Concurrency: []int{1, 8},
-			BatchSizes:  []int{10, 100, 500}, BatchDur: 700 * time.Millisecond, BatchRounds: 2,
-			BurnN: 10_000, Batch: 100, Workers: 2, BurnRounds: 2,
+			BatchSizes:  []int{10, 100, 500}, BatchDur: 500 * time.Millisecond, BatchRounds: 3,
+			BurnN: 6_000, Batch: 100, Workers: 2, BurnRounds: 3,
 			SweepSizes: []int{10, 100, 500}, SweepRounds: 1,
-			BreakdownSizes: []int{100, 500}, BreakdownRounds: 1,
+			BreakdownSizes: []int{100, 500}, BreakdownN: 5_000, BreakdownRounds: 1,
 			LatencyDur: 4 * time.Second,
-			Retained:   100_000, GrowthRounds: 2,
+			Retained:   100_000, GrowthN: 5_000, GrowthRounds: 2,
 		}, nil
 	case "full":
 		return config{
 			Mode:       mode,
-			EnqueueDur: 5 * time.Second, EnqueueWarmup: time.Second, EnqueueRounds: 5,
+			EnqueueDur: 3 * time.Second, EnqueueWarmup: time.Second, EnqueueRounds: 6,
 			Concurrency: []int{1, 8},
-			BatchSizes:  []int{1, 10, 50, 100, 250, 500, 1000}, BatchDur: 3 * time.Second, BatchRounds: 3,
-			BurnN: 100_000, Batch: 100, Workers: 2, BurnRounds: 5,
+			BatchSizes:  []int{1, 10, 100, 500, 1000}, BatchDur: 2 * time.Second, BatchRounds: 3,
+			BurnN: 100_000, Batch: 100, Workers: 2, BurnRounds: 4,
 			SweepSizes: []int{10, 50, 100, 250, 500, 1000}, SweepRounds: 2,
-			BreakdownSizes: []int{100, 500}, BreakdownRounds: 3,
-			LatencyDur: 30 * time.Second,
-			Retained:   1_000_000, GrowthRounds: 3,
+			BreakdownSizes: []int{100, 500}, BreakdownN: 20_000, BreakdownRounds: 2,
+			LatencyDur: 20 * time.Second,
+			Retained:   1_000_000, GrowthN: 100_000, GrowthRounds: 2,
 		}, nil
 	}
 	return config{}, fmt.Errorf("unknown -mode %q (quick or full)", mode)
@@ -214,6 +216,7 @@ func main() {
 		res := &backendResult{Backend: name}
 		rep.Backends = append(rep.Backends, res)
 		if err := b.setup(ctx); err != nil {
+			b.teardown() // whatever setup created before it failed
 			res.Skipped = err.Error()
 			logf("SKIPPING %s: %v", strings.ToUpper(name), err)
 			if required(*require, name) {

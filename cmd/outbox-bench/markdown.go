@@ -13,7 +13,7 @@ func (rep *report) markdown(w *strings.Builder) {
 	m := rep.Machine
 	fmt.Fprintf(w, "Machine: %d cores (%s), %s RAM, %s, %s. Load average (1, 5, 15 min) %s before, %s after.\n\n",
 		m.Cores, m.CPU, m.Memory, m.Kernel, m.Go, m.LoadBefore, m.LoadAfter)
-	fmt.Fprintf(w, "Rows: %s.\n\n", m.Payload)
+	fmt.Fprintf(w, "Rows: %s.\n\nLibrary source: %s.\n\n", m.Payload, m.Source)
 
 	fmt.Fprintf(w, "### Targets\n\n| metric |")
 	for _, b := range rep.Backends {

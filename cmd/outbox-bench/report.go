@@ -7,6 +7,7 @@ import (
 	"maps"
 	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -35,6 +36,8 @@ type machine struct {
 	LoadBefore string `json:"load_before"`
 	LoadAfter  string `json:"load_after"`
 	Payload    string `json:"payload"`
+	// Source is the library's git revision, and the Go files that differed from it.
+	Source string `json:"source"`
 }
 
 type backendResult struct {
@@ -74,9 +77,31 @@ func describeMachine() machine {
 	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
 		m.Kernel = "Linux " + strings.TrimSpace(string(b))
 	}
+	m.Source = sourceRevision()
 	lo, hi, mean := payloadBytes()
 	m.Payload = fmt.Sprintf("JSON payloads of %d-%d bytes (mean %d), namespace, topic and partition key set; no tenant, dedupe key or headers", lo, hi, mean)
 	return m
+}
+
+// sourceRevision describes the checkout the bench was built from, best effort.
+func sourceRevision() string {
+	rev, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
+	if err != nil {
+		return "unknown (no git)"
+	}
+	out := "git " + strings.TrimSpace(string(rev))
+	if st, err := exec.Command("git", "status", "--porcelain", "--", "*.go").Output(); err == nil {
+		var dirty []string
+		for _, line := range strings.Split(strings.TrimSpace(string(st)), "\n") {
+			if f := strings.Fields(line); len(f) == 2 && !strings.HasPrefix(f[1], "cmd/outbox-bench/") && !strings.HasSuffix(f[1], "_test.go") {
+				dirty = append(dirty, f[1])
+			}
+		}
+		if len(dirty) > 0 {
+			out += " with uncommitted changes to " + strings.Join(dirty, ", ")
+		}
+	}
+	return out
 }
 
 func loadAverage() string {
@@ -180,7 +205,7 @@ func (rep *report) printTable(w io.Writer) {
 	fmt.Fprintf(w, "\noutbox-bench, %s mode: %s\n", rep.Config.Mode, rep.Command)
 	fmt.Fprintf(w, "machine: %d cores (%s), %s, %s, %s; load average %s before, %s after\n",
 		rep.Machine.Cores, rep.Machine.CPU, rep.Machine.Memory, rep.Machine.Kernel, rep.Machine.Go, rep.Machine.LoadBefore, rep.Machine.LoadAfter)
-	fmt.Fprintf(w, "rows: %s\n", rep.Machine.Payload)
+	fmt.Fprintf(w, "rows: %s\nsource: %s\n", rep.Machine.Payload, rep.Machine.Source)
 	for _, b := range rep.Backends {
 		fmt.Fprintf(w, "\n=== %s", b.Backend)
 		if b.Skipped != "" {
