@@ -31,9 +31,11 @@ type DBTX interface {
 //  2. Time: use one clock for every worker, the database's where it has one. Never trust the
 //     client's clock or session time zone for leases and schedules.
 //  3. Insert writes rows with status pending, attempts 0, no lease and next_attempt_at =
-//     now + Row.Delay, on the caller's q. It never commits, never rolls back and never aborts
-//     the caller's transaction on a dedupe conflict: a conflicting row is skipped and reported
-//     as not inserted. Any other error is returned, never swallowed.
+//     now + Row.Delay, on q. The engine always passes a transaction (the caller's, or its
+//     own when the caller gave a bare *sql.DB), so several statements are atomic. Insert
+//     never commits, never rolls back and never aborts the transaction on a dedupe
+//     conflict: a conflicting row is skipped and reported as not inserted. Any other error
+//     is returned, never swallowed.
 //  4. Claim selects eligible rows, (pending and due) or (processing and lease expired), with
 //     attempts < MaxAttempts and within [Scope], in (created_at, id) order, at most Limit, and
 //     atomically sets status processing, attempts+1, locked_by, locked_until = now + Lease,

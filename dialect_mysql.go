@@ -197,30 +197,12 @@ var mysqlInsertRow = `(?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', 0, ` + mysqlLater(`
 // key they are; a key that is already there is skipped (ON DUPLICATE KEY UPDATE id = id,
 // 0 affected rows). Then it inserts the outbox rows of the keys it reserved and of the rows
 // without a key. See [MySQL] for why uniqueness lives in a primary key of its own table.
-//
-// On a *sql.DB the two steps run in one short transaction, so they commit together; on a
-// caller's transaction they are part of it. If the second step fails, the reservations of
-// the first are removed before the error is returned, so a caller that commits anyway does
-// not leave a key reserved for an event that was never written.
+// The engine always passes a transaction (its own when the caller gave a bare *sql.DB), so
+// the two steps commit together. If the second step fails, the reservations of the first
+// are removed before the error is returned, so a caller that commits anyway does not leave
+// a key reserved for an event that was never written.
 func (d mysqlDialect) Insert(ctx context.Context, q DBTX, t Table, rows []Row) ([]bool, error) {
-	keyed := false
-	for i := range rows {
-		keyed = keyed || rows[i].DedupeKey != ""
-	}
-	db, pool := q.(*sql.DB)
-	if !keyed || !pool {
-		return d.insert(ctx, q, t, rows)
-	}
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = tx.Rollback() }()
-	inserted, err := d.insert(ctx, tx, t, rows)
-	if err != nil {
-		return nil, err
-	}
-	return inserted, tx.Commit()
+	return d.insert(ctx, q, t, rows)
 }
 
 func (d mysqlDialect) insert(ctx context.Context, q DBTX, t Table, rows []Row) ([]bool, error) {

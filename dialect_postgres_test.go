@@ -770,3 +770,53 @@ func (c *recordingConn) QueryContext(ctx context.Context, query string, args []d
 	c.rec.mu.Unlock()
 	return c.Conn.QueryContext(ctx, query, args)
 }
+
+// TestPostgresExecModes runs a round trip through every pgx query execution mode: the
+// batch statements bind Go slices as arrays and the payload as text, which each mode
+// encodes differently (the simple protocol interpolates them into the SQL text).
+func TestPostgresExecModes(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"cache_statement", "cache_describe", "describe_exec", "exec", "simple_protocol"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := testdb.Postgres(t, "default_query_exec_mode="+mode)
+			require.NoError(t, migrations.Up(ctx, db, "postgres", migrations.Options{}))
+			s, err := outbox.New(db, outbox.Postgres(), outbox.Options{})
+			require.NoError(t, err)
+			tenant := uuid.New()
+			payload := `{ "quote": "it's \"x\" \\ y", "unicode": "Grüße 🚀", "n": 1.50 }`
+			one := outbox.Message{Namespace: "n", Topic: "t", TenantID: tenant, DedupeKey: tenant.String() + "/k",
+				Headers: outbox.Headers{"it's": `"quoted"`}, Payload: json.RawMessage(payload)}
+			two := outbox.Message{Namespace: "n", Topic: "t", PartitionKey: "p'1", Payload: json.RawMessage(`[1, 2]`)}
+			r1, err := s.Enqueue(ctx, db, one)
+			require.NoError(t, err)
+			rs, err := s.EnqueueBatch(ctx, db, []outbox.Message{one, two})
+			require.NoError(t, err)
+			require.True(t, rs[0].Duplicate)
+			require.False(t, rs[1].Duplicate)
+
+			recs, err := s.Claim(ctx, outbox.ClaimOptions{Limit: 10, Lease: time.Minute, MaxAttempts: 3, WorkerID: "w'1",
+				Scope: outbox.Scope{Namespace: "n", Topics: []string{"t"}}})
+			require.NoError(t, err)
+			require.Equal(t, []uuid.UUID{r1.ID, rs[1].ID}, []uuid.UUID{recs[0].ID, recs[1].ID})
+			require.Equal(t, payload, string(recs[0].Payload))
+			require.Equal(t, one.Headers, recs[0].Headers)
+			require.Equal(t, tenant, recs[0].TenantID)
+			require.Equal(t, "p'1", recs[1].PartitionKey)
+			require.NoError(t, recs[0].Integrity())
+
+			require.NoError(t, s.Extend(ctx, time.Hour, recs[0].Lease(), recs[1].Lease()))
+			require.NoError(t, s.Complete(ctx,
+				outbox.Outcome{Lease: recs[0].Lease(), Status: outbox.StatusDelivered},
+				outbox.Outcome{Lease: recs[1].Lease(), Status: outbox.StatusPending, Delay: time.Minute, Error: "it's 'late'"}))
+			got, err := s.Get(ctx, recs[1].ID)
+			require.NoError(t, err)
+			require.Equal(t, outbox.StatusPending, got.Status)
+			require.Equal(t, "it's 'late'", got.LastError)
+			buried, err := s.Bury(ctx, outbox.Scope{Namespace: "n"}, 1, 10)
+			require.NoError(t, err)
+			require.Equal(t, []uuid.UUID{recs[1].ID}, buried)
+		})
+	}
+}

@@ -274,27 +274,27 @@ func sqliteWrite(ctx context.Context, q DBTX, fn func(q DBTX, now int64) error) 
 		return err
 	}
 	defer conn.Close()
+	// database/sql does not know about this transaction, so the connection must never go
+	// back to the pool with it open. The driver may report a cancelled context although
+	// BEGIN took effect, so any BEGIN error discards the connection instead of trusting it.
+	discard := func() { _ = conn.Raw(func(any) error { return driver.ErrBadConn }) }
 	if _, err := conn.ExecContext(ctx, `BEGIN IMMEDIATE`); err != nil {
+		discard()
 		return err
 	}
-	committed := false
-	defer func() {
-		if committed {
-			return
-		}
-		// Roll back even when ctx is cancelled. database/sql does not know about this
-		// transaction, so a connection that cannot roll back is discarded, never returned
-		// to the pool with a transaction open.
-		if _, err := conn.ExecContext(context.WithoutCancel(ctx), `ROLLBACK`); err != nil {
-			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
-		}
-	}()
 	if err := fn(conn, time.Now().UnixMicro()); err != nil {
+		if _, rerr := conn.ExecContext(context.WithoutCancel(ctx), `ROLLBACK`); rerr != nil {
+			discard()
+		}
 		return err
 	}
-	if _, err := conn.ExecContext(ctx, `COMMIT`); err != nil {
+	// COMMIT is not cancellable: the write lock is held, so it waits for nobody, and a
+	// cancellation reported after the commit took effect would call committed work failed.
+	if _, err := conn.ExecContext(context.WithoutCancel(ctx), `COMMIT`); err != nil {
+		if _, rerr := conn.ExecContext(context.WithoutCancel(ctx), `ROLLBACK`); rerr != nil {
+			discard()
+		}
 		return err
 	}
-	committed = true
 	return nil
 }

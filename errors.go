@@ -26,6 +26,13 @@ var (
 
 	// ErrNotFound means no row has the requested id.
 	ErrNotFound = errors.New("outbox: not found")
+
+	// ErrIntegrity marks a row that is no longer as it was enqueued: its payload does not
+	// match the SHA-256 taken at enqueue, or its headers do not decode. The row was changed
+	// behind the library's back. [Record.Integrity] reports it; a [Publisher] dead-letters
+	// such a row at once and never hands it to the [Transport], and [DeadLetter.Err]
+	// matches it.
+	ErrIntegrity = errors.New("outbox: integrity check failed")
 )
 
 // ValidationError describes one refused input. It matches [ErrInvalid], and

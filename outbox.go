@@ -29,6 +29,8 @@ const (
 	DefaultMaxPayloadBytes = 1 << 20
 	// MaxBatch bounds one claim and one Complete call, which are single statements.
 	MaxBatch = 1000
+	// MaxScopeTopics bounds [Scope.Topics]: each topic is a bound parameter of the claim.
+	MaxScopeTopics = 1000
 )
 
 // DefaultTable is the table name used when [Options.Table] is empty.
@@ -41,6 +43,9 @@ type Options struct {
 	// Default [DefaultTable].
 	Table string
 	// MaxPayloadBytes bounds a message payload. Default [DefaultMaxPayloadBytes]; at most 1 GiB.
+	// Keep it below what the server accepts in one statement: MySQL refuses packets over
+	// max_allowed_packet (16 MiB by default on MariaDB, 64 MiB on MySQL 8) and drops the
+	// connection, with the caller's transaction; PostgreSQL caps a value near 1 GiB.
 	MaxPayloadBytes int
 }
 
@@ -122,7 +127,9 @@ type Result struct {
 }
 
 // Enqueue writes m on q, which should be the caller's transaction: the row commits or rolls
-// back with the business change. It never commits, rolls back or opens a transaction.
+// back with the business change, and Enqueue never commits or rolls it back. On a bare
+// [*sql.DB], where there is no transaction of the caller's, Enqueue runs in a short
+// transaction of its own, so that a write of several statements is all or nothing.
 // Invalid input returns a [*ValidationError] and writes nothing.
 func (s *Store) Enqueue(ctx context.Context, q DBTX, m Message) (Result, error) {
 	rs, err := s.enqueue(ctx, q, []Message{m}, -1)
@@ -166,7 +173,7 @@ func (s *Store) enqueue(ctx context.Context, q DBTX, msgs []Message, firstIndex 
 			Payload: m.Payload, PayloadHash: sum[:], Delay: m.Delay,
 		}
 	}
-	inserted, err := s.dialect.Insert(ctx, q, s.table, rows)
+	inserted, err := s.insert(ctx, q, rows)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: enqueue: %w", err)
 	}
@@ -182,6 +189,26 @@ func (s *Store) enqueue(ctx context.Context, q DBTX, msgs []Message, firstIndex 
 		}
 	}
 	return res, nil
+}
+
+// insert hands rows to the dialect, inside a transaction of its own when q is a bare
+// *sql.DB: a batch may take several statements (placeholder limits) and a dialect may need
+// several per row (MySQL reserves dedupe keys first), and each would commit on its own.
+func (s *Store) insert(ctx context.Context, q DBTX, rows []Row) ([]bool, error) {
+	db, ok := q.(*sql.DB)
+	if !ok {
+		return s.dialect.Insert(ctx, q, s.table, rows)
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = tx.Rollback() }()
+	inserted, err := s.dialect.Insert(ctx, tx, s.table, rows)
+	if err != nil {
+		return nil, err
+	}
+	return inserted, tx.Commit()
 }
 
 // validate checks one message before any SQL (SPEC §4).
@@ -219,8 +246,12 @@ func (s *Store) validate(m *Message) *ValidationError {
 			}
 			size += len(k) + len(v) + 6
 		}
-		if size > MaxHeadersBytes {
-			return invalid("headers", "encode to more than %d bytes", MaxHeadersBytes)
+		// The raw size is a lower bound of the JSON; escapes (\u003c for "<") can make
+		// it up to six times larger, so measure the encoding when it could be too big.
+		if size > MaxHeadersBytes/6 {
+			if b, _ := json.Marshal(map[string]string(m.Headers)); len(b) > MaxHeadersBytes {
+				return invalid("headers", "encode to %d bytes, more than the limit of %d", len(b), MaxHeadersBytes)
+			}
 		}
 	}
 	switch {
@@ -290,6 +321,9 @@ func validateScope(sc Scope) error {
 	if err := checkText("Namespace", sc.Namespace, 0, MaxNamespaceBytes); err != nil {
 		return err
 	}
+	if len(sc.Topics) > MaxScopeTopics {
+		return invalid("Topics", "lists %d topics, more than the limit of %d", len(sc.Topics), MaxScopeTopics)
+	}
 	for _, t := range sc.Topics {
 		if err := checkText("Topics", t, 1, MaxTopicBytes); err != nil {
 			return err
@@ -358,6 +392,7 @@ func (s *Store) Nack(ctx context.Context, policy RetryPolicy, failures ...Failur
 // Complete applies outcomes in one statement per [MaxBatch] rows. It is the primitive under
 // Ack and Nack; a publisher settles a mixed batch with it in a single round trip.
 func (s *Store) Complete(ctx context.Context, outcomes ...Outcome) error {
+	outcomes = slices.Clone(outcomes) // bounded below; the caller's slice stays as it was
 	for i := range outcomes {
 		o := &outcomes[i]
 		switch o.Status {

@@ -1,9 +1,7 @@
 package outbox
 
 import (
-	"bytes"
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -34,19 +32,11 @@ var (
 	// Publishers, instead.
 	ErrPublisherRunning = errors.New("outbox: publisher is already running")
 
-	// ErrIntegrity marks a message whose payload no longer matches the SHA-256 taken at
-	// enqueue: the row was changed behind the library's back. The publisher dead-letters it
-	// at once and never hands it to the [Transport]. [DeadLetter.Err] matches it.
-	ErrIntegrity = errors.New("outbox: payload does not match its hash")
-
 	// ErrAttemptLimit marks a message dead-lettered because it used all the attempts of its
 	// [RetryPolicy]. [DeadLetter.Err] matches it, and also the last transport error when the
 	// publisher saw one.
 	ErrAttemptLimit = errors.New("outbox: attempt limit reached")
 )
-
-// integrityReason is recorded in last_error for a row that fails the hash check.
-const integrityReason = "integrity: payload does not match the SHA-256 taken at enqueue; not published"
 
 // Internal timings that are not worth an option.
 const (
@@ -298,8 +288,9 @@ func (p *Publisher) Stats() PublisherStats {
 // in-flight batches to be published and settled. The transport's context is not cancelled
 // with ctx, only when that deadline passes; rows still unsettled then keep their lease and
 // are reclaimed by a publisher after it expires. Run returns once every goroutine it started
-// has returned. A transport that ignores its cancelled context is abandoned after a further
-// second, and Run then reports an error.
+// has returned, with one exception: a transport call or OnDead hook that ignores its
+// cancelled context is abandoned after a further second (its goroutine is left to finish on
+// its own), and Run then reports an error.
 //
 // Run may be called again after it returned; a concurrent second call returns
 // [ErrPublisherRunning].
@@ -333,7 +324,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 		<-done
 	}
 	if n := r.abandoned.Load(); n > 0 {
-		return fmt.Errorf("outbox: publisher: %d publish call(s) ignored their cancelled context and were abandoned", n)
+		return fmt.Errorf("outbox: publisher: %d transport or OnDead call(s) ignored their cancelled context and were abandoned", n)
 	}
 	p.log.Info("outbox publisher stopped")
 	return nil
@@ -416,10 +407,9 @@ func (r *run) process(recs []Record) {
 		rec := &recs[i]
 		items[i].rec = rec
 		leases[i] = rec.Lease()
-		sum := sha256.Sum256(rec.Payload)
-		if !bytes.Equal(sum[:], rec.PayloadHash) {
-			items[i].out = Outcome{Lease: rec.Lease(), Status: StatusDead, Error: integrityReason}
-			items[i].cause = ErrIntegrity
+		if err := rec.Integrity(); err != nil {
+			items[i].out = Outcome{Lease: rec.Lease(), Status: StatusDead, Error: err.Error() + "; not published"}
+			items[i].cause = err
 			continue
 		}
 		batch = append(batch, deliveryOf(*rec))
@@ -582,7 +572,8 @@ func (r *run) settle(items []settlement, lost map[uuid.UUID]bool) {
 	}
 	var err error
 	delay := settleRetryDelay
-	for attempt := 1; ; attempt++ {
+	attempt := 1
+	for ; ; attempt++ {
 		err = p.store.Complete(r.work, outs...)
 		if err == nil || errors.Is(err, ErrLeaseLost) || r.work.Err() != nil {
 			break
@@ -603,7 +594,11 @@ func (r *run) settle(items []settlement, lost map[uuid.UUID]bool) {
 	switch {
 	case err == nil:
 	case errors.As(err, &lle):
-		r.lostLeases(lle.IDs, lost, "settling")
+		ids := lle.IDs
+		if attempt > 1 {
+			ids = r.settledEarlier(outs, ids)
+		}
+		r.lostLeases(ids, lost, "settling")
 	default: // the shutdown deadline passed
 		p.log.Warn("outbox publisher: shutdown deadline passed before the batch was settled; its rows keep their lease until it expires",
 			idsAttr(leasesOf(outs)), "count", len(outs))
@@ -628,6 +623,26 @@ func (r *run) settle(items []settlement, lost map[uuid.UUID]bool) {
 	}
 }
 
+// settledEarlier returns the ids of lost that an earlier try of this settle did apply: a
+// Complete can commit and still report an error (the reply was lost), and its retry then
+// finds the rows no longer processing. A row that still carries this claim's token and
+// already has the status sent was settled by this publisher, since tokens are unique per
+// claim; anything else, or a row that cannot be read, is a lost lease.
+func (r *run) settledEarlier(outs []Outcome, lost []uuid.UUID) []uuid.UUID {
+	sent := make(map[uuid.UUID]Outcome, len(outs))
+	for _, o := range outs {
+		sent[o.ID] = o
+	}
+	var really []uuid.UUID
+	for _, id := range lost {
+		rec, err := r.p.store.Get(r.work, id)
+		if err != nil || rec.LeaseToken != sent[id].Token || rec.Status != sent[id].Status {
+			really = append(really, id)
+		}
+	}
+	return really
+}
+
 // dead counts, logs and reports one dead-lettered row.
 func (r *run) dead(dl DeadLetter) {
 	p := r.p
@@ -636,13 +651,33 @@ func (r *run) dead(dl DeadLetter) {
 	if p.opts.OnDead == nil {
 		return
 	}
-	defer func() {
-		if v := recover(); v != nil {
-			p.errs.Add(1)
-			p.log.Error("outbox publisher: OnDead panicked", "id", dl.ID, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
-		}
+	// The hook runs on its own goroutine only so that one which ignores its cancelled
+	// context cannot hold Run past the shutdown deadline; it is still called one at a time.
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer func() {
+			if v := recover(); v != nil {
+				p.errs.Add(1)
+				p.log.Error("outbox publisher: OnDead panicked", "id", dl.ID, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+			}
+		}()
+		p.opts.OnDead(r.work, dl)
 	}()
-	p.opts.OnDead(r.work, dl)
+	select {
+	case <-done:
+		return
+	case <-r.work.Done():
+	}
+	grace := time.NewTimer(abandonAfter)
+	defer grace.Stop()
+	select {
+	case <-done:
+	case <-grace.C:
+		r.abandoned.Add(1)
+		p.errs.Add(1)
+		p.log.Error("outbox publisher: OnDead ignored its cancelled context; abandoning it", "id", dl.ID, "abandon_after", abandonAfter)
+	}
 }
 
 func (r *run) sweepLoop() {

@@ -1107,8 +1107,11 @@ func TestPerMessage(t *testing.T) {
 type faultyDialect struct {
 	outbox.Dialect
 	claimFails, completeFails atomic.Int64
-	skipExtend                atomic.Bool
-	completes                 atomic.Int64
+	// lostReplies is the number of Complete calls still to apply their outcomes and then
+	// report an error anyway, as when a commit's reply is lost on the way back.
+	lostReplies atomic.Int64
+	skipExtend  atomic.Bool
+	completes   atomic.Int64
 }
 
 var errInjected = errors.New("injected database failure")
@@ -1123,6 +1126,12 @@ func (d *faultyDialect) Claim(ctx context.Context, db *sql.DB, t outbox.Table, p
 func (d *faultyDialect) Complete(ctx context.Context, q outbox.DBTX, t outbox.Table, o []outbox.Outcome) ([]uuid.UUID, error) {
 	d.completes.Add(1)
 	if d.completeFails.Add(-1) >= 0 {
+		return nil, errInjected
+	}
+	if d.lostReplies.Add(-1) >= 0 {
+		if _, err := d.Dialect.Complete(ctx, q, t, o); err != nil {
+			return nil, err
+		}
 		return nil, errInjected
 	}
 	return d.Dialect.Complete(ctx, q, t, o)
@@ -1157,6 +1166,46 @@ func TestPublisherDatabaseErrors(t *testing.T) {
 		}
 		require.EqualValues(t, 3, d.completes.Load(), "two failed tries and one that worked")
 		require.Equal(t, outbox.PublisherStats{Claimed: 5, Delivered: 5, Errors: 5}, p.Stats())
+	})
+}
+
+// TestPublisherSettleCommittedButErrored: a Complete that committed but reported an error
+// (its reply was lost) is retried; the retry finds the rows already settled under this
+// publisher's own token, so they count as delivered and dead, OnDead runs once, and no
+// lease is reported lost.
+func TestPublisherSettleCommittedButErrored(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, e *pubEnv) {
+		ids := e.enqueue(t, "lostreply", 2)
+		d := &faultyDialect{Dialect: pubDialect(e.backend)}
+		d.lostReplies.Store(1)
+		rec := newRecorder(func(dl outbox.Delivery) error {
+			if dl.ID == ids[1] {
+				return outbox.Permanent(errors.New("rejected"))
+			}
+			return nil
+		})
+		var deadMu sync.Mutex
+		var dead []uuid.UUID
+		o := fastOptions(t, "lostreply")
+		o.Logger = slog.New(slog.DiscardHandler)
+		o.OnDead = func(_ context.Context, dl outbox.DeadLetter) {
+			deadMu.Lock()
+			defer deadMu.Unlock()
+			dead = append(dead, dl.ID)
+		}
+		p, err := outbox.NewPublisher(e.newStore(t, e.db, d), rec.transport("p"), o)
+		require.NoError(t, err)
+		stop := start(t, p)
+		e.waitCounts(t, 30*time.Second, func(m map[outbox.Status]int) bool {
+			return m[outbox.StatusDelivered] == 1 && m[outbox.StatusDead] == 1
+		})
+		require.Eventually(t, func() bool { return p.Stats().Dead == 1 }, 10*time.Second, 10*time.Millisecond)
+		stop()
+		require.Equal(t, outbox.PublisherStats{Claimed: 2, Delivered: 1, Dead: 1, Errors: 1}, p.Stats())
+		deadMu.Lock()
+		defer deadMu.Unlock()
+		require.Equal(t, []uuid.UUID{ids[1]}, dead, "OnDead runs once for the dead row")
 	})
 }
 
@@ -1265,4 +1314,38 @@ func TestPublisherAbandonsStuckTransport(t *testing.T) {
 	close(release)
 	<-returned
 	require.Equal(t, 2, e.counts(t)[outbox.StatusProcessing], "the abandoned batch keeps its lease")
+}
+
+// TestPublisherAbandonsStuckOnDead: an OnDead hook that ignores its cancelled context is
+// abandoned like a stuck transport, so Run still returns shortly after the deadline.
+func TestPublisherAbandonsStuckOnDead(t *testing.T) {
+	t.Parallel()
+	e := pubSetup(t, "sqlite")
+	e.enqueue(t, "stuckhook", 1)
+	started, release := make(chan struct{}, 1), make(chan struct{})
+	returned := make(chan struct{})
+	o := fastOptions(t, "stuckhook")
+	o.ShutdownTimeout = 100 * time.Millisecond
+	o.Logger = slog.New(slog.DiscardHandler)
+	o.OnDead = func(context.Context, outbox.DeadLetter) {
+		defer close(returned)
+		started <- struct{}{}
+		<-release // ignores ctx
+	}
+	reject := outbox.PerMessage(func(context.Context, outbox.Delivery) error { return outbox.Permanent(nil) })
+	p, err := outbox.NewPublisher(e.store, reject, o)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- p.Run(ctx) }()
+	<-started
+	cancel()
+	cancelled := time.Now()
+	err = <-errc
+	took := time.Since(cancelled)
+	require.ErrorContains(t, err, "abandoned")
+	require.Less(t, took, o.ShutdownTimeout+time.Second+time.Second, "Run took %s", took)
+	close(release)
+	<-returned
+	require.Equal(t, 1, e.counts(t)[outbox.StatusDead], "the row was recorded dead before the hook ran")
 }

@@ -1,6 +1,8 @@
 package outbox
 
 import (
+	"bytes"
+	"crypto/sha256"
 	"database/sql/driver"
 	"encoding/json"
 	"fmt"
@@ -97,6 +99,24 @@ type Record struct {
 	CreatedAt   time.Time
 	UpdatedAt   time.Time
 	DeliveredAt time.Time
+
+	// headersErr is why the stored headers did not decode (Headers is then nil); the
+	// built-in dialects set it instead of failing a whole claim for one damaged row.
+	headersErr error
+}
+
+// Integrity reports whether the row is as it was enqueued: its payload matches the SHA-256
+// taken at enqueue and its headers decode. A failure wraps [ErrIntegrity]. A [Publisher]
+// dead-letters such a row instead of publishing it.
+func (r Record) Integrity() error {
+	sum := sha256.Sum256(r.Payload)
+	if !bytes.Equal(sum[:], r.PayloadHash) {
+		return fmt.Errorf("%w: payload does not match the SHA-256 taken at enqueue", ErrIntegrity)
+	}
+	if r.headersErr != nil {
+		return fmt.Errorf("%w: headers: %v", ErrIntegrity, r.headersErr)
+	}
+	return nil
 }
 
 // Lease returns the lease by which the current claim holds the row.

@@ -54,11 +54,14 @@ func (p *RetryPolicy) validate() error {
 
 // Backoff returns the delay before jitter after the given attempt (1 for the first).
 func (p RetryPolicy) Backoff(attempts int) time.Duration {
-	d := p.BaseDelay
+	d := max(p.BaseDelay, 0)
 	for i := 1; i < attempts && d < p.MaxDelay; i++ {
+		if d > p.MaxDelay/2 { // doubling would pass MaxDelay (or overflow): clamp
+			return p.MaxDelay
+		}
 		d *= 2
 	}
-	return min(d, p.MaxDelay)
+	return max(min(d, p.MaxDelay), 0)
 }
 
 // Jittered returns a delay drawn uniformly from [Backoff(attempts)/2, Backoff(attempts)].

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"fmt"
@@ -54,8 +55,9 @@ func scanRecord(s rowScanner) (Record, error) {
 		dedupe, pkey, lockedBy, lastErr, stat sql.NullString
 		next, until, created, updated, deliv  timeCol
 		payload                               []byte
+		headers                               rawCol
 	)
-	err := s.Scan(&r.ID, &r.Namespace, &r.Topic, &tenant, &dedupe, &pkey, &r.Headers,
+	err := s.Scan(&r.ID, &r.Namespace, &r.Topic, &tenant, &dedupe, &pkey, &headers,
 		&payload, &r.PayloadHash, &stat, &r.Attempts, &next, &lockedBy,
 		&until, &token, &lastErr, &created, &updated, &deliv)
 	if err != nil {
@@ -65,9 +67,26 @@ func scanRecord(s rowScanner) (Record, error) {
 	r.DedupeKey, r.PartitionKey, r.LockedBy, r.LastError = dedupe.String, pkey.String, lockedBy.String, lastErr.String
 	r.Status = Status(stat.String)
 	r.Payload = payload
+	// A row whose headers were damaged in the table is returned, not refused: failing the
+	// scan would fail every claim that meets it, and after a claim has committed it would
+	// leave the whole batch leased and unpublished. Record.Integrity reports it instead.
+	if err := r.Headers.Scan(headers.v); err != nil {
+		r.Headers, r.headersErr = nil, err
+	}
 	r.NextAttemptAt, r.LockedUntil, r.CreatedAt, r.UpdatedAt, r.DeliveredAt =
 		next.t, until.t, created.t, updated.t, deliv.t
 	return r, nil
+}
+
+// rawCol keeps whatever the driver returned, to be decoded after the scan.
+type rawCol struct{ v any }
+
+func (c *rawCol) Scan(src any) error {
+	if b, ok := src.([]byte); ok {
+		src = bytes.Clone(b) // the driver may reuse its buffer after Scan returns
+	}
+	c.v = src
+	return nil
 }
 
 // timeCol scans a time stored natively (time.Time) or as integer Unix microseconds, the

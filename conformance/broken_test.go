@@ -47,9 +47,19 @@ func (d tokenBlindDialect) Complete(ctx context.Context, q outbox.DBTX, t outbox
 	return d.Dialect.Complete(ctx, q, t, outcomes)
 }
 
+// scopeBlindDialect sweeps every exhausted row, whatever the publisher's scope: one
+// module's publisher would dead-letter another module's events.
+type scopeBlindDialect struct{ outbox.Dialect }
+
+func (d scopeBlindDialect) Bury(ctx context.Context, q outbox.DBTX, t outbox.Table, p outbox.BuryParams) ([]uuid.UUID, error) {
+	p.Scope = outbox.Scope{}
+	return d.Dialect.Bury(ctx, q, t, p)
+}
+
 var broken = map[string]outbox.Dialect{
 	"lease-blind": leaseBlindDialect{outbox.SQLite()},
 	"token-blind": tokenBlindDialect{outbox.SQLite()},
+	"scope-blind": scopeBlindDialect{outbox.SQLite()},
 }
 
 // TestBrokenDialectChild runs the suite against one broken dialect; it does something
@@ -73,6 +83,7 @@ func TestSuiteCatchesBrokenDialects(t *testing.T) {
 	}{
 		{"lease-blind", []string{"Concurrency/NoDoubleClaim", "Lease/ExtendKeepsTheRow", "Claim/Fields"}},
 		{"token-blind", []string{"Lease/ExpiredLeaseIsReclaimed", "Settle/AckReportsOnlyLostRows"}},
+		{"scope-blind", []string{"Claim/BuryRespectsScope"}},
 	}
 	for _, c := range cases {
 		t.Run(c.dialect, func(t *testing.T) {

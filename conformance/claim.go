@@ -17,6 +17,9 @@ var claimTests = []test{
 	{"EmptyIsNotAnError", testClaimEmpty},
 	{"AttemptLimitExcludes", testClaimAttemptLimit},
 	{"BuryExhausted", testBuryExhausted},
+	{"BuryRespectsScope", testBuryScope},
+	{"ExpiredLeaseAtLimitIsNotReclaimed", testExpiredAtLimit},
+	{"DamagedRowsFailOnlyThemselves", testDamagedRows},
 }
 
 func testClaimOrder(t *testing.T, h Harness) {
@@ -159,4 +162,59 @@ func within(t *testing.T, d, lo, hi time.Duration, what string) {
 	t.Helper()
 	const slack = 2 * time.Millisecond
 	require.True(t, d >= lo-slack && d <= hi+slack, "%s = %s, want within [%s, %s]", what, d, lo, hi)
+}
+
+func testBuryScope(t *testing.T, h Harness) {
+	e := setup(t, h)
+	other := msg(1)
+	other.Namespace = "billing"
+	res := e.enqueue(t, msg(0), other)
+	o := claimOpts(2, time.Millisecond)
+	o.MaxAttempts = 1
+	require.Len(t, e.claim(t, o), 2)
+	time.Sleep(50 * time.Millisecond) // only guarantees the 1ms leases have run out
+
+	buried, err := e.store.Bury(e.ctx, outbox.Scope{Namespace: "orders"}, 1, 10)
+	require.NoError(t, err)
+	require.Equal(t, []uuid.UUID{res[0].ID}, buried, "a scoped sweep buries only its scope")
+	require.Equal(t, outbox.StatusProcessing, e.get(t, res[1].ID).Status)
+	buried, err = e.store.Bury(e.ctx, outbox.Scope{Namespace: "billing", Topics: []string{"elsewhere"}}, 1, 10)
+	require.NoError(t, err)
+	require.Empty(t, buried, "topics narrow the sweep")
+}
+
+func testExpiredAtLimit(t *testing.T, h Harness) {
+	e := setup(t, h)
+	id := e.enqueueN(t, 1)[0]
+	o := claimOpts(1, time.Millisecond)
+	o.MaxAttempts = 1
+	require.Len(t, e.claim(t, o), 1)
+	time.Sleep(50 * time.Millisecond) // only guarantees the 1ms lease has run out
+	o.Lease = time.Minute
+	require.Empty(t, e.claim(t, o), "an expired lease on the last attempt is not reclaimed")
+	o.MaxAttempts = 2
+	recs := e.claim(t, o)
+	require.Equal(t, []uuid.UUID{id}, ids(recs), "the lease had expired: a higher limit reclaims it")
+	require.Equal(t, 2, recs[0].Attempts)
+}
+
+func testDamagedRows(t *testing.T, h Harness) {
+	e := setup(t, h)
+	good, headers, payload := msg(1), msg(2), msg(3)
+	headers.Topic, headers.Headers = "damaged.headers", outbox.Headers{"a": "b"}
+	payload.Topic = "damaged.payload"
+	res := e.enqueue(t, good, headers, payload)
+	// Someone edits the table by hand: headers that are not a string map, a changed payload.
+	_, err := e.db.ExecContext(e.ctx, `UPDATE `+e.table+` SET headers = '{"retries":3}' WHERE topic = 'damaged.headers'`)
+	require.NoError(t, err)
+	_, err = e.db.ExecContext(e.ctx, `UPDATE `+e.table+` SET payload = '{"n":666}' WHERE topic = 'damaged.payload'`)
+	require.NoError(t, err)
+
+	recs := e.claim(t, claimOpts(10, time.Minute))
+	require.Equal(t, []uuid.UUID{res[0].ID, res[1].ID, res[2].ID}, ids(recs), "a damaged row does not fail the claim")
+	require.NoError(t, recs[0].Integrity())
+	require.ErrorIs(t, recs[1].Integrity(), outbox.ErrIntegrity)
+	require.ErrorIs(t, recs[2].Integrity(), outbox.ErrIntegrity)
+	_, err = e.store.Get(e.ctx, res[1].ID)
+	require.NoError(t, err, "a damaged row can still be read")
 }

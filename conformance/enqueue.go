@@ -99,13 +99,18 @@ func testPayloadByteExact(t *testing.T, h Harness) {
 		"{\n\t\"indented\": \"yes\"\n}",
 	}
 	want := map[uuid.UUID]string{}
-	for _, p := range payloads {
+	batch := make([]outbox.Message, len(payloads))
+	for i, p := range payloads {
 		m := msg(0)
 		m.Payload = json.RawMessage(p)
-		want[e.enqueue(t, m)[0].ID] = p
+		want[e.enqueue(t, m)[0].ID] = p // the one-row path
+		batch[i] = m
 	}
-	recs := e.claim(t, claimOpts(10, time.Minute))
-	require.Len(t, recs, len(payloads))
+	for i, r := range e.enqueue(t, batch...) { // the multi-row path
+		want[r.ID] = payloads[i]
+	}
+	recs := e.claim(t, claimOpts(100, time.Minute))
+	require.Len(t, recs, 2*len(payloads))
 	for _, r := range recs {
 		require.Equal(t, want[r.ID], string(r.Payload), "payload must come back byte for byte")
 		sum := sha256.Sum256(r.Payload)
@@ -217,6 +222,9 @@ func testBadMessages(t *testing.T, h Harness) {
 			m.Payload = json.RawMessage(`"` + strings.Repeat("x", 1100) + `"`)
 		}), outbox.ErrInvalid},
 		{"empty header key", with(func(m *outbox.Message) { m.Headers = outbox.Headers{"": "v"} }), outbox.ErrInvalid},
+		{"headers whose JSON escapes exceed the bound", with(func(m *outbox.Message) {
+			m.Headers = outbox.Headers{"h": strings.Repeat("<", outbox.MaxHeadersBytes/3)}
+		}), outbox.ErrInvalid},
 		{"negative delay", with(func(m *outbox.Message) { m.Delay = -time.Second }), outbox.ErrInvalid},
 		{"tenant mismatch", with(func(m *outbox.Message) {
 			m.TenantID, m.DedupeKey = tenant, uuid.NewString()+"/order-1"
@@ -280,6 +288,7 @@ func testBadOptions(t *testing.T, h Harness) {
 		{Limit: 1, Lease: time.Minute, MaxAttempts: 0, WorkerID: "w"},
 		{Limit: 1, Lease: time.Minute, MaxAttempts: 1, WorkerID: ""},
 		{Limit: 1, Lease: time.Minute, MaxAttempts: 1, WorkerID: "w", Scope: outbox.Scope{Topics: []string{""}}},
+		{Limit: 1, Lease: time.Minute, MaxAttempts: 1, WorkerID: "w", Scope: outbox.Scope{Topics: make([]string, outbox.MaxScopeTopics+1)}},
 	}
 	for i, o := range bad {
 		_, err := e.store.Claim(e.ctx, o)

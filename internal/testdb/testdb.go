@@ -114,7 +114,9 @@ func MySQLDSN() string {
 }
 
 // Postgres returns a pool whose search_path is a new schema, dropped after the test.
-func Postgres(t testing.TB) *sql.DB {
+// params are extra DSN parameters as key=value pairs, such as
+// "default_query_exec_mode=simple_protocol".
+func Postgres(t testing.TB, params ...string) *sql.DB {
 	t.Helper()
 	adm, err := pgAdmin.get(func() (*sql.DB, error) { return sql.Open("pgx", PostgresDSN()) })
 	if err != nil {
@@ -130,6 +132,10 @@ func Postgres(t testing.TB) *sql.DB {
 	}
 	q := u.Query()
 	q.Set("search_path", schema)
+	for _, kv := range params {
+		k, v, _ := strings.Cut(kv, "=")
+		q.Set(k, v)
+	}
 	u.RawQuery = q.Encode()
 	db, err := sql.Open("pgx", u.String())
 	if err != nil {
