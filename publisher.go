@@ -461,18 +461,25 @@ func (r *run) publish(batch []Delivery, leases []Lease, lost map[uuid.UUID]bool)
 			held, next = r.extend(held, lost)
 			renew.Reset(next)
 		case <-r.work.Done():
-			grace := time.NewTimer(abandonAfter)
-			defer grace.Stop()
-			select {
-			case <-done:
-			case <-grace.C:
-				r.abandoned.Add(1)
-				p.errs.Add(1)
-				p.log.Error("outbox publisher: transport ignored its cancelled context; abandoning the publish",
-					"abandon_after", abandonAfter, "count", len(batch))
-			}
+			graceOrAbandon(r, done, "transport", "count", len(batch))
 			return nil, false
 		}
+	}
+}
+
+// graceOrAbandon is called once the work context is cancelled (the shutdown deadline) while
+// a user callback still runs: it waits abandonAfter more for done, then abandons the
+// callback, which Run reports. done is any channel that receives or closes when it returns.
+func graceOrAbandon[T any](r *run, done <-chan T, what string, attrs ...any) {
+	grace := time.NewTimer(abandonAfter)
+	defer grace.Stop()
+	select {
+	case <-done:
+	case <-grace.C:
+		r.abandoned.Add(1)
+		r.p.errs.Add(1)
+		r.p.log.Error("outbox publisher: "+what+" ignored its cancelled context; abandoning it",
+			append([]any{"abandon_after", abandonAfter}, attrs...)...)
 	}
 }
 
@@ -666,17 +673,8 @@ func (r *run) dead(dl DeadLetter) {
 	}()
 	select {
 	case <-done:
-		return
 	case <-r.work.Done():
-	}
-	grace := time.NewTimer(abandonAfter)
-	defer grace.Stop()
-	select {
-	case <-done:
-	case <-grace.C:
-		r.abandoned.Add(1)
-		p.errs.Add(1)
-		p.log.Error("outbox publisher: OnDead ignored its cancelled context; abandoning it", "id", dl.ID, "abandon_after", abandonAfter)
+		graceOrAbandon(r, done, "OnDead", "id", dl.ID)
 	}
 }
 
