@@ -105,7 +105,7 @@ func modeConfig(mode string) (config, error) {
 			EnqueueDur: 800 * time.Millisecond, EnqueueWarmup: 300 * time.Millisecond, EnqueueRounds: 3,
 			Concurrency: []int{1, 8},
 			BatchSizes:  []int{10, 100, 500}, BatchDur: 500 * time.Millisecond, BatchRounds: 3,
-			BurnN: 6_000, Batch: 100, Workers: 2, BurnRounds: 3,
+			BurnN: 10_000, Batch: 100, Workers: 2, BurnRounds: 3,
 			SweepSizes: []int{10, 100, 500}, SweepRounds: 1,
 			BreakdownSizes: []int{100, 500}, BreakdownN: 5_000, BreakdownRounds: 1,
 			LatencyDur: 4 * time.Second,
