@@ -648,6 +648,13 @@ func (mysqlDialect) Complete(ctx context.Context, q DBTX, t Table, outcomes []Ou
 	tbl := mysqlTable(t)
 	a := &args{}
 	var b strings.Builder
+	if token, ok := uniformAck(outcomes); ok {
+		b.WriteString(`UPDATE ` + tbl + ` FORCE INDEX (PRIMARY) SET status = 'delivered', delivered_at = UTC_TIMESTAMP(6),` +
+			` locked_by = NULL, locked_until = NULL, updated_at = UTC_TIMESTAMP(6)` +
+			` WHERE id IN ` + idList(a, outcomes, uuidBytes) + ` AND lease_token = ` + a.add(uuidBytes(token)) +
+			` AND status = 'processing'`)
+		return mysqlSettled(ctx, q, t, outcomes, b.String(), a.vals)
+	}
 	b.WriteString(`UPDATE `)
 	mysqlLeaseJoin(&b, tbl, len(outcomes), func(i int, first bool) string {
 		o := &outcomes[i]
@@ -665,7 +672,12 @@ func (mysqlDialect) Complete(ctx context.Context, q DBTX, t Table, outcomes []Ou
 		` t.delivered_at = CASE WHEN u.o_status = 'delivered' THEN UTC_TIMESTAMP(6) ELSE t.delivered_at END,` +
 		` t.locked_by = NULL, t.locked_until = NULL, t.updated_at = UTC_TIMESTAMP(6)` +
 		` WHERE t.status = 'processing'`)
-	res, err := mysqlExec(ctx, q, b.String(), a.vals...)
+	return mysqlSettled(ctx, q, t, outcomes, b.String(), a.vals)
+}
+
+// mysqlSettled runs a Complete statement and returns the leases it could not apply.
+func mysqlSettled(ctx context.Context, q DBTX, t Table, outcomes []Outcome, query string, vals []any) ([]uuid.UUID, error) {
+	res, err := mysqlExec(ctx, q, query, vals...)
 	if err != nil {
 		return nil, err
 	}

@@ -77,7 +77,7 @@ type postgresDialect struct {
 }
 
 type pgStatements struct {
-	insertOne, insertMany, complete, extend, get string
+	insertOne, insertMany, complete, ack, extend, get string
 }
 
 // Batch insert bounds: rows per statement, and payload plus headers bytes per statement
@@ -109,6 +109,8 @@ func renderPgStatements(t Table) *pgStatements {
 			` FROM unnest($1::uuid[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::text[], $7::json[], $8::json[], $9::bytea[], $10::bigint[])` +
 			` AS u(id, namespace, topic, tenant_id, dedupe_key, partition_key, headers, payload, payload_hash, delay_us)` +
 			pgOnConflict,
+		ack: `UPDATE ` + tbl + ` SET status = 'delivered', delivered_at = now(), locked_by = NULL, locked_until = NULL,` +
+			` updated_at = now() WHERE id = ANY($1::uuid[]) AND lease_token = $2::uuid AND status = 'processing' RETURNING id`,
 		complete: `UPDATE ` + tbl + ` AS t SET status = u.status,` +
 			` next_attempt_at = CASE WHEN u.status = 'pending' THEN now() + ` + pgMicros(`u.delay_us`) + ` ELSE t.next_attempt_at END,` +
 			` last_error = CASE WHEN u.status = 'delivered' THEN t.last_error ELSE u.error END,` +
@@ -265,6 +267,17 @@ func (d *postgresDialect) Complete(ctx context.Context, q DBTX, t Table, outcome
 		return nil, nil
 	}
 	n := len(outcomes)
+	if token, ok := uniformAck(outcomes); ok {
+		ids := make([]string, n)
+		for i, o := range outcomes {
+			ids[i] = o.ID.String()
+		}
+		got, err := queryIDs(ctx, q, d.statements(t).ack, ids, token.String())
+		if err != nil {
+			return nil, err
+		}
+		return missing(leasesOf(outcomes), got), nil
+	}
 	ids, tokens, statuses, errs := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	delays := make([]int64, n)
 	for i, o := range outcomes {

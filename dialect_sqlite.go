@@ -131,8 +131,12 @@ func sqliteEligible(a *args, p ClaimParams, now int64) string {
 func (sqliteDialect) Claim(ctx context.Context, db *sql.DB, t Table, p ClaimParams) (recs []Record, err error) {
 	// Probe first, without the write lock (in WAL mode readers never wait): idle publishers
 	// polling an empty outbox must not queue for the one write lock that producers need.
+	// Both reads name the claim index: with statistics gathered while most rows were
+	// pending, SQLite's planner chose a rowid scan that passed every delivered row before
+	// the first pending one, which made a long drain quadratic (BENCHMARKS.md, gap 2).
 	a := &args{}
-	probe := `SELECT 1 FROM ` + quoteIdent(t.Name(), '"') + ` WHERE ` + sqliteEligible(a, p, time.Now().UnixMicro()) + ` LIMIT 1`
+	probe := `SELECT 1 FROM ` + quoteIdent(t.Name(), '"') + ` INDEXED BY ` + quoteIdent(t.Index("claim"), '"') +
+		` WHERE ` + sqliteEligible(a, p, time.Now().UnixMicro()) + ` LIMIT 1`
 	var one int
 	switch err := db.QueryRowContext(ctx, probe, a.vals...).Scan(&one); {
 	case err == sql.ErrNoRows:
@@ -154,7 +158,7 @@ func sqliteClaim(ctx context.Context, q DBTX, t Table, p ClaimParams, now int64)
 	b.WriteString(`UPDATE ` + tbl + ` SET status = 'processing', attempts = attempts + 1, locked_by = ` + a.add(p.WorkerID) +
 		`, locked_until = ` + a.add(now+micros(p.Lease)) + `, lease_token = ` + a.add(uuidBytes(p.Token)) +
 		`, updated_at = ` + a.add(now))
-	b.WriteString(` WHERE id IN (SELECT id FROM ` + tbl + ` WHERE ` + sqliteEligible(a, p, now) +
+	b.WriteString(` WHERE id IN (SELECT id FROM ` + tbl + ` INDEXED BY ` + quoteIdent(t.Index("claim"), '"') + ` WHERE ` + sqliteEligible(a, p, now) +
 		` ORDER BY created_at, id LIMIT ` + a.add(p.Limit) + `)`)
 	b.WriteString(` AND ` + sqliteEligible(a, p, now)) // the guard: eligibility holds at write time
 	b.WriteString(` RETURNING ` + selectList("", nil))
@@ -174,6 +178,17 @@ func (sqliteDialect) Complete(ctx context.Context, q DBTX, t Table, outcomes []O
 
 func sqliteComplete(ctx context.Context, q DBTX, t Table, outcomes []Outcome, now int64) ([]uuid.UUID, error) {
 	a := &args{}
+	if token, ok := uniformAck(outcomes); ok {
+		query := `UPDATE ` + quoteIdent(t.Name(), '"') + ` SET status = 'delivered', delivered_at = ` + a.add(now) +
+			`, locked_by = NULL, locked_until = NULL, updated_at = ` + a.add(now) +
+			` WHERE id IN ` + idList(a, outcomes, uuidBytes) + ` AND lease_token = ` + a.add(uuidBytes(token)) +
+			` AND status = 'processing' RETURNING id`
+		ids, err := queryIDs(ctx, q, query, a.vals...)
+		if err != nil {
+			return nil, err
+		}
+		return missing(leasesOf(outcomes), ids), nil
+	}
 	var b strings.Builder
 	b.WriteString(`WITH u(o_id, o_token, o_status, o_delay, o_error) AS (VALUES `)
 	for i, o := range outcomes {

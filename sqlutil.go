@@ -250,3 +250,34 @@ func scopeSQL(a *args, sc Scope, col string, enc func(uuid.UUID) any) string {
 	}
 	return b.String()
 }
+
+// uniformAck reports whether every outcome acks a row under one lease token: a publisher's
+// batch that all went through, the common case. Dialects settle it with a plain
+// "id IN (...) AND lease_token = ?" update, whose plan cannot degrade the way a join with a
+// per-row outcome list can (BENCHMARKS.md, gap 1); mixed batches keep the join.
+func uniformAck(outcomes []Outcome) (uuid.UUID, bool) {
+	if len(outcomes) == 0 {
+		return uuid.Nil, false
+	}
+	token := outcomes[0].Token
+	for _, o := range outcomes {
+		if o.Status != StatusDelivered || o.Token != token {
+			return uuid.Nil, false
+		}
+	}
+	return token, true
+}
+
+// idList writes "(?, ?, ...)" for the ids of outcomes, binding each with enc.
+func idList(a *args, outcomes []Outcome, enc func(uuid.UUID) any) string {
+	var b strings.Builder
+	b.WriteString("(")
+	for i, o := range outcomes {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(a.add(enc(o.ID)))
+	}
+	b.WriteString(")")
+	return b.String()
+}
