@@ -308,24 +308,27 @@ func mysqlReserve(ctx context.Context, q DBTX, t Table, rows []Row, chunk []int,
 // It is best effort: the error that matters is the insert's, and a transaction whose
 // connection broke is rolled back by the server anyway.
 func mysqlRelease(ctx context.Context, q DBTX, t Table, rows []Row, keyed []int, inserted []bool) {
+	// By primary key: the table has no index on id, and a scan would lock every key it
+	// passed until the caller's transaction ends. The id check keeps other callers' keys.
 	a := &args{}
 	var b strings.Builder
-	b.WriteString(`DELETE FROM ` + mysqlDedupeTable(t) + ` WHERE id IN (`)
+	b.WriteString(`DELETE FROM ` + mysqlDedupeTable(t) + ` WHERE `)
 	first := true
 	for _, i := range keyed {
 		if !inserted[i] {
 			continue
 		}
 		if !first {
-			b.WriteString(`, `)
+			b.WriteString(` OR `)
 		}
 		first = false
-		b.WriteString(a.add(uuidBytes(rows[i].ID)))
+		r := &rows[i]
+		b.WriteString(`(namespace = ` + a.add(r.Namespace) + ` AND topic = ` + a.add(r.Topic) +
+			` AND dedupe_key = ` + a.add(r.DedupeKey) + ` AND id = ` + a.add(uuidBytes(r.ID)) + `)`)
 	}
 	if first {
 		return
 	}
-	b.WriteString(`)`)
 	_, _ = q.ExecContext(context.WithoutCancel(ctx), b.String(), a.vals...)
 }
 

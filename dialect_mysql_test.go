@@ -1197,62 +1197,6 @@ func TestMySQLConcurrentReclaims(t *testing.T) {
 	require.Equal(t, map[int]int{2: rows}, attempts, "every reclaim is the second attempt")
 }
 
-// TestMySQLRacingProducersKeepTheirTransactions is the case that made dedupe keys move to
-// a primary key of their own table: producers race for one key and each then writes
-// another event of the same topic (into the gap next to the key). With a unique secondary
-// index InnoDB deadlocked here every time (error 1213); the loser must instead learn
-// "already enqueued" and commit.
-func TestMySQLRacingProducersKeepTheirTransactions(t *testing.T) {
-	t.Parallel()
-	e := setupMySQL(t, "outbox_events")
-	for round := range 5 {
-		const producers = 6
-		key := fmt.Sprintf("race-%d", round)
-		var wg sync.WaitGroup
-		start := make(chan struct{})
-		dups := make([]bool, producers)
-		errs := make([]error, producers)
-		for i := range producers {
-			wg.Go(func() {
-				<-start
-				errs[i] = func() error {
-					tx, err := e.db.BeginTx(e.ctx, nil)
-					if err != nil {
-						return err
-					}
-					defer func() { _ = tx.Rollback() }()
-					m := myMsg(i)
-					m.DedupeKey = key
-					r, err := e.store.Enqueue(e.ctx, tx, m)
-					if err != nil {
-						return err
-					}
-					dups[i] = r.Duplicate
-					if _, err := e.store.Enqueue(e.ctx, tx, myMsg(100+i)); err != nil {
-						return err
-					}
-					return tx.Commit()
-				}()
-			})
-		}
-		close(start)
-		wg.Wait()
-		winners := 0
-		for i := range producers {
-			require.NoError(t, errs[i], "round %d producer %d", round, i)
-			if !dups[i] {
-				winners++
-			}
-		}
-		require.Equal(t, 1, winners, "round %d", round)
-	}
-	var rows, keys int
-	require.NoError(t, e.db.QueryRowContext(e.ctx, "SELECT COUNT(*) FROM outbox_events").Scan(&rows))
-	require.NoError(t, e.db.QueryRowContext(e.ctx, "SELECT COUNT(*) FROM outbox_events_dedupe").Scan(&keys))
-	require.Equal(t, 5*(1+6), rows)
-	require.Equal(t, 5, keys)
-}
-
 // TestMySQLFailedInsertReleasesItsKeys: when the outbox insert fails after the keys were
 // reserved, the reservations are removed, so even a caller that commits anyway does not
 // leave a key taken by an event that does not exist.
