@@ -259,9 +259,10 @@ func (s *Store) validate(m *Message) *ValidationError {
 		return invalid("payload", "is empty")
 	case len(m.Payload) > s.maxPayload:
 		return invalid("payload", "is %d bytes, more than the limit of %d", len(m.Payload), s.maxPayload)
-	case !utf8.Valid(m.Payload):
-		return invalid("payload", "is not valid UTF-8")
-	case !json.Valid(m.Payload):
+	case !validJSON(m.Payload): // one pass for both; tell which failed
+		if !utf8.Valid(m.Payload) {
+			return invalid("payload", "is not valid UTF-8")
+		}
 		return invalid("payload", "is not valid JSON")
 	}
 	if m.Delay < 0 {
