@@ -185,12 +185,19 @@ func mysqlTable(t Table) string { return quoteIdent(t.Name(), '`') }
 // mysqlDedupeTable is the table whose primary key holds the dedupe keys: <table>_dedupe.
 func mysqlDedupeTable(t Table) string { return quoteIdent(t.Name()+"_dedupe", '`') }
 
-// mysqlInsertHead is the INSERT up to VALUES, after the table name.
-const mysqlInsertHead = ` (id, namespace, topic, tenant_id, dedupe_key, partition_key, headers, payload, payload_hash,` +
-	` status, attempts, next_attempt_at, created_at, updated_at) VALUES `
-
-// mysqlInsertRow is one row of the INSERT: ten placeholders.
-var mysqlInsertRow = `(?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', 0, ` + mysqlLater(`?`) + `, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))`
+// mysqlInsertHeads and mysqlInsertGroups are, per insert shape (insert.go), the INSERT
+// from the column list to VALUES and one row of placeholders.
+var mysqlInsertHeads, mysqlInsertGroups = func() (heads, groups [shapeCount]string) {
+	for s := range insertShape(shapeCount) {
+		next := `UTC_TIMESTAMP(6)`
+		if s&withDelay != 0 {
+			next = mysqlLater(`?`)
+		}
+		heads[s] = ` ` + s.columnList() + ` VALUES `
+		groups[s] = s.rowGroup(next, `UTC_TIMESTAMP(6)`)
+	}
+	return heads, groups
+}()
 
 // Insert writes the rows in two steps when any carries a dedupe key. First it reserves the
 // keys, in (namespace, topic, dedupe_key) order, in the <table>_dedupe table whose primary
@@ -229,10 +236,13 @@ func (d mysqlDialect) insert(ctx context.Context, q DBTX, t Table, rows []Row) (
 			}
 		}
 	}
-	var write []Row
-	for i := range rows {
-		if inserted[i] {
-			write = append(write, rows[i])
+	write := rows
+	if len(keyed) > 0 {
+		write = make([]Row, 0, len(rows))
+		for i := range rows {
+			if inserted[i] {
+				write = append(write, rows[i])
+			}
 		}
 	}
 	for done := 0; done < len(write); {
@@ -355,20 +365,21 @@ func mysqlInsertChunk(rows []Row) int {
 // mysqlInsertRows writes outbox rows whose keys, if any, are reserved: a plain INSERT, so
 // every error surfaces.
 func mysqlInsertRows(ctx context.Context, q DBTX, t Table, rows []Row) error {
-	var b strings.Builder
-	b.WriteString(`INSERT INTO ` + mysqlTable(t) + mysqlInsertHead)
-	placeholders(&b, len(rows), mysqlInsertRow)
-	vals := make([]any, 0, len(rows)*10)
+	shape := shapeOf(rows)
+	vals := make([]any, 0, len(rows)*len(insertColumns))
 	for i := range rows {
 		r := &rows[i]
 		headers, err := r.Headers.Value()
 		if err != nil {
 			return err
 		}
-		vals = append(vals, uuidBytes(r.ID), r.Namespace, r.Topic, uuidBytes(r.TenantID),
-			nullStr(r.DedupeKey), nullStr(r.PartitionKey), headers, r.Payload, r.PayloadHash, micros(r.Delay))
+		vals = shape.rowValues(vals, r, headers, uuidBytes, r.Payload)
+		if shape&withDelay != 0 {
+			vals = append(vals, micros(r.Delay))
+		}
 	}
-	_, err := q.ExecContext(ctx, b.String(), vals...)
+	query := valuesStatement(`INSERT INTO `+mysqlTable(t)+mysqlInsertHeads[shape], len(rows), mysqlInsertGroups[shape], "")
+	_, err := q.ExecContext(ctx, query, vals...)
 	return err
 }
 

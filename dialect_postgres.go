@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"database/sql"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -60,11 +61,12 @@ import (
 // therefore stamps created_at and next_attempt_at with that transaction's start.
 //
 // Insert writes one row with INSERT ... VALUES and a batch with one INSERT ... SELECT
-// FROM unnest(...) per 1000 rows (or 32 MiB of payload), a constant ten parameters
-// whatever the batch size. Both end in ON CONFLICT (namespace, topic, dedupe_key) WHERE
-// dedupe_key IS NOT NULL DO NOTHING: a duplicate is skipped, never raised as a unique
-// violation, which would abort the caller's transaction. A batch with dedupe keys reads
-// the inserted ids back with RETURNING id.
+// FROM unnest(...) per 1000 rows (or 32 MiB of payload), one array per column whatever
+// the batch size. Both bind only the optional columns some row sets (insert.go); both
+// statements are rendered once per table for every such shape. With dedupe keys they end
+// in ON CONFLICT (namespace, topic, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING: a
+// duplicate is skipped, never raised as a unique violation, which would abort the caller's
+// transaction, and a batch reads the inserted ids back with RETURNING id.
 //
 // payload and headers are json, not jsonb, so the bytes consumers receive are the bytes
 // enqueued, as the payload hash requires. Create the table with the migrations package.
@@ -77,7 +79,9 @@ type postgresDialect struct {
 }
 
 type pgStatements struct {
-	insertOne, insertMany, complete, ack, extend, get string
+	complete, ack, extend, get string
+	// insertOne and insertMany are rendered for every insert shape (insert.go).
+	insertOne, insertMany [shapeCount]string
 }
 
 // Batch insert bounds: rows per statement, and payload plus headers bytes per statement
@@ -86,9 +90,6 @@ const (
 	pgRowsPerInsert  = 1000
 	pgBytesPerInsert = 32 << 20
 )
-
-// pgInsertColumns is the column list of both insert statements.
-const pgInsertColumns = `(id, namespace, topic, tenant_id, dedupe_key, partition_key, headers, payload, payload_hash, status, attempts, next_attempt_at, created_at, updated_at)`
 
 // pgOnConflict names the partial dedupe index, so rows without a key never conflict.
 const pgOnConflict = ` ON CONFLICT (namespace, topic, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING`
@@ -99,16 +100,7 @@ func pgMicros(expr string) string { return expr + ` * interval '1 microsecond'` 
 
 func renderPgStatements(t Table) *pgStatements {
 	tbl := quoteIdent(t.Name(), '"')
-	return &pgStatements{
-		insertOne: `INSERT INTO ` + tbl + ` ` + pgInsertColumns +
-			` VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'pending', 0, now() + ` + pgMicros(`$10::bigint`) + `, now(), now())` +
-			pgOnConflict,
-		insertMany: `INSERT INTO ` + tbl + ` ` + pgInsertColumns +
-			` SELECT u.id, u.namespace, u.topic, u.tenant_id, u.dedupe_key, u.partition_key, u.headers, u.payload, u.payload_hash,` +
-			` 'pending', 0, now() + ` + pgMicros(`u.delay_us`) + `, now(), now()` +
-			` FROM unnest($1::uuid[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::text[], $7::json[], $8::json[], $9::bytea[], $10::bigint[])` +
-			` AS u(id, namespace, topic, tenant_id, dedupe_key, partition_key, headers, payload, payload_hash, delay_us)` +
-			pgOnConflict,
+	st := &pgStatements{
 		ack: `UPDATE ` + tbl + ` SET status = 'delivered', delivered_at = now(), locked_by = NULL, locked_until = NULL,` +
 			` updated_at = now() WHERE id = ANY($1::uuid[]) AND lease_token = $2::uuid AND status = 'processing' RETURNING id`,
 		complete: `UPDATE ` + tbl + ` AS t SET status = u.status,` +
@@ -123,6 +115,44 @@ func renderPgStatements(t Table) *pgStatements {
 			` WHERE t.id = u.id AND t.lease_token = u.token AND t.status = 'processing' RETURNING t.id`,
 		get: `SELECT ` + selectList("", nil) + ` FROM ` + tbl + ` WHERE id = $1`,
 	}
+	for s := range insertShape(shapeCount) {
+		st.insertOne[s], st.insertMany[s] = renderPgInsert(tbl, s)
+	}
+	return st
+}
+
+// renderPgInsert renders the one-row and the batch INSERT of shape s.
+func renderPgInsert(tbl string, s insertShape) (one, many string) {
+	cols := s.columns()
+	next, delay := `now()`, `now() + `+pgMicros(`u.delay_us`)
+	var values, selects, arrays, names strings.Builder
+	for i, c := range cols {
+		values.WriteString(`$` + strconv.Itoa(i+1) + `, `)
+		selects.WriteString(`u.` + c.name + `, `)
+		if i > 0 {
+			arrays.WriteString(`, `)
+			names.WriteString(`, `)
+		}
+		arrays.WriteString(`$` + strconv.Itoa(i+1) + `::` + c.pgType + `[]`)
+		names.WriteString(c.name)
+	}
+	if s&withDelay != 0 {
+		n := `$` + strconv.Itoa(len(cols)+1)
+		next = `now() + ` + pgMicros(n+`::bigint`)
+		arrays.WriteString(`, ` + n + `::bigint[]`)
+		names.WriteString(`, delay_us`)
+	} else {
+		delay = next
+	}
+	conflict := ""
+	if s&withDedupe != 0 {
+		conflict = pgOnConflict
+	}
+	head := `INSERT INTO ` + tbl + ` ` + s.columnList()
+	one = head + ` VALUES (` + values.String() + `'pending', 0, ` + next + `, now(), now())` + conflict
+	many = head + ` SELECT ` + selects.String() + `'pending', 0, ` + delay + `, now(), now()` +
+		` FROM unnest(` + arrays.String() + `) AS u(` + names.String() + `)` + conflict
+	return one, many
 }
 
 func (d *postgresDialect) statements(t Table) *pgStatements {
@@ -162,10 +192,11 @@ func (d *postgresDialect) Insert(ctx context.Context, q DBTX, t Table, rows []Ro
 			ok  []bool
 			err error
 		)
+		shape := shapeOf(chunk)
 		if len(chunk) == 1 {
-			ok, err = pgInsertOne(ctx, q, st.insertOne, chunk)
+			ok, err = pgInsertOne(ctx, q, st.insertOne[shape], shape, chunk)
 		} else {
-			ok, err = pgInsertMany(ctx, q, st.insertMany, chunk)
+			ok, err = pgInsertMany(ctx, q, st.insertMany[shape], shape, chunk)
 		}
 		if err != nil {
 			return nil, err
@@ -195,7 +226,7 @@ func pgChunkLen(rows []Row) int {
 	return len(rows)
 }
 
-func pgInsertOne(ctx context.Context, q DBTX, query string, rows []Row) ([]bool, error) {
+func pgInsertOne(ctx context.Context, q DBTX, query string, shape insertShape, rows []Row) ([]bool, error) {
 	r := &rows[0]
 	headers, err := r.Headers.Value()
 	if err != nil {
@@ -203,43 +234,73 @@ func pgInsertOne(ctx context.Context, q DBTX, query string, rows []Row) ([]bool,
 	}
 	// The payload is bound as a string, not []byte: in pgx's simple protocol mode a
 	// []byte becomes a bytea literal, which a json column would not take as JSON.
-	vals := []any{pgUUID(r.ID), r.Namespace, r.Topic, pgUUID(r.TenantID), nullStr(r.DedupeKey),
-		nullStr(r.PartitionKey), headers, string(r.Payload), r.PayloadHash, micros(r.Delay)}
+	vals := shape.rowValues(make([]any, 0, 10), r, headers, pgUUID, string(r.Payload))
+	if shape&withDelay != 0 {
+		vals = append(vals, micros(r.Delay))
+	}
 	return insertOutcome(ctx, q, query, vals, rows, r.DedupeKey != "", " RETURNING id")
 }
 
-// pgInsertMany binds each column as one array. unnest returns the elements in order, so
-// of two rows with one dedupe key in a batch the first goes in, as with VALUES lists; the
-// report comes from RETURNING either way, so it is always what the database did.
-func pgInsertMany(ctx context.Context, q DBTX, query string, rows []Row) ([]bool, error) {
+// pgInsertMany binds each column of the shape as one array. unnest returns the elements in
+// order, so of two rows with one dedupe key in a batch the first goes in, as with VALUES
+// lists; the report comes from RETURNING either way, so it is always what the database did.
+func pgInsertMany(ctx context.Context, q DBTX, query string, shape insertShape, rows []Row) ([]bool, error) {
 	n := len(rows)
-	var (
-		ids, namespaces, topics, payloads = make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-		tenants, dedupes, pkeys, headers  = make([]*string, n), make([]*string, n), make([]*string, n), make([]*string, n)
-		hashes                            = make([][]byte, n)
-		delays                            = make([]int64, n)
-		dedupe                            bool
-	)
+	ids, namespaces, topics, payloads := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	hashes := make([][]byte, n)
+	// Arrays of the columns outside the shape stay nil and are not bound.
+	optional := func(bit insertShape) []*string {
+		if shape&bit == 0 {
+			return nil
+		}
+		return make([]*string, n)
+	}
+	tenants, dedupes, pkeys, headers := optional(withTenant), optional(withDedupe), optional(withPartition), optional(withHeaders)
+	var delays []int64
+	if shape&withDelay != 0 {
+		delays = make([]int64, n)
+	}
 	for i := range rows {
 		r := &rows[i]
-		h, err := r.Headers.Value()
-		if err != nil {
-			return nil, err
-		}
-		if s, ok := h.(string); ok {
-			headers[i] = &s
-		}
-		if r.TenantID != uuid.Nil {
+		ids[i], namespaces[i], topics[i], payloads[i], hashes[i] = r.ID.String(), r.Namespace, r.Topic, string(r.Payload), r.PayloadHash
+		if tenants != nil && r.TenantID != uuid.Nil {
 			s := r.TenantID.String()
 			tenants[i] = &s
 		}
-		dedupe = dedupe || r.DedupeKey != ""
-		ids[i], namespaces[i], topics[i], payloads[i] = r.ID.String(), r.Namespace, r.Topic, string(r.Payload)
-		dedupes[i], pkeys[i] = pgNullStr(r.DedupeKey), pgNullStr(r.PartitionKey)
-		hashes[i], delays[i] = r.PayloadHash, micros(r.Delay)
+		if dedupes != nil {
+			dedupes[i] = pgNullStr(r.DedupeKey)
+		}
+		if pkeys != nil {
+			pkeys[i] = pgNullStr(r.PartitionKey)
+		}
+		if headers != nil {
+			h, err := r.Headers.Value()
+			if err != nil {
+				return nil, err
+			}
+			if s, ok := h.(string); ok {
+				headers[i] = &s
+			}
+		}
+		if delays != nil {
+			delays[i] = micros(r.Delay)
+		}
 	}
-	vals := []any{ids, namespaces, topics, tenants, dedupes, pkeys, headers, payloads, hashes, delays}
-	return insertOutcome(ctx, q, query, vals, rows, dedupe, " RETURNING id")
+	// In bind order (insertColumns), the optional arrays only when the shape has them.
+	vals := []any{ids, namespaces, topics}
+	for _, col := range []struct {
+		bit insertShape
+		v   []*string
+	}{{withTenant, tenants}, {withDedupe, dedupes}, {withPartition, pkeys}, {withHeaders, headers}} {
+		if shape&col.bit != 0 {
+			vals = append(vals, col.v)
+		}
+	}
+	vals = append(vals, payloads, hashes)
+	if delays != nil {
+		vals = append(vals, delays)
+	}
+	return insertOutcome(ctx, q, query, vals, rows, shape&withDedupe != 0, " RETURNING id")
 }
 
 // pgEligible renders the claim predicate. The leading status IN (...) term implies the

@@ -56,25 +56,36 @@ func (d sqliteDialect) Insert(ctx context.Context, q DBTX, t Table, rows []Row) 
 	return inserted, nil
 }
 
+// sqliteInsertHeads and sqliteInsertGroups are, per insert shape (insert.go), the INSERT
+// from the column list to VALUES and one row of placeholders. Times are bound: SQLite
+// keeps Unix microseconds of the process clock. Only a shape with dedupe keys needs the
+// ON CONFLICT clause; without keys no row can meet the partial dedupe index.
+var sqliteInsertHeads, sqliteInsertGroups = func() (heads, groups [shapeCount]string) {
+	for s := range insertShape(shapeCount) {
+		heads[s] = ` ` + s.columnList() + ` VALUES `
+		groups[s] = s.rowGroup(`?`, `?`)
+	}
+	return heads, groups
+}()
+
 func (sqliteDialect) insert(ctx context.Context, q DBTX, t Table, rows []Row, now int64) ([]bool, error) {
-	var b strings.Builder
-	b.WriteString(`INSERT INTO ` + quoteIdent(t.Name(), '"') + ` (id, namespace, topic, tenant_id, dedupe_key, partition_key, headers, payload, payload_hash, status, attempts, next_attempt_at, created_at, updated_at) VALUES `)
-	placeholders(&b, len(rows), `(?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', 0, ?, ?, ?)`)
-	b.WriteString(` ON CONFLICT (namespace, topic, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING`)
-	vals := make([]any, 0, len(rows)*12)
-	dedupe := false
+	shape := shapeOf(rows)
+	vals := make([]any, 0, len(rows)*(len(insertColumns)+3))
 	for i := range rows {
 		r := &rows[i]
 		headers, err := r.Headers.Value()
 		if err != nil {
 			return nil, err
 		}
-		dedupe = dedupe || r.DedupeKey != ""
-		vals = append(vals, uuidBytes(r.ID), r.Namespace, r.Topic, uuidBytes(r.TenantID),
-			nullStr(r.DedupeKey), nullStr(r.PartitionKey), headers, string(r.Payload), r.PayloadHash,
-			now+micros(r.Delay), now, now)
+		vals = shape.rowValues(vals, r, headers, uuidBytes, string(r.Payload))
+		vals = append(vals, now+micros(r.Delay), now, now)
 	}
-	return insertOutcome(ctx, q, b.String(), vals, rows, dedupe, " RETURNING id")
+	conflict := ""
+	if shape&withDedupe != 0 {
+		conflict = ` ON CONFLICT (namespace, topic, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING`
+	}
+	query := valuesStatement(`INSERT INTO `+quoteIdent(t.Name(), '"')+sqliteInsertHeads[shape], len(rows), sqliteInsertGroups[shape], conflict)
+	return insertOutcome(ctx, q, query, vals, rows, shape&withDedupe != 0, " RETURNING id")
 }
 
 // insertOutcome runs an INSERT that skips dedupe conflicts and reports which rows went in.

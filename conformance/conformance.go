@@ -11,7 +11,8 @@
 // The suite checks behaviour through the public API of package outbox, split by area:
 //
 //  1. Enqueue: a rolled-back transaction leaves no row, a committed one exactly one with
-//     the fields as given and the payload byte for byte; batches; delayed delivery.
+//     the fields as given and the payload byte for byte; every combination of the optional
+//     fields, alone and in mixed batches; batches; delayed delivery.
 //  2. Validation: bad input returns an error matching [outbox.ErrInvalid] and writes nothing.
 //  3. Dedupe: one row per (namespace, topic, dedupe key), also under racing producers whose
 //     transactions stay usable; a rolled-back winner leaves the key free.
