@@ -115,38 +115,38 @@ func (c *timeCol) Scan(src any) error {
 
 // queryRecords runs a query whose select list is recordColumns and scans every row.
 func queryRecords(ctx context.Context, q DBTX, query string, args ...any) ([]Record, error) {
-	rows, err := q.QueryContext(ctx, query, args...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var recs []Record
-	for rows.Next() {
-		r, err := scanRecord(rows)
-		if err != nil {
-			return nil, err
-		}
-		recs = append(recs, r)
-	}
-	return recs, rows.Err()
+	return queryAll(ctx, q, query, args, scanRecord)
 }
 
 // queryIDs runs a query returning one id column.
 func queryIDs(ctx context.Context, q DBTX, query string, args ...any) ([]uuid.UUID, error) {
+	return queryAll(ctx, q, query, args, func(s rowScanner) (id uuid.UUID, err error) {
+		err = s.Scan(&id)
+		return id, err
+	})
+}
+
+// queryAll runs query and scans every row with scan. The queries are often writes (UPDATE
+// ... RETURNING), so the error of closing the rows counts too: SQLite commits an
+// autocommit statement only when it completes, and may report a failed commit there.
+func queryAll[T any](ctx context.Context, q DBTX, query string, args []any, scan func(rowScanner) (T, error)) (out []T, err error) {
 	rows, err := q.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	var ids []uuid.UUID
+	defer func() {
+		if cerr := rows.Close(); err == nil && cerr != nil {
+			out, err = nil, cerr
+		}
+	}()
 	for rows.Next() {
-		var id uuid.UUID
-		if err := rows.Scan(&id); err != nil {
+		v, err := scan(rows)
+		if err != nil {
 			return nil, err
 		}
-		ids = append(ids, id)
+		out = append(out, v)
 	}
-	return ids, rows.Err()
+	return out, rows.Err()
 }
 
 // missing returns the ids of want that are not in got, in want's order.
