@@ -42,6 +42,9 @@ type latencyResult struct {
 	Steady        bool    `json:"steady"`
 	// Delivered is the publisher's delivery rate over the window.
 	DeliveredRate float64 `json:"delivered_rate"`
+	// Raw marks the reference run: the raw claim + ack loop in place of the Publisher, at
+	// the same producer rate. It tells whether the database keeps up at all.
+	Raw bool `json:"raw,omitempty"`
 }
 
 // Producer shape: a tick every latencyTick hands one transaction of enough messages to keep
@@ -59,8 +62,11 @@ func runLatency(ctx context.Context, cfg config, b backend, res *backendResult) 
 		return fmt.Errorf("no burn-down rate to derive the producer rate from")
 	}
 	rate := res.Burndown.Library.Median / 2
-	for _, poll := range []time.Duration{0, 10 * time.Millisecond} {
-		r, err := latency(ctx, cfg, b, rate, poll)
+	for _, run := range []struct {
+		poll time.Duration
+		raw  bool
+	}{{0, false}, {10 * time.Millisecond, false}, {10 * time.Millisecond, true}} {
+		r, err := latency(ctx, cfg, b, rate, run.poll, run.raw)
 		if err != nil {
 			return err
 		}
@@ -71,10 +77,13 @@ func runLatency(ctx context.Context, cfg config, b backend, res *backendResult) 
 	return nil
 }
 
-func latency(ctx context.Context, cfg config, b backend, rate float64, poll time.Duration) (latencyResult, error) {
-	r := latencyResult{TargetRate: rate, Config: "default options", PollInterval: outbox.DefaultPollInterval.String()}
+func latency(ctx context.Context, cfg config, b backend, rate float64, poll time.Duration, rawLoop bool) (latencyResult, error) {
+	r := latencyResult{TargetRate: rate, Config: "default options", PollInterval: outbox.DefaultPollInterval.String(), Raw: rawLoop}
 	if poll > 0 {
 		r.Config, r.PollInterval = "PollInterval "+poll.String(), poll.String()
+	}
+	if rawLoop {
+		r.Config = "raw claim + ack loop, " + poll.String() + " poll (reference)"
 	}
 	if err := b.reset(ctx, mainTable); err != nil {
 		return r, err
@@ -114,20 +123,38 @@ func latency(ctx context.Context, cfg config, b backend, rate float64, poll time
 		mu.Unlock()
 		return nil
 	})
-	pub, err := outbox.NewPublisher(pubStore, tr, outbox.PublisherOptions{
-		Scope:     outbox.Scope{Namespace: benchNamespace},
-		BatchSize: cfg.Batch, Concurrency: cfg.Workers, PollInterval: poll, Logger: discard,
-	})
-	if err != nil {
-		return r, err
+	raw := b.raw(mainTable)
+	var (
+		run       func(ctx context.Context) error
+		delivered func() int64
+	)
+	if rawLoop {
+		run, delivered = rawConsumer(raw, pubDB, cfg, poll, tr)
+	} else {
+		pub, err := outbox.NewPublisher(pubStore, tr, outbox.PublisherOptions{
+			Scope:     outbox.Scope{Namespace: benchNamespace},
+			BatchSize: cfg.Batch, Concurrency: cfg.Workers, PollInterval: poll, Logger: discard,
+		})
+		if err != nil {
+			return r, err
+		}
+		run = func(ctx context.Context) error {
+			if err := pub.Run(ctx); err != nil {
+				return err
+			}
+			if st := pub.Stats(); st.Errors > 0 {
+				return fmt.Errorf("publisher reported %d errors", st.Errors)
+			}
+			return nil
+		}
+		delivered = func() int64 { return pub.Stats().Delivered }
 	}
 	pctx, stopPub := context.WithCancel(ctx)
 	defer stopPub()
 	pubDone := make(chan error, 1)
-	go func() { pubDone <- pub.Run(pctx) }()
+	go func() { pubDone <- run(pctx) }()
 
 	// Producers.
-	raw := b.raw(mainTable)
 	jobs := make(chan int, latencyProducers)
 	var (
 		seq      atomic.Int64
@@ -197,9 +224,6 @@ func latency(ctx context.Context, cfg config, b backend, rate float64, poll time
 	if err := <-pubDone; err != nil {
 		return r, err
 	}
-	if st := pub.Stats(); st.Errors > 0 {
-		return r, fmt.Errorf("publisher reported %d errors", st.Errors)
-	}
 
 	mu.Lock()
 	defer mu.Unlock()
@@ -228,7 +252,7 @@ func latency(ctx context.Context, cfg config, b backend, rate float64, poll time
 	half := len(lat) / 2
 	r.FirstHalfP50, r.SecondHalfP50 = median(lat[:half]), median(lat[half:])
 	r.Steady = r.SecondHalfP50 <= 1.5*r.FirstHalfP50+25
-	r.DeliveredRate = float64(pub.Stats().Delivered) / produced.Seconds()
+	r.DeliveredRate = float64(delivered()) / produced.Seconds()
 	slices.Sort(lat)
 	r.Messages = len(lat)
 	r.AchievedRate = float64(seq.Load()) / produced.Seconds()
@@ -239,6 +263,53 @@ func latency(ctx context.Context, cfg config, b backend, rate float64, poll time
 		r.Max = lat[len(lat)-1]
 	}
 	return r, nil
+}
+
+// rawConsumer is the raw relay as a latency consumer: cfg.Workers goroutines of one claim
+// statement, the transport, one batched ack, pausing poll after a claim that came back
+// less than full. It returns the loop (ended by its context) and its delivered count.
+func rawConsumer(raw rawOps, db *sql.DB, cfg config, poll time.Duration, tr outbox.Transport) (func(ctx context.Context) error, func() int64) {
+	var delivered atomic.Int64
+	loop := func(ctx context.Context, worker string) error {
+		for ctx.Err() == nil {
+			c, err := raw.claim(ctx, db, cfg.Batch, worker)
+			if err != nil {
+				return err
+			}
+			if len(c.ids) > 0 {
+				ds := make([]outbox.Delivery, len(c.ids))
+				for i, id := range c.ids {
+					ds[i].ID = raw.leaseOf(id, c.token).ID
+				}
+				tr.Publish(ctx, ds)
+				if err := raw.ack(ctx, db, c.ids); err != nil {
+					return err
+				}
+				delivered.Add(int64(len(c.ids)))
+			}
+			if len(c.ids) < cfg.Batch {
+				select {
+				case <-ctx.Done():
+				case <-time.After(poll):
+				}
+			}
+		}
+		return nil
+	}
+	run := func(ctx context.Context) error {
+		errs := make(chan error, cfg.Workers)
+		for w := range cfg.Workers {
+			go func() { errs <- loop(ctx, fmt.Sprintf("raw-%d", w)) }()
+		}
+		var first error
+		for range cfg.Workers {
+			if err := <-errs; err != nil && first == nil && ctx.Err() == nil {
+				first = err
+			}
+		}
+		return first
+	}
+	return run, delivered.Load
 }
 
 // produce commits one business row and k events, and records the commit time of each event

@@ -173,6 +173,9 @@ func (r *backendResult) metrics(cfg config) []metric {
 		add("commits_per_batch", b.CommitsPerBatch)
 	}
 	for _, l := range r.Latency {
+		if l.Raw {
+			continue // a reference, not a library metric
+		}
 		suffix := ""
 		if l.Config != "default options" {
 			suffix = "_poll" + l.PollInterval
