@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -223,7 +224,7 @@ type args struct {
 func (a *args) add(v any) string {
 	a.vals = append(a.vals, v)
 	if a.dollar {
-		return fmt.Sprintf("$%d", len(a.vals))
+		return "$" + strconv.Itoa(len(a.vals))
 	}
 	return "?"
 }
