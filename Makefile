@@ -36,7 +36,11 @@ bench-quick: ## Every benchmark metric on every backend in a few minutes
 
 .PHONY: bench-micro
 bench-micro: ## In-process micro-benchmarks (validation, hashing, SQL rendering), benchstat-ready
-	$(GO) test -run '^$$' -bench . -benchmem -count 6 .
+	$(GO) test -run '^$$' -bench . -skip SQLiteClaimAnatomy -benchmem -count 6 .
+
+.PHONY: bench-anatomy
+bench-anatomy: ## The SQLite claim and ack taken apart statement by statement (about 4 minutes)
+	$(GO) test -run '^$$' -bench SQLiteClaimAnatomy -count 3 .
 
 .PHONY: lint
 lint: ## gofmt, go vet and staticcheck
