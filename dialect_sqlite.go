@@ -4,8 +4,11 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"runtime"
 	"strings"
+	"sync"
 	"time"
+	"weak"
 
 	"github.com/google/uuid"
 )
@@ -285,7 +288,8 @@ func getRecord(row *sql.Row) (Record, error) {
 }
 
 // sqliteWrite runs fn with the time read once SQLite's write lock is held. On a *sql.DB it
-// takes one connection and wraps fn in BEGIN IMMEDIATE ... COMMIT: the lock comes first
+// waits for the pool's turn (sqliteGates), takes one connection and wraps fn in BEGIN
+// IMMEDIATE ... COMMIT: the lock comes first
 // (waiting under busy_timeout), then the clock, so a wait for the lock can never shorten a
 // lease, backdate a schedule or let a row be read before the previous writer committed. On
 // a transaction or connection that the caller owns, fn runs as it is and the caller's
@@ -294,6 +298,13 @@ func sqliteWrite(ctx context.Context, q DBTX, fn func(q DBTX, now int64) error) 
 	db, ok := q.(*sql.DB)
 	if !ok {
 		return fn(q, time.Now().UnixMicro())
+	}
+	gate := sqliteGateOf(db)
+	select {
+	case gate <- struct{}{}:
+		defer func() { <-gate }()
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 	conn, err := db.Conn(ctx)
 	if err != nil {
@@ -323,4 +334,31 @@ func sqliteWrite(ctx context.Context, q DBTX, fn func(q DBTX, now int64) error) 
 		return err
 	}
 	return nil
+}
+
+// sqliteGates holds one gate per *sql.DB: the library's own write transactions on one pool
+// (a Publisher's claim loops, its settles and renewals) queue for their turn in Go, first
+// come first served, before they ask SQLite for its write lock.
+//
+// SQLite does not queue writers: a connection that finds the write lock taken sleeps in its
+// busy handler and retries (1, 2, 5, 10, 15, 20, 25 ms and on), and another writer may take
+// the lock between its retries. With eight claim loops on one pool a claim waited past a
+// 10 s busy_timeout and failed with SQLITE_BUSY (conformance Concurrency/NoDoubleClaim under
+// -race, on a loaded machine). Behind the gate, at most one of the pool's library writes
+// waits on SQLite at a time, so it only meets writers from outside the library (business
+// transactions, other processes), as before. Throughput is unchanged (BENCHMARKS.md, gap 1).
+//
+// The map holds its pools weakly: a *sql.DB that is closed and dropped takes its gate along.
+var sqliteGates sync.Map // weak.Pointer[sql.DB] → chan struct{}
+
+func sqliteGateOf(db *sql.DB) chan struct{} {
+	key := weak.Make(db)
+	if g, ok := sqliteGates.Load(key); ok {
+		return g.(chan struct{})
+	}
+	g, loaded := sqliteGates.LoadOrStore(key, make(chan struct{}, 1))
+	if !loaded {
+		runtime.AddCleanup(db, func(k weak.Pointer[sql.DB]) { sqliteGates.Delete(k) }, key)
+	}
+	return g.(chan struct{})
 }
