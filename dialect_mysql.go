@@ -232,6 +232,7 @@ func (d mysqlDialect) insert(ctx context.Context, q DBTX, t Table, rows []Row) (
 		})
 		for chunk := range slices.Chunk(keyed, mysqlRowsPerInsert) {
 			if err := mysqlReserve(ctx, q, t, rows, chunk, inserted); err != nil {
+				mysqlUndo(ctx, q, t, rows, keyed, inserted, nil)
 				return nil, err
 			}
 		}
@@ -248,9 +249,7 @@ func (d mysqlDialect) insert(ctx context.Context, q DBTX, t Table, rows []Row) (
 	for done := 0; done < len(write); {
 		n := mysqlInsertChunk(write[done:])
 		if err := mysqlInsertRows(ctx, q, t, write[done:done+n]); err != nil {
-			if len(keyed) > 0 {
-				mysqlRelease(ctx, q, t, rows, keyed, inserted)
-			}
+			mysqlUndo(ctx, q, t, rows, keyed, inserted, write[:done])
 			return nil, err
 		}
 		done += n
@@ -312,6 +311,26 @@ func mysqlReserve(ctx context.Context, q DBTX, t Table, rows []Row, chunk []int,
 		inserted[i] = ours[rows[i].ID]
 	}
 	return nil
+}
+
+// mysqlUndo removes what a failed Insert wrote before it failed: the outbox rows of the
+// chunks that went in (written) and every dedupe key it reserved. A batch spans several
+// statements past 1000 rows, and each failed statement undoes only itself; without this, a
+// caller that commits after the error would keep part of the batch, or (worse) keys reserved
+// for events that were never written, which would turn later enqueues of those keys into
+// duplicates. It is best effort, like mysqlRelease.
+func mysqlUndo(ctx context.Context, q DBTX, t Table, rows []Row, keyed []int, inserted []bool, written []Row) {
+	for chunk := range slices.Chunk(written, mysqlRowsPerInsert) {
+		a := &args{}
+		ids := make([]string, len(chunk))
+		for i := range chunk {
+			ids[i] = a.add(uuidBytes(chunk[i].ID))
+		}
+		_, _ = q.ExecContext(context.WithoutCancel(ctx), `DELETE FROM `+mysqlTable(t)+` WHERE id IN (`+strings.Join(ids, ", ")+`)`, a.vals...)
+	}
+	if len(keyed) > 0 {
+		mysqlRelease(ctx, q, t, rows, keyed, inserted)
+	}
 }
 
 // mysqlRelease removes the reservations this call made, after its outbox insert failed.

@@ -1224,3 +1224,42 @@ func TestMySQLFailedInsertReleasesItsKeys(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, r.Duplicate, "the key is free")
 }
+
+// TestMySQLFailedBatchLeavesNothing: a batch past 1000 rows spans several statements on
+// MySQL; when a later one fails, a caller that commits anyway keeps none of the batch:
+// neither the outbox rows of the chunks that went in nor any reserved key.
+func TestMySQLFailedBatchLeavesNothing(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name, trigger string
+	}{
+		// The second outbox INSERT (rows 1000..1499) meets the failing row.
+		{"insert", "CREATE TRIGGER fail_batch BEFORE INSERT ON outbox_events FOR EACH ROW " +
+			"IF NEW.topic = 'boom' THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'injected failure'; END IF"},
+		// The second key reservation (keys in order: the last 500) meets the failing key.
+		{"reserve", "CREATE TRIGGER fail_batch BEFORE INSERT ON outbox_events_dedupe FOR EACH ROW " +
+			"IF NEW.dedupe_key = 'k-1499' THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'injected failure'; END IF"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := setupMySQL(t, "outbox_events")
+			_, err := e.db.ExecContext(e.ctx, c.trigger)
+			require.NoError(t, err)
+			msgs := make([]outbox.Message, 1500)
+			for i := range msgs {
+				msgs[i] = myMsg(i)
+				msgs[i].DedupeKey = fmt.Sprintf("k-%04d", i)
+			}
+			msgs[1200].Topic = "boom"
+			tx, err := e.db.BeginTx(e.ctx, nil)
+			require.NoError(t, err)
+			_, err = e.store.EnqueueBatch(e.ctx, tx, msgs)
+			require.ErrorContains(t, err, "injected failure")
+			require.NoError(t, tx.Commit(), "a careless caller commits after the error")
+			for _, table := range []string{"outbox_events", "outbox_events_dedupe"} {
+				var n int
+				require.NoError(t, e.db.QueryRowContext(e.ctx, "SELECT COUNT(*) FROM "+table).Scan(&n))
+				require.Zero(t, n, "%s keeps nothing of the failed batch", table)
+			}
+		})
+	}
+}
