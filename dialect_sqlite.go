@@ -23,7 +23,10 @@ import (
 // clock (every worker of one SQLite file shares a host), read after BEGIN IMMEDIATE has
 // the write lock: SQLite's own clock has only millisecond precision, and a clock read
 // before a wait for the lock would shorten the lease by that wait. Complete, Extend and
-// Bury run the same way.
+// Bury run the same way. The library's own write transactions on one *sql.DB (a
+// Publisher's claim loops, settles and renewals) take turns in the process before they ask
+// for the write lock, so they never starve each other in SQLite's busy handler; use one
+// pool per SQLite file per process.
 //
 // Connection settings users need (with modernc.org/sqlite, in the DSN):
 //
