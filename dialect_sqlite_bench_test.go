@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"database/sql"
 	"strings"
 	"testing"
 	"time"
@@ -66,9 +67,9 @@ func BenchmarkSQLiteClaimAnatomy(b *testing.B) {
 	const narrow = `id, topic, partition_key, headers, payload, attempts`
 	const wide = `id, namespace, topic, tenant_id, dedupe_key, partition_key, headers, payload, payload_hash, status,` +
 		` attempts, next_attempt_at, locked_by, locked_until, lease_token, last_error, created_at, updated_at, delivered_at`
-	// rawClaim runs the claim on q and returns the claimed ids; inTx wraps it in BEGIN
-	// IMMEDIATE ... COMMIT with the clock read after BEGIN, as the library does.
-	rawClaim := func(b *testing.B, returning string, inTx bool) (ids []any, token []byte) {
+	// onConn runs fn on one connection of the pool; inTx wraps it in BEGIN IMMEDIATE ...
+	// COMMIT, fn reading the clock after BEGIN, as the library does.
+	onConn := func(b *testing.B, inTx bool, fn func(conn *sql.Conn)) {
 		conn, err := db.Conn(ctx)
 		if err != nil {
 			b.Fatal(err)
@@ -79,31 +80,37 @@ func BenchmarkSQLiteClaimAnatomy(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
-		tok := uuid.New()
-		now := time.Now().UnixMicro()
-		rs, err := conn.QueryContext(ctx, claimSQL(returning), now+30_000_000, tok[:], now, now, now)
-		if err != nil {
-			b.Fatal(err)
-		}
-		cols, _ := rs.Columns()
-		dest := make([]any, len(cols))
-		for i := range dest {
-			dest[i] = new(any)
-		}
-		for rs.Next() {
-			if err := rs.Scan(dest...); err != nil {
-				b.Fatal(err)
-			}
-			ids = append(ids, *(dest[0].(*any)))
-		}
-		if err := rs.Close(); err != nil {
-			b.Fatal(err)
-		}
+		fn(conn)
 		if inTx {
 			if _, err := conn.ExecContext(ctx, `COMMIT`); err != nil {
 				b.Fatal(err)
 			}
 		}
+	}
+	// rawClaim runs the claim and returns the claimed ids (inTx: see onConn).
+	rawClaim := func(b *testing.B, returning string, inTx bool) (ids []any, token []byte) {
+		tok := uuid.New()
+		onConn(b, inTx, func(conn *sql.Conn) {
+			now := time.Now().UnixMicro()
+			rs, err := conn.QueryContext(ctx, claimSQL(returning), now+30_000_000, tok[:], now, now, now)
+			if err != nil {
+				b.Fatal(err)
+			}
+			cols, _ := rs.Columns()
+			dest := make([]any, len(cols))
+			for i := range dest {
+				dest[i] = new(any)
+			}
+			for rs.Next() {
+				if err := rs.Scan(dest...); err != nil {
+					b.Fatal(err)
+				}
+				ids = append(ids, *(dest[0].(*any)))
+			}
+			if err := rs.Close(); err != nil {
+				b.Fatal(err)
+			}
+		})
 		if len(ids) != batch {
 			b.Fatalf("claimed %d rows", len(ids))
 		}
@@ -154,39 +161,26 @@ func BenchmarkSQLiteClaimAnatomy(b *testing.B) {
 		return q
 	}
 	rawAck := func(b *testing.B, ids []any, token []byte, guarded, inTx bool) {
-		conn, err := db.Conn(ctx)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer conn.Close()
-		if inTx {
-			if _, err := conn.ExecContext(ctx, `BEGIN IMMEDIATE`); err != nil {
+		onConn(b, inTx, func(conn *sql.Conn) {
+			now := time.Now().UnixMicro()
+			args := append([]any{now, now}, ids...)
+			if guarded {
+				args = append(args, token)
+			}
+			rs, err := conn.QueryContext(ctx, ackSQL(len(ids), guarded), args...)
+			if err != nil {
 				b.Fatal(err)
 			}
-		}
-		now := time.Now().UnixMicro()
-		args := append([]any{now, now}, ids...)
-		if guarded {
-			args = append(args, token)
-		}
-		rs, err := conn.QueryContext(ctx, ackSQL(len(ids), guarded), args...)
-		if err != nil {
-			b.Fatal(err)
-		}
-		var id []byte
-		for rs.Next() {
-			if err := rs.Scan(&id); err != nil {
+			var id []byte
+			for rs.Next() {
+				if err := rs.Scan(&id); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if err := rs.Close(); err != nil {
 				b.Fatal(err)
 			}
-		}
-		if err := rs.Close(); err != nil {
-			b.Fatal(err)
-		}
-		if inTx {
-			if _, err := conn.ExecContext(ctx, `COMMIT`); err != nil {
-				b.Fatal(err)
-			}
-		}
+		})
 	}
 	for _, v := range []struct {
 		name                string
