@@ -322,11 +322,8 @@ func mysqlReserve(ctx context.Context, q DBTX, t Table, rows []Row, chunk []int,
 func mysqlUndo(ctx context.Context, q DBTX, t Table, rows []Row, keyed []int, inserted []bool, written []Row) {
 	for chunk := range slices.Chunk(written, mysqlRowsPerInsert) {
 		a := &args{}
-		ids := make([]string, len(chunk))
-		for i := range chunk {
-			ids[i] = a.add(uuidBytes(chunk[i].ID))
-		}
-		_, _ = q.ExecContext(context.WithoutCancel(ctx), `DELETE FROM `+mysqlTable(t)+` WHERE id IN (`+strings.Join(ids, ", ")+`)`, a.vals...)
+		in := a.list(len(chunk), func(i int) any { return uuidBytes(chunk[i].ID) })
+		_, _ = q.ExecContext(context.WithoutCancel(ctx), `DELETE FROM `+mysqlTable(t)+` WHERE id IN `+in, a.vals...)
 	}
 	if len(keyed) > 0 {
 		mysqlRelease(ctx, q, t, rows, keyed, inserted)
@@ -467,14 +464,8 @@ func (mysqlDialect) claim(ctx context.Context, db *sql.DB, t Table, p ClaimParam
 	var b strings.Builder
 	b.WriteString(`UPDATE ` + mysqlTable(t) + ` FORCE INDEX (PRIMARY) SET status = 'processing', attempts = attempts + 1, locked_by = ` + a.add(p.WorkerID) +
 		`, locked_until = ` + mysqlFromMicros(a.add(until)) + `, lease_token = ` + a.add(uuidBytes(p.Token)) +
-		`, updated_at = ` + mysqlFromMicros(a.add(now)) + ` WHERE id IN (`)
-	for i := range recs {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString(a.add(uuidBytes(recs[i].ID)))
-	}
-	b.WriteString(`)`)
+		`, updated_at = ` + mysqlFromMicros(a.add(now)) +
+		` WHERE id IN ` + a.list(len(recs), func(i int) any { return uuidBytes(recs[i].ID) }))
 	res, err := tx.ExecContext(ctx, b.String(), a.vals...)
 	if err != nil {
 		return nil, err
@@ -528,16 +519,10 @@ func mysqlReclaim(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams) ([]Re
 	a = &args{}
 	var b strings.Builder
 	b.WriteString(`SELECT ` + mysqlColumns + `, ` + mysqlMicros(`UTC_TIMESTAMP(6)`) + ` FROM ` + tbl +
-		` FORCE INDEX (PRIMARY) WHERE id IN (`)
-	for i, id := range ids {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString(a.add(uuidBytes(id)))
-	}
+		` FORCE INDEX (PRIMARY) WHERE id IN ` + a.list(len(ids), func(i int) any { return uuidBytes(ids[i]) }))
 	// The predicate again: the plain read saw the last committed state, the locking read
 	// sees the current one.
-	b.WriteString(`) AND ` + mysqlExpired + ` AND attempts < ` + a.add(p.MaxAttempts) + ` FOR UPDATE SKIP LOCKED`)
+	b.WriteString(` AND ` + mysqlExpired + ` AND attempts < ` + a.add(p.MaxAttempts) + ` FOR UPDATE SKIP LOCKED`)
 	return mysqlLockRecords(ctx, tx, b.String(), a.vals)
 }
 
@@ -684,7 +669,7 @@ func (mysqlDialect) Complete(ctx context.Context, q DBTX, t Table, outcomes []Ou
 	if token, ok := uniformAck(outcomes); ok {
 		b.WriteString(`UPDATE ` + tbl + ` FORCE INDEX (PRIMARY) SET status = 'delivered', delivered_at = UTC_TIMESTAMP(6),` +
 			` locked_by = NULL, locked_until = NULL, updated_at = UTC_TIMESTAMP(6)` +
-			` WHERE id IN ` + idList(a, outcomes, uuidBytes) + ` AND lease_token = ` + a.add(uuidBytes(token)) +
+			` WHERE id IN ` + a.list(len(outcomes), func(i int) any { return uuidBytes(outcomes[i].ID) }) + ` AND lease_token = ` + a.add(uuidBytes(token)) +
 			` AND status = 'processing'`)
 		return mysqlSettled(ctx, q, t, outcomes, b.String(), a.vals)
 	}
@@ -820,14 +805,8 @@ func (r mysqlLeaseRow) heldUnder(set map[Lease]bool) bool {
 func mysqlLeaseRows(ctx context.Context, q DBTX, t Table, leases []Lease) ([]mysqlLeaseRow, error) {
 	a := &args{}
 	var b strings.Builder
-	b.WriteString(`SELECT id, lease_token, status, ` + mysqlMicros(`updated_at`) + ` FROM ` + mysqlTable(t) + ` WHERE id IN (`)
-	for i, l := range leases {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString(a.add(uuidBytes(l.ID)))
-	}
-	b.WriteString(`)`)
+	b.WriteString(`SELECT id, lease_token, status, ` + mysqlMicros(`updated_at`) + ` FROM ` + mysqlTable(t) +
+		` WHERE id IN ` + a.list(len(leases), func(i int) any { return uuidBytes(leases[i].ID) }))
 	rows, err := q.QueryContext(ctx, b.String(), a.vals...)
 	if err != nil {
 		return nil, err
@@ -876,17 +855,9 @@ func (mysqlDialect) Bury(ctx context.Context, q DBTX, t Table, p BuryParams) ([]
 	var b strings.Builder
 	b.WriteString(`UPDATE ` + tbl + ` FORCE INDEX (PRIMARY) SET status = 'dead', last_error = ` + a.add(p.Reason) +
 		`, locked_by = NULL, locked_until = NULL, lease_token = ` + a.add(uuidBytes(p.Token)) +
-		`, updated_at = UTC_TIMESTAMP(6) WHERE id IN (`)
-	inList := func(a *args) {
-		for i, id := range ids {
-			if i > 0 {
-				b.WriteString(", ")
-			}
-			b.WriteString(a.add(uuidBytes(id)))
-		}
-	}
-	inList(a)
-	b.WriteString(`) AND ` + mysqlBuryable(a.add(p.MaxAttempts)))
+		`, updated_at = UTC_TIMESTAMP(6) WHERE id IN `)
+	inList := func(a *args) string { return a.list(len(ids), func(i int) any { return uuidBytes(ids[i]) }) }
+	b.WriteString(inList(a) + ` AND ` + mysqlBuryable(a.add(p.MaxAttempts)))
 	res, err := mysqlExec(ctx, q, b.String(), a.vals...)
 	if err != nil {
 		return nil, err
@@ -900,9 +871,7 @@ func (mysqlDialect) Bury(ctx context.Context, q DBTX, t Table, p BuryParams) ([]
 	}
 	a = &args{}
 	b.Reset()
-	b.WriteString(`SELECT id FROM ` + tbl + ` WHERE id IN (`)
-	inList(a)
-	b.WriteString(`) AND lease_token = ` + a.add(uuidBytes(p.Token)) + ` ORDER BY created_at, id`)
+	b.WriteString(`SELECT id FROM ` + tbl + ` WHERE id IN ` + inList(a) + ` AND lease_token = ` + a.add(uuidBytes(p.Token)) + ` ORDER BY created_at, id`)
 	return queryIDs(ctx, q, b.String(), a.vals...)
 }
 

@@ -198,7 +198,7 @@ func sqliteComplete(ctx context.Context, q DBTX, t Table, outcomes []Outcome, no
 	if token, ok := uniformAck(outcomes); ok {
 		query := `UPDATE ` + quoteIdent(t.Name(), '"') + ` SET status = 'delivered', delivered_at = ` + a.add(now) +
 			`, locked_by = NULL, locked_until = NULL, updated_at = ` + a.add(now) +
-			` WHERE id IN ` + idList(a, outcomes, uuidBytes) + ` AND lease_token = ` + a.add(uuidBytes(token)) +
+			` WHERE id IN ` + a.list(len(outcomes), func(i int) any { return uuidBytes(outcomes[i].ID) }) + ` AND lease_token = ` + a.add(uuidBytes(token)) +
 			` AND status = 'processing' RETURNING id`
 		ids, err := queryIDs(ctx, q, query, a.vals...)
 		if err != nil {

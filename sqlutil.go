@@ -229,6 +229,21 @@ func (a *args) add(v any) string {
 	return "?"
 }
 
+// list binds n values, v(0) to v(n-1), and returns their placeholders as "(p1, p2, ...)":
+// the IN lists of ids and topics every dialect writes.
+func (a *args) list(n int, v func(i int) any) string {
+	var b strings.Builder
+	b.WriteString("(")
+	for i := range n {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(a.add(v(i)))
+	}
+	b.WriteString(")")
+	return b.String()
+}
+
 // scopeSQL renders the optional scope filters as " AND ..." terms. col prefixes column
 // names (an alias such as "t."); enc binds a UUID the way the dialect stores it.
 func scopeSQL(a *args, sc Scope, col string, enc func(uuid.UUID) any) string {
@@ -237,14 +252,7 @@ func scopeSQL(a *args, sc Scope, col string, enc func(uuid.UUID) any) string {
 		b.WriteString(" AND " + col + "namespace = " + a.add(sc.Namespace))
 	}
 	if len(sc.Topics) > 0 {
-		b.WriteString(" AND " + col + "topic IN (")
-		for i, t := range sc.Topics {
-			if i > 0 {
-				b.WriteString(", ")
-			}
-			b.WriteString(a.add(t))
-		}
-		b.WriteString(")")
+		b.WriteString(" AND " + col + "topic IN " + a.list(len(sc.Topics), func(i int) any { return sc.Topics[i] }))
 	}
 	if sc.TenantID != uuid.Nil {
 		b.WriteString(" AND " + col + "tenant_id = " + a.add(enc(sc.TenantID)))
@@ -267,18 +275,4 @@ func uniformAck(outcomes []Outcome) (uuid.UUID, bool) {
 		}
 	}
 	return token, true
-}
-
-// idList writes "(?, ?, ...)" for the ids of outcomes, binding each with enc.
-func idList(a *args, outcomes []Outcome, enc func(uuid.UUID) any) string {
-	var b strings.Builder
-	b.WriteString("(")
-	for i, o := range outcomes {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString(a.add(enc(o.ID)))
-	}
-	b.WriteString(")")
-	return b.String()
 }
