@@ -1300,20 +1300,28 @@ func TestPublisherAbandonsStuckTransport(t *testing.T) {
 	o.Logger = slog.New(slog.DiscardHandler)
 	p, err := outbox.NewPublisher(e.store, stuck, o)
 	require.NoError(t, err)
+	runUntilAbandoned(t, p, started, o.ShutdownTimeout)
+	require.EqualValues(t, 1, p.Stats().Errors)
+	close(release)
+	<-returned
+	require.Equal(t, 2, e.counts(t)[outbox.StatusProcessing], "the abandoned batch keeps its lease")
+}
+
+// runUntilAbandoned runs p until a user callback has started, stops it, and requires Run to
+// report the callback abandoned within the shutdown deadline plus the one-second grace (and
+// a second of slack).
+func runUntilAbandoned(t *testing.T, p *outbox.Publisher, started <-chan struct{}, shutdown time.Duration) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() { errc <- p.Run(ctx) }()
 	<-started
 	cancel()
 	cancelled := time.Now()
-	err = <-errc
+	err := <-errc
 	took := time.Since(cancelled)
 	require.ErrorContains(t, err, "abandoned")
-	require.Less(t, took, o.ShutdownTimeout+time.Second+time.Second, "Run took %s", took)
-	require.EqualValues(t, 1, p.Stats().Errors)
-	close(release)
-	<-returned
-	require.Equal(t, 2, e.counts(t)[outbox.StatusProcessing], "the abandoned batch keeps its lease")
+	require.Less(t, took, shutdown+time.Second+time.Second, "Run took %s", took)
 }
 
 // TestPublisherAbandonsStuckOnDead: an OnDead hook that ignores its cancelled context is
@@ -1335,16 +1343,7 @@ func TestPublisherAbandonsStuckOnDead(t *testing.T) {
 	reject := outbox.PerMessage(func(context.Context, outbox.Delivery) error { return outbox.Permanent(nil) })
 	p, err := outbox.NewPublisher(e.store, reject, o)
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error, 1)
-	go func() { errc <- p.Run(ctx) }()
-	<-started
-	cancel()
-	cancelled := time.Now()
-	err = <-errc
-	took := time.Since(cancelled)
-	require.ErrorContains(t, err, "abandoned")
-	require.Less(t, took, o.ShutdownTimeout+time.Second+time.Second, "Run took %s", took)
+	runUntilAbandoned(t, p, started, o.ShutdownTimeout)
 	close(release)
 	<-returned
 	require.Equal(t, 1, e.counts(t)[outbox.StatusDead], "the row was recorded dead before the hook ran")
