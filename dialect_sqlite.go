@@ -22,8 +22,10 @@ import (
 // two claimers can never take the same row. Times are Unix microseconds from the process
 // clock (every worker of one SQLite file shares a host), read after BEGIN IMMEDIATE has
 // the write lock: SQLite's own clock has only millisecond precision, and a clock read
-// before a wait for the lock would shorten the lease by that wait. Complete, Extend and
-// Bury run the same way. The library's own write transactions on one *sql.DB (a
+// before a wait for the lock would shorten the lease by that wait. Extend and Bury run the
+// same way. A batch ack or nack (Complete) is one autocommit statement whose clock is read
+// just before it, since an early delivered_at or retry time decides nothing (sqliteSettle).
+// The library's own write transactions on one *sql.DB (a
 // Publisher's claim loops, settles and renewals) take turns in the process before they ask
 // for the write lock, so they never starve each other in SQLite's busy handler; use one
 // pool per SQLite file per process.
@@ -186,18 +188,24 @@ func (sqliteDialect) Complete(ctx context.Context, q DBTX, t Table, outcomes []O
 	if len(outcomes) == 0 {
 		return nil, nil
 	}
-	err = sqliteWrite(ctx, q, func(q DBTX, now int64) error {
+	err = sqliteSettle(ctx, q, func(q DBTX, now int64) error {
 		lost, err = sqliteComplete(ctx, q, t, outcomes, now)
 		return err
 	})
 	return lost, err
 }
 
+// sqliteStamp renders the updated_at (and delivered_at) that Complete writes: now, the clock
+// read before the statement waited for the write lock, moved past the row's updated_at when
+// another writer stamped the row later meanwhile, so a row's updated_at never goes back
+// (sqliteSettle).
+func sqliteStamp(now string) string { return `max(` + now + `, updated_at + 1)` }
+
 func sqliteComplete(ctx context.Context, q DBTX, t Table, outcomes []Outcome, now int64) ([]uuid.UUID, error) {
 	a := &args{}
 	if token, ok := uniformAck(outcomes); ok {
-		query := `UPDATE ` + quoteIdent(t.Name(), '"') + ` SET status = 'delivered', delivered_at = ` + a.add(now) +
-			`, locked_by = NULL, locked_until = NULL, updated_at = ` + a.add(now) +
+		query := `UPDATE ` + quoteIdent(t.Name(), '"') + ` SET status = 'delivered', delivered_at = ` + sqliteStamp(a.add(now)) +
+			`, locked_by = NULL, locked_until = NULL, updated_at = ` + sqliteStamp(a.add(now)) +
 			` WHERE id IN ` + a.list(len(outcomes), func(i int) any { return uuidBytes(outcomes[i].ID) }) + ` AND lease_token = ` + a.add(uuidBytes(token)) +
 			` AND status = 'processing' RETURNING id`
 		ids, err := queryIDs(ctx, q, query, a.vals...)
@@ -218,8 +226,8 @@ func sqliteComplete(ctx context.Context, q DBTX, t Table, outcomes []Outcome, no
 	b.WriteString(`) UPDATE ` + quoteIdent(t.Name(), '"') + ` SET status = u.o_status,` +
 		` next_attempt_at = CASE WHEN u.o_status = 'pending' THEN ` + a.add(now) + ` + u.o_delay ELSE next_attempt_at END,` +
 		` last_error = CASE WHEN u.o_status = 'delivered' THEN last_error ELSE u.o_error END,` +
-		` delivered_at = CASE WHEN u.o_status = 'delivered' THEN ` + a.add(now) + ` ELSE delivered_at END,` +
-		` locked_by = NULL, locked_until = NULL, updated_at = ` + a.add(now) +
+		` delivered_at = CASE WHEN u.o_status = 'delivered' THEN ` + sqliteStamp(a.add(now)) + ` ELSE delivered_at END,` +
+		` locked_by = NULL, locked_until = NULL, updated_at = ` + sqliteStamp(a.add(now)) +
 		` FROM u WHERE id = u.o_id AND lease_token = u.o_token AND status = 'processing' RETURNING id`)
 	ids, err := queryIDs(ctx, q, b.String(), a.vals...)
 	if err != nil {
@@ -290,6 +298,40 @@ func getRecord(row *sql.Row) (Record, error) {
 	return r, err
 }
 
+// sqliteSettle runs Complete's one statement as it is, in autocommit on a *sql.DB after the
+// pool's turn (sqliteGates), with the clock read when the turn comes. SPEC §6 asks for
+// BEGIN IMMEDIATE around the claim, not around a batch ack or nack, and the explicit
+// transaction cost a quarter of the ack (BENCHMARKS.md, gap 1). The clock is then read
+// before SQLite's write lock, so a wait for that lock (held by a business transaction or
+// another process; the pool's own library writes are behind the turn) makes the written
+// times earlier by that wait: delivered_at and a retry's next_attempt_at can be early by at
+// most busy_timeout, which changes no decision, and sqliteStamp keeps updated_at moving
+// forward. Claim and Extend, which write lease deadlines that a wait must not shorten, keep
+// sqliteWrite.
+func sqliteSettle(ctx context.Context, q DBTX, fn func(q DBTX, now int64) error) error {
+	db, ok := q.(*sql.DB)
+	if !ok {
+		return fn(q, time.Now().UnixMicro())
+	}
+	release, err := sqliteTurn(ctx, db)
+	if err != nil {
+		return err
+	}
+	defer release()
+	return fn(db, time.Now().UnixMicro())
+}
+
+// sqliteTurn waits for the pool's turn to write (sqliteGates) and returns its release.
+func sqliteTurn(ctx context.Context, db *sql.DB) (release func(), err error) {
+	gate := sqliteGateOf(db)
+	select {
+	case gate <- struct{}{}:
+		return func() { <-gate }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
 // sqliteWrite runs fn with the time read once SQLite's write lock is held. On a *sql.DB it
 // waits for the pool's turn (sqliteGates), takes one connection and wraps fn in BEGIN
 // IMMEDIATE ... COMMIT: the lock comes first
@@ -302,13 +344,11 @@ func sqliteWrite(ctx context.Context, q DBTX, fn func(q DBTX, now int64) error) 
 	if !ok {
 		return fn(q, time.Now().UnixMicro())
 	}
-	gate := sqliteGateOf(db)
-	select {
-	case gate <- struct{}{}:
-		defer func() { <-gate }()
-	case <-ctx.Done():
-		return ctx.Err()
+	release, err := sqliteTurn(ctx, db)
+	if err != nil {
+		return err
 	}
+	defer release()
 	conn, err := db.Conn(ctx)
 	if err != nil {
 		return err

@@ -4,7 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -45,4 +47,45 @@ func TestEnqueueBatchOnDBIsAtomic(t *testing.T) {
 	var n int
 	require.NoError(t, db.QueryRow(`SELECT COUNT(*) FROM outbox_events`).Scan(&n))
 	require.Zero(t, n, "the first statement's 500 rows were rolled back too")
+}
+
+// TestSQLiteSettleNeverMovesUpdatedAtBack: the SQLite ack and nack are autocommit statements
+// whose clock is read before the write lock, so another writer may have stamped the row
+// later meanwhile (another process, a clock read after ours). Their updated_at must still
+// move forward: here a row stamped an hour ahead is acked, nacked and acked again.
+func TestSQLiteSettleNeverMovesUpdatedAtBack(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.SQLite(t)
+	require.NoError(t, migrations.Up(ctx, db, "sqlite", migrations.Options{}))
+	s, err := outbox.New(db, outbox.SQLite(), outbox.Options{})
+	require.NoError(t, err)
+	for _, settle := range []string{"ack", "nack"} {
+		t.Run(settle, func(t *testing.T) {
+			res, err := s.Enqueue(ctx, db, outbox.Message{Namespace: "n", Topic: settle, Payload: json.RawMessage(`{}`)})
+			require.NoError(t, err)
+			recs, err := s.Claim(ctx, outbox.ClaimOptions{Scope: outbox.Scope{Topics: []string{settle}}, Limit: 1,
+				Lease: time.Minute, MaxAttempts: 5, WorkerID: "w"})
+			require.NoError(t, err)
+			require.Len(t, recs, 1)
+			ahead := time.Now().Add(time.Hour).UnixMicro()
+			_, err = db.Exec(`UPDATE outbox_events SET updated_at = ? WHERE id = ?`, ahead, res.ID[:])
+			require.NoError(t, err)
+			if settle == "ack" {
+				require.NoError(t, s.Ack(ctx, recs[0].Lease()))
+			} else {
+				require.NoError(t, s.Nack(ctx, outbox.RetryPolicy{BaseDelay: time.Second, MaxDelay: time.Second, MaxAttempts: 5},
+					outbox.Failure{Lease: recs[0].Lease(), Attempts: 1, Err: errors.New("boom")}))
+			}
+			got, err := s.Get(ctx, res.ID)
+			require.NoError(t, err)
+			require.Equal(t, time.UnixMicro(ahead+1).UTC(), got.UpdatedAt, "updated_at moved forward by 1µs, not back to now")
+			if settle == "ack" {
+				require.Equal(t, got.UpdatedAt, got.DeliveredAt, "delivered_at is the same stamp")
+			} else {
+				require.Equal(t, outbox.StatusPending, got.Status)
+				require.WithinDuration(t, time.Now().Add(time.Second), got.NextAttemptAt, 2*time.Second, "the retry follows the clock, not the stamp")
+			}
+		})
+	}
 }
