@@ -96,7 +96,7 @@ func BenchmarkRender(b *testing.B) {
 	})
 	b.Run("select-list", func(b *testing.B) {
 		for b.Loop() {
-			_ = selectList("t.", nil)
+			_ = selectList(recordColumns, "t.", nil)
 		}
 	})
 	for _, dollar := range []bool{false, true} {

@@ -178,7 +178,11 @@ func mysqlLater(ph string) string {
 
 // mysqlColumns is the select list of every record read: recordColumns with the times as
 // Unix microseconds.
-var mysqlColumns = selectList("", mysqlMicros)
+var mysqlColumns = selectList(recordColumns, "", mysqlMicros)
+
+// mysqlClaimColumns is the select list of the claim's locking reads: claimColumns as they
+// are before the claim's UPDATE, followed by the database clock.
+var mysqlClaimColumns = selectList(claimColumns, "", mysqlMicros) + `, ` + mysqlMicros(`UTC_TIMESTAMP(6)`)
 
 func mysqlTable(t Table) string { return quoteIdent(t.Name(), '`') }
 
@@ -446,7 +450,7 @@ func (mysqlDialect) claim(ctx context.Context, db *sql.DB, t Table, p ClaimParam
 	}
 	if len(recs) < p.Limit {
 		a := &args{}
-		more, now2, err := mysqlLockRecords(ctx, tx, `SELECT `+mysqlColumns+`, `+mysqlMicros(`UTC_TIMESTAMP(6)`)+
+		more, now2, err := mysqlLockRecords(ctx, tx, `SELECT `+mysqlClaimColumns+
 			` FROM `+mysqlTable(t)+` FORCE INDEX (`+quoteIdent(t.Index("claim"), '`')+`)`+
 			` WHERE `+mysqlDue+` AND attempts < `+a.add(p.MaxAttempts)+scopeSQL(a, p.Scope, "", uuidBytes)+
 			` ORDER BY created_at, id LIMIT `+a.add(p.Limit-len(recs))+` FOR UPDATE SKIP LOCKED`, a.vals)
@@ -482,16 +486,12 @@ func (mysqlDialect) claim(ctx context.Context, db *sql.DB, t Table, p ClaimParam
 	}
 	committed = true
 
-	lockedUntil, updatedAt := time.UnixMicro(until).UTC(), time.UnixMicro(now).UTC()
+	lockedUntil := time.UnixMicro(until).UTC()
 	for i := range recs {
-		r := &recs[i]
-		r.Status = StatusProcessing
-		r.Attempts++
-		r.LockedBy = p.WorkerID
-		r.LockedUntil = lockedUntil
-		r.LeaseToken = p.Token
-		r.UpdatedAt = updatedAt
+		recs[i].Attempts++
+		recs[i].LockedUntil = lockedUntil
 	}
+	stampClaimed(recs, p)
 	slices.SortFunc(recs, func(x, y Record) int {
 		if c := x.CreatedAt.Compare(y.CreatedAt); c != 0 {
 			return c
@@ -518,7 +518,7 @@ func mysqlReclaim(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams) ([]Re
 	}
 	a = &args{}
 	var b strings.Builder
-	b.WriteString(`SELECT ` + mysqlColumns + `, ` + mysqlMicros(`UTC_TIMESTAMP(6)`) + ` FROM ` + tbl +
+	b.WriteString(`SELECT ` + mysqlClaimColumns + ` FROM ` + tbl +
 		` FORCE INDEX (PRIMARY) WHERE id IN ` + a.list(len(ids), func(i int) any { return uuidBytes(ids[i]) }))
 	// The predicate again: the plain read saw the last committed state, the locking read
 	// sees the current one.
@@ -526,9 +526,8 @@ func mysqlReclaim(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams) ([]Re
 	return mysqlLockRecords(ctx, tx, b.String(), a.vals)
 }
 
-// mysqlLockRecords runs a locking read whose select list is mysqlColumns followed by the
-// database clock, and returns the records and the clock in Unix microseconds (0 when no
-// row matched).
+// mysqlLockRecords runs a locking read whose select list is mysqlClaimColumns, and returns
+// the records and the clock in Unix microseconds (0 when no row matched).
 func mysqlLockRecords(ctx context.Context, tx *sql.Tx, query string, vals []any) ([]Record, int64, error) {
 	rows, err := tx.QueryContext(ctx, query, vals...)
 	if err != nil {
@@ -540,7 +539,7 @@ func mysqlLockRecords(ctx context.Context, tx *sql.Tx, query string, vals []any)
 		now  int64
 	)
 	for rows.Next() {
-		r, err := scanRecord(mysqlNowScanner{rows, &now})
+		r, err := scanClaimed(mysqlNowScanner{rows, &now})
 		if err != nil {
 			return nil, 0, err
 		}

@@ -113,7 +113,7 @@ func renderPgStatements(t Table) *pgStatements {
 		extend: `UPDATE ` + tbl + ` AS t SET locked_until = now() + ` + pgMicros(`$3::bigint`) + `, updated_at = now()` +
 			` FROM unnest($1::uuid[], $2::uuid[]) AS u(id, token)` +
 			` WHERE t.id = u.id AND t.lease_token = u.token AND t.status = 'processing' RETURNING t.id`,
-		get: `SELECT ` + selectList("", nil) + ` FROM ` + tbl + ` WHERE id = $1`,
+		get: `SELECT ` + selectList(recordColumns, "", nil) + ` FROM ` + tbl + ` WHERE id = $1`,
 	}
 	for s := range insertShape(shapeCount) {
 		st.insertOne[s], st.insertMany[s] = renderPgInsert(tbl, s)
@@ -319,8 +319,8 @@ func (*postgresDialect) Claim(ctx context.Context, db *sql.DB, t Table, p ClaimP
 		` ORDER BY created_at, id LIMIT ` + a.add(p.Limit) + `::bigint FOR UPDATE SKIP LOCKED)`)
 	b.WriteString(` UPDATE ` + tbl + ` AS t SET status = 'processing', attempts = t.attempts + 1, locked_by = ` + a.add(p.WorkerID) +
 		`, locked_until = now() + ` + pgMicros(a.add(micros(p.Lease))+`::bigint`) + `, lease_token = ` + a.add(pgUUID(p.Token)) +
-		`, updated_at = now() FROM c WHERE t.id = c.id RETURNING ` + selectList("t.", nil))
-	return queryRecords(ctx, db, b.String(), a.vals...)
+		`, updated_at = now() FROM c WHERE t.id = c.id RETURNING ` + selectList(claimColumns, "t.", nil))
+	return queryClaimed(ctx, db, p, b.String(), a.vals...)
 }
 
 func (d *postgresDialect) Complete(ctx context.Context, q DBTX, t Table, outcomes []Outcome) ([]uuid.UUID, error) {

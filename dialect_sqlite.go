@@ -180,8 +180,8 @@ func sqliteClaim(ctx context.Context, q DBTX, t Table, p ClaimParams, now int64)
 	b.WriteString(` WHERE id IN (SELECT id FROM ` + tbl + ` INDEXED BY ` + quoteIdent(t.Index("claim"), '"') + ` WHERE ` + sqliteEligible(a, p, now) +
 		` ORDER BY created_at, id LIMIT ` + a.add(p.Limit) + `)`)
 	b.WriteString(` AND ` + sqliteEligible(a, p, now)) // the guard: eligibility holds at write time
-	b.WriteString(` RETURNING ` + selectList("", nil))
-	return queryRecords(ctx, q, b.String(), a.vals...)
+	b.WriteString(` RETURNING ` + selectList(claimColumns, "", nil))
+	return queryClaimed(ctx, q, p, b.String(), a.vals...)
 }
 
 func (sqliteDialect) Complete(ctx context.Context, q DBTX, t Table, outcomes []Outcome) (lost []uuid.UUID, err error) {
@@ -287,7 +287,7 @@ func sqliteBury(ctx context.Context, q DBTX, t Table, p BuryParams, now int64) (
 }
 
 func (sqliteDialect) Get(ctx context.Context, q DBTX, t Table, id uuid.UUID) (Record, error) {
-	return getRecord(q.QueryRowContext(ctx, `SELECT `+selectList("", nil)+` FROM `+quoteIdent(t.Name(), '"')+` WHERE id = ?`, uuidBytes(id)))
+	return getRecord(q.QueryRowContext(ctx, `SELECT `+selectList(recordColumns, "", nil)+` FROM `+quoteIdent(t.Name(), '"')+` WHERE id = ?`, uuidBytes(id)))
 }
 
 func getRecord(row *sql.Row) (Record, error) {

@@ -28,11 +28,23 @@ var timeColumns = map[string]bool{
 	"next_attempt_at": true, "locked_until": true, "created_at": true, "updated_at": true, "delivered_at": true,
 }
 
-// selectList renders recordColumns with prefix before each name (a table alias such as
-// "t."), passing time columns through wrapTime when it is not nil.
-func selectList(prefix string, wrapTime func(col string) string) string {
+// claimColumns are what a claim reads back (RETURNING, or MySQL's locking read), in the
+// order scanClaimed reads them: recordColumns without those whose values the engine knows
+// once the claim has written them (stampClaimed). status, locked_by and lease_token come
+// from ClaimParams, updated_at is locked_until - Lease (both written from one now),
+// delivered_at is NULL on every claimable row (only an ack sets it, and delivered is
+// terminal). Reading those five back cost scan time on every claimed row and decided
+// nothing.
+var claimColumns = []string{
+	"id", "namespace", "topic", "tenant_id", "dedupe_key", "partition_key", "headers",
+	"payload", "payload_hash", "attempts", "next_attempt_at", "locked_until", "last_error", "created_at",
+}
+
+// selectList renders cols with prefix before each name (a table alias such as "t."),
+// passing time columns through wrapTime when it is not nil.
+func selectList(cols []string, prefix string, wrapTime func(col string) string) string {
 	var b strings.Builder
-	for i, c := range recordColumns {
+	for i, c := range cols {
 		if i > 0 {
 			b.WriteString(", ")
 		}
@@ -68,15 +80,61 @@ func scanRecord(s rowScanner) (Record, error) {
 	r.DedupeKey, r.PartitionKey, r.LockedBy, r.LastError = dedupe.String, pkey.String, lockedBy.String, lastErr.String
 	r.Status = Status(stat.String)
 	r.Payload = payload
-	// A row whose headers were damaged in the table is returned, not refused: failing the
-	// scan would fail every claim that meets it, and after a claim has committed it would
-	// leave the whole batch leased and unpublished. Record.Integrity reports it instead.
-	if err := r.Headers.Scan(headers.v); err != nil {
-		r.Headers, r.headersErr = nil, err
-	}
+	r.setHeaders(headers.v)
 	r.NextAttemptAt, r.LockedUntil, r.CreatedAt, r.UpdatedAt, r.DeliveredAt =
 		next.t, until.t, created.t, updated.t, deliv.t
 	return r, nil
+}
+
+// scanClaimed reads one row selected with claimColumns; stampClaimed completes it.
+func scanClaimed(s rowScanner) (Record, error) {
+	var (
+		r                     Record
+		tenant                uuid.NullUUID
+		dedupe, pkey, lastErr sql.NullString
+		next, until, created  timeCol
+		payload               []byte
+		headers               rawCol
+	)
+	err := s.Scan(&r.ID, &r.Namespace, &r.Topic, &tenant, &dedupe, &pkey, &headers,
+		&payload, &r.PayloadHash, &r.Attempts, &next, &until, &lastErr, &created)
+	if err != nil {
+		return Record{}, err
+	}
+	r.TenantID = tenant.UUID
+	r.DedupeKey, r.PartitionKey, r.LastError = dedupe.String, pkey.String, lastErr.String
+	r.Payload = payload
+	r.setHeaders(headers.v)
+	r.NextAttemptAt, r.LockedUntil, r.CreatedAt = next.t, until.t, created.t
+	return r, nil
+}
+
+// stampClaimed sets on claimed records the columns that claimColumns leaves out, from the
+// claim's parameters and each record's locked_until.
+func stampClaimed(recs []Record, p ClaimParams) {
+	lease := time.Duration(micros(p.Lease)) * time.Microsecond // as the dialects bind it
+	for i := range recs {
+		r := &recs[i]
+		r.Status, r.LockedBy, r.LeaseToken = StatusProcessing, p.WorkerID, p.Token
+		r.UpdatedAt, r.DeliveredAt = r.LockedUntil.Add(-lease), time.Time{}
+	}
+}
+
+// queryClaimed runs a claim whose RETURNING list is claimColumns and completes its records.
+func queryClaimed(ctx context.Context, q DBTX, p ClaimParams, query string, args ...any) ([]Record, error) {
+	recs, err := queryAll(ctx, q, query, args, scanClaimed)
+	stampClaimed(recs, p)
+	return recs, err
+}
+
+// setHeaders decodes the headers column. A row whose headers were damaged in the table is
+// returned, not refused: failing the scan would fail every claim that meets it, and after a
+// claim has committed it would leave the whole batch leased and unpublished.
+// Record.Integrity reports it instead.
+func (r *Record) setHeaders(v any) {
+	if err := r.Headers.Scan(v); err != nil {
+		r.Headers, r.headersErr = nil, err
+	}
 }
 
 // rawCol keeps whatever the driver returned, to be decoded after the scan.

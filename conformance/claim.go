@@ -37,7 +37,10 @@ func testClaimOrder(t *testing.T, h Harness) {
 
 func testClaimFields(t *testing.T, h Harness) {
 	e := setup(t, h)
-	id := e.enqueue(t, msg(1))[0].ID
+	m, tenant := msg(1), uuid.New()
+	m.TenantID, m.DedupeKey, m.PartitionKey = tenant, tenant.String()+"/claim-fields", "pk-1"
+	m.Headers = outbox.Headers{"traceparent": "00-abc-def-01"}
+	id := e.enqueue(t, m)[0].ID
 	before := e.get(t, id)
 	const lease = 90 * time.Second
 	recs := e.claim(t, outbox.ClaimOptions{Limit: 5, Lease: lease, MaxAttempts: 3, WorkerID: "worker-fields"})
@@ -61,6 +64,7 @@ func testClaimFields(t *testing.T, h Harness) {
 	require.Equal(t, r.LeaseToken, stored.LeaseToken)
 	require.True(t, r.LockedUntil.Equal(stored.LockedUntil), "locked_until %s vs stored %s", r.LockedUntil, stored.LockedUntil)
 	require.True(t, r.UpdatedAt.Equal(stored.UpdatedAt))
+	require.Equal(t, stored, r, "every field of the claimed record is as stored")
 
 	// A second claim in one call gets a different token.
 	id2 := e.enqueue(t, msg(2))[0].ID
