@@ -60,9 +60,9 @@ import (
 // other's rows. Expired leases are first looked for without locking, because every row in
 // flight sits in the processing part of the index: a locking walk there would lock, index
 // entry first, the very rows that acks are settling, primary key first, and deadlock with
-// them. The locking reads return every column plus the database clock as Unix
-// microseconds; the UPDATE stamps the rows with that same reading, so the records returned
-// are exactly the rows stored, without reading them again, and one claim has one instant
+// them. The locking reads return the claim's columns (claimColumns) plus the database
+// clock as Unix microseconds; the UPDATE stamps the rows with that same reading, so the
+// records returned are exactly the rows stored, without reading them again, and one claim has one instant
 // (as now() has in a PostgreSQL transaction). A deadlock (error 1213) or lock wait timeout
 // (1205) retries the whole claim up to 4 times after a short jittered pause. A claim is six
 // statements (SET TRANSACTION, START TRANSACTION, the two index reads, UPDATE, COMMIT),
