@@ -146,4 +146,10 @@ type BuryParams struct {
 	Limit       int
 	Reason      string
 	Token       uuid.UUID
+	// ExpiredOnly narrows the sweep to processing rows whose lease expired, the only
+	// exhausted rows that appear while the attempt limit stays the same (a worker crashed
+	// during the last attempt). They are few, and a dialect should find them without
+	// walking the pending backlog where an index allows it (one that leads with status). A
+	// dialect may ignore it and sweep pending rows too: burying those is right as well.
+	ExpiredOnly bool
 }

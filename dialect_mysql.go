@@ -833,7 +833,9 @@ func mysqlBuryable(maxAttempts string) string {
 		` AND (status = 'pending' OR locked_until < UTC_TIMESTAMP(6))`
 }
 
-// Bury finds candidates with a plain (non-locking) read in claim order, then updates them
+// Bury finds candidates with a plain (non-locking) read in claim order through the claim
+// index, so that retained rows are never scanned (with ExpiredOnly, status = 'processing'
+// makes it the short walk of the rows in flight; the index leads with status), then updates them
 // by primary key, checking the predicate again, and reads back by primary key only when
 // some changed meanwhile. A single UPDATE ... ORDER BY ... LIMIT would lock every row it
 // scans across the pending set (next-key locks at the default REPEATABLE READ, blocking
@@ -845,8 +847,8 @@ func (mysqlDialect) Bury(ctx context.Context, q DBTX, t Table, p BuryParams) ([]
 	}
 	tbl := mysqlTable(t)
 	a := &args{}
-	ids, err := queryIDs(ctx, q, `SELECT id FROM `+tbl+` WHERE `+mysqlBuryable(a.add(p.MaxAttempts))+scopeSQL(a, p.Scope, "", uuidBytes)+
-		` ORDER BY created_at, id LIMIT `+a.add(p.Limit), a.vals...)
+	ids, err := queryIDs(ctx, q, `SELECT id FROM `+tbl+` FORCE INDEX (`+quoteIdent(t.Index("claim"), '`')+`) WHERE `+
+		buryCandidates(a, p, func() string { return `UTC_TIMESTAMP(6)` }, uuidBytes)+` ORDER BY created_at, id LIMIT `+a.add(p.Limit), a.vals...)
 	if err != nil || len(ids) == 0 {
 		return nil, err
 	}

@@ -443,8 +443,27 @@ func (s *Store) Extend(ctx context.Context, d time.Duration, leases ...Lease) er
 
 // Bury dead-letters up to limit rows in scope that reached maxAttempts and that no live
 // lease protects (a worker crashed during the last attempt, or the limit was lowered), and
-// returns their ids. Claims never pick such rows; a [Publisher] buries them periodically.
+// returns their ids. Claims never pick such rows; a [Publisher] buries them when it starts.
+// Pending rows at the limit exist only after the limit was lowered, but finding them walks
+// the whole pending backlog; [Store.BuryExpired] is the cheap sweep to repeat.
 func (s *Store) Bury(ctx context.Context, scope Scope, maxAttempts, limit int) ([]uuid.UUID, error) {
+	return s.bury(ctx, scope, maxAttempts, limit, false)
+}
+
+// BuryExpired is [Store.Bury] for processing rows only: those whose worker crashed during
+// the last attempt and whose lease has run out, the exhausted rows that appear while the
+// attempt limit stays the same. A [Publisher] sweeps with it every
+// [PublisherOptions.SweepInterval]. On MySQL and MariaDB, whose claim index leads with
+// status, it reads only the rows in flight (0.7 ms against 120 ms for Bury with 100 000
+// pending rows); on PostgreSQL and SQLite the partial claim index holds pending and
+// processing rows together, so it walks the backlog as Bury does (about 25 ms per 100 000
+// pending rows). A partial index on processing rows would make it cheap there too, at the
+// price of one more index entry written by every claim; it is not in the migrations.
+func (s *Store) BuryExpired(ctx context.Context, scope Scope, maxAttempts, limit int) ([]uuid.UUID, error) {
+	return s.bury(ctx, scope, maxAttempts, limit, true)
+}
+
+func (s *Store) bury(ctx context.Context, scope Scope, maxAttempts, limit int, expiredOnly bool) ([]uuid.UUID, error) {
 	if err := validateScope(scope); err != nil {
 		return nil, err
 	}
@@ -455,7 +474,7 @@ func (s *Store) Bury(ctx context.Context, scope Scope, maxAttempts, limit int) (
 		return nil, invalid("Limit", "must be between 1 and %d, got %d", MaxBatch, limit)
 	}
 	ids, err := s.dialect.Bury(ctx, s.db, s.table, BuryParams{
-		Scope: scope, MaxAttempts: maxAttempts, Limit: limit, Token: uuid.New(),
+		Scope: scope, MaxAttempts: maxAttempts, Limit: limit, Token: uuid.New(), ExpiredOnly: expiredOnly,
 		Reason: fmt.Sprintf("attempt limit reached (%d attempts)", maxAttempts),
 	})
 	if err != nil {

@@ -100,9 +100,10 @@ type PublisherOptions struct {
 	ShutdownTimeout time.Duration
 
 	// SweepInterval is how often the publisher dead-letters rows that reached the attempt
-	// limit without a live lease (their worker crashed during the last attempt, or the limit
-	// was lowered), with [Store.Bury]. It also sweeps once at start. Default
-	// [DefaultSweepInterval].
+	// limit and whose worker crashed during the last attempt, with [Store.BuryExpired]. At
+	// start it sweeps once with [Store.Bury], which also buries pending rows at the limit
+	// (they appear only when the limit was lowered, which takes a restart) but walks the
+	// whole pending backlog; the periodic sweep does not. Default [DefaultSweepInterval].
 	SweepInterval time.Duration
 
 	// Logger receives the publisher's log lines. They carry message ids and errors, never
@@ -681,8 +682,8 @@ func (r *run) dead(dl DeadLetter) {
 func (r *run) sweepLoop() {
 	t := time.NewTicker(r.p.opts.SweepInterval)
 	defer t.Stop()
-	for {
-		r.sweep()
+	for bury := r.p.store.Bury; ; bury = r.p.store.BuryExpired {
+		r.sweep(bury)
 		select {
 		case <-r.ctx.Done():
 			return
@@ -691,11 +692,11 @@ func (r *run) sweepLoop() {
 	}
 }
 
-// sweep buries exhausted rows batch by batch until fewer than a batch remain.
-func (r *run) sweep() {
+// sweep buries exhausted rows with bury, batch by batch until fewer than a batch remain.
+func (r *run) sweep(bury func(context.Context, Scope, int, int) ([]uuid.UUID, error)) {
 	p := r.p
 	for r.ctx.Err() == nil {
-		ids, err := p.store.Bury(r.work, p.opts.Scope, p.opts.Retry.MaxAttempts, p.opts.BatchSize)
+		ids, err := bury(r.work, p.opts.Scope, p.opts.Retry.MaxAttempts, p.opts.BatchSize)
 		if err != nil {
 			if r.work.Err() == nil {
 				p.errs.Add(1)

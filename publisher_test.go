@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -1347,4 +1348,48 @@ func TestPublisherAbandonsStuckOnDead(t *testing.T) {
 	close(release)
 	<-returned
 	require.Equal(t, 1, e.counts(t)[outbox.StatusDead], "the row was recorded dead before the hook ran")
+}
+
+// buryRecorder records the ExpiredOnly flag of every Bury call.
+type buryRecorder struct {
+	outbox.Dialect
+	mu      sync.Mutex
+	expired []bool
+}
+
+func (d *buryRecorder) Bury(ctx context.Context, q outbox.DBTX, t outbox.Table, p outbox.BuryParams) ([]uuid.UUID, error) {
+	d.mu.Lock()
+	d.expired = append(d.expired, p.ExpiredOnly)
+	d.mu.Unlock()
+	return d.Dialect.Bury(ctx, q, t, p)
+}
+
+func (d *buryRecorder) calls() []bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.Clone(d.expired)
+}
+
+// TestPublisherSweepsFullOnceThenExpired: the sweep at start is the full one, which also
+// finds pending rows at a lowered limit; the periodic sweeps after it ask only for expired
+// leases, which MySQL finds without walking the pending backlog.
+func TestPublisherSweepsFullOnceThenExpired(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, e *pubEnv) {
+		d := &buryRecorder{Dialect: pubDialect(e.backend)}
+		p, err := outbox.NewPublisher(e.newStore(t, e.db, d), newRecorder(nil).transport("p"), fastOptions(t, "sweeps"))
+		require.NoError(t, err)
+		stop := start(t, p)
+		deadline := time.Now().Add(10 * time.Second)
+		for len(d.calls()) < 3 && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		stop()
+		calls := d.calls()
+		require.GreaterOrEqual(t, len(calls), 3, "sweeps every 100ms")
+		require.False(t, calls[0], "the first sweep is the full one")
+		for i, expired := range calls[1:] {
+			require.True(t, expired, "sweep %d after the first asks for expired leases only", i+2)
+		}
+	})
 }

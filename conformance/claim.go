@@ -1,6 +1,8 @@
 package conformance
 
 import (
+	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -16,7 +18,8 @@ var claimTests = []test{
 	{"Scope", testClaimScope},
 	{"EmptyIsNotAnError", testClaimEmpty},
 	{"AttemptLimitExcludes", testClaimAttemptLimit},
-	{"BuryExhausted", testBuryExhausted},
+	{"BuryExhausted", func(t *testing.T, h Harness) { testBuryExhausted(t, h, (*outbox.Store).Bury) }},
+	{"BuryExpiredExhausted", func(t *testing.T, h Harness) { testBuryExhausted(t, h, (*outbox.Store).BuryExpired) }},
 	{"BuryRespectsScope", testBuryScope},
 	{"ExpiredLeaseAtLimitIsNotReclaimed", testExpiredAtLimit},
 	{"DamagedRowsFailOnlyThemselves", testDamagedRows},
@@ -125,8 +128,21 @@ func testClaimAttemptLimit(t *testing.T, h Harness) {
 	require.Equal(t, 2, recs[0].Attempts)
 }
 
-func testBuryExhausted(t *testing.T, h Harness) {
+// sweep is Store.Bury or Store.BuryExpired.
+type sweep func(s *outbox.Store, ctx context.Context, scope outbox.Scope, maxAttempts, limit int) ([]uuid.UUID, error)
+
+// testBuryExhausted runs both sweeps through the same rows. Both bury an expired lease on
+// the last attempt and spare a live lease and an unattempted row. A pending row at the
+// limit (the limit was lowered) is buried by Store.Bury; Store.BuryExpired may leave it,
+// since a dialect may ignore BuryParams.ExpiredOnly.
+func testBuryExhausted(t *testing.T, h Harness, bury sweep) {
 	e := setup(t, h)
+	// "lowered": attempted once and back to pending, at the limit of 1 below.
+	lowered := e.enqueue(t, msg(0))[0].ID
+	recs := e.claim(t, claimOpts(1, time.Minute))
+	require.Equal(t, []uuid.UUID{lowered}, ids(recs))
+	require.NoError(t, e.store.Nack(e.ctx, outbox.RetryPolicy{MaxAttempts: 5},
+		outbox.Failure{Lease: recs[0].Lease(), Attempts: 1, Err: outbox.RetryAfter(nil, time.Hour)}))
 	expired := e.enqueue(t, msg(1))[0].ID
 	o := claimOpts(1, 200*time.Millisecond)
 	o.MaxAttempts = 1
@@ -140,12 +156,21 @@ func testBuryExhausted(t *testing.T, h Harness) {
 	// the row is buried; the row under a live lease and the unattempted row are not.
 	var buried []uuid.UUID
 	eventually(t, 10*time.Second, "the expired row to be buried", func() bool {
-		got, err := e.store.Bury(e.ctx, outbox.Scope{}, 1, 10)
+		got, err := bury(e.store, e.ctx, outbox.Scope{}, 1, 10)
 		require.NoError(t, err)
 		buried = append(buried, got...)
-		return len(buried) > 0
+		return slices.Contains(buried, expired)
 	})
-	require.Equal(t, []uuid.UUID{expired}, buried)
+	if slices.Contains(buried, lowered) {
+		require.ElementsMatch(t, []uuid.UUID{lowered, expired}, buried)
+	} else {
+		require.Equal(t, []uuid.UUID{expired}, buried)
+		require.Equal(t, outbox.StatusPending, e.get(t, lowered).Status)
+		got, err := e.store.Bury(e.ctx, outbox.Scope{}, 1, 10)
+		require.NoError(t, err)
+		require.Equal(t, []uuid.UUID{lowered}, got, "the full sweep buries a pending row at the limit")
+	}
+	require.Equal(t, outbox.StatusDead, e.get(t, lowered).Status)
 	r := e.get(t, expired)
 	require.Equal(t, outbox.StatusDead, r.Status)
 	require.Contains(t, r.LastError, "attempt limit")
@@ -154,10 +179,10 @@ func testBuryExhausted(t *testing.T, h Harness) {
 	require.Equal(t, outbox.StatusProcessing, e.get(t, live).Status)
 	require.Equal(t, outbox.StatusPending, e.get(t, fresh).Status)
 
-	got, err := e.store.Bury(e.ctx, outbox.Scope{}, 1, 10)
+	got, err := bury(e.store, e.ctx, outbox.Scope{}, 1, 10)
 	require.NoError(t, err)
 	require.Empty(t, got, "dead rows are not buried twice")
-	_, err = e.store.Bury(e.ctx, outbox.Scope{}, 0, 10)
+	_, err = bury(e.store, e.ctx, outbox.Scope{}, 0, 10)
 	require.ErrorIs(t, err, outbox.ErrInvalid)
 }
 
