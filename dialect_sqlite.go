@@ -24,11 +24,10 @@ import (
 // the write lock: SQLite's own clock has only millisecond precision, and a clock read
 // before a wait for the lock would shorten the lease by that wait. Extend and Bury run the
 // same way. A batch ack or nack (Complete) is one autocommit statement whose clock is read
-// just before it, since an early delivered_at or retry time decides nothing (sqliteSettle).
-// The library's own write transactions on one *sql.DB (a
-// Publisher's claim loops, settles and renewals) take turns in the process before they ask
-// for the write lock, so they never starve each other in SQLite's busy handler; use one
-// pool per SQLite file per process.
+// just before it, since an early delivered_at or retry time decides nothing (sqliteWrite).
+// The library's own writes on one *sql.DB (a Publisher's claim loops, settles and
+// renewals) take turns in the process before they ask for the write lock, so they never
+// starve each other in SQLite's busy handler; use one pool per SQLite file per process.
 //
 // Connection settings users need (with modernc.org/sqlite, in the DSN):
 //
@@ -163,7 +162,7 @@ func (sqliteDialect) Claim(ctx context.Context, db *sql.DB, t Table, p ClaimPara
 	case err != nil:
 		return nil, err
 	}
-	err = sqliteWrite(ctx, db, func(q DBTX, now int64) error {
+	err = sqliteWrite(ctx, db, true, func(q DBTX, now int64) error {
 		recs, err = sqliteClaim(ctx, q, t, p, now)
 		return err
 	})
@@ -188,7 +187,7 @@ func (sqliteDialect) Complete(ctx context.Context, q DBTX, t Table, outcomes []O
 	if len(outcomes) == 0 {
 		return nil, nil
 	}
-	err = sqliteSettle(ctx, q, func(q DBTX, now int64) error {
+	err = sqliteWrite(ctx, q, false, func(q DBTX, now int64) error {
 		lost, err = sqliteComplete(ctx, q, t, outcomes, now)
 		return err
 	})
@@ -198,7 +197,7 @@ func (sqliteDialect) Complete(ctx context.Context, q DBTX, t Table, outcomes []O
 // sqliteStamp renders the updated_at (and delivered_at) that Complete writes: now, the clock
 // read before the statement waited for the write lock, moved past the row's updated_at when
 // another writer stamped the row later meanwhile, so a row's updated_at never goes back
-// (sqliteSettle).
+// (sqliteWrite).
 func sqliteStamp(now string) string { return `max(` + now + `, updated_at + 1)` }
 
 func sqliteComplete(ctx context.Context, q DBTX, t Table, outcomes []Outcome, now int64) ([]uuid.UUID, error) {
@@ -240,7 +239,7 @@ func (sqliteDialect) Extend(ctx context.Context, q DBTX, t Table, p ExtendParams
 	if len(p.Leases) == 0 {
 		return nil, nil
 	}
-	err = sqliteWrite(ctx, q, func(q DBTX, now int64) error {
+	err = sqliteWrite(ctx, q, true, func(q DBTX, now int64) error {
 		lost, err = sqliteExtend(ctx, q, t, p, now)
 		return err
 	})
@@ -268,7 +267,7 @@ func sqliteExtend(ctx context.Context, q DBTX, t Table, p ExtendParams, now int6
 }
 
 func (sqliteDialect) Bury(ctx context.Context, q DBTX, t Table, p BuryParams) (ids []uuid.UUID, err error) {
-	err = sqliteWrite(ctx, q, func(q DBTX, now int64) error {
+	err = sqliteWrite(ctx, q, true, func(q DBTX, now int64) error {
 		ids, err = sqliteBury(ctx, q, t, p, now)
 		return err
 	})
@@ -297,29 +296,6 @@ func getRecord(row *sql.Row) (Record, error) {
 	return r, err
 }
 
-// sqliteSettle runs Complete's one statement as it is, in autocommit on a *sql.DB after the
-// pool's turn (sqliteGates), with the clock read when the turn comes. SPEC §6 asks for
-// BEGIN IMMEDIATE around the claim, not around a batch ack or nack, and the explicit
-// transaction cost a quarter of the ack (BENCHMARKS.md, gap 1). The clock is then read
-// before SQLite's write lock, so a wait for that lock (held by a business transaction or
-// another process; the pool's own library writes are behind the turn) makes the written
-// times earlier by that wait: delivered_at and a retry's next_attempt_at can be early by at
-// most busy_timeout, which changes no decision, and sqliteStamp keeps updated_at moving
-// forward. Claim and Extend, which write lease deadlines that a wait must not shorten, keep
-// sqliteWrite.
-func sqliteSettle(ctx context.Context, q DBTX, fn func(q DBTX, now int64) error) error {
-	db, ok := q.(*sql.DB)
-	if !ok {
-		return fn(q, time.Now().UnixMicro())
-	}
-	release, err := sqliteTurn(ctx, db)
-	if err != nil {
-		return err
-	}
-	defer release()
-	return fn(db, time.Now().UnixMicro())
-}
-
 // sqliteTurn waits for the pool's turn to write (sqliteGates) and returns its release.
 func sqliteTurn(ctx context.Context, db *sql.DB) (release func(), err error) {
 	gate := sqliteGateOf(db)
@@ -331,14 +307,21 @@ func sqliteTurn(ctx context.Context, db *sql.DB) (release func(), err error) {
 	}
 }
 
-// sqliteWrite runs fn with the time read once SQLite's write lock is held. On a *sql.DB it
-// waits for the pool's turn (sqliteGates), takes one connection and wraps fn in BEGIN
-// IMMEDIATE ... COMMIT: the lock comes first
+// sqliteWrite runs fn, one of the library's writes, with the process clock. On a *sql.DB it
+// waits for the pool's turn (sqliteGates) first. With lockFirst (Claim, Extend, Bury) it then
+// takes one connection and wraps fn in BEGIN IMMEDIATE ... COMMIT: the lock comes first
 // (waiting under busy_timeout), then the clock, so a wait for the lock can never shorten a
-// lease, backdate a schedule or let a row be read before the previous writer committed. On
-// a transaction or connection that the caller owns, fn runs as it is and the caller's
-// transaction decides the locking.
-func sqliteWrite(ctx context.Context, q DBTX, fn func(q DBTX, now int64) error) error {
+// lease, backdate a schedule or let a row be read before the previous writer committed.
+// Without it (Complete) fn's one statement runs in autocommit: SPEC §6 asks for BEGIN
+// IMMEDIATE around the claim, not around a batch ack or nack, and the explicit transaction
+// cost a fifth of the ack (BENCHMARKS.md, gap 1). The clock is then read before SQLite's
+// write lock, so a wait for that lock (held by a business transaction or another process;
+// the pool's own library writes are behind the turn) makes the written times early by that
+// wait: delivered_at and a retry's next_attempt_at by at most busy_timeout, which changes
+// no decision, and sqliteStamp keeps updated_at moving forward. On a transaction or
+// connection that the caller owns, fn runs as it is and the caller's transaction decides
+// the locking.
+func sqliteWrite(ctx context.Context, q DBTX, lockFirst bool, fn func(q DBTX, now int64) error) error {
 	db, ok := q.(*sql.DB)
 	if !ok {
 		return fn(q, time.Now().UnixMicro())
@@ -348,6 +331,9 @@ func sqliteWrite(ctx context.Context, q DBTX, fn func(q DBTX, now int64) error) 
 		return err
 	}
 	defer release()
+	if !lockFirst {
+		return fn(db, time.Now().UnixMicro())
+	}
 	conn, err := db.Conn(ctx)
 	if err != nil {
 		return err
