@@ -848,7 +848,7 @@ func (mysqlDialect) Bury(ctx context.Context, q DBTX, t Table, p BuryParams) ([]
 	tbl := mysqlTable(t)
 	a := &args{}
 	ids, err := queryIDs(ctx, q, `SELECT id FROM `+tbl+` FORCE INDEX (`+quoteIdent(t.Index("claim"), '`')+`) WHERE `+
-		buryCandidates(a, p, func() string { return `UTC_TIMESTAMP(6)` }, uuidBytes)+` ORDER BY created_at, id LIMIT `+a.add(p.Limit), a.vals...)
+		buryCandidates(a, p, func() string { return `UTC_TIMESTAMP(6)` }, uuidBytes, "")+` ORDER BY created_at, id LIMIT `+a.add(p.Limit), a.vals...)
 	if err != nil || len(ids) == 0 {
 		return nil, err
 	}

@@ -375,7 +375,7 @@ func (d *postgresDialect) Extend(ctx context.Context, q DBTX, t Table, p ExtendP
 func (*postgresDialect) Bury(ctx context.Context, q DBTX, t Table, p BuryParams) ([]uuid.UUID, error) {
 	tbl := quoteIdent(t.Name(), '"')
 	a := &args{dollar: true}
-	query := `WITH c AS MATERIALIZED (SELECT id FROM ` + tbl + ` WHERE ` + buryCandidates(a, p, func() string { return `now()` }, pgUUID) +
+	query := `WITH c AS MATERIALIZED (SELECT id FROM ` + tbl + ` WHERE ` + buryCandidates(a, p, func() string { return `now()` }, pgUUID, `::bigint`) +
 		` ORDER BY created_at, id LIMIT ` + a.add(p.Limit) + `::bigint FOR UPDATE SKIP LOCKED)` +
 		` UPDATE ` + tbl + ` AS t SET status = 'dead', last_error = ` + a.add(p.Reason) +
 		`, locked_by = NULL, locked_until = NULL, lease_token = ` + a.add(pgUUID(p.Token)) +

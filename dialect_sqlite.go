@@ -279,7 +279,7 @@ func sqliteBury(ctx context.Context, q DBTX, t Table, p BuryParams, now int64) (
 	a := &args{}
 	query := `UPDATE ` + tbl + ` SET status = 'dead', last_error = ` + a.add(p.Reason) +
 		`, locked_by = NULL, locked_until = NULL, lease_token = ` + a.add(uuidBytes(p.Token)) + `, updated_at = ` + a.add(now) +
-		` WHERE id IN (SELECT id FROM ` + tbl + ` WHERE ` + buryCandidates(a, p, func() string { return a.add(now) }, uuidBytes) +
+		` WHERE id IN (SELECT id FROM ` + tbl + ` WHERE ` + buryCandidates(a, p, func() string { return a.add(now) }, uuidBytes, "") +
 		` ORDER BY created_at, id LIMIT ` + a.add(p.Limit) + `) RETURNING id`
 	return queryIDs(ctx, q, query, a.vals...)
 }

@@ -101,9 +101,10 @@ type PublisherOptions struct {
 
 	// SweepInterval is how often the publisher dead-letters rows that reached the attempt
 	// limit and whose worker crashed during the last attempt, with [Store.BuryExpired]. At
-	// start it sweeps once with [Store.Bury], which also buries pending rows at the limit
-	// (they appear only when the limit was lowered, which takes a restart) but walks the
-	// whole pending backlog; the periodic sweep does not. Default [DefaultSweepInterval].
+	// start, until it succeeds, and then every 60th sweep it uses [Store.Bury], which also
+	// buries pending rows at the limit (they appear when the limit is lowered, for example
+	// by a rolling deploy) but walks the whole pending backlog. Default
+	// [DefaultSweepInterval].
 	SweepInterval time.Duration
 
 	// Logger receives the publisher's log lines. They carry message ids and errors, never
@@ -679,11 +680,28 @@ func (r *run) dead(dl DeadLetter) {
 	}
 }
 
+// fullSweepEvery is how many sweeps apart the publisher repeats the full sweep (an hour at
+// the default SweepInterval). Pending rows at the attempt limit need one: they appear when
+// the limit is lowered, at this publisher's start, but also later, while a rolling deploy
+// still runs old instances that nack under the higher limit, or when other code nacks
+// under another one.
+const fullSweepEvery = 60
+
+// sweepLoop sweeps at start and every SweepInterval: in full (Store.Bury) until one full
+// sweep succeeds and then every fullSweepEvery sweeps, for expired leases only
+// (Store.BuryExpired) in between, which is cheaper wherever the dialect can skip the
+// pending backlog.
 func (r *run) sweepLoop() {
 	t := time.NewTicker(r.p.opts.SweepInterval)
 	defer t.Stop()
-	for bury := r.p.store.Bury; ; bury = r.p.store.BuryExpired {
-		r.sweep(bury)
+	for n := 0; ; n++ {
+		if n%fullSweepEvery == 0 {
+			if !r.sweep(r.p.store.Bury) {
+				n = -1 // a failed full sweep is repeated at the next tick
+			}
+		} else {
+			r.sweep(r.p.store.BuryExpired)
+		}
 		select {
 		case <-r.ctx.Done():
 			return
@@ -692,8 +710,9 @@ func (r *run) sweepLoop() {
 	}
 }
 
-// sweep buries exhausted rows with bury, batch by batch until fewer than a batch remain.
-func (r *run) sweep(bury func(context.Context, Scope, int, int) ([]uuid.UUID, error)) {
+// sweep buries exhausted rows with bury, batch by batch until fewer than a batch remain,
+// and reports whether it got there.
+func (r *run) sweep(bury func(context.Context, Scope, int, int) ([]uuid.UUID, error)) bool {
 	p := r.p
 	for r.ctx.Err() == nil {
 		ids, err := bury(r.work, p.opts.Scope, p.opts.Retry.MaxAttempts, p.opts.BatchSize)
@@ -702,7 +721,7 @@ func (r *run) sweep(bury func(context.Context, Scope, int, int) ([]uuid.UUID, er
 				p.errs.Add(1)
 				p.log.Error("outbox publisher: sweep failed; will try again at the next sweep", "err", err)
 			}
-			return
+			return false
 		}
 		for _, id := range ids {
 			dl := DeadLetter{Delivery: Delivery{ID: id}, Err: ErrAttemptLimit,
@@ -719,9 +738,10 @@ func (r *run) sweep(bury func(context.Context, Scope, int, int) ([]uuid.UUID, er
 			r.dead(dl)
 		}
 		if len(ids) < p.opts.BatchSize {
-			return
+			return true
 		}
 	}
+	return false
 }
 
 // idsAttr logs at most maxLoggedIDs ids of leases.

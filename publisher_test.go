@@ -1350,7 +1350,7 @@ func TestPublisherAbandonsStuckOnDead(t *testing.T) {
 	require.Equal(t, 1, e.counts(t)[outbox.StatusDead], "the row was recorded dead before the hook ran")
 }
 
-// buryRecorder records the ExpiredOnly flag of every Bury call.
+// buryRecorder records the ExpiredOnly flag of every Bury call and fails the first one.
 type buryRecorder struct {
 	outbox.Dialect
 	mu      sync.Mutex
@@ -1360,7 +1360,11 @@ type buryRecorder struct {
 func (d *buryRecorder) Bury(ctx context.Context, q outbox.DBTX, t outbox.Table, p outbox.BuryParams) ([]uuid.UUID, error) {
 	d.mu.Lock()
 	d.expired = append(d.expired, p.ExpiredOnly)
+	first := len(d.expired) == 1
 	d.mu.Unlock()
+	if first {
+		return nil, errors.New("injected: database not ready")
+	}
 	return d.Dialect.Bury(ctx, q, t, p)
 }
 
@@ -1370,10 +1374,11 @@ func (d *buryRecorder) calls() []bool {
 	return slices.Clone(d.expired)
 }
 
-// TestPublisherSweepsFullOnceThenExpired: the sweep at start is the full one, which also
-// finds pending rows at a lowered limit; the periodic sweeps after it ask only for expired
-// leases, which MySQL finds without walking the pending backlog.
-func TestPublisherSweepsFullOnceThenExpired(t *testing.T) {
+// TestPublisherSweepsFullThenExpired: the sweep at start is the full one, which also finds
+// pending rows at a lowered limit, and it is repeated until it succeeds (the first one fails
+// here); the periodic sweeps after it ask only for expired leases, which MySQL finds without
+// walking the pending backlog.
+func TestPublisherSweepsFullThenExpired(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, e *pubEnv) {
 		d := &buryRecorder{Dialect: pubDialect(e.backend)}
@@ -1381,15 +1386,39 @@ func TestPublisherSweepsFullOnceThenExpired(t *testing.T) {
 		require.NoError(t, err)
 		stop := start(t, p)
 		deadline := time.Now().Add(10 * time.Second)
-		for len(d.calls()) < 3 && time.Now().Before(deadline) {
+		for len(d.calls()) < 4 && time.Now().Before(deadline) {
 			time.Sleep(10 * time.Millisecond)
 		}
 		stop()
 		calls := d.calls()
-		require.GreaterOrEqual(t, len(calls), 3, "sweeps every 100ms")
-		require.False(t, calls[0], "the first sweep is the full one")
-		for i, expired := range calls[1:] {
-			require.True(t, expired, "sweep %d after the first asks for expired leases only", i+2)
+		require.GreaterOrEqual(t, len(calls), 4, "sweeps every 100ms")
+		require.Equal(t, []bool{false, false}, calls[:2], "the failed full sweep is repeated")
+		for i, expired := range calls[2:] {
+			require.True(t, expired, "sweep %d after the full one asks for expired leases only", i+3)
 		}
+		require.GreaterOrEqual(t, p.Stats().Errors, int64(1), "the failed sweep is counted")
+	})
+}
+
+// TestBuryExpiredSkipsPendingRows: the built-in dialects' BuryExpired reads processing rows
+// only (the conformance suite allows a dialect to bury more); a pending row at a lowered
+// limit waits for the full sweep.
+func TestBuryExpiredSkipsPendingRows(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, e *pubEnv) {
+		ctx := context.Background()
+		scope := outbox.Scope{Namespace: "lowered"}
+		ids := e.enqueue(t, scope.Namespace, 1)
+		recs, err := e.store.Claim(ctx, outbox.ClaimOptions{Scope: scope, Limit: 1, Lease: time.Minute, MaxAttempts: 5, WorkerID: "w"})
+		require.NoError(t, err)
+		require.Len(t, recs, 1)
+		require.NoError(t, e.store.Nack(ctx, outbox.RetryPolicy{MaxAttempts: 5},
+			outbox.Failure{Lease: recs[0].Lease(), Attempts: 1, Err: errors.New("boom")}))
+		buried, err := e.store.BuryExpired(ctx, scope, 1, 10)
+		require.NoError(t, err)
+		require.Empty(t, buried)
+		buried, err = e.store.Bury(ctx, scope, 1, 10)
+		require.NoError(t, err)
+		require.Equal(t, ids, buried)
 	})
 }

@@ -323,13 +323,15 @@ func scopeSQL(a *args, sc Scope, col string, enc func(uuid.UUID) any) string {
 // ones. Candidates are read in claim order (created_at, id). The leading status IN (...)
 // term lets SQLite use the partial claim index, whose WHERE clause it must imply (without
 // it the expired sweep scanned the table: 53 ms against 25 ms over 300 000 rows). now
-// renders the dialect's clock (it may bind an argument); enc binds a UUID as scopeSQL's does.
-func buryCandidates(a *args, p BuryParams, now func() string, enc func(uuid.UUID) any) string {
+// renders the dialect's clock (it may bind an argument); enc binds a UUID as scopeSQL's does;
+// intCast follows the attempt limit's placeholder (PostgreSQL's "::bigint", so that a limit
+// beyond int4 is bound, not refused).
+func buryCandidates(a *args, p BuryParams, now func() string, enc func(uuid.UUID) any, intCast string) string {
 	if p.ExpiredOnly {
 		return `status IN ('pending', 'processing') AND status = 'processing' AND locked_until < ` + now() +
-			` AND attempts >= ` + a.add(p.MaxAttempts) + scopeSQL(a, p.Scope, "", enc)
+			` AND attempts >= ` + a.add(p.MaxAttempts) + intCast + scopeSQL(a, p.Scope, "", enc)
 	}
-	return `status IN ('pending', 'processing') AND attempts >= ` + a.add(p.MaxAttempts) +
+	return `status IN ('pending', 'processing') AND attempts >= ` + a.add(p.MaxAttempts) + intCast +
 		` AND (status = 'pending' OR locked_until < ` + now() + `)` + scopeSQL(a, p.Scope, "", enc)
 }
 
