@@ -110,13 +110,14 @@ func scanClaimed(s rowScanner) (Record, error) {
 }
 
 // stampClaimed sets on claimed records the columns that claimColumns leaves out, from the
-// claim's parameters and each record's locked_until.
+// claim's parameters and each record's locked_until. DeliveredAt stays zero, as
+// scanClaimed left it.
 func stampClaimed(recs []Record, p ClaimParams) {
 	lease := time.Duration(micros(p.Lease)) * time.Microsecond // as the dialects bind it
 	for i := range recs {
 		r := &recs[i]
 		r.Status, r.LockedBy, r.LeaseToken = StatusProcessing, p.WorkerID, p.Token
-		r.UpdatedAt, r.DeliveredAt = r.LockedUntil.Add(-lease), time.Time{}
+		r.UpdatedAt = r.LockedUntil.Add(-lease)
 	}
 }
 
@@ -170,11 +171,6 @@ func (c *timeCol) Scan(src any) error {
 		return fmt.Errorf("outbox: cannot scan %T into a time", src)
 	}
 	return nil
-}
-
-// queryRecords runs a query whose select list is recordColumns and scans every row.
-func queryRecords(ctx context.Context, q DBTX, query string, args ...any) ([]Record, error) {
-	return queryAll(ctx, q, query, args, scanRecord)
 }
 
 // queryIDs runs a query returning one id column.
