@@ -62,8 +62,8 @@ import (
 // entry first, the very rows that acks are settling, primary key first, and deadlock with
 // them. The locking reads return the claim's columns (claimColumns) plus the database
 // clock as Unix microseconds; the UPDATE stamps the rows with that same reading, so the
-// records returned are exactly the rows stored, without reading them again, and one claim has one instant
-// (as now() has in a PostgreSQL transaction). A deadlock (error 1213) or lock wait timeout
+// records returned are exactly the rows stored, without reading them again, and one claim
+// has one instant (as now() has in a PostgreSQL transaction). A deadlock (error 1213) or lock wait timeout
 // (1205) retries the whole claim up to 4 times after a short jittered pause. A claim is six
 // statements (SET TRANSACTION, START TRANSACTION, the two index reads, UPDATE, COMMIT),
 // five when there is nothing to claim and seven when it reclaims. With go-sql-driver's
@@ -826,17 +826,11 @@ func mysqlLeaseRows(ctx context.Context, q DBTX, t Table, leases []Lease) ([]mys
 	return out, rows.Err()
 }
 
-// mysqlBuryable renders the predicate of Bury: at or over the attempt limit (bound as
-// maxAttempts), and pending or under an expired lease.
-func mysqlBuryable(maxAttempts string) string {
-	return `status IN ('pending', 'processing') AND attempts >= ` + maxAttempts +
-		` AND (status = 'pending' OR locked_until < UTC_TIMESTAMP(6))`
-}
-
 // Bury finds candidates with a plain (non-locking) read in claim order through the claim
 // index, so that retained rows are never scanned (with ExpiredOnly, status = 'processing'
-// makes it the short walk of the rows in flight; the index leads with status), then updates them
-// by primary key, checking the predicate again, and reads back by primary key only when
+// makes it the short walk of the rows in flight; the index leads with status), then
+// updates them by primary key, checking the predicate again (without the scope, which the
+// candidates already met and no write changes), and reads back by primary key only when
 // some changed meanwhile. A single UPDATE ... ORDER BY ... LIMIT would lock every row it
 // scans across the pending set (next-key locks at the default REPEATABLE READ, blocking
 // enqueues), and finding its rows afterwards by lease_token, which has no index, would
@@ -847,8 +841,9 @@ func (mysqlDialect) Bury(ctx context.Context, q DBTX, t Table, p BuryParams) ([]
 	}
 	tbl := mysqlTable(t)
 	a := &args{}
+	now := func() string { return `UTC_TIMESTAMP(6)` }
 	ids, err := queryIDs(ctx, q, `SELECT id FROM `+tbl+` FORCE INDEX (`+quoteIdent(t.Index("claim"), '`')+`) WHERE `+
-		buryCandidates(a, p, func() string { return `UTC_TIMESTAMP(6)` }, uuidBytes, "")+` ORDER BY created_at, id LIMIT `+a.add(p.Limit), a.vals...)
+		buryCandidates(a, p, now, uuidBytes, "")+` ORDER BY created_at, id LIMIT `+a.add(p.Limit), a.vals...)
 	if err != nil || len(ids) == 0 {
 		return nil, err
 	}
@@ -858,7 +853,7 @@ func (mysqlDialect) Bury(ctx context.Context, q DBTX, t Table, p BuryParams) ([]
 		`, locked_by = NULL, locked_until = NULL, lease_token = ` + a.add(uuidBytes(p.Token)) +
 		`, updated_at = UTC_TIMESTAMP(6) WHERE id IN `)
 	inList := func(a *args) string { return a.list(len(ids), func(i int) any { return uuidBytes(ids[i]) }) }
-	b.WriteString(inList(a) + ` AND ` + mysqlBuryable(a.add(p.MaxAttempts)))
+	b.WriteString(inList(a) + ` AND ` + buryCandidates(a, BuryParams{MaxAttempts: p.MaxAttempts, ExpiredOnly: p.ExpiredOnly}, now, uuidBytes, ""))
 	res, err := mysqlExec(ctx, q, b.String(), a.vals...)
 	if err != nil {
 		return nil, err

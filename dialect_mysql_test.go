@@ -1263,3 +1263,47 @@ func TestMySQLFailedBatchLeavesNothing(t *testing.T) {
 		})
 	}
 }
+
+// afterFirstQuery is a DBTX that runs hook once, after the first query it passes on: as if
+// another worker acted between a dialect's read and its next statement.
+type afterFirstQuery struct {
+	outbox.DBTX
+	hook func()
+	done bool
+}
+
+func (q *afterFirstQuery) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	rows, err := q.DBTX.QueryContext(ctx, query, args...)
+	if !q.done {
+		q.done = true
+		q.hook()
+	}
+	return rows, err
+}
+
+// TestMySQLBuryRechecksCandidates: Bury reads its candidates without locking and updates
+// them by primary key afterwards. A candidate whose lease was renewed in between (its worker
+// was alive after all) must be left alone, and Bury reports only the rows it buried. Both
+// sweeps are checked.
+func TestMySQLBuryRechecksCandidates(t *testing.T) {
+	for _, expiredOnly := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ExpiredOnly=%v", expiredOnly), func(t *testing.T) {
+			e := setupMySQL(t, "")
+			e.enqueue(t, myMsg(0), myMsg(1))
+			recs := e.claim(t, e.store, myClaimOpts(2))
+			require.Len(t, recs, 2)
+			gone, renewed := recs[0], recs[1]
+			e.expire(t, gone.ID, renewed.ID)
+			q := &afterFirstQuery{DBTX: e.db, hook: func() {
+				require.EqualValues(t, 1, e.exec(t, "UPDATE $table SET locked_until = UTC_TIMESTAMP(6) + INTERVAL 1 HOUR WHERE id = ?", renewed.ID[:]))
+			}}
+			buried, err := outbox.MySQL().Bury(e.ctx, q, e.store.Table(), outbox.BuryParams{
+				MaxAttempts: 1, Limit: 10, Reason: "test", Token: uuid.New(), ExpiredOnly: expiredOnly})
+			require.NoError(t, err)
+			require.True(t, q.done, "the hook ran after the candidate read")
+			require.Equal(t, []uuid.UUID{gone.ID}, buried)
+			require.Equal(t, outbox.StatusDead, e.get(t, gone.ID).Status)
+			require.Equal(t, outbox.StatusProcessing, e.get(t, renewed.ID).Status, "the renewed lease protects its row")
+		})
+	}
+}
