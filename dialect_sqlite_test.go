@@ -52,7 +52,8 @@ func TestEnqueueBatchOnDBIsAtomic(t *testing.T) {
 // TestSQLiteSettleNeverMovesUpdatedAtBack: the SQLite ack and nack are autocommit statements
 // whose clock is read before the write lock, so another writer may have stamped the row
 // later meanwhile (another process, a clock read after ours). Their updated_at must still
-// move forward: here a row stamped an hour ahead is acked, nacked and acked again.
+// move forward. Here rows stamped an hour ahead are settled through both statements of
+// Complete: the uniform ack, and the outcome join (an ack and a nack in one call).
 func TestSQLiteSettleNeverMovesUpdatedAtBack(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -60,31 +61,43 @@ func TestSQLiteSettleNeverMovesUpdatedAtBack(t *testing.T) {
 	require.NoError(t, migrations.Up(ctx, db, "sqlite", migrations.Options{}))
 	s, err := outbox.New(db, outbox.SQLite(), outbox.Options{})
 	require.NoError(t, err)
-	for _, settle := range []string{"ack", "nack"} {
-		t.Run(settle, func(t *testing.T) {
-			res, err := s.Enqueue(ctx, db, outbox.Message{Namespace: "n", Topic: settle, Payload: json.RawMessage(`{}`)})
+	policy := outbox.RetryPolicy{BaseDelay: time.Second, MaxDelay: time.Second, MaxAttempts: 5}
+	for _, tc := range []struct {
+		name     string
+		outcomes func(recs []outbox.Record) []outbox.Outcome
+	}{
+		{"uniform-ack", func(recs []outbox.Record) []outbox.Outcome {
+			return []outbox.Outcome{{Lease: recs[0].Lease(), Status: outbox.StatusDelivered}}
+		}},
+		{"ack-and-nack", func(recs []outbox.Record) []outbox.Outcome {
+			return []outbox.Outcome{{Lease: recs[0].Lease(), Status: outbox.StatusDelivered},
+				policy.Outcome(outbox.Failure{Lease: recs[1].Lease(), Attempts: 1, Err: errors.New("boom")})}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			msgs := []outbox.Message{{Namespace: "n", Topic: tc.name, Payload: json.RawMessage(`{}`)},
+				{Namespace: "n", Topic: tc.name, Payload: json.RawMessage(`{}`)}}
+			_, err := s.EnqueueBatch(ctx, db, msgs)
 			require.NoError(t, err)
-			recs, err := s.Claim(ctx, outbox.ClaimOptions{Scope: outbox.Scope{Topics: []string{settle}}, Limit: 1,
+			recs, err := s.Claim(ctx, outbox.ClaimOptions{Scope: outbox.Scope{Topics: []string{tc.name}}, Limit: 2,
 				Lease: time.Minute, MaxAttempts: 5, WorkerID: "w"})
 			require.NoError(t, err)
-			require.Len(t, recs, 1)
+			require.Len(t, recs, 2)
 			ahead := time.Now().Add(time.Hour).UnixMicro()
-			_, err = db.Exec(`UPDATE outbox_events SET updated_at = ? WHERE id = ?`, ahead, res.ID[:])
+			_, err = db.Exec(`UPDATE outbox_events SET updated_at = ? WHERE topic = ?`, ahead, tc.name)
 			require.NoError(t, err)
-			if settle == "ack" {
-				require.NoError(t, s.Ack(ctx, recs[0].Lease()))
-			} else {
-				require.NoError(t, s.Nack(ctx, outbox.RetryPolicy{BaseDelay: time.Second, MaxDelay: time.Second, MaxAttempts: 5},
-					outbox.Failure{Lease: recs[0].Lease(), Attempts: 1, Err: errors.New("boom")}))
-			}
-			got, err := s.Get(ctx, res.ID)
-			require.NoError(t, err)
-			require.Equal(t, time.UnixMicro(ahead+1).UTC(), got.UpdatedAt, "updated_at moved forward by 1µs, not back to now")
-			if settle == "ack" {
-				require.Equal(t, got.UpdatedAt, got.DeliveredAt, "delivered_at is the same stamp")
-			} else {
-				require.Equal(t, outbox.StatusPending, got.Status)
-				require.WithinDuration(t, time.Now().Add(time.Second), got.NextAttemptAt, 2*time.Second, "the retry follows the clock, not the stamp")
+			outcomes := tc.outcomes(recs)
+			require.NoError(t, s.Complete(ctx, outcomes...))
+			for _, o := range outcomes {
+				got, err := s.Get(ctx, o.ID)
+				require.NoError(t, err)
+				require.Equal(t, o.Status, got.Status)
+				require.Equal(t, time.UnixMicro(ahead+1).UTC(), got.UpdatedAt, "updated_at moved forward by 1µs, not back to now")
+				if o.Status == outbox.StatusDelivered {
+					require.Equal(t, got.UpdatedAt, got.DeliveredAt, "delivered_at is the same stamp")
+				} else {
+					require.WithinDuration(t, time.Now().Add(time.Second), got.NextAttemptAt, 2*time.Second, "the retry follows the clock, not the stamp")
+				}
 			}
 		})
 	}

@@ -694,14 +694,16 @@ const fullSweepEvery = 60
 func (r *run) sweepLoop() {
 	t := time.NewTicker(r.p.opts.SweepInterval)
 	defer t.Stop()
-	for n := 0; ; n++ {
-		if n%fullSweepEvery == 0 {
-			if !r.sweep(r.p.store.Bury) {
-				n = -1 // a failed full sweep is repeated at the next tick
+	sinceFull := fullSweepEvery // sweeps since the last full sweep that succeeded
+	for {
+		if sinceFull >= fullSweepEvery {
+			if r.sweep(r.p.store.Bury) {
+				sinceFull = 0
 			}
 		} else {
 			r.sweep(r.p.store.BuryExpired)
 		}
+		sinceFull++
 		select {
 		case <-r.ctx.Done():
 			return
