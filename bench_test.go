@@ -295,7 +295,10 @@ func (benchNullConn) QueryContext(_ context.Context, query string, _ []driver.Na
 		if read == "claimed" {
 			cols = claimColumns
 		}
-		rows, _ := benchRecordRows.LoadOrStore(spec, newBenchRecordRows(100, cols, flavor))
+		rows, ok := benchRecordRows.Load(spec)
+		if !ok {
+			rows, _ = benchRecordRows.LoadOrStore(spec, newBenchRecordRows(100, cols, flavor))
+		}
 		return &benchRows{cols: cols, rows: rows.(*benchRows).rows}, nil
 	}
 	return &benchRows{cols: []string{"id"}}, nil
