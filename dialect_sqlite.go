@@ -18,13 +18,16 @@ import (
 //
 // SQLite has one writer at a time, so there is no SKIP LOCKED: the claim is a single
 // UPDATE ... WHERE id IN (SELECT ... ORDER BY created_at, id LIMIT n) RETURNING statement
-// inside BEGIN IMMEDIATE, and the UPDATE re-checks eligibility (the optimistic guard), so
+// inside a transaction that holds the write lock before it does anything else (what BEGIN
+// IMMEDIATE does; SPEC §6), and the UPDATE re-checks eligibility (the optimistic guard), so
 // two claimers can never take the same row. Times are Unix microseconds from the process
-// clock (every worker of one SQLite file shares a host), read after BEGIN IMMEDIATE has
-// the write lock: SQLite's own clock has only millisecond precision, and a clock read
-// before a wait for the lock would shorten the lease by that wait. Extend and Bury run the
-// same way. A batch ack or nack (Complete) is one autocommit statement whose clock is read
-// just before it, since an early delivered_at or retry time decides nothing (sqliteWrite).
+// clock (every worker of one SQLite file shares a host), read once the transaction has the
+// write lock: SQLite's own clock has only millisecond precision, and a clock read before a
+// wait for the lock would shorten the lease by that wait. Extend and Bury run the same way.
+// A batch ack or nack (Complete) is one autocommit statement whose clock is read just
+// before it, since an early delivered_at or retry time decides nothing (sqliteDialect.write).
+// The claim, its probe and the lock's statement are prepared once per connection and kept
+// by the dialect value (stmtCache), which the Store holds.
 // The library's own writes on one *sql.DB (a Publisher's claim loops, settles and
 // renewals) take turns in the process before they ask for the write lock, so they never
 // starve each other in SQLite's busy handler; use one pool per SQLite file per process.
@@ -38,9 +41,11 @@ import (
 // lock up front, so a business transaction that reads and then enqueues cannot fail with
 // SQLITE_BUSY half way (a deferred transaction that must upgrade its lock is not retried
 // by busy_timeout). Without these, concurrent writers get "database is locked" errors.
-func SQLite() Dialect { return sqliteDialect{} }
+func SQLite() Dialect { return sqliteDialect{stmts: new(stmtCache)} }
 
-type sqliteDialect struct{}
+// sqliteDialect keeps its hot statements prepared (stmtCache): the claim and its probe,
+// and the write lock's statement.
+type sqliteDialect struct{ stmts *stmtCache }
 
 func (sqliteDialect) Name() string { return "sqlite" }
 
@@ -146,24 +151,26 @@ func sqliteEligible(a *args, p ClaimParams, now int64) string {
 		scopeSQL(a, p.Scope, "", uuidBytes)
 }
 
-func (sqliteDialect) Claim(ctx context.Context, db *sql.DB, t Table, p ClaimParams) (recs []Record, err error) {
+func (d sqliteDialect) Claim(ctx context.Context, db *sql.DB, t Table, p ClaimParams) (recs []Record, err error) {
 	// Probe first, without the write lock (in WAL mode readers never wait): idle publishers
 	// polling an empty outbox must not queue for the one write lock that producers need.
 	// Both reads name the claim index: with statistics gathered while most rows were
 	// pending, SQLite's planner chose a rowid scan that passed every delivered row before
 	// the first pending one, which made a long drain quadratic (BENCHMARKS.md, gap 2).
+	// Both statements are prepared once per connection (stmtCache): their text depends only
+	// on the table and the scope's shape.
 	a := &args{}
 	probe := `SELECT 1 FROM ` + quoteIdent(t.Name(), '"') + ` INDEXED BY ` + quoteIdent(t.Index("claim"), '"') +
 		` WHERE ` + sqliteEligible(a, p, time.Now().UnixMicro()) + ` LIMIT 1`
 	var one int
-	switch err := db.QueryRowContext(ctx, probe, a.vals...).Scan(&one); {
+	switch err := d.stmts.on(db, db).QueryRowContext(ctx, probe, a.vals...).Scan(&one); {
 	case err == sql.ErrNoRows:
 		return nil, nil
 	case err != nil:
 		return nil, err
 	}
-	err = sqliteWrite(ctx, db, true, func(q DBTX, now int64) error {
-		recs, err = sqliteClaim(ctx, q, t, p, now)
+	err = d.write(ctx, db, t, true, func(q DBTX, now int64) error {
+		recs, err = sqliteClaim(ctx, d.stmts.on(db, q), t, p, now)
 		return err
 	})
 	return recs, err
@@ -183,12 +190,12 @@ func sqliteClaim(ctx context.Context, q DBTX, t Table, p ClaimParams, now int64)
 	return queryClaimed(ctx, q, p, b.String(), a.vals...)
 }
 
-func (sqliteDialect) Complete(ctx context.Context, q DBTX, t Table, outcomes []Outcome) (lost []uuid.UUID, err error) {
+func (d sqliteDialect) Complete(ctx context.Context, q DBTX, t Table, outcomes []Outcome) (lost []uuid.UUID, err error) {
 	if len(outcomes) == 0 {
 		return nil, nil
 	}
-	err = sqliteWrite(ctx, q, false, func(q DBTX, now int64) error {
-		lost, err = sqliteComplete(ctx, q, t, outcomes, now)
+	err = d.write(ctx, q, t, false, func(q DBTX, now int64) error {
+		lost, err = d.complete(ctx, q, t, outcomes, now)
 		return err
 	})
 	return lost, err
@@ -197,16 +204,16 @@ func (sqliteDialect) Complete(ctx context.Context, q DBTX, t Table, outcomes []O
 // sqliteStamp renders the updated_at (and delivered_at) that Complete writes: now, the clock
 // read before the statement waited for the write lock, moved past the row's updated_at when
 // another writer stamped the row later meanwhile, so a row's updated_at never goes back
-// (sqliteWrite).
+// (sqliteDialect.write).
 func sqliteStamp(now string) string { return `max(` + now + `, updated_at + 1)` }
 
-func sqliteComplete(ctx context.Context, q DBTX, t Table, outcomes []Outcome, now int64) ([]uuid.UUID, error) {
+func (d sqliteDialect) complete(ctx context.Context, q DBTX, t Table, outcomes []Outcome, now int64) ([]uuid.UUID, error) {
 	a := &args{}
 	if token, ok := uniformAck(outcomes); ok {
 		query := `UPDATE ` + quoteIdent(t.Name(), '"') + ` SET status = 'delivered', delivered_at = ` + sqliteStamp(a.add(now)) +
 			`, locked_by = NULL, locked_until = NULL, updated_at = ` + sqliteStamp(a.add(now)) +
-			` WHERE id IN ` + a.list(len(outcomes), func(i int) any { return uuidBytes(outcomes[i].ID) }) + ` AND lease_token = ` + a.add(uuidBytes(token)) +
-			` AND status = 'processing' RETURNING id`
+			` WHERE id IN ` + a.list(len(outcomes), func(i int) any { return uuidBytes(outcomes[i].ID) }) +
+			` AND lease_token = ` + a.add(uuidBytes(token)) + ` AND status = 'processing' RETURNING id`
 		ids, err := queryIDs(ctx, q, query, a.vals...)
 		if err != nil {
 			return nil, err
@@ -235,11 +242,11 @@ func sqliteComplete(ctx context.Context, q DBTX, t Table, outcomes []Outcome, no
 	return missing(leasesOf(outcomes), ids), nil
 }
 
-func (sqliteDialect) Extend(ctx context.Context, q DBTX, t Table, p ExtendParams) (lost []uuid.UUID, err error) {
+func (d sqliteDialect) Extend(ctx context.Context, q DBTX, t Table, p ExtendParams) (lost []uuid.UUID, err error) {
 	if len(p.Leases) == 0 {
 		return nil, nil
 	}
-	err = sqliteWrite(ctx, q, true, func(q DBTX, now int64) error {
+	err = d.write(ctx, q, t, true, func(q DBTX, now int64) error {
 		lost, err = sqliteExtend(ctx, q, t, p, now)
 		return err
 	})
@@ -266,8 +273,8 @@ func sqliteExtend(ctx context.Context, q DBTX, t Table, p ExtendParams, now int6
 	return missing(p.Leases, ids), nil
 }
 
-func (sqliteDialect) Bury(ctx context.Context, q DBTX, t Table, p BuryParams) (ids []uuid.UUID, err error) {
-	err = sqliteWrite(ctx, q, true, func(q DBTX, now int64) error {
+func (d sqliteDialect) Bury(ctx context.Context, q DBTX, t Table, p BuryParams) (ids []uuid.UUID, err error) {
+	err = d.write(ctx, q, t, true, func(q DBTX, now int64) error {
 		ids, err = sqliteBury(ctx, q, t, p, now)
 		return err
 	})
@@ -307,21 +314,35 @@ func sqliteTurn(ctx context.Context, db *sql.DB) (release func(), err error) {
 	}
 }
 
-// sqliteWrite runs fn, one of the library's writes, with the process clock. On a *sql.DB it
-// waits for the pool's turn (sqliteGates) first. With lockFirst (Claim, Extend, Bury) it then
-// takes one connection and wraps fn in BEGIN IMMEDIATE ... COMMIT: the lock comes first
-// (waiting under busy_timeout), then the clock, so a wait for the lock can never shorten a
-// lease, backdate a schedule or let a row be read before the previous writer committed.
-// Without it (Complete) fn's one statement runs in autocommit: SPEC §6 asks for BEGIN
-// IMMEDIATE around the claim, not around a batch ack or nack, and the explicit transaction
-// cost a fifth of the ack (BENCHMARKS.md, gap 1). The clock is then read before SQLite's
-// write lock, so a wait for that lock (held by a business transaction or another process;
-// the pool's own library writes are behind the turn) makes the written times early by that
-// wait: delivered_at and a retry's next_attempt_at by at most busy_timeout, which changes
-// no decision, and sqliteStamp keeps updated_at moving forward. On a transaction or
-// connection that the caller owns, fn runs as it is and the caller's transaction decides
-// the locking.
-func sqliteWrite(ctx context.Context, q DBTX, lockFirst bool, fn func(q DBTX, now int64) error) error {
+// write runs fn, one of the library's writes on table t, with the process clock. On a
+// *sql.DB it waits for the pool's turn (sqliteGates) first. With lockFirst (Claim, Extend,
+// Bury) it then wraps fn in a transaction on one connection that takes SQLite's write lock
+// before anything else (waiting under busy_timeout), then reads the clock, so a wait for the
+// lock can never shorten a lease, backdate a schedule or let a row be read before the
+// previous writer committed. Without it (Complete) fn's one statement runs in autocommit:
+// SPEC §6 asks for BEGIN IMMEDIATE around the claim, not around a batch ack or nack, and the
+// explicit transaction cost a fifth of the ack (BENCHMARKS.md, gap 1). The clock is then
+// read before SQLite's write lock, so a wait for that lock (held by a business transaction
+// or another process; the pool's own library writes are behind the turn) makes the written
+// times early by that wait: delivered_at and a retry's next_attempt_at by at most
+// busy_timeout, which changes no decision, and sqliteStamp keeps updated_at moving forward.
+// On a transaction or connection that the caller owns, fn runs as it is and the caller's
+// transaction decides the locking.
+//
+// The transaction is a *sql.Tx, not BEGIN IMMEDIATE sent as text, so that fn can run
+// prepared statements in it (stmtCache; Tx.StmtContext). database/sql begins it with the
+// DSN's mode (_txlock), deferred by default, so its first statement is sqliteLockSQL, a
+// write that changes no row: a deferred transaction takes the write lock at its first
+// write, the same lock BEGIN IMMEDIATE takes, with the same busy_timeout wait (SQLite
+// waits in its busy handler when a transaction's first statement meets the lock; only a
+// transaction that read first can fail without waiting). Under _txlock=immediate the
+// lock is already held and the statement costs one step.
+//
+// Cancellation: ctx ends the wait for the connection, for BEGIN and for the lock, and any
+// statement of fn; it is detached just before COMMIT, which holds the write lock and so
+// waits for nobody, because a cancellation reported after the commit took effect would call
+// committed work (a claim: leased rows) failed.
+func (d sqliteDialect) write(ctx context.Context, q DBTX, t Table, lockFirst bool, fn func(q DBTX, now int64) error) error {
 	db, ok := q.(*sql.DB)
 	if !ok {
 		return fn(q, time.Now().UnixMicro())
@@ -339,29 +360,34 @@ func sqliteWrite(ctx context.Context, q DBTX, lockFirst bool, fn func(q DBTX, no
 		return err
 	}
 	defer conn.Close()
-	// database/sql does not know about this transaction, so the connection must never go
-	// back to the pool with it open. The driver may report a cancelled context although
-	// BEGIN took effect, so any BEGIN error discards the connection instead of trusting it.
-	discard := func() { _ = conn.Raw(func(any) error { return driver.ErrBadConn }) }
-	if _, err := conn.ExecContext(ctx, `BEGIN IMMEDIATE`); err != nil {
-		discard()
+	txCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	detach := context.AfterFunc(ctx, cancel)
+	tx, err := conn.BeginTx(txCtx, nil)
+	if err != nil {
+		// The driver may report a cancelled context although BEGIN took effect, and
+		// database/sql would keep the connection with that transaction open: discard it.
+		_ = conn.Raw(func(any) error { return driver.ErrBadConn })
 		return err
 	}
-	if err := fn(conn, time.Now().UnixMicro()); err != nil {
-		if _, rerr := conn.ExecContext(context.WithoutCancel(ctx), `ROLLBACK`); rerr != nil {
-			discard()
-		}
+	defer tx.Rollback() //nolint:errcheck // after Commit it only reports ErrTxDone
+	pq := d.stmts.on(db, tx)
+	if _, err := pq.ExecContext(ctx, sqliteLockSQL(t)); err != nil {
 		return err
 	}
-	// COMMIT is not cancellable: the write lock is held, so it waits for nobody, and a
-	// cancellation reported after the commit took effect would call committed work failed.
-	if _, err := conn.ExecContext(context.WithoutCancel(ctx), `COMMIT`); err != nil {
-		if _, rerr := conn.ExecContext(context.WithoutCancel(ctx), `ROLLBACK`); rerr != nil {
-			discard()
-		}
+	if err := fn(tx, time.Now().UnixMicro()); err != nil {
 		return err
 	}
-	return nil
+	if !detach() {
+		return ctx.Err() // ctx ended before COMMIT: database/sql rolls back
+	}
+	return tx.Commit()
+}
+
+// sqliteLockSQL is the first statement of the library's write transactions: a write that
+// changes no row, which makes SQLite take the write lock (sqliteDialect.write).
+func sqliteLockSQL(t Table) string {
+	return `UPDATE ` + quoteIdent(t.Name(), '"') + ` SET id = id WHERE 0`
 }
 
 // sqliteGates holds one gate per *sql.DB: the library's own write transactions on one pool

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -99,6 +100,67 @@ func TestSQLiteSettleNeverMovesUpdatedAtBack(t *testing.T) {
 					require.WithinDuration(t, time.Now().Add(time.Second), got.NextAttemptAt, 2*time.Second, "the retry follows the clock, not the stamp")
 				}
 			}
+		})
+	}
+}
+
+// TestSQLiteClaimReadsClockAfterLock: the claim's transaction takes SQLite's write lock
+// before it reads the clock, so a claim that waited for the lock still leases for the whole
+// Lease from when it got it. Another pool holds the write lock while a claim starts; the
+// claim's updated_at (the clock it read) must not be earlier than the moment the lock was
+// let go. Run with a DSN without _txlock=immediate too, where database/sql begins a deferred
+// transaction and the dialect's first statement must take the lock. A clock read before the
+// lock fails this unless the claim goroutine stayed unscheduled for the whole hold.
+func TestSQLiteClaimReadsClockAfterLock(t *testing.T) {
+	t.Parallel()
+	for _, txlock := range []string{"deferred", "immediate"} {
+		t.Run(txlock, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			path := filepath.Join(t.TempDir(), "outbox.db")
+			open := func() *sql.DB {
+				db, err := sql.Open("sqlite", "file:"+path+"?_pragma=journal_mode(WAL)&_pragma=busy_timeout(30000)&_txlock="+txlock)
+				require.NoError(t, err)
+				t.Cleanup(func() { _ = db.Close() })
+				return db
+			}
+			db, other := open(), open()
+			require.NoError(t, migrations.Up(ctx, db, "sqlite", migrations.Options{}))
+			s, err := outbox.New(db, outbox.SQLite(), outbox.Options{})
+			require.NoError(t, err)
+			_, err = s.Enqueue(ctx, db, outbox.Message{Namespace: "n", Topic: "t", Payload: json.RawMessage(`{}`)})
+			require.NoError(t, err)
+
+			holder, err := other.Conn(ctx)
+			require.NoError(t, err)
+			defer holder.Close()
+			_, err = holder.ExecContext(ctx, `BEGIN IMMEDIATE`)
+			require.NoError(t, err)
+			type result struct {
+				recs []outbox.Record
+				err  error
+			}
+			done := make(chan result, 1)
+			go func() {
+				recs, err := s.Claim(ctx, outbox.ClaimOptions{Limit: 10, Lease: time.Minute, MaxAttempts: 5, WorkerID: "w"})
+				done <- result{recs, err}
+			}()
+			select {
+			case r := <-done:
+				t.Fatalf("the claim did not wait for the write lock: %v, %v", r.recs, r.err)
+			case <-time.After(300 * time.Millisecond): // the hold; see the test's comment
+			}
+			released := time.Now()
+			_, err = holder.ExecContext(ctx, `COMMIT`)
+			require.NoError(t, err)
+			r := <-done
+			require.NoError(t, r.err)
+			require.Len(t, r.recs, 1)
+			require.False(t, r.recs[0].UpdatedAt.Before(released), "clock read at %v, before the lock was let go at %v", r.recs[0].UpdatedAt, released)
+			require.Equal(t, r.recs[0].UpdatedAt.Add(time.Minute), r.recs[0].LockedUntil)
+			got, err := s.Get(ctx, r.recs[0].ID)
+			require.NoError(t, err)
+			require.Equal(t, r.recs[0].LockedUntil, got.LockedUntil)
 		})
 	}
 }
