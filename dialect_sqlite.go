@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"math/bits"
 	"runtime"
 	"strings"
 	"sync"
@@ -207,14 +208,31 @@ func (d sqliteDialect) Complete(ctx context.Context, q DBTX, t Table, outcomes [
 // (sqliteDialect.write).
 func sqliteStamp(now string) string { return `max(` + now + `, updated_at + 1)` }
 
+// sqliteAckListLen is how many ids the uniform ack's IN list binds for n rows: n rounded up
+// to a power of two, the last id repeated (a repeated id matches its row once), so that the
+// statement has at most 11 texts up to MaxBatch and can stay prepared (stmtCache; parsing
+// was a seventh of the ack's CPU). Beyond MaxBatch, reachable only by calling the dialect
+// directly, the list is n long and not prepared.
+func sqliteAckListLen(n int) int {
+	if n > MaxBatch {
+		return n
+	}
+	return 1 << bits.Len(uint(n-1))
+}
+
 func (d sqliteDialect) complete(ctx context.Context, q DBTX, t Table, outcomes []Outcome, now int64) ([]uuid.UUID, error) {
 	a := &args{}
 	if token, ok := uniformAck(outcomes); ok {
+		n := sqliteAckListLen(len(outcomes))
 		query := `UPDATE ` + quoteIdent(t.Name(), '"') + ` SET status = 'delivered', delivered_at = ` + sqliteStamp(a.add(now)) +
 			`, locked_by = NULL, locked_until = NULL, updated_at = ` + sqliteStamp(a.add(now)) +
-			` WHERE id IN ` + a.list(len(outcomes), func(i int) any { return uuidBytes(outcomes[i].ID) }) +
+			` WHERE id IN ` + a.list(n, func(i int) any { return uuidBytes(outcomes[min(i, len(outcomes)-1)].ID) }) +
 			` AND lease_token = ` + a.add(uuidBytes(token)) + ` AND status = 'processing' RETURNING id`
-		ids, err := queryIDs(ctx, q, query, a.vals...)
+		pq := q
+		if db, ok := q.(*sql.DB); ok && n <= MaxBatch {
+			pq = d.stmts.on(db, db)
+		}
+		ids, err := queryIDs(ctx, pq, query, a.vals...)
 		if err != nil {
 			return nil, err
 		}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxgo/outbox"
@@ -163,4 +164,44 @@ func TestSQLiteClaimReadsClockAfterLock(t *testing.T) {
 			require.Equal(t, r.recs[0].LockedUntil, got.LockedUntil)
 		})
 	}
+}
+
+// TestSQLiteAckPaddedList: the SQLite uniform ack binds its ids padded to a power of two by
+// repeating the last one, so that it stays prepared. Acks of 3, 5 and 2 rows (padded to 4,
+// 8 and 2) settle exactly their rows, and a repeated id never hides a lost lease.
+func TestSQLiteAckPaddedList(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.SQLite(t)
+	require.NoError(t, migrations.Up(ctx, db, "sqlite", migrations.Options{}))
+	s, err := outbox.New(db, outbox.SQLite(), outbox.Options{})
+	require.NoError(t, err)
+	msgs := make([]outbox.Message, 9)
+	for i := range msgs {
+		msgs[i] = outbox.Message{Namespace: "n", Topic: "t", Payload: json.RawMessage(`{}`)}
+	}
+	_, err = s.EnqueueBatch(ctx, db, msgs)
+	require.NoError(t, err)
+	recs, err := s.Claim(ctx, outbox.ClaimOptions{Limit: 9, Lease: time.Minute, MaxAttempts: 5, WorkerID: "w"})
+	require.NoError(t, err)
+	require.Len(t, recs, 9)
+	leases := make([]outbox.Lease, len(recs))
+	for i, r := range recs {
+		leases[i] = r.Lease()
+	}
+	delivered := func() (n int) {
+		require.NoError(t, db.QueryRow(`SELECT COUNT(*) FROM outbox_events WHERE status = 'delivered'`).Scan(&n))
+		return n
+	}
+	require.NoError(t, s.Ack(ctx, leases[:3]...))
+	require.Equal(t, 3, delivered())
+	require.NoError(t, s.Ack(ctx, leases[3:8]...))
+	require.Equal(t, 8, delivered())
+	// The last row and two already delivered, padded to 4 by repeating a delivered one:
+	// both delivered ones are lost leases, and only they.
+	err = s.Ack(ctx, leases[8], leases[1], leases[0])
+	var lle *outbox.LeaseLostError
+	require.ErrorAs(t, err, &lle)
+	require.ElementsMatch(t, []uuid.UUID{leases[1].ID, leases[0].ID}, lle.IDs)
+	require.Equal(t, 9, delivered())
 }
