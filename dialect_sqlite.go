@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"errors"
 	"math/bits"
 	"runtime"
 	"strings"
@@ -42,11 +43,13 @@ import (
 // lock up front, so a business transaction that reads and then enqueues cannot fail with
 // SQLITE_BUSY half way (a deferred transaction that must upgrade its lock is not retried
 // by busy_timeout). Without these, concurrent writers get "database is locked" errors.
-func SQLite() Dialect { return sqliteDialect{stmts: new(stmtCache)} }
+func SQLite() Dialect { return sqliteDialect{} }
 
-// sqliteDialect keeps its hot statements prepared (stmtCache): the claim and its probe,
-// and the write lock's statement.
+// sqliteDialect, once New has bound it to a Store's pool, keeps its hot statements prepared
+// there (stmtCache): the claim and its probe, the write lock's statement and the uniform ack.
 type sqliteDialect struct{ stmts *stmtCache }
+
+func (sqliteDialect) bindPool(db *sql.DB) Dialect { return sqliteDialect{stmts: newStmtCache(db)} }
 
 func (sqliteDialect) Name() string { return "sqlite" }
 
@@ -164,14 +167,14 @@ func (d sqliteDialect) Claim(ctx context.Context, db *sql.DB, t Table, p ClaimPa
 	probe := `SELECT 1 FROM ` + quoteIdent(t.Name(), '"') + ` INDEXED BY ` + quoteIdent(t.Index("claim"), '"') +
 		` WHERE ` + sqliteEligible(a, p, time.Now().UnixMicro()) + ` LIMIT 1`
 	var one int
-	switch err := d.stmts.on(db, db).QueryRowContext(ctx, probe, a.vals...).Scan(&one); {
+	switch err := d.stmts.on(db, db, nil).QueryRowContext(ctx, probe, a.vals...).Scan(&one); {
 	case err == sql.ErrNoRows:
 		return nil, nil
 	case err != nil:
 		return nil, err
 	}
-	err = d.write(ctx, db, t, true, func(q DBTX, now int64) error {
-		recs, err = sqliteClaim(ctx, d.stmts.on(db, q), t, p, now)
+	err = d.write(ctx, db, t, true, func(_, prep DBTX, now int64) error {
+		recs, err = sqliteClaim(ctx, prep, t, p, now)
 		return err
 	})
 	return recs, err
@@ -195,8 +198,8 @@ func (d sqliteDialect) Complete(ctx context.Context, q DBTX, t Table, outcomes [
 	if len(outcomes) == 0 {
 		return nil, nil
 	}
-	err = d.write(ctx, q, t, false, func(q DBTX, now int64) error {
-		lost, err = d.complete(ctx, q, t, outcomes, now)
+	err = d.write(ctx, q, t, false, func(q, prep DBTX, now int64) error {
+		lost, err = sqliteComplete(ctx, q, prep, t, outcomes, now)
 		return err
 	})
 	return lost, err
@@ -208,29 +211,32 @@ func (d sqliteDialect) Complete(ctx context.Context, q DBTX, t Table, outcomes [
 // (sqliteDialect.write).
 func sqliteStamp(now string) string { return `max(` + now + `, updated_at + 1)` }
 
-// sqliteAckListLen is how many ids the uniform ack's IN list binds for n rows: n rounded up
-// to a power of two, the last id repeated (a repeated id matches its row once), so that the
-// statement has at most 11 texts up to MaxBatch and can stay prepared (stmtCache; parsing
-// was a seventh of the ack's CPU). Beyond MaxBatch, reachable only by calling the dialect
-// directly, the list is n long and not prepared.
-func sqliteAckListLen(n int) int {
-	if n > MaxBatch {
+// sqliteAckListLen is how many ids the uniform ack's IN list binds for n rows when it runs
+// prepared: n rounded up to a power of two, the last id repeated (an IN list is a set: a
+// repeated id matches its row once), so that the statement has at most 11 texts up to
+// MaxBatch (1 to 1 024 ids) and can stay prepared (stmtCache; parsing was a seventh of the
+// ack's CPU). Beyond MaxBatch, reachable only by calling the dialect directly, and where
+// the ack cannot be prepared, the list is n long.
+func sqliteAckListLen(n int, prepared bool) int {
+	if !prepared || n > MaxBatch {
 		return n
 	}
 	return 1 << bits.Len(uint(n-1))
 }
 
-func (d sqliteDialect) complete(ctx context.Context, q DBTX, t Table, outcomes []Outcome, now int64) ([]uuid.UUID, error) {
+// sqliteComplete settles outcomes on q; prep is q with prepared statements (stmtCache).
+func sqliteComplete(ctx context.Context, q, prep DBTX, t Table, outcomes []Outcome, now int64) ([]uuid.UUID, error) {
 	a := &args{}
 	if token, ok := uniformAck(outcomes); ok {
-		n := sqliteAckListLen(len(outcomes))
+		_, prepared := prep.(preparedDBTX)
+		n := sqliteAckListLen(len(outcomes), prepared)
 		query := `UPDATE ` + quoteIdent(t.Name(), '"') + ` SET status = 'delivered', delivered_at = ` + sqliteStamp(a.add(now)) +
 			`, locked_by = NULL, locked_until = NULL, updated_at = ` + sqliteStamp(a.add(now)) +
 			` WHERE id IN ` + a.list(n, func(i int) any { return uuidBytes(outcomes[min(i, len(outcomes)-1)].ID) }) +
 			` AND lease_token = ` + a.add(uuidBytes(token)) + ` AND status = 'processing' RETURNING id`
 		pq := q
-		if db, ok := q.(*sql.DB); ok && n <= MaxBatch {
-			pq = d.stmts.on(db, db)
+		if n <= MaxBatch {
+			pq = prep
 		}
 		ids, err := queryIDs(ctx, pq, query, a.vals...)
 		if err != nil {
@@ -264,7 +270,7 @@ func (d sqliteDialect) Extend(ctx context.Context, q DBTX, t Table, p ExtendPara
 	if len(p.Leases) == 0 {
 		return nil, nil
 	}
-	err = d.write(ctx, q, t, true, func(q DBTX, now int64) error {
+	err = d.write(ctx, q, t, true, func(q, _ DBTX, now int64) error {
 		lost, err = sqliteExtend(ctx, q, t, p, now)
 		return err
 	})
@@ -292,7 +298,7 @@ func sqliteExtend(ctx context.Context, q DBTX, t Table, p ExtendParams, now int6
 }
 
 func (d sqliteDialect) Bury(ctx context.Context, q DBTX, t Table, p BuryParams) (ids []uuid.UUID, err error) {
-	err = d.write(ctx, q, t, true, func(q DBTX, now int64) error {
+	err = d.write(ctx, q, t, true, func(q, _ DBTX, now int64) error {
 		ids, err = sqliteBury(ctx, q, t, p, now)
 		return err
 	})
@@ -347,53 +353,77 @@ func sqliteTurn(ctx context.Context, db *sql.DB) (release func(), err error) {
 // On a transaction or connection that the caller owns, fn runs as it is and the caller's
 // transaction decides the locking.
 //
+// fn runs its statements on q; prep is q with prepared statements (stmtCache, when the
+// dialect is bound to this pool), for the statements with few texts.
+//
 // The transaction is a *sql.Tx, not BEGIN IMMEDIATE sent as text, so that fn can run
-// prepared statements in it (stmtCache; Tx.StmtContext). database/sql begins it with the
-// DSN's mode (_txlock), deferred by default, so its first statement is sqliteLockSQL, a
-// write that changes no row: a deferred transaction takes the write lock at its first
-// write, the same lock BEGIN IMMEDIATE takes, with the same busy_timeout wait (SQLite
-// waits in its busy handler when a transaction's first statement meets the lock; only a
-// transaction that read first can fail without waiting). Under _txlock=immediate the
-// lock is already held and the statement costs one step.
+// prepared statements in it (Tx.StmtContext). database/sql begins it with the DSN's mode
+// (_txlock), deferred by default, so its first statement is sqliteLockSQL, a write that
+// changes no row: a deferred transaction takes the write lock at its first write, the same
+// lock BEGIN IMMEDIATE takes, with the same busy_timeout wait (SQLite waits in its busy
+// handler when a transaction's first statement meets the lock; only a transaction that read
+// first can fail without waiting). Under _txlock=immediate the lock is already held and the
+// statement costs one step. A statement not prepared yet runs unprepared in the
+// transaction and is prepared after it, when this call holds no connection.
 //
 // Cancellation: ctx ends the wait for the connection, for BEGIN and for the lock, and any
-// statement of fn; it is detached just before COMMIT, which holds the write lock and so
-// waits for nobody, because a cancellation reported after the commit took effect would call
-// committed work (a claim: leased rows) failed.
-func (d sqliteDialect) write(ctx context.Context, q DBTX, t Table, lockFirst bool, fn func(q DBTX, now int64) error) error {
+// statement of fn; it is detached just before COMMIT, because a cancellation reported after
+// the commit took effect would call committed work (a claim: leased rows) failed. In WAL
+// mode COMMIT, holding the write lock, waits for nobody; in rollback-journal mode it may
+// wait, uncancelled, up to busy_timeout for readers to finish.
+func (d sqliteDialect) write(ctx context.Context, q DBTX, t Table, lockFirst bool, fn func(q, prep DBTX, now int64) error) error {
 	db, ok := q.(*sql.DB)
 	if !ok {
-		return fn(q, time.Now().UnixMicro())
+		return fn(q, q, time.Now().UnixMicro())
 	}
 	release, err := sqliteTurn(ctx, db)
 	if err != nil {
 		return err
 	}
-	defer release()
 	if !lockFirst {
-		return fn(db, time.Now().UnixMicro())
+		defer release()
+		return fn(db, d.stmts.on(db, db, nil), time.Now().UnixMicro())
 	}
+	var missed []string
+	err = d.writeTx(ctx, db, t, &missed, fn)
+	release()
+	// Statements the transaction found unprepared are prepared now that this call holds no
+	// connection: preparing takes one, and the pool may have no other (stmtCache.prepare).
+	d.stmts.warm(ctx, missed)
+	return err
+}
+
+// writeTx is write's transaction: on one connection, the write lock first, then the clock.
+func (d sqliteDialect) writeTx(ctx context.Context, db *sql.DB, t Table, missed *[]string, fn func(q, prep DBTX, now int64) error) error {
 	conn, err := db.Conn(ctx)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
+	discard := func() { _ = conn.Raw(func(any) error { return driver.ErrBadConn }) }
 	txCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	detach := context.AfterFunc(ctx, cancel)
+	defer detach() // on every return: a registration left on a long-lived ctx would pile up
 	tx, err := conn.BeginTx(txCtx, nil)
 	if err != nil {
 		// The driver may report a cancelled context although BEGIN took effect, and
 		// database/sql would keep the connection with that transaction open: discard it.
-		_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+		discard()
 		return err
 	}
-	defer tx.Rollback() //nolint:errcheck // after Commit it only reports ErrTxDone
-	pq := d.stmts.on(db, tx)
-	if _, err := pq.ExecContext(ctx, sqliteLockSQL(t)); err != nil {
+	defer func() {
+		// After Commit, or after database/sql rolled back on cancellation, this reports
+		// ErrTxDone. Any other failure may leave the transaction open on the connection.
+		if err := tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
+			discard()
+		}
+	}()
+	prep := d.stmts.on(db, tx, missed)
+	if _, err := prep.ExecContext(ctx, sqliteLockSQL(t)); err != nil {
 		return err
 	}
-	if err := fn(tx, time.Now().UnixMicro()); err != nil {
+	if err := fn(tx, prep, time.Now().UnixMicro()); err != nil {
 		return err
 	}
 	if !detach() {

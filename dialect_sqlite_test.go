@@ -167,8 +167,8 @@ func TestSQLiteClaimReadsClockAfterLock(t *testing.T) {
 }
 
 // TestSQLiteAckPaddedList: the SQLite uniform ack binds its ids padded to a power of two by
-// repeating the last one, so that it stays prepared. Acks of 3, 5 and 2 rows (padded to 4,
-// 8 and 2) settle exactly their rows, and a repeated id never hides a lost lease.
+// repeating the last one, so that it stays prepared. Acks of 3, 5 and 3 rows (padded to 4,
+// 8 and 4) settle exactly their rows, and a repeated id never hides a lost lease.
 func TestSQLiteAckPaddedList(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -197,11 +197,44 @@ func TestSQLiteAckPaddedList(t *testing.T) {
 	require.Equal(t, 3, delivered())
 	require.NoError(t, s.Ack(ctx, leases[3:8]...))
 	require.Equal(t, 8, delivered())
-	// The last row and two already delivered, padded to 4 by repeating a delivered one:
-	// both delivered ones are lost leases, and only they.
-	err = s.Ack(ctx, leases[8], leases[1], leases[0])
+	// Two rows already delivered and the last one, padded to 4 by repeating the last: the
+	// delivered ones are lost leases, and only they.
+	err = s.Ack(ctx, leases[1], leases[0], leases[8])
 	var lle *outbox.LeaseLostError
 	require.ErrorAs(t, err, &lle)
 	require.ElementsMatch(t, []uuid.UUID{leases[1].ID, leases[0].ID}, lle.IDs)
 	require.Equal(t, 9, delivered())
+}
+
+// TestSQLiteOneConnectionPool: a pool of one connection (common advice for SQLite) runs
+// every library write, and the prepared statements get made: a statement that a
+// transaction needs before it is prepared runs unprepared there and is prepared after the
+// transaction, since preparing takes a connection the transaction holds. Preparing inside
+// the transaction waited for that connection until the context ended.
+func TestSQLiteOneConnectionPool(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	db := testdb.SQLite(t)
+	db.SetMaxOpenConns(1)
+	require.NoError(t, migrations.Up(ctx, db, "sqlite", migrations.Options{}))
+	s, err := outbox.New(db, outbox.SQLite(), outbox.Options{})
+	require.NoError(t, err)
+	for round := range 3 { // the first round prepares, the later ones run prepared
+		_, err = s.EnqueueBatch(ctx, db, []outbox.Message{{Namespace: "n", Topic: "t", Payload: json.RawMessage(`{}`)},
+			{Namespace: "n", Topic: "t", Payload: json.RawMessage(`{}`)}})
+		require.NoError(t, err)
+		recs, err := s.Claim(ctx, outbox.ClaimOptions{Limit: 10, Lease: time.Minute, MaxAttempts: 5, WorkerID: "w"})
+		require.NoError(t, err, "round %d", round)
+		require.Len(t, recs, 2)
+		require.NoError(t, s.Extend(ctx, time.Minute, recs[0].Lease(), recs[1].Lease()))
+		require.NoError(t, s.Ack(ctx, recs[0].Lease(), recs[1].Lease()))
+		_, err = s.BuryExpired(ctx, outbox.Scope{}, 5, 10)
+		require.NoError(t, err)
+	}
+	// The lock statement, the probe, the claim and the ack of two rows.
+	require.Equal(t, 4, outbox.PreparedStatements(s))
+	var n int
+	require.NoError(t, db.QueryRowContext(ctx, `SELECT COUNT(*) FROM outbox_events WHERE status = 'delivered'`).Scan(&n))
+	require.Equal(t, 6, n)
 }

@@ -82,13 +82,17 @@ func New(db *sql.DB, d Dialect, opts Options) (*Store, error) {
 	case maxPayload < 0 || maxPayload > 1<<30:
 		return nil, invalid("MaxPayloadBytes", "must be between 1 and 1 GiB, got %d", maxPayload)
 	}
+	if b, ok := d.(poolBinder); ok {
+		d = b.bindPool(db) // per-pool state, such as prepared statements, lives with the Store
+	}
 	return &Store{db: db, dialect: d, table: t, maxPayload: maxPayload}, nil
 }
 
 // DB returns the database the store claims from.
 func (s *Store) DB() *sql.DB { return s.db }
 
-// Dialect returns the store's dialect.
+// Dialect returns the store's dialect. A built-in dialect that keeps state per pool (SQLite's
+// prepared statements) is the store's own copy, bound to [Store.DB].
 func (s *Store) Dialect() Dialect { return s.dialect }
 
 // Table returns the store's table.

@@ -6,105 +6,120 @@ import (
 	"sync"
 )
 
-// stmtCacheSize bounds a stmtCache. A dialect caches only statements whose text depends on
-// the table and the scope's shape, not on batch sizes, so a Publisher needs a handful; the
-// bound only matters for a dialect value shared by many pools or scopes.
+// poolBinder is implemented by a built-in dialect that keeps state per pool (prepared
+// statements): New binds it to the Store's pool, so the state lives and dies with the
+// Store. A dialect value that is not bound (used directly, or wrapped by another dialect)
+// keeps no such state and runs every statement unprepared.
+type poolBinder interface {
+	bindPool(db *sql.DB) Dialect
+}
+
+// stmtCacheSize bounds a stmtCache. A dialect caches only statements with few texts (they
+// depend on the table and the scope's shape, or on a batch size rounded to a power of two),
+// so a Publisher needs a handful; the bound only matters for a Store claimed from with
+// scopes of ever new shapes. Once it is reached, further statements run unprepared.
 const stmtCacheSize = 64
 
-// stmtCache keeps one dialect value's prepared statements, per pool and query text, so that
-// a hot statement is parsed once per connection instead of at every call. database/sql
-// prepares a pool-level *sql.Stmt on each connection the first time it runs there and
-// closes it with the connection; a transaction reuses the connection's copy
-// (Tx.StmtContext).
+// stmtCache keeps the prepared statements of one pool, by query text, so that a hot
+// statement is parsed once per connection instead of at every call. database/sql prepares
+// a pool-level *sql.Stmt on each connection the first time it runs there and closes it with
+// the connection; a transaction reuses the connection's copy (Tx.StmtContext).
 //
-// Why it exists: modernc.org/sqlite parses a statement at every call unless it is
-// prepared, and the SQLite claim spent a sixth of its CPU there (BENCHMARKS.md). pgx caches
-// statements by itself.
+// Why it exists: modernc.org/sqlite parses a statement at every call unless it is prepared;
+// parsing was a sixth of the SQLite claim's CPU and a seventh of its ack's (BENCHMARKS.md).
+// pgx caches statements by itself.
 //
-// The cache belongs to the dialect value, not to a global, because a *sql.Stmt holds its
-// *sql.DB: a global map would keep every pool alive. Its entries live as long as the dialect
-// value; once stmtCacheSize entries exist, further statements run unprepared, so a value
-// shared by many pools (tests opening databases by the hundred) stays bounded and correct.
-// The statements of a closed pool fail like the pool itself, and are never handed out again
-// unless that closed pool is used again.
+// It is bound to one pool by New (poolBinder) and dropped with the Store, so no global map
+// keeps a *sql.DB alive.
 type stmtCache struct {
+	db *sql.DB
 	mu sync.Mutex
-	m  map[stmtKey]*sql.Stmt
+	m  map[string]*sql.Stmt
 }
 
-type stmtKey struct {
-	db    *sql.DB
-	query string
+func newStmtCache(db *sql.DB) *stmtCache {
+	return &stmtCache{db: db, m: make(map[string]*sql.Stmt)}
 }
 
-// stmt returns the prepared statement for query on db, preparing it on first use, or nil
-// when the cache is full or c is nil (the caller then runs query unprepared).
-func (c *stmtCache) stmt(ctx context.Context, db *sql.DB, query string) (*sql.Stmt, error) {
-	if c == nil {
-		return nil, nil
-	}
-	key := stmtKey{db, query}
+// lookup returns the cached statement for query, or nil, and whether there is room to add it.
+func (c *stmtCache) lookup(query string) (s *sql.Stmt, room bool) {
 	c.mu.Lock()
-	s, ok := c.m[key]
-	full := len(c.m) >= stmtCacheSize
-	c.mu.Unlock()
-	if ok || full {
+	defer c.mu.Unlock()
+	return c.m[query], len(c.m) < stmtCacheSize
+}
+
+// prepare returns the statement for query, preparing it on the pool on first use, or nil
+// when the cache is full. It takes a connection of the pool for the moment of preparing, so
+// it must never be called while the caller holds one (a pool of one connection would wait
+// for itself): inside a transaction, use warm afterwards.
+func (c *stmtCache) prepare(ctx context.Context, query string) (*sql.Stmt, error) {
+	if s, room := c.lookup(query); s != nil || !room {
 		return s, nil
 	}
-	s, err := db.PrepareContext(ctx, query)
+	s, err := c.db.PrepareContext(ctx, query)
 	if err != nil {
 		return nil, err
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.m == nil {
-		c.m = make(map[stmtKey]*sql.Stmt)
-	}
-	if prev, ok := c.m[key]; ok || len(c.m) >= stmtCacheSize {
+	if prev, ok := c.m[query]; ok || len(c.m) >= stmtCacheSize {
 		// Another call prepared it first, or the cache filled meanwhile: nobody else has s.
 		_ = s.Close()
 		return prev, nil
 	}
-	c.m[key] = s
+	c.m[query] = s
 	return s, nil
 }
 
-// on returns a DBTX that runs each query as c's prepared statement of db, on q: q is db
-// itself or a transaction of db. Any other q is returned as it is (its queries run
-// unprepared), since a statement can only be prepared on a pool the cache knows.
-// Use it only for statements whose text does not vary with batch sizes (stmtCacheSize).
-func (c *stmtCache) on(db *sql.DB, q DBTX) DBTX {
+// warm prepares the statements that a transaction ran unprepared because they were not
+// cached yet (see on). Errors are dropped: the statements then run unprepared again.
+func (c *stmtCache) warm(ctx context.Context, queries []string) {
+	for _, q := range queries {
+		if _, err := c.prepare(ctx, q); err != nil {
+			return
+		}
+	}
+}
+
+// on returns a DBTX that runs each query as c's prepared statement, on q: db itself, or a
+// transaction of db, in which a query not cached yet runs unprepared and is appended to
+// missed for warm to prepare once the transaction is over. When db is not c's pool, or c is
+// nil, q comes back as it is. Use it only for statements with few texts (stmtCacheSize).
+func (c *stmtCache) on(db *sql.DB, q DBTX, missed *[]string) DBTX {
+	if c == nil || db != c.db {
+		return q
+	}
 	switch q := q.(type) {
 	case *sql.DB:
 		if q == db {
-			return preparedDBTX{c, db, nil}
+			return preparedDBTX{c: c}
 		}
 	case *sql.Tx:
-		return preparedDBTX{c, db, q}
+		return preparedDBTX{c: c, tx: q, missed: missed}
 	}
 	return q
 }
 
 type preparedDBTX struct {
-	c  *stmtCache
-	db *sql.DB
-	tx *sql.Tx
+	c      *stmtCache
+	tx     *sql.Tx
+	missed *[]string
 }
 
 // get returns the statement to run query with, or nil to run it unprepared on q.
 func (p preparedDBTX) get(ctx context.Context, query string) (*sql.Stmt, DBTX, error) {
-	var q DBTX = p.db
-	if p.tx != nil {
-		q = p.tx
+	if p.tx == nil {
+		s, err := p.c.prepare(ctx, query)
+		return s, p.c.db, err
 	}
-	s, err := p.c.stmt(ctx, p.db, query)
-	if s == nil || err != nil {
-		return nil, q, err
+	s, room := p.c.lookup(query)
+	if s == nil {
+		if room && p.missed != nil {
+			*p.missed = append(*p.missed, query)
+		}
+		return nil, p.tx, nil
 	}
-	if p.tx != nil {
-		s = p.tx.StmtContext(ctx, s) // closed when the transaction ends
-	}
-	return s, q, nil
+	return p.tx.StmtContext(ctx, s), p.tx, nil // closed when the transaction ends
 }
 
 func (p preparedDBTX) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
