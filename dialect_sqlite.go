@@ -28,8 +28,10 @@ import (
 // wait for the lock would shorten the lease by that wait. Extend and Bury run the same way.
 // A batch ack or nack (Complete) is one autocommit statement whose clock is read just
 // before it, since an early delivered_at or retry time decides nothing (sqliteDialect.write).
-// The claim, its probe and the lock's statement are prepared once per connection and kept
-// by the dialect value (stmtCache), which the Store holds.
+// The claim, its probe, the lock's statement and the uniform ack are prepared once per
+// connection (stmtCache) by the copy of the dialect that New binds to the Store's pool
+// (Store.Dialect). SQLite() itself prepares nothing, so a dialect that wraps it runs every
+// statement unprepared; wrap a Store's Dialect() to keep them prepared.
 // The library's own writes on one *sql.DB (a Publisher's claim loops, settles and
 // renewals) take turns in the process before they ask for the write lock, so they never
 // starve each other in SQLite's busy handler; use one pool per SQLite file per process.
@@ -218,7 +220,7 @@ func sqliteStamp(now string) string { return `max(` + now + `, updated_at + 1)` 
 // ack's CPU). Beyond MaxBatch, reachable only by calling the dialect directly, and where
 // the ack cannot be prepared, the list is n long.
 func sqliteAckListLen(n int, prepared bool) int {
-	if !prepared || n > MaxBatch {
+	if !prepared {
 		return n
 	}
 	return 1 << bits.Len(uint(n-1))
@@ -229,13 +231,14 @@ func sqliteComplete(ctx context.Context, q, prep DBTX, t Table, outcomes []Outco
 	a := &args{}
 	if token, ok := uniformAck(outcomes); ok {
 		_, prepared := prep.(preparedDBTX)
+		prepared = prepared && len(outcomes) <= MaxBatch
 		n := sqliteAckListLen(len(outcomes), prepared)
 		query := `UPDATE ` + quoteIdent(t.Name(), '"') + ` SET status = 'delivered', delivered_at = ` + sqliteStamp(a.add(now)) +
 			`, locked_by = NULL, locked_until = NULL, updated_at = ` + sqliteStamp(a.add(now)) +
 			` WHERE id IN ` + a.list(n, func(i int) any { return uuidBytes(outcomes[min(i, len(outcomes)-1)].ID) }) +
 			` AND lease_token = ` + a.add(uuidBytes(token)) + ` AND status = 'processing' RETURNING id`
 		pq := q
-		if n <= MaxBatch {
+		if prepared {
 			pq = prep
 		}
 		ids, err := queryIDs(ctx, pq, query, a.vals...)
@@ -387,9 +390,12 @@ func (d sqliteDialect) write(ctx context.Context, q DBTX, t Table, lockFirst boo
 	var missed []string
 	err = d.writeTx(ctx, db, t, &missed, fn)
 	release()
-	// Statements the transaction found unprepared are prepared now that this call holds no
-	// connection: preparing takes one, and the pool may have no other (stmtCache.prepare).
-	d.stmts.warm(ctx, missed)
+	if err == nil {
+		// Statements the transaction found unprepared are prepared now that this call holds
+		// no connection: preparing takes one, and the pool may have no other
+		// (stmtCache.prepare).
+		d.stmts.warm(ctx, missed)
+	}
 	return err
 }
 
@@ -429,7 +435,13 @@ func (d sqliteDialect) writeTx(ctx context.Context, db *sql.DB, t Table, missed 
 	if !detach() {
 		return ctx.Err() // ctx ended before COMMIT: database/sql rolls back
 	}
-	return tx.Commit()
+	if err := tx.Commit(); err != nil {
+		// The driver rolls back after a failed COMMIT but does not report whether that
+		// worked; database/sql would keep the connection.
+		discard()
+		return err
+	}
+	return nil
 }
 
 // sqliteLockSQL is the first statement of the library's write transactions: a write that

@@ -234,7 +234,25 @@ func TestSQLiteOneConnectionPool(t *testing.T) {
 	}
 	// The lock statement, the probe, the claim and the ack of two rows.
 	require.Equal(t, 4, outbox.PreparedStatements(s))
+
+	// 600 rows: the claim is the same statement; the ack's list is padded to 1 024 ids,
+	// a new statement that stays prepared too.
+	msgs := make([]outbox.Message, 600)
+	for i := range msgs {
+		msgs[i] = outbox.Message{Namespace: "n", Topic: "t", Payload: json.RawMessage(`{}`)}
+	}
+	_, err = s.EnqueueBatch(ctx, db, msgs)
+	require.NoError(t, err)
+	recs, err := s.Claim(ctx, outbox.ClaimOptions{Limit: 600, Lease: time.Minute, MaxAttempts: 5, WorkerID: "w"})
+	require.NoError(t, err)
+	require.Len(t, recs, 600)
+	leases := make([]outbox.Lease, len(recs))
+	for i, r := range recs {
+		leases[i] = r.Lease()
+	}
+	require.NoError(t, s.Ack(ctx, leases...))
+	require.Equal(t, 5, outbox.PreparedStatements(s))
 	var n int
 	require.NoError(t, db.QueryRowContext(ctx, `SELECT COUNT(*) FROM outbox_events WHERE status = 'delivered'`).Scan(&n))
-	require.Equal(t, 6, n)
+	require.Equal(t, 606, n)
 }

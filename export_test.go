@@ -7,7 +7,7 @@ func PreparedStatements(s *Store) int {
 	if !ok || d.stmts == nil {
 		return 0
 	}
-	d.stmts.mu.Lock()
-	defer d.stmts.mu.Unlock()
-	return len(d.stmts.m)
+	d.stmts.set.mu.Lock()
+	defer d.stmts.set.mu.Unlock()
+	return len(d.stmts.set.m)
 }

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"database/sql"
+	"runtime"
 	"sync"
 )
 
@@ -29,23 +30,43 @@ const stmtCacheSize = 64
 // parsing was a sixth of the SQLite claim's CPU and a seventh of its ack's (BENCHMARKS.md).
 // pgx caches statements by itself.
 //
-// It is bound to one pool by New (poolBinder) and dropped with the Store, so no global map
-// keeps a *sql.DB alive.
+// It is bound to one pool by New (poolBinder) and lives as long as the Store: database/sql
+// keeps a pool's statements until they are closed or the pool is, so a cleanup closes them
+// once the cache is unreachable, and a program that makes Stores over and over on one pool
+// does not pile them up. No global map holds it, which would keep every *sql.DB alive.
 type stmtCache struct {
-	db *sql.DB
+	db  *sql.DB
+	set *stmtSet
+}
+
+// stmtSet is the cache's statements, apart from the cache so that its cleanup can reach
+// them without keeping the cache alive.
+type stmtSet struct {
 	mu sync.Mutex
 	m  map[string]*sql.Stmt
 }
 
 func newStmtCache(db *sql.DB) *stmtCache {
-	return &stmtCache{db: db, m: make(map[string]*sql.Stmt)}
+	c := &stmtCache{db: db, set: &stmtSet{m: make(map[string]*sql.Stmt)}}
+	runtime.AddCleanup(c, (*stmtSet).close, c.set)
+	return c
+}
+
+// close closes every statement; nothing uses them any more (the cache is unreachable).
+func (s *stmtSet) close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, st := range s.m {
+		_ = st.Close()
+	}
+	clear(s.m)
 }
 
 // lookup returns the cached statement for query, or nil, and whether there is room to add it.
 func (c *stmtCache) lookup(query string) (s *sql.Stmt, room bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.m[query], len(c.m) < stmtCacheSize
+	c.set.mu.Lock()
+	defer c.set.mu.Unlock()
+	return c.set.m[query], len(c.set.m) < stmtCacheSize
 }
 
 // prepare returns the statement for query, preparing it on the pool on first use, or nil
@@ -60,14 +81,14 @@ func (c *stmtCache) prepare(ctx context.Context, query string) (*sql.Stmt, error
 	if err != nil {
 		return nil, err
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if prev, ok := c.m[query]; ok || len(c.m) >= stmtCacheSize {
+	c.set.mu.Lock()
+	defer c.set.mu.Unlock()
+	if prev, ok := c.set.m[query]; ok || len(c.set.m) >= stmtCacheSize {
 		// Another call prepared it first, or the cache filled meanwhile: nobody else has s.
 		_ = s.Close()
 		return prev, nil
 	}
-	c.m[query] = s
+	c.set.m[query] = s
 	return s, nil
 }
 
