@@ -348,21 +348,30 @@ func (r *pgRaw) claim(ctx context.Context, db *sql.DB, limit int, worker string)
 	return c, rows.Err()
 }
 
-func (r *pgRaw) ack(ctx context.Context, db *sql.DB, ids []any) error {
-	s := make([]string, len(ids))
+// uuidArray binds the claimed ids (their text form) as one array literal, which pgx sends
+// as text at once; for a []string it first tries the binary encoding, fails and formats an
+// error (the library binds the same way, pgUUIDArray in dialect_postgres.go).
+func uuidArray(ids []any) string {
+	var b strings.Builder
+	b.Grow(len(ids)*37 + 2)
+	b.WriteByte('{')
 	for i, id := range ids {
-		s[i] = id.(string)
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(id.(string))
 	}
-	_, err := db.ExecContext(ctx, r.ackSQL, s)
+	b.WriteByte('}')
+	return b.String()
+}
+
+func (r *pgRaw) ack(ctx context.Context, db *sql.DB, ids []any) error {
+	_, err := db.ExecContext(ctx, r.ackSQL, uuidArray(ids))
 	return err
 }
 
 func (r *pgRaw) ackGuarded(ctx context.Context, db *sql.DB, ids []any, token uuid.UUID) (int, error) {
-	s := make([]string, len(ids))
-	for i, id := range ids {
-		s[i] = id.(string)
-	}
-	rows, err := db.QueryContext(ctx, r.guardedSQL, s, token.String())
+	rows, err := db.QueryContext(ctx, r.guardedSQL, uuidArray(ids), token.String())
 	if err != nil {
 		return 0, err
 	}
