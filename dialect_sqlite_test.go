@@ -176,19 +176,7 @@ func TestSQLiteAckPaddedList(t *testing.T) {
 	require.NoError(t, migrations.Up(ctx, db, "sqlite", migrations.Options{}))
 	s, err := outbox.New(db, outbox.SQLite(), outbox.Options{})
 	require.NoError(t, err)
-	msgs := make([]outbox.Message, 9)
-	for i := range msgs {
-		msgs[i] = outbox.Message{Namespace: "n", Topic: "t", Payload: json.RawMessage(`{}`)}
-	}
-	_, err = s.EnqueueBatch(ctx, db, msgs)
-	require.NoError(t, err)
-	recs, err := s.Claim(ctx, outbox.ClaimOptions{Limit: 9, Lease: time.Minute, MaxAttempts: 5, WorkerID: "w"})
-	require.NoError(t, err)
-	require.Len(t, recs, 9)
-	leases := make([]outbox.Lease, len(recs))
-	for i, r := range recs {
-		leases[i] = r.Lease()
-	}
+	leases := enqueueAndClaim(ctx, t, s, db, 9)
 	delivered := func() (n int) {
 		require.NoError(t, db.QueryRow(`SELECT COUNT(*) FROM outbox_events WHERE status = 'delivered'`).Scan(&n))
 		return n
@@ -220,15 +208,10 @@ func TestSQLiteOneConnectionPool(t *testing.T) {
 	require.NoError(t, migrations.Up(ctx, db, "sqlite", migrations.Options{}))
 	s, err := outbox.New(db, outbox.SQLite(), outbox.Options{})
 	require.NoError(t, err)
-	for round := range 3 { // the first round prepares, the later ones run prepared
-		_, err = s.EnqueueBatch(ctx, db, []outbox.Message{{Namespace: "n", Topic: "t", Payload: json.RawMessage(`{}`)},
-			{Namespace: "n", Topic: "t", Payload: json.RawMessage(`{}`)}})
-		require.NoError(t, err)
-		recs, err := s.Claim(ctx, outbox.ClaimOptions{Limit: 10, Lease: time.Minute, MaxAttempts: 5, WorkerID: "w"})
-		require.NoError(t, err, "round %d", round)
-		require.Len(t, recs, 2)
-		require.NoError(t, s.Extend(ctx, time.Minute, recs[0].Lease(), recs[1].Lease()))
-		require.NoError(t, s.Ack(ctx, recs[0].Lease(), recs[1].Lease()))
+	for range 3 { // the first round prepares, the later ones run prepared
+		leases := enqueueAndClaim(ctx, t, s, db, 2)
+		require.NoError(t, s.Extend(ctx, time.Minute, leases...))
+		require.NoError(t, s.Ack(ctx, leases...))
 		_, err = s.BuryExpired(ctx, outbox.Scope{}, 5, 10)
 		require.NoError(t, err)
 	}
@@ -237,22 +220,28 @@ func TestSQLiteOneConnectionPool(t *testing.T) {
 
 	// 600 rows: the claim is the same statement; the ack's list is padded to 1 024 ids,
 	// a new statement that stays prepared too.
-	msgs := make([]outbox.Message, 600)
-	for i := range msgs {
-		msgs[i] = outbox.Message{Namespace: "n", Topic: "t", Payload: json.RawMessage(`{}`)}
-	}
-	_, err = s.EnqueueBatch(ctx, db, msgs)
-	require.NoError(t, err)
-	recs, err := s.Claim(ctx, outbox.ClaimOptions{Limit: 600, Lease: time.Minute, MaxAttempts: 5, WorkerID: "w"})
-	require.NoError(t, err)
-	require.Len(t, recs, 600)
-	leases := make([]outbox.Lease, len(recs))
-	for i, r := range recs {
-		leases[i] = r.Lease()
-	}
-	require.NoError(t, s.Ack(ctx, leases...))
+	require.NoError(t, s.Ack(ctx, enqueueAndClaim(ctx, t, s, db, 600)...))
 	require.Equal(t, 5, outbox.PreparedStatements(s))
 	var n int
 	require.NoError(t, db.QueryRowContext(ctx, `SELECT COUNT(*) FROM outbox_events WHERE status = 'delivered'`).Scan(&n))
 	require.Equal(t, 606, n)
+}
+
+// enqueueAndClaim enqueues n messages and claims them in one claim, returning the leases.
+func enqueueAndClaim(ctx context.Context, t *testing.T, s *outbox.Store, db *sql.DB, n int) []outbox.Lease {
+	t.Helper()
+	msgs := make([]outbox.Message, n)
+	for i := range msgs {
+		msgs[i] = outbox.Message{Namespace: "n", Topic: "t", Payload: json.RawMessage(`{}`)}
+	}
+	_, err := s.EnqueueBatch(ctx, db, msgs)
+	require.NoError(t, err)
+	recs, err := s.Claim(ctx, outbox.ClaimOptions{Limit: n, Lease: time.Minute, MaxAttempts: 5, WorkerID: "w"})
+	require.NoError(t, err)
+	require.Len(t, recs, n)
+	leases := make([]outbox.Lease, len(recs))
+	for i, r := range recs {
+		leases[i] = r.Lease()
+	}
+	return leases
 }
