@@ -59,10 +59,7 @@ func TestEnqueueBatchOnDBIsAtomic(t *testing.T) {
 func TestSQLiteSettleNeverMovesUpdatedAtBack(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := testdb.SQLite(t)
-	require.NoError(t, migrations.Up(ctx, db, "sqlite", migrations.Options{}))
-	s, err := outbox.New(db, outbox.SQLite(), outbox.Options{})
-	require.NoError(t, err)
+	s, db := newSQLiteStore(ctx, t)
 	policy := outbox.RetryPolicy{BaseDelay: time.Second, MaxDelay: time.Second, MaxAttempts: 5}
 	for _, tc := range []struct {
 		name     string
@@ -172,10 +169,7 @@ func TestSQLiteClaimReadsClockAfterLock(t *testing.T) {
 func TestSQLiteAckPaddedList(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := testdb.SQLite(t)
-	require.NoError(t, migrations.Up(ctx, db, "sqlite", migrations.Options{}))
-	s, err := outbox.New(db, outbox.SQLite(), outbox.Options{})
-	require.NoError(t, err)
+	s, db := newSQLiteStore(ctx, t)
 	leases := enqueueAndClaim(ctx, t, s, db, 9)
 	delivered := func() (n int) {
 		require.NoError(t, db.QueryRow(`SELECT COUNT(*) FROM outbox_events WHERE status = 'delivered'`).Scan(&n))
@@ -187,7 +181,7 @@ func TestSQLiteAckPaddedList(t *testing.T) {
 	require.Equal(t, 8, delivered())
 	// Two rows already delivered and the last one, padded to 4 by repeating the last: the
 	// delivered ones are lost leases, and only they.
-	err = s.Ack(ctx, leases[1], leases[0], leases[8])
+	err := s.Ack(ctx, leases[1], leases[0], leases[8])
 	var lle *outbox.LeaseLostError
 	require.ErrorAs(t, err, &lle)
 	require.ElementsMatch(t, []uuid.UUID{leases[1].ID, leases[0].ID}, lle.IDs)
@@ -244,4 +238,14 @@ func enqueueAndClaim(ctx context.Context, t *testing.T, s *outbox.Store, db *sql
 		leases[i] = r.Lease()
 	}
 	return leases
+}
+
+// newSQLiteStore returns a Store on a new, migrated SQLite database, and the database.
+func newSQLiteStore(ctx context.Context, t *testing.T) (*outbox.Store, *sql.DB) {
+	t.Helper()
+	db := testdb.SQLite(t)
+	require.NoError(t, migrations.Up(ctx, db, "sqlite", migrations.Options{}))
+	s, err := outbox.New(db, outbox.SQLite(), outbox.Options{})
+	require.NoError(t, err)
+	return s, db
 }
