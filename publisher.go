@@ -100,11 +100,12 @@ type PublisherOptions struct {
 	ShutdownTimeout time.Duration
 
 	// SweepInterval is how often the publisher dead-letters rows that reached the attempt
-	// limit and whose worker crashed during the last attempt, with [Store.BuryExpired]. At
-	// start, until it succeeds, and then every 60th sweep it uses [Store.Bury], which also
-	// buries pending rows at the limit (they appear when the limit is lowered, for example
-	// by a rolling deploy) but walks the whole pending backlog. Default
-	// [DefaultSweepInterval].
+	// limit and whose worker crashed during the last attempt, with [Store.BuryExpired]. The
+	// first sweep comes one SweepInterval after start, not at start, so that a backlog
+	// waiting for a restarted publisher is delivered first. The first sweep, repeated until
+	// one succeeds, and then every 60th use [Store.Bury], which also buries pending rows at
+	// the limit (they appear when the limit is lowered, for example by a rolling deploy) but
+	// walks the whole pending backlog. Default [DefaultSweepInterval].
 	SweepInterval time.Duration
 
 	// Logger receives the publisher's log lines. They carry message ids and errors, never
@@ -687,15 +688,27 @@ func (r *run) dead(dl DeadLetter) {
 // under another one.
 const fullSweepEvery = 60
 
-// sweepLoop sweeps at start and every SweepInterval: in full (Store.Bury) until one full
-// sweep succeeds and then every fullSweepEvery sweeps, for expired leases only
-// (Store.BuryExpired) in between, which is cheaper wherever the dialect can skip the
-// pending backlog.
+// sweepLoop sweeps every SweepInterval, the first time one interval after start: in full
+// (Store.Bury) until one full sweep succeeds and then every fullSweepEvery sweeps, for
+// expired leases only (Store.BuryExpired) in between, which is cheaper wherever the dialect
+// can skip the pending backlog.
+//
+// Not at start: a sweep walks the pending backlog on PostgreSQL and SQLite (their claim
+// index holds pending and processing rows together), and on SQLite it holds the one write
+// lock meanwhile, so at start it delayed the first claims of a restarted publisher by about
+// 2 µs per pending row (CPU profile of the bench's SQLite drain, BENCHMARKS.md). Rows at the
+// attempt limit are not claimable; burying them one interval later changes nothing but
+// when OnDead hears of them.
 func (r *run) sweepLoop() {
 	t := time.NewTicker(r.p.opts.SweepInterval)
 	defer t.Stop()
 	sinceFull := fullSweepEvery // sweeps since the last full sweep that succeeded
 	for {
+		select {
+		case <-r.ctx.Done():
+			return
+		case <-t.C:
+		}
 		if sinceFull >= fullSweepEvery {
 			if r.sweep(r.p.store.Bury) {
 				sinceFull = 0
@@ -704,11 +717,6 @@ func (r *run) sweepLoop() {
 			r.sweep(r.p.store.BuryExpired)
 		}
 		sinceFull++
-		select {
-		case <-r.ctx.Done():
-			return
-		case <-t.C:
-		}
 	}
 }
 

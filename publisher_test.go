@@ -1400,6 +1400,28 @@ func TestPublisherSweepsFullThenExpired(t *testing.T) {
 	})
 }
 
+// TestPublisherDoesNotSweepAtStart: the first sweep waits one SweepInterval, so that a
+// restarted publisher's first claims do not wait behind a sweep that walks the backlog.
+func TestPublisherDoesNotSweepAtStart(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, e *pubEnv) {
+		d := &buryRecorder{Dialect: pubDialect(e.backend)}
+		opts := fastOptions(t, "nosweep")
+		opts.SweepInterval = time.Hour
+		p, err := outbox.NewPublisher(e.newStore(t, e.db, d), newRecorder(nil).transport("p"), opts)
+		require.NoError(t, err)
+		e.enqueue(t, opts.Scope.Namespace, 3)
+		stop := start(t, p)
+		deadline := time.Now().Add(10 * time.Second)
+		for p.Stats().Delivered < 3 && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		stop()
+		require.EqualValues(t, 3, p.Stats().Delivered)
+		require.Empty(t, d.calls(), "no sweep before the first SweepInterval")
+	})
+}
+
 // TestBuryExpiredSkipsPendingRows: the built-in dialects' BuryExpired reads processing rows
 // only (the conformance suite allows a dialect to bury more); a pending row at a lowered
 // limit waits for the full sweep.
