@@ -695,8 +695,8 @@ const fullSweepEvery = 60
 //
 // Not at start: a sweep walks the pending backlog on PostgreSQL and SQLite (their claim
 // index holds pending and processing rows together), and on SQLite it holds the one write
-// lock meanwhile, so at start it delayed the first claims of a restarted publisher by about
-// 2 µs per pending row (CPU profile of the bench's SQLite drain, BENCHMARKS.md). Rows at the
+// lock meanwhile, so at start it delayed the first claims of a restarted publisher (1 s of
+// the 114 s of CPU in a profile of the bench's SQLite drains, BENCHMARKS.md). Rows at the
 // attempt limit are not claimable; burying them one interval later changes nothing but
 // when OnDead hears of them.
 func (r *run) sweepLoop() {
