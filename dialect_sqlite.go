@@ -3,8 +3,6 @@ package outbox
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
-	"errors"
 	"math/bits"
 	"runtime"
 	"strings"
@@ -18,23 +16,34 @@ import (
 // SQLite returns the dialect for SQLite 3.35 or newer (UPDATE ... RETURNING, UPDATE ...
 // FROM, partial indexes), tested with modernc.org/sqlite.
 //
-// SQLite has one writer at a time, so there is no SKIP LOCKED: the claim is a single
-// UPDATE ... WHERE id IN (SELECT ... ORDER BY created_at, id LIMIT n) RETURNING statement
-// inside a transaction that holds the write lock before it does anything else (what BEGIN
-// IMMEDIATE does; SPEC §6), and the UPDATE re-checks eligibility (the optimistic guard), so
-// two claimers can never take the same row. Times are Unix microseconds from the process
-// clock (every worker of one SQLite file shares a host), read once the transaction has the
-// write lock: SQLite's own clock has only millisecond precision, and a clock read before a
-// wait for the lock would shorten the lease by that wait. Extend and Bury run the same way.
-// A batch ack or nack (Complete) is one autocommit statement whose clock is read just
-// before it, since an early delivered_at or retry time decides nothing (sqliteDialect.write).
-// The claim, its probe, the lock's statement and the uniform ack are prepared once per
-// connection (stmtCache) by the copy of the dialect that New binds to the Store's pool
-// (Store.Dialect). SQLite() itself prepares nothing, so a dialect that wraps it runs every
-// statement unprepared; wrap a Store's Dialect() to keep them prepared.
-// The library's own writes on one *sql.DB (a Publisher's claim loops, settles and
-// renewals) take turns in the process before they ask for the write lock, so they never
-// starve each other in SQLite's busy handler; use one pool per SQLite file per process.
+// SQLite has one writer at a time, so there is no SKIP LOCKED. Every write of the library
+// (claim, ack and nack, renewal, sweep) is one UPDATE ... RETURNING statement run in
+// autocommit, and an autocommit write is its own transaction that takes the write lock at
+// its first step, before it reads a row: what BEGIN IMMEDIATE gives (SPEC §6), waiting for
+// the lock under busy_timeout as BEGIN IMMEDIATE does, and never failing half way the way a
+// deferred transaction that reads first and then writes can. The claim is UPDATE ... WHERE
+// id IN (SELECT ... ORDER BY created_at, id LIMIT n), and the UPDATE re-checks eligibility
+// (the optimistic guard), so two claimers can never take the same row.
+//
+// Clock: the statements read it themselves (sqliteNow, SQLite's julianday('now')), so it is
+// read once the write lock is held, and a wait for the lock can never shorten a lease,
+// backdate a schedule or let a row be judged by a time from before the previous writer
+// committed. It is the host's clock read in the process, as SPEC §6 asks for SQLite, at
+// SQLite's resolution of a millisecond. Times are stored as Unix microseconds and are whole
+// milliseconds (Insert cuts Go's clock down the same way), except that a transition stamps a
+// row at least a microsecond past its last updated_at (sqliteStamp), so that updated_at
+// always moves forward. One statement replaces BEGIN, a lock statement, the UPDATE and
+// COMMIT on a connection taken from the pool: three statements fewer for modernc.org/sqlite
+// to watch for cancellation, each with a goroutine, and no transaction for database/sql to
+// watch (BENCHMARKS.md, gap 1).
+//
+// The claim, its probe and the uniform ack are prepared once per connection (stmtCache) by
+// the copy of the dialect that New binds to the Store's pool (Store.Dialect). SQLite()
+// itself prepares nothing, so a dialect that wraps it runs every statement unprepared; wrap
+// a Store's Dialect() to keep them prepared. The library's own writes on one *sql.DB (a
+// Publisher's claim loops, settles and renewals) take turns in the process before they ask
+// for the write lock, so they never starve each other in SQLite's busy handler; use one
+// pool per SQLite file per process.
 //
 // Connection settings users need (with modernc.org/sqlite, in the DSN):
 //
@@ -48,7 +57,7 @@ import (
 func SQLite() Dialect { return sqliteDialect{} }
 
 // sqliteDialect, once New has bound it to a Store's pool, keeps its hot statements prepared
-// there (stmtCache): the claim and its probe, the write lock's statement and the uniform ack.
+// there (stmtCache): the claim and its probe, and the uniform ack.
 type sqliteDialect struct{ stmts *stmtCache }
 
 func (sqliteDialect) bindPool(db *sql.DB) Dialect { return sqliteDialect{stmts: newStmtCache(db)} }
@@ -61,7 +70,12 @@ const sqliteRowsPerInsert = 500
 
 func (d sqliteDialect) Insert(ctx context.Context, q DBTX, t Table, rows []Row) ([]bool, error) {
 	inserted := make([]bool, 0, len(rows))
+	// Go's clock down to its millisecond: the resolution of SQLite's, which the claim
+	// compares next_attempt_at with (sqliteNow truncates the same way), so that a row
+	// without delay is due at once, not up to a millisecond after it was enqueued. Rows
+	// enqueued within one millisecond keep their order by id (UUIDv7: time-ordered).
 	now := time.Now().UnixMicro()
+	now -= now % 1000
 	for len(rows) > 0 {
 		chunk := rows[:min(len(rows), sqliteRowsPerInsert)]
 		rows = rows[len(chunk):]
@@ -148,12 +162,19 @@ func markInserted(inserted []bool, rows []Row, ids []uuid.UUID) {
 	}
 }
 
+// sqliteNow is the clock of the library's SQLite statements, in Unix microseconds:
+// SQLite's julianday('now'), which has a millisecond's resolution, is the same at every use
+// within one statement, and is read by a write once it holds the write lock (SQLite). The
+// julian day is a double whose rounding error is below 0.05 ms at today's dates, so it is
+// rounded to whole milliseconds first.
+const sqliteNow = `(CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)`
+
 // sqliteEligible renders the claim predicate: (pending and due) or (processing and
-// expired), below the attempt limit, in scope. The leading status IN (...) term lets
-// SQLite use the partial claim index, whose WHERE clause it must imply.
-func sqliteEligible(a *args, p ClaimParams, now int64) string {
-	return `status IN ('pending', 'processing') AND ((status = 'pending' AND next_attempt_at <= ` + a.add(now) +
-		`) OR (status = 'processing' AND locked_until < ` + a.add(now) + `)) AND attempts < ` + a.add(p.MaxAttempts) +
+// expired), below the attempt limit, in scope, at sqliteNow. The leading status IN (...)
+// term lets SQLite use the partial claim index, whose WHERE clause it must imply.
+func sqliteEligible(a *args, p ClaimParams) string {
+	return `status IN ('pending', 'processing') AND ((status = 'pending' AND next_attempt_at <= ` + sqliteNow +
+		`) OR (status = 'processing' AND locked_until < ` + sqliteNow + `)) AND attempts < ` + a.add(p.MaxAttempts) +
 		scopeSQL(a, p.Scope, "", uuidBytes)
 }
 
@@ -167,31 +188,34 @@ func (d sqliteDialect) Claim(ctx context.Context, db *sql.DB, t Table, p ClaimPa
 	// on the table and the scope's shape.
 	a := &args{}
 	probe := `SELECT 1 FROM ` + quoteIdent(t.Name(), '"') + ` INDEXED BY ` + quoteIdent(t.Index("claim"), '"') +
-		` WHERE ` + sqliteEligible(a, p, time.Now().UnixMicro()) + ` LIMIT 1`
+		` WHERE ` + sqliteEligible(a, p) + ` LIMIT 1`
 	var one int
-	switch err := d.stmts.on(db, db, nil).QueryRowContext(ctx, probe, a.vals...).Scan(&one); {
+	switch err := d.stmts.on(db).QueryRowContext(ctx, probe, a.vals...).Scan(&one); {
 	case err == sql.ErrNoRows:
 		return nil, nil
 	case err != nil:
 		return nil, err
 	}
-	err = d.write(ctx, db, t, true, func(_, prep DBTX, now int64) error {
-		recs, err = sqliteClaim(ctx, prep, t, p, now)
+	err = d.write(ctx, db, func(_, prep DBTX) error {
+		recs, err = sqliteClaim(ctx, prep, t, p)
 		return err
 	})
 	return recs, err
 }
 
-func sqliteClaim(ctx context.Context, q DBTX, t Table, p ClaimParams, now int64) ([]Record, error) {
+// sqliteClaim leases rows in one statement (SQLite). locked_until is the claim's time plus
+// the lease, and the claim's time is the row's updated_at, sqliteStamp, so that stampClaimed
+// can give UpdatedAt as LockedUntil - Lease.
+func sqliteClaim(ctx context.Context, q DBTX, t Table, p ClaimParams) ([]Record, error) {
 	tbl := quoteIdent(t.Name(), '"')
 	a := &args{}
 	var b strings.Builder
 	b.WriteString(`UPDATE ` + tbl + ` SET status = 'processing', attempts = attempts + 1, locked_by = ` + a.add(p.WorkerID) +
-		`, locked_until = ` + a.add(now+micros(p.Lease)) + `, lease_token = ` + a.add(uuidBytes(p.Token)) +
-		`, updated_at = ` + a.add(now))
-	b.WriteString(` WHERE id IN (SELECT id FROM ` + tbl + ` INDEXED BY ` + quoteIdent(t.Index("claim"), '"') + ` WHERE ` + sqliteEligible(a, p, now) +
+		`, locked_until = ` + sqliteStamp() + ` + ` + a.add(micros(p.Lease)) + `, lease_token = ` + a.add(uuidBytes(p.Token)) +
+		`, updated_at = ` + sqliteStamp())
+	b.WriteString(` WHERE id IN (SELECT id FROM ` + tbl + ` INDEXED BY ` + quoteIdent(t.Index("claim"), '"') + ` WHERE ` + sqliteEligible(a, p) +
 		` ORDER BY created_at, id LIMIT ` + a.add(p.Limit) + `)`)
-	b.WriteString(` AND ` + sqliteEligible(a, p, now)) // the guard: eligibility holds at write time
+	b.WriteString(` AND ` + sqliteEligible(a, p)) // the guard: eligibility holds at write time
 	b.WriteString(` RETURNING ` + selectList(claimColumns, "", nil))
 	return queryClaimed(ctx, q, p, b.String(), a.vals...)
 }
@@ -200,18 +224,18 @@ func (d sqliteDialect) Complete(ctx context.Context, q DBTX, t Table, outcomes [
 	if len(outcomes) == 0 {
 		return nil, nil
 	}
-	err = d.write(ctx, q, t, false, func(q, prep DBTX, now int64) error {
-		lost, err = sqliteComplete(ctx, q, prep, t, outcomes, now)
+	err = d.write(ctx, q, func(q, prep DBTX) error {
+		lost, err = sqliteComplete(ctx, q, prep, t, outcomes)
 		return err
 	})
 	return lost, err
 }
 
-// sqliteStamp renders the updated_at (and delivered_at) that Complete writes: now, the clock
-// read before the statement waited for the write lock, moved past the row's updated_at when
-// another writer stamped the row later meanwhile, so a row's updated_at never goes back
-// (sqliteDialect.write).
-func sqliteStamp(now string) string { return `max(` + now + `, updated_at + 1)` }
+// sqliteStamp renders the time of a transition as the row's new updated_at: sqliteNow, or
+// a microsecond past the row's updated_at when that is later. Insert stamps rows with Go's
+// clock at microsecond resolution and SQLite's clock has a millisecond's, so a transition
+// within the millisecond of the previous one would otherwise move updated_at back.
+func sqliteStamp() string { return `max(` + sqliteNow + `, updated_at + 1)` }
 
 // sqliteAckListLen is how many ids the uniform ack's IN list binds for n rows when it runs
 // prepared: n rounded up to a power of two, the last id repeated (an IN list is a set: a
@@ -227,14 +251,14 @@ func sqliteAckListLen(n int, prepared bool) int {
 }
 
 // sqliteComplete settles outcomes on q; prep is q with prepared statements (stmtCache).
-func sqliteComplete(ctx context.Context, q, prep DBTX, t Table, outcomes []Outcome, now int64) ([]uuid.UUID, error) {
+func sqliteComplete(ctx context.Context, q, prep DBTX, t Table, outcomes []Outcome) ([]uuid.UUID, error) {
 	a := &args{}
 	if token, ok := uniformAck(outcomes); ok {
 		_, prepared := prep.(preparedDBTX)
 		prepared = prepared && len(outcomes) <= MaxBatch
 		n := sqliteAckListLen(len(outcomes), prepared)
-		query := `UPDATE ` + quoteIdent(t.Name(), '"') + ` SET status = 'delivered', delivered_at = ` + sqliteStamp(a.add(now)) +
-			`, locked_by = NULL, locked_until = NULL, updated_at = ` + sqliteStamp(a.add(now)) +
+		query := `UPDATE ` + quoteIdent(t.Name(), '"') + ` SET status = 'delivered', delivered_at = ` + sqliteStamp() +
+			`, locked_by = NULL, locked_until = NULL, updated_at = ` + sqliteStamp() +
 			` WHERE id IN ` + a.list(n, func(i int) any { return uuidBytes(outcomes[min(i, len(outcomes)-1)].ID) }) +
 			` AND lease_token = ` + a.add(uuidBytes(token)) + ` AND status = 'processing' RETURNING id`
 		pq := q
@@ -257,10 +281,10 @@ func sqliteComplete(ctx context.Context, q, prep DBTX, t Table, outcomes []Outco
 			", " + a.add(micros(o.Delay)) + ", " + a.add(o.Error) + ")")
 	}
 	b.WriteString(`) UPDATE ` + quoteIdent(t.Name(), '"') + ` SET status = u.o_status,` +
-		` next_attempt_at = CASE WHEN u.o_status = 'pending' THEN ` + a.add(now) + ` + u.o_delay ELSE next_attempt_at END,` +
+		` next_attempt_at = CASE WHEN u.o_status = 'pending' THEN ` + sqliteNow + ` + u.o_delay ELSE next_attempt_at END,` +
 		` last_error = CASE WHEN u.o_status = 'delivered' THEN last_error ELSE u.o_error END,` +
-		` delivered_at = CASE WHEN u.o_status = 'delivered' THEN ` + sqliteStamp(a.add(now)) + ` ELSE delivered_at END,` +
-		` locked_by = NULL, locked_until = NULL, updated_at = ` + sqliteStamp(a.add(now)) +
+		` delivered_at = CASE WHEN u.o_status = 'delivered' THEN ` + sqliteStamp() + ` ELSE delivered_at END,` +
+		` locked_by = NULL, locked_until = NULL, updated_at = ` + sqliteStamp() +
 		` FROM u WHERE id = u.o_id AND lease_token = u.o_token AND status = 'processing' RETURNING id`)
 	ids, err := queryIDs(ctx, q, b.String(), a.vals...)
 	if err != nil {
@@ -273,14 +297,14 @@ func (d sqliteDialect) Extend(ctx context.Context, q DBTX, t Table, p ExtendPara
 	if len(p.Leases) == 0 {
 		return nil, nil
 	}
-	err = d.write(ctx, q, t, true, func(q, _ DBTX, now int64) error {
-		lost, err = sqliteExtend(ctx, q, t, p, now)
+	err = d.write(ctx, q, func(q, _ DBTX) error {
+		lost, err = sqliteExtend(ctx, q, t, p)
 		return err
 	})
 	return lost, err
 }
 
-func sqliteExtend(ctx context.Context, q DBTX, t Table, p ExtendParams, now int64) ([]uuid.UUID, error) {
+func sqliteExtend(ctx context.Context, q DBTX, t Table, p ExtendParams) ([]uuid.UUID, error) {
 	a := &args{}
 	var b strings.Builder
 	b.WriteString(`WITH u(o_id, o_token) AS (VALUES `)
@@ -290,8 +314,8 @@ func sqliteExtend(ctx context.Context, q DBTX, t Table, p ExtendParams, now int6
 		}
 		b.WriteString("(" + a.add(uuidBytes(l.ID)) + ", " + a.add(uuidBytes(l.Token)) + ")")
 	}
-	b.WriteString(`) UPDATE ` + quoteIdent(t.Name(), '"') + ` SET locked_until = ` + a.add(now+micros(p.Lease)) +
-		`, updated_at = ` + a.add(now) +
+	b.WriteString(`) UPDATE ` + quoteIdent(t.Name(), '"') + ` SET locked_until = ` + sqliteNow + ` + ` + a.add(micros(p.Lease)) +
+		`, updated_at = ` + sqliteStamp() +
 		` FROM u WHERE id = u.o_id AND lease_token = u.o_token AND status = 'processing' RETURNING id`)
 	ids, err := queryIDs(ctx, q, b.String(), a.vals...)
 	if err != nil {
@@ -301,19 +325,19 @@ func sqliteExtend(ctx context.Context, q DBTX, t Table, p ExtendParams, now int6
 }
 
 func (d sqliteDialect) Bury(ctx context.Context, q DBTX, t Table, p BuryParams) (ids []uuid.UUID, err error) {
-	err = d.write(ctx, q, t, true, func(q, _ DBTX, now int64) error {
-		ids, err = sqliteBury(ctx, q, t, p, now)
+	err = d.write(ctx, q, func(q, _ DBTX) error {
+		ids, err = sqliteBury(ctx, q, t, p)
 		return err
 	})
 	return ids, err
 }
 
-func sqliteBury(ctx context.Context, q DBTX, t Table, p BuryParams, now int64) ([]uuid.UUID, error) {
+func sqliteBury(ctx context.Context, q DBTX, t Table, p BuryParams) ([]uuid.UUID, error) {
 	tbl := quoteIdent(t.Name(), '"')
 	a := &args{}
 	query := `UPDATE ` + tbl + ` SET status = 'dead', last_error = ` + a.add(p.Reason) +
-		`, locked_by = NULL, locked_until = NULL, lease_token = ` + a.add(uuidBytes(p.Token)) + `, updated_at = ` + a.add(now) +
-		` WHERE id IN (SELECT id FROM ` + tbl + ` WHERE ` + buryCandidates(a, p, func() string { return a.add(now) }, uuidBytes, "") +
+		`, locked_by = NULL, locked_until = NULL, lease_token = ` + a.add(uuidBytes(p.Token)) + `, updated_at = ` + sqliteStamp() +
+		` WHERE id IN (SELECT id FROM ` + tbl + ` WHERE ` + buryCandidates(a, p, func() string { return sqliteNow }, uuidBytes, "") +
 		` ORDER BY created_at, id LIMIT ` + a.add(p.Limit) + `) RETURNING id`
 	return queryIDs(ctx, q, query, a.vals...)
 }
@@ -341,113 +365,27 @@ func sqliteTurn(ctx context.Context, db *sql.DB) (release func(), err error) {
 	}
 }
 
-// write runs fn, one of the library's writes on table t, with the process clock. On a
-// *sql.DB it waits for the pool's turn (sqliteGates) first. With lockFirst (Claim, Extend,
-// Bury) it then wraps fn in a transaction on one connection that takes SQLite's write lock
-// before anything else (waiting under busy_timeout), then reads the clock, so a wait for the
-// lock can never shorten a lease, backdate a schedule or let a row be read before the
-// previous writer committed. Without it (Complete) fn's one statement runs in autocommit:
-// SPEC §6 asks for BEGIN IMMEDIATE around the claim, not around a batch ack or nack, and the
-// explicit transaction cost a fifth of the ack (BENCHMARKS.md, gap 1). The clock is then
-// read before SQLite's write lock, so a wait for that lock (held by a business transaction
-// or another process; the pool's own library writes are behind the turn) makes the written
-// times early by that wait: delivered_at and a retry's next_attempt_at by at most
-// busy_timeout, which changes no decision, and sqliteStamp keeps updated_at moving forward.
-// On a transaction or connection that the caller owns, fn runs as it is and the caller's
-// transaction decides the locking.
+// write runs fn, one of the library's writes: one autocommit statement that reads the
+// clock itself (SQLite). On a *sql.DB it waits for the pool's turn first (sqliteGates), and
+// fn gets prep, q with prepared statements (stmtCache, when the dialect is bound to this
+// pool), for the statements with few texts. On a transaction or connection that the caller
+// owns, fn runs as it is and the caller's transaction decides the locking.
 //
-// fn runs its statements on q; prep is q with prepared statements (stmtCache, when the
-// dialect is bound to this pool), for the statements with few texts.
-//
-// The transaction is a *sql.Tx, not BEGIN IMMEDIATE sent as text, so that fn can run
-// prepared statements in it (Tx.StmtContext). database/sql begins it with the DSN's mode
-// (_txlock), deferred by default, so its first statement is sqliteLockSQL, a write that
-// changes no row: a deferred transaction takes the write lock at its first write, the same
-// lock BEGIN IMMEDIATE takes, with the same busy_timeout wait (SQLite waits in its busy
-// handler when a transaction's first statement meets the lock; only a transaction that read
-// first can fail without waiting). Under _txlock=immediate the lock is already held and the
-// statement costs one step. A statement not prepared yet runs unprepared in the
-// transaction and is prepared after it, when this call holds no connection.
-//
-// Cancellation: ctx ends the wait for the connection, for BEGIN and for the lock, and any
-// statement of fn; it is detached just before COMMIT, because a cancellation reported after
-// the commit took effect would call committed work (a claim: leased rows) failed. In WAL
-// mode COMMIT, holding the write lock, waits for nobody; in rollback-journal mode it may
-// wait, uncancelled, up to busy_timeout for readers to finish.
-func (d sqliteDialect) write(ctx context.Context, q DBTX, t Table, lockFirst bool, fn func(q, prep DBTX, now int64) error) error {
+// Cancellation: ctx ends the wait for the turn and, through the driver, the statement and
+// its wait for the write lock. A claim that commits while ctx ends can be reported as
+// cancelled; its rows then stay leased until the lease expires, as after a crash, which is
+// why the Publisher claims on a context that ends only at its shutdown deadline.
+func (d sqliteDialect) write(ctx context.Context, q DBTX, fn func(q, prep DBTX) error) error {
 	db, ok := q.(*sql.DB)
 	if !ok {
-		return fn(q, q, time.Now().UnixMicro())
+		return fn(q, q)
 	}
 	release, err := sqliteTurn(ctx, db)
 	if err != nil {
 		return err
 	}
-	if !lockFirst {
-		defer release()
-		return fn(db, d.stmts.on(db, db, nil), time.Now().UnixMicro())
-	}
-	var missed []string
-	err = d.writeTx(ctx, db, t, &missed, fn)
-	release()
-	if err == nil {
-		// Statements the transaction found unprepared are prepared now that this call holds
-		// no connection: preparing takes one, and the pool may have no other
-		// (stmtCache.prepare).
-		d.stmts.warm(ctx, missed)
-	}
-	return err
-}
-
-// writeTx is write's transaction: on one connection, the write lock first, then the clock.
-func (d sqliteDialect) writeTx(ctx context.Context, db *sql.DB, t Table, missed *[]string, fn func(q, prep DBTX, now int64) error) error {
-	conn, err := db.Conn(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	discard := func() { _ = conn.Raw(func(any) error { return driver.ErrBadConn }) }
-	txCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancel()
-	detach := context.AfterFunc(ctx, cancel)
-	defer detach() // on every return: a registration left on a long-lived ctx would pile up
-	tx, err := conn.BeginTx(txCtx, nil)
-	if err != nil {
-		// The driver may report a cancelled context although BEGIN took effect, and
-		// database/sql would keep the connection with that transaction open: discard it.
-		discard()
-		return err
-	}
-	defer func() {
-		// After Commit, or after database/sql rolled back on cancellation, this reports
-		// ErrTxDone. Any other failure may leave the transaction open on the connection.
-		if err := tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
-			discard()
-		}
-	}()
-	prep := d.stmts.on(db, tx, missed)
-	if _, err := prep.ExecContext(ctx, sqliteLockSQL(t)); err != nil {
-		return err
-	}
-	if err := fn(tx, prep, time.Now().UnixMicro()); err != nil {
-		return err
-	}
-	if !detach() {
-		return ctx.Err() // ctx ended before COMMIT: database/sql rolls back
-	}
-	if err := tx.Commit(); err != nil {
-		// The driver rolls back after a failed COMMIT but does not report whether that
-		// worked; database/sql would keep the connection.
-		discard()
-		return err
-	}
-	return nil
-}
-
-// sqliteLockSQL is the first statement of the library's write transactions: a write that
-// changes no row, which makes SQLite take the write lock (sqliteDialect.write).
-func sqliteLockSQL(t Table) string {
-	return `UPDATE ` + quoteIdent(t.Name(), '"') + ` SET id = id WHERE 0`
+	defer release()
+	return fn(db, d.stmts.on(db))
 }
 
 // sqliteGates holds one gate per *sql.DB: the library's own write transactions on one pool

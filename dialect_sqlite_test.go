@@ -102,65 +102,61 @@ func TestSQLiteSettleNeverMovesUpdatedAtBack(t *testing.T) {
 	}
 }
 
-// TestSQLiteClaimReadsClockAfterLock: the claim's transaction takes SQLite's write lock
-// before it reads the clock, so a claim that waited for the lock still leases for the whole
-// Lease from when it got it. Another pool holds the write lock while a claim starts; the
-// claim's updated_at (the clock it read) must not be earlier than the moment the lock was
-// let go. Run with a DSN without _txlock=immediate too, where database/sql begins a deferred
-// transaction and the dialect's first statement must take the lock. A clock read before the
-// lock fails this unless the claim goroutine stayed unscheduled for the whole hold.
+// TestSQLiteClaimReadsClockAfterLock: the claim is one autocommit statement that takes
+// SQLite's write lock before it reads the clock (SQLite's own, in the statement), so a
+// claim that waited for the lock still leases for the whole Lease from when it got it.
+// Another pool holds the write lock while a claim starts; the claim's updated_at (the clock
+// it read) must not be earlier than the millisecond in which the lock was let go (SQLite's
+// clock has a millisecond's resolution). A clock read before the lock fails this unless the
+// claim goroutine stayed unscheduled for the whole hold.
 func TestSQLiteClaimReadsClockAfterLock(t *testing.T) {
 	t.Parallel()
-	for _, txlock := range []string{"deferred", "immediate"} {
-		t.Run(txlock, func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			path := filepath.Join(t.TempDir(), "outbox.db")
-			open := func() *sql.DB {
-				db, err := sql.Open("sqlite", "file:"+path+"?_pragma=journal_mode(WAL)&_pragma=busy_timeout(30000)&_txlock="+txlock)
-				require.NoError(t, err)
-				t.Cleanup(func() { _ = db.Close() })
-				return db
-			}
-			db, other := open(), open()
-			require.NoError(t, migrations.Up(ctx, db, "sqlite", migrations.Options{}))
-			s, err := outbox.New(db, outbox.SQLite(), outbox.Options{})
-			require.NoError(t, err)
-			_, err = s.Enqueue(ctx, db, outbox.Message{Namespace: "n", Topic: "t", Payload: json.RawMessage(`{}`)})
-			require.NoError(t, err)
-
-			holder, err := other.Conn(ctx)
-			require.NoError(t, err)
-			defer holder.Close()
-			_, err = holder.ExecContext(ctx, `BEGIN IMMEDIATE`)
-			require.NoError(t, err)
-			type result struct {
-				recs []outbox.Record
-				err  error
-			}
-			done := make(chan result, 1)
-			go func() {
-				recs, err := s.Claim(ctx, outbox.ClaimOptions{Limit: 10, Lease: time.Minute, MaxAttempts: 5, WorkerID: "w"})
-				done <- result{recs, err}
-			}()
-			select {
-			case r := <-done:
-				t.Fatalf("the claim did not wait for the write lock: %v, %v", r.recs, r.err)
-			case <-time.After(300 * time.Millisecond): // the hold; see the test's comment
-			}
-			released := time.Now()
-			_, err = holder.ExecContext(ctx, `COMMIT`)
-			require.NoError(t, err)
-			r := <-done
-			require.NoError(t, r.err)
-			require.Len(t, r.recs, 1)
-			require.False(t, r.recs[0].UpdatedAt.Before(released), "clock read at %v, before the lock was let go at %v", r.recs[0].UpdatedAt, released)
-			require.Equal(t, r.recs[0].UpdatedAt.Add(time.Minute), r.recs[0].LockedUntil)
-			got, err := s.Get(ctx, r.recs[0].ID)
-			require.NoError(t, err)
-			require.Equal(t, r.recs[0].LockedUntil, got.LockedUntil)
-		})
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "outbox.db")
+	open := func() *sql.DB {
+		db, err := sql.Open("sqlite", "file:"+path+"?_pragma=journal_mode(WAL)&_pragma=busy_timeout(30000)")
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = db.Close() })
+		return db
 	}
+	db, other := open(), open()
+	require.NoError(t, migrations.Up(ctx, db, "sqlite", migrations.Options{}))
+	s, err := outbox.New(db, outbox.SQLite(), outbox.Options{})
+	require.NoError(t, err)
+	_, err = s.Enqueue(ctx, db, outbox.Message{Namespace: "n", Topic: "t", Payload: json.RawMessage(`{}`)})
+	require.NoError(t, err)
+
+	holder, err := other.Conn(ctx)
+	require.NoError(t, err)
+	defer holder.Close()
+	_, err = holder.ExecContext(ctx, `BEGIN IMMEDIATE`)
+	require.NoError(t, err)
+	type result struct {
+		recs []outbox.Record
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		recs, err := s.Claim(ctx, outbox.ClaimOptions{Limit: 10, Lease: time.Minute, MaxAttempts: 5, WorkerID: "w"})
+		done <- result{recs, err}
+	}()
+	select {
+	case r := <-done:
+		t.Fatalf("the claim did not wait for the write lock: %v, %v", r.recs, r.err)
+	case <-time.After(300 * time.Millisecond): // the hold; see the test's comment
+	}
+	released := time.Now().Truncate(time.Millisecond)
+	_, err = holder.ExecContext(ctx, `COMMIT`)
+	require.NoError(t, err)
+	r := <-done
+	require.NoError(t, r.err)
+	require.Len(t, r.recs, 1)
+	require.False(t, r.recs[0].UpdatedAt.Before(released), "clock read at %v, before the lock was let go at %v", r.recs[0].UpdatedAt, released)
+	require.Equal(t, r.recs[0].UpdatedAt.Add(time.Minute), r.recs[0].LockedUntil)
+	got, err := s.Get(ctx, r.recs[0].ID)
+	require.NoError(t, err)
+	require.Equal(t, r.recs[0].LockedUntil, got.LockedUntil)
+	require.Equal(t, r.recs[0].UpdatedAt, got.UpdatedAt)
 }
 
 // TestSQLiteAckPaddedList: the SQLite uniform ack binds its ids padded to a power of two by
@@ -189,10 +185,9 @@ func TestSQLiteAckPaddedList(t *testing.T) {
 }
 
 // TestSQLiteOneConnectionPool: a pool of one connection (common advice for SQLite) runs
-// every library write, and the prepared statements get made: a statement that a
-// transaction needs before it is prepared runs unprepared there and is prepared after the
-// transaction, since preparing takes a connection the transaction holds. Preparing inside
-// the transaction waited for that connection until the context ended.
+// every library write, and the prepared statements get made. No library call may need a
+// second connection while it holds one: an earlier design prepared statements inside the
+// claim's transaction and waited for itself until the context ended.
 func TestSQLiteOneConnectionPool(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -209,13 +204,13 @@ func TestSQLiteOneConnectionPool(t *testing.T) {
 		_, err = s.BuryExpired(ctx, outbox.Scope{}, 5, 10)
 		require.NoError(t, err)
 	}
-	// The lock statement, the probe, the claim and the ack of two rows.
-	require.Equal(t, 4, outbox.PreparedStatements(s))
+	// The probe, the claim and the ack of two rows.
+	require.Equal(t, 3, outbox.PreparedStatements(s))
 
 	// 600 rows: the claim is the same statement; the ack's list is padded to 1 024 ids,
 	// a new statement that stays prepared too.
 	require.NoError(t, s.Ack(ctx, enqueueAndClaim(ctx, t, s, db, 600)...))
-	require.Equal(t, 5, outbox.PreparedStatements(s))
+	require.Equal(t, 4, outbox.PreparedStatements(s))
 	var n int
 	require.NoError(t, db.QueryRowContext(ctx, `SELECT COUNT(*) FROM outbox_events WHERE status = 'delivered'`).Scan(&n))
 	require.Equal(t, 606, n)

@@ -27,8 +27,9 @@
 // # Clocks
 //
 // Leases and schedules compare times on one clock for all workers: the database's
-// (now() on PostgreSQL, UTC_TIMESTAMP(6) on MySQL). SQLite has no server, so its dialect
-// uses the process clock; every worker of one SQLite file runs on one host.
+// (now() on PostgreSQL, UTC_TIMESTAMP(6) on MySQL). SQLite has no server: its statements
+// read the host's clock themselves (julianday('now'), a millisecond's resolution) once they
+// hold the write lock; every worker of one SQLite file runs on one host.
 //
 // # Dialects
 //

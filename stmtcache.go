@@ -24,7 +24,7 @@ const stmtCacheSize = 64
 // stmtCache keeps the prepared statements of one pool, by query text, so that a hot
 // statement is parsed once per connection instead of at every call. database/sql prepares
 // a pool-level *sql.Stmt on each connection the first time it runs there and closes it with
-// the connection; a transaction reuses the connection's copy (Tx.StmtContext).
+// the connection.
 //
 // Why it exists: modernc.org/sqlite parses a statement at every call unless it is prepared;
 // parsing was a sixth of the SQLite claim's CPU and a seventh of its ack's (BENCHMARKS.md).
@@ -70,9 +70,7 @@ func (c *stmtCache) lookup(query string) (s *sql.Stmt, room bool) {
 }
 
 // prepare returns the statement for query, preparing it on the pool on first use, or nil
-// when the cache is full. It takes a connection of the pool for the moment of preparing, so
-// it must never be called while the caller holds one (a pool of one connection would wait
-// for itself): inside a transaction, use warm afterwards.
+// when the cache is full.
 func (c *stmtCache) prepare(ctx context.Context, query string) (*sql.Stmt, error) {
 	if s, room := c.lookup(query); s != nil || !room {
 		return s, nil
@@ -92,75 +90,36 @@ func (c *stmtCache) prepare(ctx context.Context, query string) (*sql.Stmt, error
 	return s, nil
 }
 
-// warm prepares the statements that a transaction ran unprepared because they were not
-// cached yet (see on). Errors are dropped: the statements then run unprepared again.
-func (c *stmtCache) warm(ctx context.Context, queries []string) {
-	for _, q := range queries {
-		if _, err := c.prepare(ctx, q); err != nil {
-			return
-		}
-	}
-}
-
-// on returns a DBTX that runs each query as c's prepared statement, on q: db itself, or a
-// transaction of db, in which a query not cached yet runs unprepared and is appended to
-// missed for warm to prepare once the transaction is over. When db is not c's pool, or c is
-// nil, q comes back as it is. Use it only for statements with few texts (stmtCacheSize).
-func (c *stmtCache) on(db *sql.DB, q DBTX, missed *[]string) DBTX {
+// on returns a DBTX that runs each query on db as c's prepared statement. When db is not
+// c's pool, or c is nil, db comes back as it is. Use it only for statements with few texts
+// (stmtCacheSize).
+func (c *stmtCache) on(db *sql.DB) DBTX {
 	if c == nil || db != c.db {
-		return q
+		return db
 	}
-	switch q := q.(type) {
-	case *sql.DB:
-		if q == db {
-			return preparedDBTX{c: c}
-		}
-	case *sql.Tx:
-		return preparedDBTX{c: c, tx: q, missed: missed}
-	}
-	return q
+	return preparedDBTX{c}
 }
 
-type preparedDBTX struct {
-	c      *stmtCache
-	tx     *sql.Tx
-	missed *[]string
-}
-
-// get returns the statement to run query with, or nil to run it unprepared on q.
-func (p preparedDBTX) get(ctx context.Context, query string) (*sql.Stmt, DBTX, error) {
-	if p.tx == nil {
-		s, err := p.c.prepare(ctx, query)
-		return s, p.c.db, err
-	}
-	s, room := p.c.lookup(query)
-	if s == nil {
-		if room && p.missed != nil {
-			*p.missed = append(*p.missed, query)
-		}
-		return nil, p.tx, nil
-	}
-	return p.tx.StmtContext(ctx, s), p.tx, nil // closed when the transaction ends
-}
+type preparedDBTX struct{ c *stmtCache }
 
 func (p preparedDBTX) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	s, q, err := p.get(ctx, query)
+	s, err := p.c.prepare(ctx, query)
 	if err != nil {
 		return nil, err
 	}
 	if s == nil {
-		return q.ExecContext(ctx, query, args...)
+		return p.c.db.ExecContext(ctx, query, args...)
 	}
 	return s.ExecContext(ctx, args...)
 }
 
 func (p preparedDBTX) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
-	s, q, err := p.get(ctx, query)
+	s, err := p.c.prepare(ctx, query)
 	if err != nil {
 		return nil, err
 	}
 	if s == nil {
-		return q.QueryContext(ctx, query, args...)
+		return p.c.db.QueryContext(ctx, query, args...)
 	}
 	return s.QueryContext(ctx, args...)
 }
@@ -168,9 +127,9 @@ func (p preparedDBTX) QueryContext(ctx context.Context, query string, args ...an
 // QueryRowContext runs query unprepared when preparing it failed: the error comes back
 // from Scan, as it would for the unprepared query.
 func (p preparedDBTX) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
-	s, q, err := p.get(ctx, query)
+	s, err := p.c.prepare(ctx, query)
 	if s == nil || err != nil {
-		return q.QueryRowContext(ctx, query, args...)
+		return p.c.db.QueryRowContext(ctx, query, args...)
 	}
 	return s.QueryRowContext(ctx, args...)
 }
