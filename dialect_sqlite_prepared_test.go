@@ -4,10 +4,12 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"encoding/json"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"modernc.org/sqlite"
@@ -47,9 +49,30 @@ func TestSQLiteHotStatementsRunPrepared(t *testing.T) {
 	require.NotEmpty(t, rec.all(), "the wrapper sees unprepared statements (the enqueue's INSERT)")
 }
 
+// unpreparedLog records the statements database/sql sends to the driver unprepared, and
+// apart from them every run of a prepared statement.
 type unpreparedLog struct {
-	mu      sync.Mutex
-	queries []string
+	mu       sync.Mutex
+	queries  []string
+	prepared []string
+}
+
+func (l *unpreparedLog) addPrepared(q string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.prepared = append(l.prepared, q)
+}
+
+// preparedRuns returns how many runs of prepared statements contained mark.
+func (l *unpreparedLog) preparedRuns(mark string) (n int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, q := range l.prepared {
+		if strings.Contains(q, mark) {
+			n++
+		}
+	}
+	return n
 }
 
 func (l *unpreparedLog) add(q string) {
@@ -61,7 +84,7 @@ func (l *unpreparedLog) add(q string) {
 func (l *unpreparedLog) reset() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.queries = nil
+	l.queries, l.prepared = nil, nil
 }
 
 func (l *unpreparedLog) all() []string {
@@ -106,4 +129,73 @@ func (c unpreparedConn) QueryContext(ctx context.Context, q string, args []drive
 func (c unpreparedConn) ExecContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Result, error) {
 	c.log.add(q)
 	return c.sqliteDriverConn.ExecContext(ctx, q, args)
+}
+
+func (c unpreparedConn) PrepareContext(ctx context.Context, q string) (driver.Stmt, error) {
+	st, err := c.sqliteDriverConn.PrepareContext(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	return loggedStmt{st.(sqliteDriverStmt), q, c.log}, nil
+}
+
+type sqliteDriverStmt interface {
+	driver.Stmt
+	driver.StmtExecContext
+	driver.StmtQueryContext
+}
+
+type loggedStmt struct {
+	sqliteDriverStmt
+	q   string
+	log *unpreparedLog
+}
+
+func (s loggedStmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
+	s.log.addPrepared(s.q)
+	return s.sqliteDriverStmt.QueryContext(ctx, args)
+}
+
+func (s loggedStmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
+	s.log.addPrepared(s.q)
+	return s.sqliteDriverStmt.ExecContext(ctx, args)
+}
+
+// TestSQLiteClaimSkipsProbeDuringBacklog: a claim probes for eligible rows before it takes
+// the write lock, except right after a claim of the same scope came back full; a short
+// claim turns the probe back on. Five rows, claims of two: probe, full; no probe, full; no
+// probe, one row (short); probe, nothing. Another scope keeps its own memory.
+func TestSQLiteClaimSkipsProbeDuringBacklog(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rec := &unpreparedLog{}
+	db := sql.OpenDB(unpreparedConnector{dsn: testdb.SQLiteDSN(filepath.Join(t.TempDir(), "outbox.db")), log: rec})
+	t.Cleanup(func() { _ = db.Close() })
+	require.NoError(t, migrations.Up(ctx, db, "sqlite", migrations.Options{}))
+	s, err := outbox.New(db, outbox.SQLite(), outbox.Options{})
+	require.NoError(t, err)
+	msgs := make([]outbox.Message, 5)
+	for i := range msgs {
+		msgs[i] = outbox.Message{Namespace: "n", Topic: "t", Payload: json.RawMessage(`{}`)}
+	}
+	_, err = s.EnqueueBatch(ctx, db, msgs)
+	require.NoError(t, err)
+
+	claim := func(ns string) int {
+		recs, err := s.Claim(ctx, outbox.ClaimOptions{Scope: outbox.Scope{Namespace: ns}, Limit: 2, Lease: time.Minute, MaxAttempts: 5, WorkerID: "w"})
+		require.NoError(t, err)
+		return len(recs)
+	}
+	const probe = `SELECT 1 FROM`
+	const claimed = `SET status = 'processing'`
+	steps := []struct{ got, probes, claims int }{{2, 1, 1}, {2, 1, 2}, {1, 1, 3}, {0, 2, 3}}
+	for i, want := range steps {
+		require.Equal(t, want.got, claim("n"), "claim %d", i+1)
+		require.Equal(t, want.probes, rec.preparedRuns(probe), "probes after claim %d", i+1)
+		require.Equal(t, want.claims, rec.preparedRuns(claimed), "claim statements after claim %d", i+1)
+	}
+	// Another namespace has no backlog of its own: it probes, finds nothing, takes no lock.
+	require.Zero(t, claim("other"))
+	require.Equal(t, 3, rec.preparedRuns(probe))
+	require.Equal(t, 3, rec.preparedRuns(claimed))
 }
