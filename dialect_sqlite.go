@@ -34,10 +34,11 @@ import (
 // SQLite's resolution of a millisecond. Times are stored as Unix microseconds and are whole
 // milliseconds (Insert cuts Go's clock down the same way), except that a transition stamps a
 // row at least a microsecond past its last updated_at (sqliteStamp), so that updated_at
-// always moves forward. One statement replaces BEGIN, a lock statement, the UPDATE and
-// COMMIT on a connection taken from the pool: three statements fewer for modernc.org/sqlite
-// to watch for cancellation, each with a goroutine, and no transaction for database/sql to
-// watch (BENCHMARKS.md, gap 1).
+// always moves forward (a host clock stepped back makes a claim's lease longer by the step,
+// as it makes every running lease look longer). One statement replaces BEGIN, a lock
+// statement, the UPDATE and COMMIT on a connection taken from the pool: three statements
+// fewer for modernc.org/sqlite to watch for cancellation, each with a goroutine, and no
+// transaction for database/sql to watch (BENCHMARKS.md, Library changes, fifth round).
 //
 // The claim, its probe and the uniform ack are prepared once per connection (stmtCache) by
 // the copy of the dialect that New binds to the Store's pool (Store.Dialect). SQLite()
@@ -67,7 +68,7 @@ type sqliteDialect struct {
 }
 
 func (sqliteDialect) bindPool(db *sql.DB) Dialect {
-	return sqliteDialect{stmts: newStmtCache(db), backlog: &sqliteBacklog{m: map[string]*atomic.Bool{}}}
+	return sqliteDialect{stmts: newStmtCache(db), backlog: &sqliteBacklog{db: db, m: map[string]*atomic.Bool{}}}
 }
 
 func (sqliteDialect) Name() string { return "sqlite" }
@@ -97,8 +98,8 @@ func (d sqliteDialect) Insert(ctx context.Context, q DBTX, t Table, rows []Row) 
 }
 
 // sqliteInsertHeads and sqliteInsertGroups are, per insert shape (insert.go), the INSERT
-// from the column list to VALUES and one row of placeholders. Times are bound: SQLite
-// keeps Unix microseconds of the process clock. Only a shape with dedupe keys needs the
+// from the column list to VALUES and one row of placeholders. Times are bound, as Unix
+// microseconds of whole milliseconds (Insert). Only a shape with dedupe keys needs the
 // ON CONFLICT clause; without keys no row can meet the partial dedupe index.
 var sqliteInsertHeads, sqliteInsertGroups = func() (heads, groups [shapeCount]string) {
 	for s := range insertShape(shapeCount) {
@@ -198,7 +199,7 @@ func (d sqliteDialect) Claim(ctx context.Context, db *sql.DB, t Table, p ClaimPa
 	a := &args{}
 	probe := `SELECT 1 FROM ` + quoteIdent(t.Name(), '"') + ` INDEXED BY ` + quoteIdent(t.Index("claim"), '"') +
 		` WHERE ` + sqliteEligible(a, p) + ` LIMIT 1`
-	backlog := d.backlog.of(probe, a.vals)
+	backlog := d.backlog.of(db, probe, a.vals)
 	if backlog == nil || !backlog.Load() {
 		var one int
 		switch err := d.stmts.on(db).QueryRowContext(ctx, probe, a.vals...).Scan(&one); {
@@ -213,30 +214,32 @@ func (d sqliteDialect) Claim(ctx context.Context, db *sql.DB, t Table, p ClaimPa
 		return err
 	})
 	if backlog != nil {
-		backlog.Store(err == nil && len(recs) == p.Limit)
+		backlog.Store(err == nil && p.Limit > 0 && len(recs) == p.Limit)
 	}
 	return recs, err
 }
 
 // sqliteBacklog remembers, per table and scope, whether the last claim of a Store came back
 // full, so that the next claim skips its probe. The probe keeps idle publishers away from
-// the write lock; during a backlog it only adds a statement to every claim (4–12 % of an
-// in-process SQLite drain, BENCHMARKS.md). The first claim that comes back short, or fails,
-// turns probing back on; a claim that skipped the probe and finds nothing has taken the
-// write lock once for nothing, which is what every claim did before there was a probe. It
-// is bound to a Store's pool with the statement cache (bindPool) and, like it, holds at
-// most stmtCacheSize scopes; claims of further scopes always probe.
+// the write lock; during a backlog it only adds a statement to every claim (4–13 % of an
+// in-process SQLite drain; BENCHMARKS.md, Library changes, fifth round). The first claim
+// that comes back short, or fails, turns probing back on; a claim that skipped the probe and
+// finds nothing has taken the write lock once for nothing, which is what every claim did
+// before there was a probe. It is bound to a Store's pool with the statement cache
+// (bindPool), serves claims on that pool only, and holds at most stmtCacheSize scopes;
+// claims of further scopes, or on another pool, always probe.
 type sqliteBacklog struct {
+	db *sql.DB
 	mu sync.Mutex
 	m  map[string]*atomic.Bool
 }
 
-// of returns the flag of the scope that probe and its arguments select, or nil.
-func (b *sqliteBacklog) of(probe string, vals []any) *atomic.Bool {
-	if b == nil {
+// of returns the flag of the scope that probe and its arguments select on db, or nil.
+func (b *sqliteBacklog) of(db *sql.DB, probe string, vals []any) *atomic.Bool {
+	if b == nil || db != b.db {
 		return nil
 	}
-	key := probe + fmt.Sprintf("\x00%q", vals) // %q: no two argument lists print alike
+	key := probe + fmt.Sprintf("\x00%#v", vals) // Go syntax: no two argument lists print alike
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	f := b.m[key]
@@ -432,7 +435,7 @@ func (d sqliteDialect) write(ctx context.Context, q DBTX, fn func(q, prep DBTX) 
 	return fn(db, d.stmts.on(db))
 }
 
-// sqliteGates holds one gate per *sql.DB: the library's own write transactions on one pool
+// sqliteGates holds one gate per *sql.DB: the library's own writes on one pool
 // (a Publisher's claim loops, its settles and renewals) queue for their turn in Go, first
 // come first served, before they ask SQLite for its write lock.
 //

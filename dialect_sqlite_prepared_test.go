@@ -19,11 +19,12 @@ import (
 	"github.com/outboxgo/outbox/migrations"
 )
 
-// TestSQLiteHotStatementsRunPrepared: once a Store has prepared its hot statements, a claim
-// and an ack send none of them to the driver as unprepared text. The driver is wrapped so that every statement database/sql runs
-// unprepared (QueryContext, ExecContext on the connection) is recorded; prepared ones go
-// through the driver's statements and are not. Counting how many statements are cached
-// (TestSQLiteOneConnectionPool) would not notice the cached ones going unused.
+// TestSQLiteHotStatementsRunPrepared: once a Store has prepared its hot statements, a
+// claim and an ack send none of them to the driver as unprepared text. The driver is
+// wrapped so that every statement database/sql runs unprepared (QueryContext, ExecContext
+// on the connection) is recorded apart from the runs of prepared statements. Counting how
+// many statements are cached (TestSQLiteOneConnectionPool) would not notice the cached ones
+// going unused.
 func TestSQLiteHotStatementsRunPrepared(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -162,9 +163,8 @@ func (s loggedStmt) ExecContext(ctx context.Context, args []driver.NamedValue) (
 }
 
 // TestSQLiteClaimSkipsProbeDuringBacklog: a claim probes for eligible rows before it takes
-// the write lock, except right after a claim of the same scope came back full; a short
-// claim turns the probe back on. Five rows, claims of two: probe, full; no probe, full; no
-// probe, one row (short); probe, nothing. Another scope keeps its own memory.
+// the write lock, except right after a claim of the same scope came back full; a short or
+// failed claim turns the probe back on. Five rows, claims of two.
 func TestSQLiteClaimSkipsProbeDuringBacklog(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -181,21 +181,36 @@ func TestSQLiteClaimSkipsProbeDuringBacklog(t *testing.T) {
 	_, err = s.EnqueueBatch(ctx, db, msgs)
 	require.NoError(t, err)
 
-	claim := func(ns string) int {
+	claim := func(ctx context.Context, ns string) (int, error) {
 		recs, err := s.Claim(ctx, outbox.ClaimOptions{Scope: outbox.Scope{Namespace: ns}, Limit: 2, Lease: time.Minute, MaxAttempts: 5, WorkerID: "w"})
-		require.NoError(t, err)
-		return len(recs)
+		return len(recs), err
 	}
-	const probe = `SELECT 1 FROM`
-	const claimed = `SET status = 'processing'`
-	steps := []struct{ got, probes, claims int }{{2, 1, 1}, {2, 1, 2}, {1, 1, 3}, {0, 2, 3}}
-	for i, want := range steps {
-		require.Equal(t, want.got, claim("n"), "claim %d", i+1)
-		require.Equal(t, want.probes, rec.preparedRuns(probe), "probes after claim %d", i+1)
-		require.Equal(t, want.claims, rec.preparedRuns(claimed), "claim statements after claim %d", i+1)
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	steps := []struct {
+		what           string
+		ctx            context.Context
+		ns             string
+		got            int
+		fails          bool
+		probes, claims int // prepared runs so far
+	}{
+		{"first claim: probe, full", ctx, "n", 2, false, 1, 1},
+		{"another scope has no backlog of its own: probe, nothing, no lock", ctx, "other", 0, false, 2, 1},
+		{"backlog: no probe, full", ctx, "n", 2, false, 2, 2},
+		{"backlog: no probe, the claim fails", cancelled, "n", 0, true, 2, 2},
+		{"after a failure: probe, one row (short)", ctx, "n", 1, false, 3, 3},
+		{"after a short claim: probe, nothing, no lock", ctx, "n", 0, false, 4, 3},
 	}
-	// Another namespace has no backlog of its own: it probes, finds nothing, takes no lock.
-	require.Zero(t, claim("other"))
-	require.Equal(t, 3, rec.preparedRuns(probe))
-	require.Equal(t, 3, rec.preparedRuns(claimed))
+	for _, st := range steps {
+		got, err := claim(st.ctx, st.ns)
+		if st.fails {
+			require.Error(t, err, st.what)
+		} else {
+			require.NoError(t, err, st.what)
+		}
+		require.Equal(t, st.got, got, st.what)
+		require.Equal(t, st.probes, rec.preparedRuns(`SELECT 1 FROM`), "probes: "+st.what)
+		require.Equal(t, st.claims, rec.preparedRuns(`SET status = 'processing'`), "claim statements: "+st.what)
+	}
 }

@@ -92,7 +92,8 @@ func New(db *sql.DB, d Dialect, opts Options) (*Store, error) {
 func (s *Store) DB() *sql.DB { return s.db }
 
 // Dialect returns the store's dialect. A built-in dialect that keeps state per pool (SQLite's
-// prepared statements) is the store's own copy, bound to [Store.DB].
+// prepared statements, and which scopes have a backlog) is the store's own copy, bound to
+// [Store.DB].
 func (s *Store) Dialect() Dialect { return s.dialect }
 
 // Table returns the store's table.
@@ -340,6 +341,11 @@ func validateScope(sc Scope) error {
 // Claim leases up to o.Limit due rows in its own short transaction and returns them in
 // (created_at, id) order. Each returned [Record] carries the lease token that Ack, Nack and
 // Extend must present. An empty result is not an error.
+//
+// When ctx ends while the claim runs, the database may have committed it after all (the
+// transaction's end and the cancellation race, on every database): its rows then stay
+// leased, unreturned, until the lease expires, as after a crash, and are claimed again. A
+// [Publisher] claims on a context that ends only at its shutdown deadline for this reason.
 func (s *Store) Claim(ctx context.Context, o ClaimOptions) ([]Record, error) {
 	if err := o.validate(); err != nil {
 		return nil, err
