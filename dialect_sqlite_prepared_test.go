@@ -28,12 +28,7 @@ import (
 func TestSQLiteHotStatementsRunPrepared(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	rec := &unpreparedLog{}
-	db := sql.OpenDB(unpreparedConnector{dsn: testdb.SQLiteDSN(filepath.Join(t.TempDir(), "outbox.db")), log: rec})
-	t.Cleanup(func() { _ = db.Close() })
-	require.NoError(t, migrations.Up(ctx, db, "sqlite", migrations.Options{}))
-	s, err := outbox.New(db, outbox.SQLite(), outbox.Options{})
-	require.NoError(t, err)
+	s, db, rec := newLoggedSQLiteStore(ctx, t)
 
 	require.NoError(t, s.Ack(ctx, enqueueAndClaim(ctx, t, s, db, 3)...)) // prepares them
 	rec.reset()
@@ -48,6 +43,19 @@ func TestSQLiteHotStatementsRunPrepared(t *testing.T) {
 	}
 	require.Empty(t, hot, "the probe, the claim and the ack run prepared")
 	require.NotEmpty(t, rec.all(), "the wrapper sees unprepared statements (the enqueue's INSERT)")
+}
+
+// newLoggedSQLiteStore returns a Store on a new, migrated SQLite database whose driver
+// records what it runs (unpreparedLog), the database, and the record.
+func newLoggedSQLiteStore(ctx context.Context, t *testing.T) (*outbox.Store, *sql.DB, *unpreparedLog) {
+	t.Helper()
+	rec := &unpreparedLog{}
+	db := sql.OpenDB(unpreparedConnector{dsn: testdb.SQLiteDSN(filepath.Join(t.TempDir(), "outbox.db")), log: rec})
+	t.Cleanup(func() { _ = db.Close() })
+	require.NoError(t, migrations.Up(ctx, db, "sqlite", migrations.Options{}))
+	s, err := outbox.New(db, outbox.SQLite(), outbox.Options{})
+	require.NoError(t, err)
+	return s, db, rec
 }
 
 // unpreparedLog records the statements database/sql sends to the driver unprepared, and
@@ -168,17 +176,12 @@ func (s loggedStmt) ExecContext(ctx context.Context, args []driver.NamedValue) (
 func TestSQLiteClaimSkipsProbeDuringBacklog(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	rec := &unpreparedLog{}
-	db := sql.OpenDB(unpreparedConnector{dsn: testdb.SQLiteDSN(filepath.Join(t.TempDir(), "outbox.db")), log: rec})
-	t.Cleanup(func() { _ = db.Close() })
-	require.NoError(t, migrations.Up(ctx, db, "sqlite", migrations.Options{}))
-	s, err := outbox.New(db, outbox.SQLite(), outbox.Options{})
-	require.NoError(t, err)
+	s, db, rec := newLoggedSQLiteStore(ctx, t)
 	msgs := make([]outbox.Message, 5)
 	for i := range msgs {
 		msgs[i] = outbox.Message{Namespace: "n", Topic: "t", Payload: json.RawMessage(`{}`)}
 	}
-	_, err = s.EnqueueBatch(ctx, db, msgs)
+	_, err := s.EnqueueBatch(ctx, db, msgs)
 	require.NoError(t, err)
 
 	claim := func(ctx context.Context, ns string) (int, error) {
