@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -397,6 +398,7 @@ func runBurndown(ctx context.Context, cfg config, b backend, res *backendResult)
 	res.Burndown = h
 	logf("%s: burn-down b=%d w=%d n=%d: library %.0f rows/s, raw %.0f rows/s: %.3f; commits/batch library %.2f raw %.2f",
 		b.name(), cfg.Batch, cfg.Workers, cfg.BurnN, h.Library.Median, h.Raw.Median, h.Ratio, h.CommitsPerBatch, h.RawCommitsPerBatch)
+	logf("%s: burn-down pairs (library ÷ raw, in run order): %s", b.name(), pairRatios(rates(lib), rates(raw)))
 	logf("%s: %s", b.name(), h.RawCommitsCheck)
 	logf("%s: %s", b.name(), h.LibraryCommitsDetail)
 
@@ -415,6 +417,18 @@ func runBurndown(ctx context.Context, cfg config, b backend, res *backendResult)
 		res.Sweep = append(res.Sweep, p)
 	}
 	return nil
+}
+
+// pairRatios renders the per-pair ratios whose median pairedRatio reports, so that a run
+// shows how far its headline figure can be trusted.
+func pairRatios(a, b []float64) string {
+	var out []string
+	for i := range min(len(a), len(b)) {
+		if b[i] > 0 {
+			out = append(out, fmt.Sprintf("%.3f", a[i]/b[i]))
+		}
+	}
+	return strings.Join(out, ", ")
 }
 
 func rates(runs []burnRun) []float64 {

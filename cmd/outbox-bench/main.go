@@ -142,6 +142,7 @@ func main() {
 		batch    = flag.Int("batch", 0, "headline batch size (default 100)")
 		workers  = flag.Int("workers", 0, "publisher claim loops and raw workers in burn-down (default 2)")
 		burnN    = flag.Int("n", 0, "rows per burn-down (default: 10000 quick, 100000 full)")
+		rounds   = flag.Int("burn-rounds", 0, "alternating library/raw pairs of the headline burn-down (default: 3 quick, 4 full)")
 		retained = flag.Int("retained", 0, "retained delivered rows in the growth scenario (default: 100000 quick, 1000000 full)")
 		only     = flag.String("only", "", "run only these scenarios (comma list of enqueue, batch, burndown, breakdown, latency, growth; latency needs burndown)")
 		cpuprof  = flag.String("cpuprofile", "", "write a CPU profile of the bench process (library and raw alike) to this file")
@@ -174,6 +175,9 @@ func main() {
 	}
 	if *burnN > 0 {
 		cfg.BurnN = *burnN
+	}
+	if *rounds > 0 {
+		cfg.BurnRounds = *rounds
 	}
 	if *retained > 0 {
 		cfg.Retained = *retained
