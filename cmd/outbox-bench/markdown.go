@@ -79,6 +79,18 @@ func (rep *report) markdown(w *strings.Builder) {
 			for _, p := range b.Sweep {
 				fmt.Fprintf(w, "| %d | %d | %.0f | %.0f | %.3f |\n", p.Batch, p.N, p.Library.Median, p.Raw.Median, p.Ratio)
 			}
+			if h := b.Burndown; h != nil {
+				var lib, raw []float64
+				for _, r := range h.Runs {
+					switch r.Kind {
+					case "library":
+						lib = append(lib, r.Rate)
+					case kindRaw:
+						raw = append(raw, r.Rate)
+					}
+				}
+				fmt.Fprintf(w, "\nHeadline pairs, library ÷ raw in run order (their median is the ratio above): %s.\n", pairRatios(lib, raw))
+			}
 		}
 		if len(b.Breakdown) > 0 {
 			fmt.Fprintf(w, "\nBurn-down breakdown: each library step swapped for its raw counterpart, rows/s (÷ raw loop), %d workers, %d alternating rounds:\n\n| loop |", rep.Config.Workers, rep.Config.BreakdownRounds)
