@@ -258,8 +258,8 @@ func sqliteClaim(ctx context.Context, q DBTX, t Table, p ClaimParams) ([]Record,
 	a := &args{}
 	var b strings.Builder
 	b.WriteString(`UPDATE ` + tbl + ` SET status = 'processing', attempts = attempts + 1, locked_by = ` + a.add(p.WorkerID) +
-		`, locked_until = ` + sqliteStamp() + ` + ` + a.add(micros(p.Lease)) + `, lease_token = ` + a.add(uuidBytes(p.Token)) +
-		`, updated_at = ` + sqliteStamp())
+		`, locked_until = ` + sqliteStamp + ` + ` + a.add(micros(p.Lease)) + `, lease_token = ` + a.add(uuidBytes(p.Token)) +
+		`, updated_at = ` + sqliteStamp)
 	b.WriteString(` WHERE id IN (SELECT id FROM ` + tbl + ` INDEXED BY ` + quoteIdent(t.Index("claim"), '"') + ` WHERE ` + sqliteEligible(a, p) +
 		` ORDER BY created_at, id LIMIT ` + a.add(p.Limit) + `)`)
 	b.WriteString(` AND ` + sqliteEligible(a, p)) // the guard: eligibility holds at write time
@@ -278,11 +278,11 @@ func (d sqliteDialect) Complete(ctx context.Context, q DBTX, t Table, outcomes [
 	return lost, err
 }
 
-// sqliteStamp renders the time of a transition as the row's new updated_at: sqliteNow, or
-// a microsecond past the row's updated_at when that is later. Insert stamps rows with Go's
-// clock at microsecond resolution and SQLite's clock has a millisecond's, so a transition
-// within the millisecond of the previous one would otherwise move updated_at back.
-func sqliteStamp() string { return `max(` + sqliteNow + `, updated_at + 1)` }
+// sqliteStamp is the time of a transition as the row's new updated_at: sqliteNow, or a
+// microsecond past the row's updated_at when that is not earlier. SQLite's clock has a
+// millisecond's resolution, so two transitions of a row within one millisecond would
+// otherwise leave updated_at where it was.
+const sqliteStamp = `max(` + sqliteNow + `, updated_at + 1)`
 
 // sqliteAckListLen is how many ids the uniform ack's IN list binds for n rows when it runs
 // prepared: n rounded up to a power of two, the last id repeated (an IN list is a set: a
@@ -304,8 +304,8 @@ func sqliteComplete(ctx context.Context, q, prep DBTX, t Table, outcomes []Outco
 		_, prepared := prep.(preparedDBTX)
 		prepared = prepared && len(outcomes) <= MaxBatch
 		n := sqliteAckListLen(len(outcomes), prepared)
-		query := `UPDATE ` + quoteIdent(t.Name(), '"') + ` SET status = 'delivered', delivered_at = ` + sqliteStamp() +
-			`, locked_by = NULL, locked_until = NULL, updated_at = ` + sqliteStamp() +
+		query := `UPDATE ` + quoteIdent(t.Name(), '"') + ` SET status = 'delivered', delivered_at = ` + sqliteStamp +
+			`, locked_by = NULL, locked_until = NULL, updated_at = ` + sqliteStamp +
 			` WHERE id IN ` + a.list(n, func(i int) any { return uuidBytes(outcomes[min(i, len(outcomes)-1)].ID) }) +
 			` AND lease_token = ` + a.add(uuidBytes(token)) + ` AND status = 'processing' RETURNING id`
 		pq := q
@@ -330,8 +330,8 @@ func sqliteComplete(ctx context.Context, q, prep DBTX, t Table, outcomes []Outco
 	b.WriteString(`) UPDATE ` + quoteIdent(t.Name(), '"') + ` SET status = u.o_status,` +
 		` next_attempt_at = CASE WHEN u.o_status = 'pending' THEN ` + sqliteNow + ` + u.o_delay ELSE next_attempt_at END,` +
 		` last_error = CASE WHEN u.o_status = 'delivered' THEN last_error ELSE u.o_error END,` +
-		` delivered_at = CASE WHEN u.o_status = 'delivered' THEN ` + sqliteStamp() + ` ELSE delivered_at END,` +
-		` locked_by = NULL, locked_until = NULL, updated_at = ` + sqliteStamp() +
+		` delivered_at = CASE WHEN u.o_status = 'delivered' THEN ` + sqliteStamp + ` ELSE delivered_at END,` +
+		` locked_by = NULL, locked_until = NULL, updated_at = ` + sqliteStamp +
 		` FROM u WHERE id = u.o_id AND lease_token = u.o_token AND status = 'processing' RETURNING id`)
 	ids, err := queryIDs(ctx, q, b.String(), a.vals...)
 	if err != nil {
@@ -362,7 +362,7 @@ func sqliteExtend(ctx context.Context, q DBTX, t Table, p ExtendParams) ([]uuid.
 		b.WriteString("(" + a.add(uuidBytes(l.ID)) + ", " + a.add(uuidBytes(l.Token)) + ")")
 	}
 	b.WriteString(`) UPDATE ` + quoteIdent(t.Name(), '"') + ` SET locked_until = ` + sqliteNow + ` + ` + a.add(micros(p.Lease)) +
-		`, updated_at = ` + sqliteStamp() +
+		`, updated_at = ` + sqliteStamp +
 		` FROM u WHERE id = u.o_id AND lease_token = u.o_token AND status = 'processing' RETURNING id`)
 	ids, err := queryIDs(ctx, q, b.String(), a.vals...)
 	if err != nil {
@@ -383,7 +383,7 @@ func sqliteBury(ctx context.Context, q DBTX, t Table, p BuryParams) ([]uuid.UUID
 	tbl := quoteIdent(t.Name(), '"')
 	a := &args{}
 	query := `UPDATE ` + tbl + ` SET status = 'dead', last_error = ` + a.add(p.Reason) +
-		`, locked_by = NULL, locked_until = NULL, lease_token = ` + a.add(uuidBytes(p.Token)) + `, updated_at = ` + sqliteStamp() +
+		`, locked_by = NULL, locked_until = NULL, lease_token = ` + a.add(uuidBytes(p.Token)) + `, updated_at = ` + sqliteStamp +
 		` WHERE id IN (SELECT id FROM ` + tbl + ` WHERE ` + buryCandidates(a, p, func() string { return sqliteNow }, uuidBytes, "") +
 		` ORDER BY created_at, id LIMIT ` + a.add(p.Limit) + `) RETURNING id`
 	return queryIDs(ctx, q, query, a.vals...)
