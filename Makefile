@@ -6,6 +6,13 @@ GO ?= go
 GOOSE_VERSION := v3.29.0
 STATICCHECK_VERSION := v0.8.2
 
+# Every Go module of the repository: the core, then the nested modules (transports and
+# examples), each with its own go.mod so the core never pulls in a broker client. go.work
+# ties them together for development.
+MODULES := . examples/customdialect transport/amqp transport/kafka transport/nats transport/redis transport/webhook
+# each CMD: run CMD in every module, stopping at the first failure.
+each = set -e; for m in $(MODULES); do echo "== $$m"; (cd $$m && $(1)); done
+
 .DEFAULT_GOAL := help
 
 .PHONY: help
@@ -17,14 +24,12 @@ demo: ## Run the demo: an order service and a publisher on embedded SQLite
 	$(GO) run ./cmd/outbox-demo
 
 .PHONY: test
-test: ## Run every test on every backend (set OUTBOX_TEST_REQUIRE=all to forbid skips)
-	$(GO) test -count=1 ./...
-	cd examples/customdialect && $(GO) test -count=1 ./...
+test: ## Run every test of every module on every backend and broker (all required; see README)
+	@$(call each,$(GO) test -count=1 ./...)
 
 .PHONY: test-race
 test-race: ## Run every test with the race detector
-	$(GO) test -race -count=1 ./...
-	cd examples/customdialect && $(GO) test -race -count=1 ./...
+	@$(call each,$(GO) test -race -count=1 ./...)
 
 .PHONY: bench
 bench: ## Full benchmarks against raw SQL on every backend (writes BENCHMARKS data)
@@ -45,9 +50,8 @@ bench-anatomy: ## The SQLite claim and ack taken apart statement by statement (a
 .PHONY: lint
 lint: ## gofmt, go vet and staticcheck
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
-	$(GO) vet ./...
-	cd examples/customdialect && $(GO) vet ./...
-	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
+	@$(call each,$(GO) vet ./...)
+	@$(call each,$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...)
 
 .PHONY: goose
 goose: ## Install the goose command line used to check the migration files

@@ -137,7 +137,7 @@ func BenchmarkEnqueue(b *testing.B) {
 			}
 			b.Run(fmt.Sprintf("%s/batch=%d", bd.name, n), func(b *testing.B) {
 				for b.Loop() {
-					if _, err := s.EnqueueBatch(ctx, db, msgs); err != nil {
+					if _, err := s.EnqueueStandalone(ctx, msgs...); err != nil {
 						b.Fatal(err)
 					}
 				}

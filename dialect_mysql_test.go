@@ -544,13 +544,13 @@ func TestMySQLDedupeKeepsTransactionUsable(t *testing.T) {
 	require.Equal(t, 2, e.count(t, ""))
 
 	// Outside a transaction too.
-	dup, err = e.store.Enqueue(e.ctx, e.db, m)
+	dup, err = enqueueOne(e.store, e.ctx, m)
 	require.NoError(t, err)
 	require.True(t, dup.Duplicate)
 	// Other errors are still errors: a missing table is not a duplicate.
 	other, err := outbox.New(e.db, outbox.MySQL(), outbox.Options{Table: "no_such_table"})
 	require.NoError(t, err)
-	_, err = other.Enqueue(e.ctx, e.db, m)
+	_, err = enqueueOne(other, e.ctx, m)
 	require.Error(t, err)
 }
 
@@ -708,7 +708,7 @@ func TestMySQLCustomTable(t *testing.T) {
 
 	def, err := outbox.New(e.db, outbox.MySQL(), outbox.Options{})
 	require.NoError(t, err)
-	_, err = def.Enqueue(e.ctx, e.db, myMsg(3))
+	_, err = enqueueOne(def, e.ctx, myMsg(3))
 	require.Error(t, err, "the default table does not exist")
 }
 
@@ -1220,7 +1220,7 @@ func TestMySQLFailedInsertReleasesItsKeys(t *testing.T) {
 
 	_, err = e.db.ExecContext(e.ctx, "DROP TRIGGER fail_outbox")
 	require.NoError(t, err)
-	r, err := e.store.Enqueue(e.ctx, e.db, m)
+	r, err := enqueueOne(e.store, e.ctx, m)
 	require.NoError(t, err)
 	require.False(t, r.Duplicate, "the key is free")
 }

@@ -114,7 +114,7 @@ func TestPostgresRoundTrip(t *testing.T) {
 	}
 	bare := outbox.Message{Namespace: "billing", Topic: "invoice.paid", Payload: json.RawMessage(`null`)}
 
-	one, err := b.store.Enqueue(b.ctx, b.db, full)
+	one, err := enqueueOne(b.store, b.ctx, full)
 	require.NoError(t, err)
 	full2, bare2 := full, bare
 	full2.DedupeKey = tenant.String() + "/inv-2"
@@ -168,7 +168,7 @@ func TestPostgresDatabaseClock(t *testing.T) {
 	delay := 90*time.Minute + 123*time.Microsecond
 	m := pgMsg(1)
 	m.Delay = delay
-	delayed, err := b.store.Enqueue(b.ctx, b.db, m)
+	delayed, err := enqueueOne(b.store, b.ctx, m)
 	require.NoError(t, err)
 	require.Equal(t, delay.Microseconds(), b.micros(t, delayed.ID, "next_attempt_at - created_at"))
 	batch := pgMsgs(2)
@@ -278,7 +278,7 @@ func TestPostgresDedupeKeepsTransactionUsable(t *testing.T) {
 	b := setupPostgres(t, "")
 	m := pgMsg(1)
 	m.DedupeKey = "order-1"
-	first, err := b.store.Enqueue(b.ctx, b.db, m)
+	first, err := enqueueOne(b.store, b.ctx, m)
 	require.NoError(t, err)
 	require.False(t, first.Duplicate)
 
@@ -440,7 +440,7 @@ func TestPostgresCustomTable(t *testing.T) {
 	require.NoError(t, migrations.Up(b.ctx, b.db, "postgres", migrations.Options{}))
 	other, err := outbox.New(b.db, outbox.Postgres(), outbox.Options{})
 	require.NoError(t, err)
-	_, err = other.Enqueue(b.ctx, b.db, pgMsg(99))
+	_, err = enqueueOne(other, b.ctx, pgMsg(99))
 	require.NoError(t, err)
 
 	m := pgMsg(1)
@@ -789,9 +789,9 @@ func TestPostgresExecModes(t *testing.T) {
 			one := outbox.Message{Namespace: "n", Topic: "t", TenantID: tenant, DedupeKey: tenant.String() + "/k",
 				Headers: outbox.Headers{"it's": `"quoted"`}, Payload: json.RawMessage(payload)}
 			two := outbox.Message{Namespace: "n", Topic: "t", PartitionKey: "p'1", Payload: json.RawMessage(`[1, 2]`)}
-			r1, err := s.Enqueue(ctx, db, one)
+			r1, err := enqueueOne(s, ctx, one)
 			require.NoError(t, err)
-			rs, err := s.EnqueueBatch(ctx, db, []outbox.Message{one, two})
+			rs, err := s.EnqueueStandalone(ctx, one, two)
 			require.NoError(t, err)
 			require.True(t, rs[0].Duplicate)
 			require.False(t, rs[1].Duplicate)

@@ -44,7 +44,7 @@ func BenchmarkSQLiteClaimAnatomy(b *testing.B) {
 			Payload: []byte(`{"order_id":1,"note":"` + strings.Repeat("x", 300) + `"}`)}
 	}
 	for range rows / len(msgs) {
-		if _, err := store.EnqueueBatch(ctx, db, msgs); err != nil {
+		if _, err := store.EnqueueStandalone(ctx, msgs...); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -176,12 +176,12 @@ func (s loggedStmt) ExecContext(ctx context.Context, args []driver.NamedValue) (
 func TestSQLiteClaimSkipsProbeDuringBacklog(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	s, db, rec := newLoggedSQLiteStore(ctx, t)
+	s, _, rec := newLoggedSQLiteStore(ctx, t)
 	msgs := make([]outbox.Message, 5)
 	for i := range msgs {
 		msgs[i] = outbox.Message{Namespace: "n", Topic: "t", Payload: json.RawMessage(`{}`)}
 	}
-	_, err := s.EnqueueBatch(ctx, db, msgs)
+	_, err := s.EnqueueStandalone(ctx, msgs...)
 	require.NoError(t, err)
 
 	claim := func(ctx context.Context, ns string) (int, error) {

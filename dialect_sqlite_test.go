@@ -44,7 +44,7 @@ func TestEnqueueBatchOnDBIsAtomic(t *testing.T) {
 		msgs[i] = outbox.Message{Namespace: "n", Topic: "ok", Payload: json.RawMessage(`{}`)}
 	}
 	msgs[700].Topic = "boom" // in the second statement
-	_, err = s.EnqueueBatch(ctx, db, msgs)
+	_, err = s.EnqueueStandalone(ctx, msgs...)
 	require.ErrorContains(t, err, "injected failure")
 	var n int
 	require.NoError(t, db.QueryRow(`SELECT COUNT(*) FROM outbox_events`).Scan(&n))
@@ -76,7 +76,7 @@ func TestSQLiteSettleNeverMovesUpdatedAtBack(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			msgs := []outbox.Message{{Namespace: "n", Topic: tc.name, Payload: json.RawMessage(`{}`)},
 				{Namespace: "n", Topic: tc.name, Payload: json.RawMessage(`{}`)}}
-			_, err := s.EnqueueBatch(ctx, db, msgs)
+			_, err := s.EnqueueStandalone(ctx, msgs...)
 			require.NoError(t, err)
 			recs, err := s.Claim(ctx, outbox.ClaimOptions{Scope: outbox.Scope{Topics: []string{tc.name}}, Limit: 2,
 				Lease: time.Minute, MaxAttempts: 5, WorkerID: "w"})
@@ -123,7 +123,7 @@ func TestSQLiteClaimReadsClockAfterLock(t *testing.T) {
 	require.NoError(t, migrations.Up(ctx, db, "sqlite", migrations.Options{}))
 	s, err := outbox.New(db, outbox.SQLite(), outbox.Options{})
 	require.NoError(t, err)
-	_, err = s.Enqueue(ctx, db, outbox.Message{Namespace: "n", Topic: "t", Payload: json.RawMessage(`{}`)})
+	_, err = enqueueOne(s, ctx, outbox.Message{Namespace: "n", Topic: "t", Payload: json.RawMessage(`{}`)})
 	require.NoError(t, err)
 
 	holder, err := other.Conn(ctx)
@@ -223,7 +223,7 @@ func enqueueAndClaim(ctx context.Context, t *testing.T, s *outbox.Store, db *sql
 	for i := range msgs {
 		msgs[i] = outbox.Message{Namespace: "n", Topic: "t", Payload: json.RawMessage(`{}`)}
 	}
-	_, err := s.EnqueueBatch(ctx, db, msgs)
+	_, err := s.EnqueueStandalone(ctx, msgs...)
 	require.NoError(t, err)
 	recs, err := s.Claim(ctx, outbox.ClaimOptions{Limit: n, Lease: time.Minute, MaxAttempts: 5, WorkerID: "w"})
 	require.NoError(t, err)

@@ -109,7 +109,7 @@ func ExampleStore_Enqueue_validation() {
 		log.Fatal(err)
 	}
 	tenant := [16]byte{1}
-	_, err = store.Enqueue(ctx, db, outbox.Message{
+	_, err = store.EnqueueStandalone(ctx, outbox.Message{
 		Namespace: "shop", Topic: "order.created",
 		TenantID:  tenant,
 		DedupeKey: "someone-else/order-1",

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -131,33 +132,75 @@ type Result struct {
 	Duplicate bool
 }
 
-// Enqueue writes m on q, which should be the caller's transaction: the row commits or rolls
-// back with the business change, and Enqueue never commits or rolls it back. On a bare
-// [*sql.DB], where there is no transaction of the caller's, Enqueue runs in a short
-// transaction of its own, so that a write of several statements is all or nothing.
-// Invalid input returns a [*ValidationError] and writes nothing.
-func (s *Store) Enqueue(ctx context.Context, q DBTX, m Message) (Result, error) {
-	rs, err := s.enqueue(ctx, q, []Message{m}, -1)
+// Tx is what Enqueue writes on: the caller's open transaction. [*sql.Tx] satisfies it, and
+// so do wrappers that embed one (sqlx.Tx, for example). Enqueue never calls Commit or
+// Rollback; they are part of Tx so that a [*sql.DB], which has neither, cannot be passed by
+// accident: an event enqueued on the pool beside a business transaction would commit even
+// when the business change rolls back. To enqueue without a business transaction, use
+// [Store.EnqueueStandalone].
+type Tx interface {
+	DBTX
+	Commit() error
+	Rollback() error
+}
+
+// Enqueue writes m on tx, the caller's transaction: the row commits or rolls back with the
+// business change, and Enqueue never commits or rolls back itself. Invalid input returns a
+// [*ValidationError] and writes nothing; a duplicate dedupe key is reported in
+// [Result.Duplicate] and leaves tx usable.
+func (s *Store) Enqueue(ctx context.Context, tx Tx, m Message) (Result, error) {
+	if isNil(tx) {
+		return Result{}, invalid("Tx", "is nil")
+	}
+	rs, err := s.enqueue(ctx, tx, []Message{m}, -1)
 	if err != nil {
 		return Result{}, err
 	}
 	return rs[0], nil
 }
 
-// EnqueueBatch writes msgs on q in as few statements as the database's placeholder limits
+// EnqueueBatch writes msgs on tx in as few statements as the database's placeholder limits
 // allow. Every message is validated before any SQL runs; one invalid message fails the
 // whole call with a [*ValidationError] naming its index, and nothing is written.
-func (s *Store) EnqueueBatch(ctx context.Context, q DBTX, msgs []Message) ([]Result, error) {
+func (s *Store) EnqueueBatch(ctx context.Context, tx Tx, msgs []Message) ([]Result, error) {
+	if isNil(tx) {
+		return nil, invalid("Tx", "is nil")
+	}
 	if len(msgs) == 0 {
 		return nil, nil
 	}
-	return s.enqueue(ctx, q, msgs, 0)
+	return s.enqueue(ctx, tx, msgs, 0)
+}
+
+// EnqueueStandalone writes msgs in a short transaction of its own on the store's pool and
+// commits it before returning: all of them or none. Use it for events that no business
+// change goes with (a scheduled reminder, a re-sent notification). When the event announces
+// a change your code writes, enqueue it with [Store.Enqueue] in that change's transaction
+// instead, or a rolled-back change would still publish its event.
+func (s *Store) EnqueueStandalone(ctx context.Context, msgs ...Message) ([]Result, error) {
+	if len(msgs) == 0 {
+		return nil, nil
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: enqueue: %w", err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	first := 0
+	if len(msgs) == 1 {
+		first = -1 // a single message is not "message 0 of a batch" in errors
+	}
+	res, err := s.enqueue(ctx, tx, msgs, first)
+	if err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, fmt.Errorf("outbox: enqueue: commit: %w", err)
+	}
+	return res, nil
 }
 
 func (s *Store) enqueue(ctx context.Context, q DBTX, msgs []Message, firstIndex int) ([]Result, error) {
-	if q == nil {
-		return nil, invalid("DBTX", "is nil")
-	}
 	rows := make([]Row, len(msgs))
 	for i := range msgs {
 		if err := s.validate(&msgs[i]); err != nil {
@@ -178,7 +221,7 @@ func (s *Store) enqueue(ctx context.Context, q DBTX, msgs []Message, firstIndex 
 			Payload: m.Payload, PayloadHash: sum[:], Delay: m.Delay,
 		}
 	}
-	inserted, err := s.insert(ctx, q, rows)
+	inserted, err := s.dialect.Insert(ctx, q, s.table, rows)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: enqueue: %w", err)
 	}
@@ -194,26 +237,6 @@ func (s *Store) enqueue(ctx context.Context, q DBTX, msgs []Message, firstIndex 
 		}
 	}
 	return res, nil
-}
-
-// insert hands rows to the dialect, inside a transaction of its own when q is a bare
-// *sql.DB: a batch may take several statements (placeholder limits) and a dialect may need
-// several per row (MySQL reserves dedupe keys first), and each would commit on its own.
-func (s *Store) insert(ctx context.Context, q DBTX, rows []Row) ([]bool, error) {
-	db, ok := q.(*sql.DB)
-	if !ok {
-		return s.dialect.Insert(ctx, q, s.table, rows)
-	}
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = tx.Rollback() }()
-	inserted, err := s.dialect.Insert(ctx, tx, s.table, rows)
-	if err != nil {
-		return nil, err
-	}
-	return inserted, tx.Commit()
 }
 
 // validate checks one message before any SQL (SPEC §4).
@@ -504,6 +527,16 @@ func (s *Store) Get(ctx context.Context, id uuid.UUID) (Record, error) {
 		return Record{}, fmt.Errorf("outbox: get: %w", err)
 	}
 	return r, nil
+}
+
+// isNil reports whether tx is nil or a nil pointer in an interface (a nil *sql.Tx), which
+// would panic on first use.
+func isNil(tx Tx) bool {
+	if tx == nil {
+		return true
+	}
+	v := reflect.ValueOf(tx)
+	return v.Kind() == reflect.Pointer && v.IsNil()
 }
 
 // truncateUTF8 cuts s to at most n bytes without splitting a rune, and drops NUL bytes

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -32,6 +33,15 @@ import (
 // pubBackends are the backends every publisher test runs on. A backend whose server is
 // unreachable is skipped by testdb (or fails under OUTBOX_TEST_REQUIRE).
 var pubBackends = []string{"sqlite", "postgres", "mysql"}
+
+// enqueueOne enqueues m in a transaction of its own.
+func enqueueOne(s *outbox.Store, ctx context.Context, m outbox.Message) (outbox.Result, error) {
+	rs, err := s.EnqueueStandalone(ctx, m)
+	if err != nil {
+		return outbox.Result{}, err
+	}
+	return rs[0], nil
+}
 
 func pubDialect(backend string) outbox.Dialect {
 	switch backend {
@@ -1443,4 +1453,24 @@ func TestBuryExpiredSkipsPendingRows(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, ids, buried)
 	})
+}
+
+// Enqueue takes the caller's transaction, never the pool: an event enqueued on the pool beside
+// a business transaction would survive that transaction's rollback.
+func TestEnqueueTakesATransaction(t *testing.T) {
+	t.Parallel()
+	var tx outbox.Tx = (*sql.Tx)(nil) // compiles: *sql.Tx is a Tx
+	_, isTx := any(new(sql.DB)).(outbox.Tx)
+	require.False(t, isTx, "*sql.DB must not satisfy outbox.Tx")
+	_, isTx = any(new(sql.Conn)).(outbox.Tx)
+	require.False(t, isTx, "*sql.Conn must not satisfy outbox.Tx: begin a transaction on it")
+
+	db := testdb.SQLite(t)
+	s, err := outbox.New(db, outbox.SQLite(), outbox.Options{})
+	require.NoError(t, err)
+	m := outbox.Message{Namespace: "n", Topic: "t", Payload: json.RawMessage(`{}`)}
+	_, err = s.Enqueue(context.Background(), tx, m)
+	require.ErrorIs(t, err, outbox.ErrInvalid, "a nil *sql.Tx is refused, not a panic")
+	_, err = s.EnqueueBatch(context.Background(), nil, []outbox.Message{m})
+	require.ErrorIs(t, err, outbox.ErrInvalid)
 }

@@ -22,7 +22,7 @@ var enqueueTests = []test{
 	{"Batch", testBatch},
 	{"OptionalFieldCombinations", testOptionalFieldCombinations},
 	{"DelayedDelivery", testDelayedDelivery},
-	{"OnDBAndConn", testEnqueueOnDBAndConn},
+	{"Standalone", testEnqueueStandalone},
 	{"GetNotFound", testGetNotFound},
 }
 
@@ -234,16 +234,30 @@ func testDelayedDelivery(t *testing.T, h Harness) {
 	require.Equal(t, []uuid.UUID{now}, ids(recs), "a delayed row is not due")
 }
 
-func testEnqueueOnDBAndConn(t *testing.T, h Harness) {
+func testEnqueueStandalone(t *testing.T, h Harness) {
 	e := setup(t, h)
-	_, err := e.store.Enqueue(e.ctx, e.db, msg(1))
+	res, err := e.store.EnqueueStandalone(e.ctx, msg(1), msg(2))
 	require.NoError(t, err)
+	require.Len(t, res, 2)
+	require.Equal(t, 2, e.count(t), "EnqueueStandalone commits its own transaction")
+
+	// A bad message fails the whole call and writes nothing.
+	bad := msg(3)
+	bad.Topic = ""
+	_, err = e.store.EnqueueStandalone(e.ctx, msg(4), bad)
+	require.ErrorIs(t, err, outbox.ErrInvalid)
+	require.Equal(t, 2, e.count(t))
+
+	// A transaction begun on a dedicated connection is a transaction like any other.
 	conn, err := e.db.Conn(e.ctx)
 	require.NoError(t, err)
 	defer conn.Close()
-	_, err = e.store.Enqueue(e.ctx, conn, msg(2))
+	tx, err := conn.BeginTx(e.ctx, nil)
 	require.NoError(t, err)
-	require.Equal(t, 2, e.count(t))
+	_, err = e.store.Enqueue(e.ctx, tx, msg(5))
+	require.NoError(t, err)
+	require.NoError(t, tx.Rollback())
+	require.Equal(t, 2, e.count(t), "a rolled-back connection transaction leaves no row")
 }
 
 func testGetNotFound(t *testing.T, h Harness) {

@@ -28,11 +28,11 @@ func testMigrationsUpDownUp(t *testing.T, h Harness) {
 	// The default table was never created.
 	def, err := outbox.New(e.db, h.Dialect, outbox.Options{})
 	require.NoError(t, err)
-	_, err = def.Enqueue(e.ctx, e.db, msg(1))
+	_, err = def.EnqueueStandalone(e.ctx, msg(1))
 	require.Error(t, err, "only the custom table exists")
 
 	require.NoError(t, h.down(e.ctx, e.db, table))
-	_, err = e.store.Enqueue(e.ctx, e.db, msg(2))
+	_, err = e.store.EnqueueStandalone(e.ctx, msg(2))
 	require.Error(t, err, "down drops the table")
 
 	require.NoError(t, h.up(e.ctx, e.db, table))

@@ -3,10 +3,11 @@
 // when the test ends.
 //
 // Server addresses come from OUTBOX_POSTGRES_DSN and OUTBOX_MYSQL_DSN, with local
-// defaults. When a server is unreachable its tests are skipped with a loud message, unless
-// OUTBOX_TEST_REQUIRE names the backend ("postgres", "mysql", a comma list, or "all"), in
-// which case they fail: CI sets OUTBOX_TEST_REQUIRE=all so that no backend is ever
-// silently skipped.
+// defaults. Every backend and broker is required: when a server is unreachable its tests
+// fail, saying which server and how to start it. A contributor without one server may skip
+// its tests on purpose by naming it in OUTBOX_TEST_SKIP ("postgres", "mysql", "nats",
+// "rabbitmq", "redis", a comma list, or "all"); a skip that nobody asked for can never
+// pass unnoticed. OUTBOX_TEST_REQUIRE (CI sets it to "all") overrides OUTBOX_TEST_SKIP.
 package testdb
 
 import (
@@ -15,6 +16,7 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -47,9 +49,9 @@ func SQLiteDSN(path string) string {
 	return "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(30000)&_pragma=synchronous(FULL)&_txlock=immediate"
 }
 
-// Required reports whether OUTBOX_TEST_REQUIRE asks for backend.
-func Required(backend string) bool {
-	for _, b := range strings.Split(os.Getenv("OUTBOX_TEST_REQUIRE"), ",") {
+// listed reports whether the comma list in the environment variable env names backend.
+func listed(env, backend string) bool {
+	for _, b := range strings.Split(os.Getenv(env), ",") {
 		b = strings.TrimSpace(b)
 		if b == "all" || b == backend {
 			return true
@@ -58,12 +60,52 @@ func Required(backend string) bool {
 	return false
 }
 
-func unavailable(t testing.TB, backend string, err error) {
+// Required reports whether a test of backend must fail, rather than skip, when its server
+// is unavailable: always, unless OUTBOX_TEST_SKIP names it and OUTBOX_TEST_REQUIRE does not.
+func Required(backend string) bool {
+	return listed("OUTBOX_TEST_REQUIRE", backend) || !listed("OUTBOX_TEST_SKIP", backend)
+}
+
+// startHints say how to start each local service.
+var startHints = map[string]string{
+	"postgres": "pg_ctlcluster $(ls /etc/postgresql) main start",
+	"mysql":    "start-stop-daemon --start --background --exec /usr/sbin/mariadbd",
+	"nats":     "nats-server -a 127.0.0.1 -p 4222 -js",
+	"rabbitmq": "rabbitmq-server -detached",
+	"redis":    "redis-server --daemonize yes --bind 127.0.0.1 --port 6379",
+}
+
+// Unavailable fails t, or skips it when OUTBOX_TEST_SKIP allows, because the server of
+// backend cannot be reached.
+func Unavailable(t testing.TB, backend string, err error) {
 	t.Helper()
 	if Required(backend) {
-		t.Fatalf("%s is required (OUTBOX_TEST_REQUIRE=%s) but unavailable: %v", backend, os.Getenv("OUTBOX_TEST_REQUIRE"), err)
+		t.Fatalf("%s is unavailable: %v\nstart it (%s), or set OUTBOX_TEST_SKIP=%s to skip its tests on purpose",
+			backend, err, startHints[backend], backend)
 	}
-	t.Skipf("SKIPPING %s TESTS: server unavailable (%v); set OUTBOX_TEST_REQUIRE=%s to make this fail", strings.ToUpper(backend), err, backend)
+	t.Skipf("SKIPPING %s TESTS: server unavailable (%v); OUTBOX_TEST_SKIP=%s allows it", strings.ToUpper(backend), err, os.Getenv("OUTBOX_TEST_SKIP"))
+}
+
+// Service returns the address of a broker the tests need ("nats", "rabbitmq", "redis"): the
+// environment variable env when set, or def. It fails or skips t, as [Unavailable] says,
+// when nothing accepts a TCP connection there.
+func Service(t testing.TB, backend, env, def string) string {
+	t.Helper()
+	addr := os.Getenv(env)
+	if addr == "" {
+		addr = def
+	}
+	hostport := addr
+	if u, err := url.Parse(addr); err == nil && u.Host != "" {
+		hostport = u.Host
+	}
+	c, err := net.DialTimeout("tcp", hostport, 3*time.Second)
+	if err != nil {
+		Unavailable(t, backend, err)
+		return addr
+	}
+	_ = c.Close()
+	return addr
 }
 
 func randomName() string {
@@ -127,7 +169,7 @@ func Postgres(t testing.TB, params ...string) *sql.DB {
 	t.Helper()
 	adm, err := pgAdmin.get(func() (*sql.DB, error) { return sql.Open("pgx", PostgresDSN()) })
 	if err != nil {
-		unavailable(t, "postgres", err)
+		Unavailable(t, "postgres", err)
 	}
 	schema := randomName()
 	if _, err := adm.Exec(`CREATE SCHEMA ` + schema); err != nil {
@@ -166,7 +208,7 @@ func MySQL(t testing.TB) *sql.DB {
 	}
 	adm, err := myAdmin.get(func() (*sql.DB, error) { return sql.Open("mysql", cfg.FormatDSN()) })
 	if err != nil {
-		unavailable(t, "mysql", err)
+		Unavailable(t, "mysql", err)
 	}
 	name := randomName()
 	if _, err := adm.Exec(`CREATE DATABASE ` + name); err != nil {

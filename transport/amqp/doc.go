@@ -1,0 +1,2 @@
+// Package amqp is under construction.
+package amqp

@@ -1,0 +1,2 @@
+// Package kafka is under construction.
+package kafka

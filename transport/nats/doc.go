@@ -1,0 +1,2 @@
+// Package nats is under construction.
+package nats

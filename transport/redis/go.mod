@@ -1,0 +1,7 @@
+module github.com/outboxgo/outbox/transport/redis
+
+go 1.26.0
+
+require github.com/outboxgo/outbox v0.0.0
+
+replace github.com/outboxgo/outbox => ../..

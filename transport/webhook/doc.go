@@ -1,0 +1,2 @@
+// Package webhook is under construction.
+package webhook
