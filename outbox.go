@@ -111,7 +111,10 @@ type Message struct {
 	// DedupeKey makes enqueue idempotent: at most one row exists per (Namespace, Topic,
 	// DedupeKey). Empty means none.
 	DedupeKey string
-	// PartitionKey is an ordering key (an entity id) passed to the transport. Empty means none.
+	// PartitionKey names the entity the event belongs to (an order id, say). It is stored
+	// and passed to the transport, which may use it as the broker's key (a Kafka record
+	// key, for instance). The publisher does not order deliveries by it: retries and
+	// concurrent claims can deliver a key's events out of enqueue order. Empty means none.
 	PartitionKey string
 	// Headers carry metadata such as trace context and content type.
 	Headers Headers
@@ -223,7 +226,7 @@ func (s *Store) enqueue(ctx context.Context, q DBTX, msgs []Message, firstIndex 
 	}
 	inserted, err := s.dialect.Insert(ctx, q, s.table, rows)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: enqueue: %w", err)
+		return nil, s.sqlError("enqueue", err)
 	}
 	if len(inserted) != len(rows) {
 		return nil, fmt.Errorf("outbox: enqueue: dialect %s reported %d results for %d rows", s.dialect.Name(), len(inserted), len(rows))
@@ -378,7 +381,7 @@ func (s *Store) Claim(ctx context.Context, o ClaimOptions) ([]Record, error) {
 		WorkerID: o.WorkerID, Token: uuid.New(),
 	})
 	if err != nil {
-		return nil, fmt.Errorf("outbox: claim: %w", err)
+		return nil, s.sqlError("claim", err)
 	}
 	slices.SortFunc(recs, func(a, b Record) int {
 		if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
@@ -527,6 +530,16 @@ func (s *Store) Get(ctx context.Context, id uuid.UUID) (Record, error) {
 		return Record{}, fmt.Errorf("outbox: get: %w", err)
 	}
 	return r, nil
+}
+
+// sqlError wraps an error of the dialect's statement for op. A missing table becomes a
+// [*CheckError] that says to migrate; anything else names the dialect, since a dialect that
+// does not match the database fails with syntax errors that would not say so.
+func (s *Store) sqlError(op string, err error) error {
+	if ce := missingTable(s.dialect, s.table, err); ce != nil {
+		return ce
+	}
+	return fmt.Errorf("outbox: %s (%s dialect): %w", op, s.dialect.Name(), err)
 }
 
 // isNil reports whether tx is nil or a nil pointer in an interface (a nil *sql.Tx), which

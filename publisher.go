@@ -21,6 +21,7 @@ const (
 	DefaultLease           = 30 * time.Second
 	DefaultShutdownTimeout = 10 * time.Second
 	DefaultSweepInterval   = time.Minute
+	DefaultPublishTimeout  = time.Minute
 )
 
 // MinLease is the shortest lease a [Publisher] accepts: its renewal runs every Lease/3.
@@ -31,6 +32,11 @@ var (
 	// running. Start more claim loops with [PublisherOptions.Concurrency], or more
 	// Publishers, instead.
 	ErrPublisherRunning = errors.New("outbox: publisher is already running")
+
+	// ErrPublishTimeout marks the messages of a batch whose [Transport.Publish] call ran
+	// past [PublisherOptions.PublishTimeout]: its context was cancelled and the messages it
+	// did not report delivered are retried.
+	ErrPublishTimeout = errors.New("outbox: publish timed out")
 
 	// ErrAttemptLimit marks a message dead-lettered because it used all the attempts of its
 	// [RetryPolicy]. [DeadLetter.Err] matches it, and also the last transport error when the
@@ -93,6 +99,14 @@ type PublisherOptions struct {
 	// own batches. Default 1.
 	Concurrency int
 
+	// PublishTimeout bounds one [Transport.Publish] call. When it passes, the call's context
+	// is cancelled, a warning names the batch, and every message the transport did not
+	// report delivered is retried under the [RetryPolicy] (the error matches
+	// [ErrPublishTimeout]). A transport that ignores the cancellation is abandoned one
+	// second later and logged as an error. Without it, a broker that hangs would keep its
+	// batch's leases renewed forever. Default [DefaultPublishTimeout].
+	PublishTimeout time.Duration
+
 	// ShutdownTimeout is how long [Publisher.Run] waits, once its context is cancelled, for
 	// in-flight publishes and their settlement. When it passes, the transport's context is
 	// cancelled and rows not yet settled keep their lease until it expires. Default
@@ -109,7 +123,11 @@ type PublisherOptions struct {
 	SweepInterval time.Duration
 
 	// Logger receives the publisher's log lines. They carry message ids and errors, never
-	// payloads. Default [slog.Default], so that database outages are not silent; pass
+	// payloads. Failed deliveries are logged at Warn and dead letters at Error, each as one
+	// line per batch (the count, the first message's id, topic, attempt, error and next
+	// attempt time, and up to 20 ids), so a failing broker shows at the default level
+	// without a line per message. Database errors are logged at Error once per retry,
+	// which backs off. Default [slog.Default], so that outages are not silent; pass
 	// slog.New(slog.DiscardHandler) to turn logging off.
 	Logger *slog.Logger
 
@@ -169,6 +187,12 @@ func (o *PublisherOptions) validate() error {
 		o.Concurrency = 1
 	case o.Concurrency < 1:
 		return invalid("Concurrency", "must be at least 1, got %d", o.Concurrency)
+	}
+	switch {
+	case o.PublishTimeout == 0:
+		o.PublishTimeout = DefaultPublishTimeout
+	case o.PublishTimeout < 0:
+		return invalid("PublishTimeout", "must not be negative, got %s", o.PublishTimeout)
 	}
 	switch {
 	case o.ShutdownTimeout == 0:
@@ -280,6 +304,10 @@ func (p *Publisher) Stats() PublisherStats {
 
 // Run publishes until ctx is cancelled, then shuts down and returns nil.
 //
+// It first runs [Store.Check]. A setup problem (the table missing, the wrong dialect,
+// SQLite without WAL) is returned at once as a [*CheckError]; a database that cannot be
+// reached is waited for, with a warning and backoff, as are outages later on.
+//
 // It starts [PublisherOptions.Concurrency] claim loops and a sweeper. A claim loop claims a
 // batch, dead-letters rows whose payload fails its hash check, publishes the rest while
 // renewing their leases every Lease/3, and records all outcomes with one [Store.Complete].
@@ -302,6 +330,9 @@ func (p *Publisher) Run(ctx context.Context) error {
 		return ErrPublisherRunning
 	}
 	defer p.running.Store(false)
+	if err := p.awaitReady(ctx); err != nil {
+		return err
+	}
 
 	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopWork()
@@ -331,6 +362,33 @@ func (p *Publisher) Run(ctx context.Context) error {
 	}
 	p.log.Info("outbox publisher stopped")
 	return nil
+}
+
+// awaitReady runs [Store.Check] until it passes, and returns its error when the check finds
+// a setup problem (a [*CheckError]): a missing table or the wrong dialect will not mend
+// itself, and a publisher that claimed regardless would only log failed claims forever. A
+// database that cannot be reached is waited for, with backoff, until ctx ends. A dialect that
+// cannot check is not held against the publisher.
+func (p *Publisher) awaitReady(ctx context.Context) error {
+	delay := p.opts.PollInterval
+	for {
+		err := p.store.Check(ctx)
+		switch {
+		case err == nil, errors.Is(err, errors.ErrUnsupported):
+			return nil
+		case errors.Is(err, ErrMisconfigured):
+			p.log.Error("outbox publisher: cannot start", "err", err)
+			return err
+		case ctx.Err() != nil:
+			return nil
+		}
+		p.errs.Add(1)
+		p.log.Warn("outbox publisher: database not reachable at start; retrying", "err", err, "retry_in", delay)
+		if !sleep(ctx, delay) {
+			return nil
+		}
+		delay = min(delay*2, p.opts.IdleBackoffMax)
+	}
 }
 
 // run is the state of one call of Run.
@@ -446,23 +504,56 @@ func (r *run) process(recs []Record) {
 
 // publish hands the batch to the transport and renews the leases until it returns. It
 // reports false when the shutdown deadline passed first: the batch must then be left alone.
-// Renewal marks the rows whose lease was lost in lost and stops renewing them.
+// Renewal marks the rows whose lease was lost in lost and stops renewing them. A call that
+// outlives PublishTimeout is cancelled; its unreported messages fail with ErrPublishTimeout.
 func (r *run) publish(batch []Delivery, leases []Lease, lost map[uuid.UUID]bool) ([]error, bool) {
 	p := r.p
+	ctx, cancel := context.WithCancel(r.work)
+	defer cancel()
 	done := make(chan []error, 1) // buffered: an abandoned publish can still finish and exit
-	go func() { done <- r.callTransport(batch) }()
+	go func() { done <- r.callTransport(ctx, batch) }()
 
 	held := append([]Lease(nil), leases...)
 	renew := time.NewTimer(p.opts.Lease / 3)
 	defer renew.Stop()
+	timeout := time.NewTimer(p.opts.PublishTimeout)
+	defer timeout.Stop()
+	var grace <-chan time.Time // set once the timeout cancelled the call
+	timedOut := func(results []error) []error {
+		err := fmt.Errorf("%w after %s", ErrPublishTimeout, p.opts.PublishTimeout)
+		if results == nil {
+			return failAll(len(batch), err)
+		}
+		for i, e := range results {
+			if e != nil {
+				results[i] = fmt.Errorf("%w: %w", err, e)
+			}
+		}
+		return results
+	}
 	for {
 		select {
 		case results := <-done:
+			if grace != nil {
+				results = timedOut(results)
+			}
 			return results, true
 		case <-renew.C:
 			var next time.Duration
 			held, next = r.extend(held, lost)
 			renew.Reset(next)
+		case <-timeout.C:
+			p.log.Warn("outbox publisher: publish timed out; cancelling it, and its messages will be retried",
+				"publish_timeout", p.opts.PublishTimeout, "count", len(batch), "topic", batch[0].Topic, idsAttr(leases))
+			cancel()
+			t := time.NewTimer(abandonAfter)
+			defer t.Stop()
+			grace = t.C
+		case <-grace:
+			p.errs.Add(1)
+			p.log.Error("outbox publisher: transport ignored its cancelled context after the publish timeout; abandoning it",
+				"abandon_after", abandonAfter, "count", len(batch))
+			return timedOut(nil), true
 		case <-r.work.Done():
 			graceOrAbandon(r, done, "transport", "count", len(batch))
 			return nil, false
@@ -488,7 +579,7 @@ func graceOrAbandon[T any](r *run, done <-chan T, what string, attrs ...any) {
 
 // callTransport runs the transport, turning a panic or a malformed result into a failure
 // of every message of the batch. The result has len(batch) entries.
-func (r *run) callTransport(batch []Delivery) (errs []error) {
+func (r *run) callTransport(ctx context.Context, batch []Delivery) (errs []error) {
 	p := r.p
 	defer func() {
 		if v := recover(); v != nil {
@@ -498,7 +589,7 @@ func (r *run) callTransport(batch []Delivery) (errs []error) {
 			errs = failAll(len(batch), fmt.Errorf("outbox: transport panicked: %v", v))
 		}
 	}()
-	errs = p.tr.Publish(r.work, batch)
+	errs = p.tr.Publish(ctx, batch)
 	switch len(errs) {
 	case 0:
 		return make([]error, len(batch))
@@ -614,6 +705,8 @@ func (r *run) settle(items []settlement, lost map[uuid.UUID]bool) {
 			idsAttr(leasesOf(outs)), "count", len(outs))
 		return
 	}
+	var retried []*settlement
+	var dead []DeadLetter
 	for i := range items {
 		it := &items[i]
 		if lost[it.out.ID] {
@@ -624,12 +717,38 @@ func (r *run) settle(items []settlement, lost map[uuid.UUID]bool) {
 			p.delivered.Add(1)
 		case StatusPending:
 			p.retried.Add(1)
-			p.log.Debug("outbox publisher: delivery failed; will retry", "id", it.out.ID, "topic", it.rec.Topic,
-				"attempt", it.rec.Attempts, "retry_in", it.out.Delay, "err", it.cause)
+			retried = append(retried, it)
 		case StatusDead:
-			dl := DeadLetter{Delivery: deliveryOf(*it.rec), Reason: truncateUTF8(it.out.Error, MaxLastErrorBytes), Err: it.cause}
-			r.dead(dl)
+			dead = append(dead, DeadLetter{Delivery: deliveryOf(*it.rec), Reason: truncateUTF8(it.out.Error, MaxLastErrorBytes), Err: it.cause})
 		}
+	}
+	if len(retried) > 0 {
+		first := retried[0]
+		ids := make([]uuid.UUID, len(retried))
+		for i, it := range retried {
+			ids[i] = it.out.ID
+		}
+		p.log.Warn("outbox publisher: delivery failed; will retry", "count", len(retried), "id", first.out.ID,
+			"topic", first.rec.Topic, "attempt", first.rec.Attempts, "retry_in", first.out.Delay,
+			"next_attempt_at", time.Now().Add(first.out.Delay).UTC().Format(time.RFC3339Nano), "err", first.cause, idsAttr(ids))
+	}
+	r.deadLetters(dead)
+}
+
+// deadLetters logs a batch's dead-lettered rows in one line and reports each to OnDead.
+func (r *run) deadLetters(dls []DeadLetter) {
+	if len(dls) == 0 {
+		return
+	}
+	ids := make([]uuid.UUID, len(dls))
+	for i, dl := range dls {
+		ids[i] = dl.ID
+	}
+	first := dls[0]
+	r.p.log.Error("outbox publisher: message dead-lettered", "count", len(dls), "id", first.ID, "topic", first.Topic,
+		"attempts", first.Attempt, "reason", first.Reason, idsAttr(ids))
+	for _, dl := range dls {
+		r.dead(dl)
 	}
 }
 
@@ -653,11 +772,10 @@ func (r *run) settledEarlier(outs []Outcome, lost []uuid.UUID) []uuid.UUID {
 	return really
 }
 
-// dead counts, logs and reports one dead-lettered row.
+// dead counts one dead-lettered row and reports it to OnDead; deadLetters logs it.
 func (r *run) dead(dl DeadLetter) {
 	p := r.p
 	p.dead.Add(1)
-	p.log.Warn("outbox publisher: message dead-lettered", "id", dl.ID, "topic", dl.Topic, "attempts", dl.Attempt, "reason", dl.Reason)
 	if p.opts.OnDead == nil {
 		return
 	}
@@ -733,6 +851,7 @@ func (r *run) sweep(bury func(context.Context, Scope, int, int) ([]uuid.UUID, er
 			}
 			return false
 		}
+		dls := make([]DeadLetter, 0, len(ids))
 		for _, id := range ids {
 			dl := DeadLetter{Delivery: Delivery{ID: id}, Err: ErrAttemptLimit,
 				Reason: fmt.Sprintf("attempt limit reached (%d attempts)", p.opts.Retry.MaxAttempts)}
@@ -745,8 +864,9 @@ func (r *run) sweep(bury func(context.Context, Scope, int, int) ([]uuid.UUID, er
 					p.log.Error("outbox publisher: reading a buried row failed", "id", id, "err", err)
 				}
 			}
-			r.dead(dl)
+			dls = append(dls, dl)
 		}
+		r.deadLetters(dls)
 		if len(ids) < p.opts.BatchSize {
 			return true
 		}

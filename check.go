@@ -1,0 +1,234 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+)
+
+// ErrMisconfigured marks a database that answers but is not set up for the outbox as the
+// [Store] is configured: the table is missing or incomplete, the dialect does not match
+// the server, or SQLite is opened without the settings concurrent writers need. Retrying
+// does not help; the [*CheckError] that matches it says what to change.
+var ErrMisconfigured = errors.New("outbox: misconfigured")
+
+// CheckError is a setup problem found by [Store.Check], or met by an operation (a missing
+// table), with what to do about it. It matches [ErrMisconfigured].
+type CheckError struct {
+	// Problem says what is wrong.
+	Problem string
+	// Fix says what to do.
+	Fix string
+	// Err is the database error behind the problem, if there was one.
+	Err error
+}
+
+func (e *CheckError) Error() string { return "outbox: " + e.Problem + ": " + e.Fix }
+
+// Unwrap returns the database error behind the problem.
+func (e *CheckError) Unwrap() error { return e.Err }
+
+// Is reports whether target is [ErrMisconfigured].
+func (e *CheckError) Is(target error) bool { return target == ErrMisconfigured }
+
+// Checker is an optional ability of a [Dialect]: it checks that db is a database the
+// dialect is written for and that the table t is ready to use. [Store.Check] calls it. It
+// returns a [*CheckError] for a problem that configuration must fix, and any other error
+// (the server cannot be reached) as it is. The built-in dialects implement it.
+type Checker interface {
+	Check(ctx context.Context, db *sql.DB, t Table) error
+}
+
+// Check verifies that the store can work: the database answers, it is the kind the dialect
+// is written for, the table exists with every column the library uses, and, on SQLite, the
+// connection runs in WAL mode with a busy timeout. A setup problem returns a [*CheckError]
+// (matching [ErrMisconfigured]) that says what to do; a database that cannot be reached
+// returns its error, which may pass. A [Publisher] runs Check when it starts; call it from a
+// readiness probe or at startup to fail fast. A dialect that does not implement [Checker]
+// returns an error matching [errors.ErrUnsupported].
+func (s *Store) Check(ctx context.Context) error {
+	c, ok := s.dialect.(Checker)
+	if !ok {
+		return fmt.Errorf("outbox: check: dialect %s cannot check its database: %w", s.dialect.Name(), errors.ErrUnsupported)
+	}
+	if err := c.Check(ctx, s.db, s.table); err != nil {
+		var ce *CheckError
+		if errors.As(err, &ce) {
+			return err
+		}
+		return fmt.Errorf("outbox: check: %w", err)
+	}
+	return nil
+}
+
+// serverOf names the kind of database behind db ("postgres", "mysql" or "sqlite", as the
+// built-in dialects are named) and describes it for people, such as "PostgreSQL 15.4". It
+// returns an empty kind for a server it does not recognise, and an error only when db
+// cannot be reached.
+func serverOf(ctx context.Context, db *sql.DB) (kind, desc string, err error) {
+	if err := db.PingContext(ctx); err != nil {
+		return "", "", err
+	}
+	var v string
+	if err := db.QueryRowContext(ctx, `SELECT version()`).Scan(&v); err == nil {
+		switch {
+		case strings.HasPrefix(v, "PostgreSQL"):
+			desc, _, _ = strings.Cut(v, " on ") // "PostgreSQL 15.4 (Debian ...) on x86_64-..."
+			return "postgres", desc, nil
+		case strings.Contains(strings.ToLower(v), "mariadb"):
+			return "mysql", "MariaDB " + strings.SplitN(v, "-", 2)[0], nil
+		case v != "" && v[0] >= '0' && v[0] <= '9':
+			return "mysql", "MySQL " + v, nil
+		}
+		return "", v, nil
+	}
+	if err := db.QueryRowContext(ctx, `SELECT sqlite_version()`).Scan(&v); err == nil {
+		return "sqlite", "SQLite " + v, nil
+	}
+	return "", "an unrecognised database", nil
+}
+
+// dialectHints name the constructor of each built-in dialect, for error messages.
+var dialectHints = map[string]string{"postgres": "outbox.Postgres()", "mysql": "outbox.MySQL()", "sqlite": "outbox.SQLite()"}
+
+// checkBuiltin is the check the built-in dialects share: the server kind, then the
+// columns of each table the dialect needs (listed by columns, which returns none for a
+// missing table).
+func checkBuiltin(ctx context.Context, db *sql.DB, name string, t Table,
+	columns func(ctx context.Context, db *sql.DB, table string) ([]string, error), tables map[string][]string) error {
+	kind, desc, err := serverOf(ctx, db)
+	if err != nil {
+		return err
+	}
+	if kind != name {
+		fix := "use the dialect that matches the database"
+		if h, ok := dialectHints[kind]; ok {
+			fix = "use " + h + " for this pool"
+		}
+		return &CheckError{Problem: fmt.Sprintf("this pool is %s but the dialect is %s", desc, name), Fix: fix}
+	}
+	migrate := fmt.Sprintf("run migrations.Up(ctx, db, %q, migrations.Options{Table: %q}) or `outbox migrate up --dialect %s --table %s`",
+		name, t.Name(), name, t.Name())
+	for _, table := range slices.Sorted(maps.Keys(tables)) {
+		have, err := columns(ctx, db, table)
+		if err != nil {
+			return err
+		}
+		if len(have) == 0 {
+			return &CheckError{Problem: fmt.Sprintf("table %q does not exist", table), Fix: migrate}
+		}
+		var missing []string
+		for _, c := range tables[table] {
+			if !slices.Contains(have, c) {
+				missing = append(missing, c)
+			}
+		}
+		if len(missing) > 0 {
+			return &CheckError{
+				Problem: fmt.Sprintf("table %q lacks column(s) %s", table, strings.Join(missing, ", ")),
+				Fix:     "it was created by other or older migrations: " + migrate,
+			}
+		}
+	}
+	return nil
+}
+
+// queryStrings runs a query returning one text column and collects it.
+func queryStrings(ctx context.Context, db *sql.DB, query string, args ...any) ([]string, error) {
+	rows, err := db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			return nil, err
+		}
+		out = append(out, strings.ToLower(s))
+	}
+	return out, rows.Err()
+}
+
+// missingTable returns a [*CheckError] wrapping err, from a statement on the outbox table,
+// when the database says the table does not exist, so that the caller learns to migrate;
+// nil otherwise.
+func missingTable(d Dialect, t Table, err error) *CheckError {
+	msg := err.Error()
+	var state interface{ SQLState() string }
+	gone := strings.Contains(msg, "no such table") || // SQLite
+		strings.Contains(msg, "Error 1146") || // MySQL, MariaDB: table doesn't exist
+		(errors.As(err, &state) && state.SQLState() == "42P01") // PostgreSQL: undefined_table
+	if !gone {
+		return nil
+	}
+	return &CheckError{
+		Problem: fmt.Sprintf("the outbox table %q does not exist", t.Name()),
+		Fix: fmt.Sprintf("run migrations.Up(ctx, db, %q, migrations.Options{Table: %q}) or `outbox migrate up`",
+			d.Name(), t.Name()),
+		Err: err,
+	}
+}
+
+// Check implements [Checker].
+func (d *postgresDialect) Check(ctx context.Context, db *sql.DB, t Table) error {
+	return checkBuiltin(ctx, db, d.Name(), t, func(ctx context.Context, db *sql.DB, table string) ([]string, error) {
+		return queryStrings(ctx, db, `SELECT attname FROM pg_attribute WHERE attrelid = to_regclass($1)`+
+			` AND attnum > 0 AND NOT attisdropped`, quoteIdent(table, '"'))
+	}, map[string][]string{t.Name(): recordColumns})
+}
+
+// Check implements [Checker]. MySQL keeps dedupe keys in a second table, <table>_dedupe.
+func (d mysqlDialect) Check(ctx context.Context, db *sql.DB, t Table) error {
+	return checkBuiltin(ctx, db, d.Name(), t, func(ctx context.Context, db *sql.DB, table string) ([]string, error) {
+		return queryStrings(ctx, db, `SELECT column_name FROM information_schema.columns`+
+			` WHERE table_schema = DATABASE() AND table_name = ?`, table)
+	}, map[string][]string{
+		t.Name():             recordColumns,
+		t.Name() + "_dedupe": {"namespace", "topic", "dedupe_key", "id"},
+	})
+}
+
+// sqliteDSN is the connection string the SQLite checks recommend.
+const sqliteDSN = "file:app.db?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_txlock=immediate"
+
+// Check implements [Checker]. Besides the table, it reads the connection's journal mode and
+// busy timeout: without WAL, readers block the writer, and without a busy timeout a writer
+// that finds the database locked fails at once with SQLITE_BUSY instead of waiting its
+// turn. An in-memory database (journal mode "memory") needs neither.
+func (d sqliteDialect) Check(ctx context.Context, db *sql.DB, t Table) error {
+	err := checkBuiltin(ctx, db, d.Name(), t, func(ctx context.Context, db *sql.DB, table string) ([]string, error) {
+		return queryStrings(ctx, db, `SELECT name FROM pragma_table_info(?)`, table)
+	}, map[string][]string{t.Name(): recordColumns})
+	if err != nil {
+		return err
+	}
+	// One connection answers both, so the pair describes one connection of the pool.
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	var mode string
+	var timeout int
+	if err := conn.QueryRowContext(ctx, `PRAGMA journal_mode`).Scan(&mode); err != nil {
+		return err
+	}
+	if err := conn.QueryRowContext(ctx, `PRAGMA busy_timeout`).Scan(&timeout); err != nil {
+		return err
+	}
+	mode = strings.ToLower(mode)
+	if mode == "memory" || (mode == "wal" && timeout > 0) {
+		return nil
+	}
+	return &CheckError{
+		Problem: fmt.Sprintf("SQLite runs with journal_mode=%s and busy_timeout=%dms: concurrent writers will fail with "+
+			"SQLITE_BUSY (database is locked)", mode, timeout),
+		Fix: "open it with journal_mode WAL, a busy timeout and immediate transactions, as in the DSN " + sqliteDSN,
+	}
+}
