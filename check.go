@@ -8,6 +8,8 @@ import (
 	"maps"
 	"slices"
 	"strings"
+
+	"github.com/outboxgo/outbox/internal/dbkind"
 )
 
 // ErrMisconfigured marks a database that answers but is not set up for the outbox as the
@@ -65,33 +67,6 @@ func (s *Store) Check(ctx context.Context) error {
 	return nil
 }
 
-// serverOf names the kind of database behind db ("postgres", "mysql" or "sqlite", as the
-// built-in dialects are named) and describes it for people, such as "PostgreSQL 15.4". It
-// returns an empty kind for a server it does not recognise, and an error only when db
-// cannot be reached.
-func serverOf(ctx context.Context, db *sql.DB) (kind, desc string, err error) {
-	if err := db.PingContext(ctx); err != nil {
-		return "", "", err
-	}
-	var v string
-	if err := db.QueryRowContext(ctx, `SELECT version()`).Scan(&v); err == nil {
-		switch {
-		case strings.HasPrefix(v, "PostgreSQL"):
-			desc, _, _ = strings.Cut(v, " on ") // "PostgreSQL 15.4 (Debian ...) on x86_64-..."
-			return "postgres", desc, nil
-		case strings.Contains(strings.ToLower(v), "mariadb"):
-			return "mysql", "MariaDB " + strings.SplitN(v, "-", 2)[0], nil
-		case v != "" && v[0] >= '0' && v[0] <= '9':
-			return "mysql", "MySQL " + v, nil
-		}
-		return "", v, nil
-	}
-	if err := db.QueryRowContext(ctx, `SELECT sqlite_version()`).Scan(&v); err == nil {
-		return "sqlite", "SQLite " + v, nil
-	}
-	return "", "an unrecognised database", nil
-}
-
 // dialectHints name the constructor of each built-in dialect, for error messages.
 var dialectHints = map[string]string{"postgres": "outbox.Postgres()", "mysql": "outbox.MySQL()", "sqlite": "outbox.SQLite()"}
 
@@ -100,7 +75,7 @@ var dialectHints = map[string]string{"postgres": "outbox.Postgres()", "mysql": "
 // missing table).
 func checkBuiltin(ctx context.Context, db *sql.DB, name string, t Table,
 	columns func(ctx context.Context, db *sql.DB, table string) ([]string, error), tables map[string][]string) error {
-	kind, desc, err := serverOf(ctx, db)
+	kind, desc, err := dbkind.Detect(ctx, db)
 	if err != nil {
 		return err
 	}
