@@ -14,9 +14,22 @@ import (
 	"github.com/google/uuid"
 )
 
-// MySQL returns the dialect for MySQL 8.0+ and MariaDB 10.6+ (InnoDB, FOR UPDATE SKIP
-// LOCKED), tested with github.com/go-sql-driver/mysql on MariaDB. Create the table with
-// the migrations package: the claim names its index, <table>_claim_idx.
+// MySQL returns the dialect for MySQL 8.0+ and MariaDB 10.6+ (InnoDB), tested with
+// github.com/go-sql-driver/mysql on MariaDB. Create the tables with the migrations package:
+// besides the outbox table, MySQL keeps dedupe keys in a second table, <table>_dedupe.
+//
+// Claims run in short READ COMMITTED transactions with FOR UPDATE SKIP LOCKED, and retry
+// after a deadlock or lock wait timeout. Every time is the server's UTC_TIMESTAMP(6), so the
+// DSN's parseTime and loc and the session's time_zone do not matter.
+//
+// Server and driver settings: keep binlog_format ROW or MIXED (the defaults), since READ
+// COMMITTED writes cannot be logged as statements; do not set clientFoundRows=true in the
+// DSN, which would make a duplicate dedupe key look enqueued; interpolateParams=true saves
+// a round trip per statement.
+func MySQL() Dialect { return mysqlDialect{} }
+
+// mysqlDialect is stateless: statements depend on the batch size, so they are rendered per
+// call, and the parts that never change are package constants.
 //
 // # Claim
 //
@@ -128,10 +141,6 @@ import (
 // statements. Do not set clientFoundRows=true in the DSN: it makes a skipped dedupe key
 // count as one affected row, like a reserved one, so Insert would report a duplicate as
 // enqueued.
-func MySQL() Dialect { return mysqlDialect{} }
-
-// mysqlDialect is stateless: statements depend on the batch size, so they are rendered per
-// call, and the parts that never change are package constants.
 type mysqlDialect struct{}
 
 func (mysqlDialect) Name() string { return "mysql" }

@@ -12,10 +12,22 @@ import (
 )
 
 // Postgres returns the dialect for PostgreSQL 12 or newer, tested with the pgx driver
-// (github.com/jackc/pgx/v5/stdlib) in every query execution mode. Batch statements bind
-// Go slices ([]string, []*string, [][]byte, []int64) as PostgreSQL arrays, which pgx does
-// and lib/pq does not; use pgx. The id and token arrays of Complete and Extend bind as one
-// array literal string (pgUUIDArray).
+// (github.com/jackc/pgx/v5/stdlib) in every query execution mode, and with lib/pq
+// (github.com/lib/pq), against which the conformance suite runs too. Create the table with
+// the migrations package.
+//
+// Claims are one statement with FOR UPDATE SKIP LOCKED, so concurrent publishers pass over
+// each other's rows; acks and nacks of a batch are one statement. Every time is the
+// server's now(): enqueue inside a long business transaction stamps created_at with that
+// transaction's start. Keep autovacuum on for the outbox table (see the README).
+func Postgres() Dialect { return &postgresDialect{} }
+
+// postgresDialect keeps the statements that do not depend on call arguments rendered
+// once per table name. Claim and Bury depend on the scope and are rendered per call.
+//
+// Batch statements bind Go slices ([]string, []*string, [][]byte, []int64) as PostgreSQL
+// arrays. The id and token arrays of Complete and Extend bind as one array literal string
+// (pgUUIDArray).
 //
 // Claim is one statement, run on the *sql.DB outside any caller transaction, so it is its
 // own short transaction (placeholders numbered as for an empty scope):
@@ -72,10 +84,6 @@ import (
 //
 // payload and headers are json, not jsonb, so the bytes consumers receive are the bytes
 // enqueued, as the payload hash requires. Create the table with the migrations package.
-func Postgres() Dialect { return &postgresDialect{} }
-
-// postgresDialect keeps the statements that do not depend on call arguments rendered
-// once per table name. Claim and Bury depend on the scope and are rendered per call.
 type postgresDialect struct {
 	stmts sync.Map // table name → *pgStatements
 }

@@ -15,13 +15,35 @@ import (
 	"github.com/google/uuid"
 )
 
-// SQLite returns the dialect for SQLite 3.35 or newer (UPDATE ... RETURNING, UPDATE ...
-// FROM, partial indexes), tested with modernc.org/sqlite.
+// SQLite returns the dialect for SQLite 3.35 or newer, tested with modernc.org/sqlite.
+//
+// Open the database with WAL, a busy timeout and immediate transactions (with
+// modernc.org/sqlite, in the DSN):
+//
+//	file:app.db?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_txlock=immediate
+//
+// WAL lets readers run beside the writer; busy_timeout makes a writer wait for the lock
+// instead of failing with SQLITE_BUSY; _txlock=immediate makes every BEGIN take the write
+// lock up front, so a business transaction that reads and then enqueues cannot fail with
+// SQLITE_BUSY half way (a deferred transaction that must upgrade its lock is not retried
+// by busy_timeout). Without these, concurrent writers get "database is locked" errors;
+// [Store.Check] reports a missing WAL mode or busy timeout.
+//
+// SQLite has one writer at a time: claims take the write lock in turn, and a claim never
+// returns a row another claim holds. Leases and schedules use the host's clock, read by
+// SQLite inside each statement at a millisecond's resolution. Use one pool per SQLite
+// file per process, and one [Store] per pool: the Store keeps the hot statements prepared
+// on each connection of its pool.
+func SQLite() Dialect { return sqliteDialect{} }
+
+// sqliteDialect, once New has bound it to a Store's pool, keeps its hot statements prepared
+// there (stmtCache): the claim and its probe, and the uniform ack; and it remembers which
+// scopes have a backlog (sqliteBacklog).
 //
 // SQLite has one writer at a time, so there is no SKIP LOCKED. Every write of the library
 // (claim, ack and nack, renewal, sweep) is one UPDATE ... RETURNING statement run in
 // autocommit, and an autocommit write is its own transaction that takes the write lock at
-// its first step, before it reads a row: what BEGIN IMMEDIATE gives (SPEC §6), waiting for
+// its first step, before it reads a row: what BEGIN IMMEDIATE gives, waiting for
 // the lock under busy_timeout as BEGIN IMMEDIATE does, and never failing half way the way a
 // deferred transaction that reads first and then writes can. The claim is UPDATE ... WHERE
 // id IN (SELECT ... ORDER BY created_at, id LIMIT n), and the UPDATE re-checks eligibility
@@ -30,15 +52,15 @@ import (
 // Clock: the statements read it themselves (sqliteNow, SQLite's julianday('now')), so it is
 // read once the write lock is held, and a wait for the lock can never shorten a lease,
 // backdate a schedule or let a row be judged by a time from before the previous writer
-// committed. It is the host's clock read in the process, as SPEC §6 asks for SQLite, at
-// SQLite's resolution of a millisecond. Times are stored as Unix microseconds and are whole
+// committed. It is the host's clock read in the process, at SQLite's resolution of a
+// millisecond. Times are stored as Unix microseconds and are whole
 // milliseconds (Insert cuts Go's clock down the same way), except that a transition stamps a
 // row at least a microsecond past its last updated_at (sqliteStamp), so that updated_at
 // always moves forward (a host clock stepped back makes a claim's lease longer by the step,
 // as it makes every running lease look longer). One statement replaces BEGIN, a lock
 // statement, the UPDATE and COMMIT on a connection taken from the pool: three statements
 // fewer for modernc.org/sqlite to watch for cancellation, each with a goroutine, and no
-// transaction for database/sql to watch (BENCHMARKS.md, Library changes, fifth round).
+// transaction for database/sql to watch (measured in BENCHMARKS.md).
 //
 // The claim, its probe and the uniform ack are prepared once per connection (stmtCache) by
 // the copy of the dialect that New binds to the Store's pool (Store.Dialect). SQLite()
@@ -47,21 +69,6 @@ import (
 // Publisher's claim loops, settles and renewals) take turns in the process before they ask
 // for the write lock, so they never starve each other in SQLite's busy handler; use one
 // pool per SQLite file per process.
-//
-// Connection settings users need (with modernc.org/sqlite, in the DSN):
-//
-//	file:app.db?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_txlock=immediate
-//
-// WAL lets readers run beside the writer; busy_timeout makes a writer wait for the lock
-// instead of failing with SQLITE_BUSY; _txlock=immediate makes every BEGIN take the write
-// lock up front, so a business transaction that reads and then enqueues cannot fail with
-// SQLITE_BUSY half way (a deferred transaction that must upgrade its lock is not retried
-// by busy_timeout). Without these, concurrent writers get "database is locked" errors.
-func SQLite() Dialect { return sqliteDialect{} }
-
-// sqliteDialect, once New has bound it to a Store's pool, keeps its hot statements prepared
-// there (stmtCache): the claim and its probe, and the uniform ack; and it remembers which
-// scopes have a backlog (sqliteBacklog).
 type sqliteDialect struct {
 	stmts   *stmtCache
 	backlog *sqliteBacklog
