@@ -29,7 +29,13 @@ type CheckError struct {
 	Err error
 }
 
-func (e *CheckError) Error() string { return "outbox: " + e.Problem + ": " + e.Fix }
+func (e *CheckError) Error() string {
+	msg := "outbox: " + e.Problem + ": " + e.Fix
+	if e.Err != nil {
+		msg += " (" + e.Err.Error() + ")"
+	}
+	return msg
+}
 
 // Unwrap returns the database error behind the problem.
 func (e *CheckError) Unwrap() error { return e.Err }
