@@ -49,10 +49,10 @@ type DBTX interface {
 //  7. Bury moves rows at or over the attempt limit that no live lease protects to dead.
 //  8. Get reads one row by id and returns [ErrNotFound] when there is none.
 //
-// The interface is kept this small on purpose. Abilities that only some databases have
-// (LISTEN/NOTIFY wake-ups, retention, admin queries; SPEC §8) will come as separate optional
-// interfaces that the engine finds by type assertion, returning [errors.ErrUnsupported] when
-// a dialect lacks one, so adding them never breaks an existing dialect.
+// The interface is kept this small on purpose. Abilities that only some databases have come
+// as separate optional interfaces that the engine finds by type assertion ([Checker] is
+// one), returning [errors.ErrUnsupported] when a dialect lacks one, so adding an ability
+// never breaks an existing dialect.
 type Dialect interface {
 	// Name is a short stable name: "postgres", "mysql", "sqlite". The migrations package
 	// uses it to pick its directory.

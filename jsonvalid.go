@@ -6,7 +6,7 @@ import "unicode/utf8"
 // whitespace) whose strings are valid UTF-8: utf8.Valid(b) && json.Valid(b), in one pass
 // and without allocating.
 //
-// Enqueue must check every payload (SPEC §4), and encoding/json's checker, a state machine
+// Enqueue must check every payload, and encoding/json's checker, a state machine
 // that calls a function per byte, was the largest client-side cost of a batch enqueue:
 // about 1.8 µs of a 350-byte event, a quarter of the engine's own work (BenchmarkValidate,
 // BENCHMARKS.md). This recursive-descent checker does the same in a fraction of that. It

@@ -242,7 +242,7 @@ func (s *Store) enqueue(ctx context.Context, q DBTX, msgs []Message, firstIndex 
 	return res, nil
 }
 
-// validate checks one message before any SQL (SPEC §4).
+// validate checks one message before any SQL runs.
 func (s *Store) validate(m *Message) *ValidationError {
 	if err := checkText("namespace", m.Namespace, 1, MaxNamespaceBytes); err != nil {
 		return err

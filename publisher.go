@@ -16,8 +16,8 @@ import (
 // Defaults of [PublisherOptions].
 const (
 	DefaultBatchSize       = 100
-	DefaultPollInterval    = 200 * time.Millisecond // seed 004; it bounds latency after a partial batch
-	DefaultIdleBackoffMax  = 10 * time.Second       // seed 000: idle polling backs off to 10s
+	DefaultPollInterval    = 200 * time.Millisecond // it bounds latency after a partial batch
+	DefaultIdleBackoffMax  = 10 * time.Second       // idle polling backs off to one claim per 10s
 	DefaultLease           = 30 * time.Second
 	DefaultShutdownTimeout = 10 * time.Second
 	DefaultSweepInterval   = time.Minute

@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// RetryPolicy decides what happens to a failed delivery (seed 001 §3): retry after
+// RetryPolicy decides what happens to a failed delivery: retry after
 //
 //	delay = min(BaseDelay * 2^(attempts-1), MaxDelay)
 //	next_attempt_at = now + uniform(delay/2, delay)   // equal jitter, clamped before jitter

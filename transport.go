@@ -41,7 +41,7 @@ func deliveryOf(r Record) Delivery {
 }
 
 // Transport delivers messages to the outside world: a broker, a webhook, another module. The
-// library never interprets payloads; the transport is the user's (seed 001 §2).
+// library never interprets payloads; the transport decides what a delivery means.
 //
 // Publish receives a batch in claim order and reports one outcome per message, at the same
 // index: nil means delivered, an error means the attempt failed and is retried under the

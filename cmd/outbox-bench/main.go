@@ -1,5 +1,5 @@
 // Command outbox-bench measures the outbox library against hand-written SQL doing the same
-// work on the same database, table and batch size, in the same run (SPEC §10).
+// work on the same database, table and batch size, in the same run.
 //
 // Absolute figures drift with the machine; the ratios do not, because every library figure is
 // paired with a raw-SQL baseline measured in alternation with it. For every reachable backend
