@@ -229,7 +229,7 @@ func (d sqliteDialect) Claim(ctx context.Context, db *sql.DB, t Table, p ClaimPa
 // sqliteBacklog remembers, per table and scope, whether the last claim of a Store came back
 // full, so that the next claim skips its probe. The probe keeps idle publishers away from
 // the write lock; during a backlog it only adds a statement to every claim (4–13 % of an
-// in-process SQLite drain; BENCHMARKS.md, Library changes, fifth round). The first claim
+// in-process SQLite drain, measured in BENCHMARKS.md). The first claim
 // that comes back short, or fails, turns probing back on; a claim that skipped the probe and
 // finds nothing has taken the write lock once for nothing, which is what every claim did
 // before there was a probe. It is bound to a Store's pool with the statement cache
