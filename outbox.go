@@ -48,6 +48,11 @@ type Options struct {
 	// max_allowed_packet (16 MiB by default on MariaDB, 64 MiB on MySQL 8) and drops the
 	// connection, with the caller's transaction; PostgreSQL caps a value near 1 GiB.
 	MaxPayloadBytes int
+	// DisableNotify turns off the wake-ups that cross processes, on dialects that have
+	// them ([Notifier]: PostgreSQL's NOTIFY): enqueues send no signal, and publishers on
+	// this store do not listen. Publishers then find rows from other processes by polling.
+	// Wake-ups within the process stay on.
+	DisableNotify bool
 }
 
 // Store is the outbox on one database: it enqueues messages on callers' transactions and
@@ -57,6 +62,8 @@ type Store struct {
 	dialect    Dialect
 	table      Table
 	maxPayload int
+	notifier   Notifier // nil when the dialect has none or DisableNotify is set
+	hub        wakeHub
 }
 
 // New returns a Store for db. db is used for claims, acks and reads; Enqueue writes on
@@ -86,7 +93,11 @@ func New(db *sql.DB, d Dialect, opts Options) (*Store, error) {
 	if b, ok := d.(poolBinder); ok {
 		d = b.bindPool(db) // per-pool state, such as prepared statements, lives with the Store
 	}
-	return &Store{db: db, dialect: d, table: t, maxPayload: maxPayload}, nil
+	s := &Store{db: db, dialect: d, table: t, maxPayload: maxPayload}
+	if n, ok := d.(Notifier); ok && !opts.DisableNotify {
+		s.notifier = n
+	}
+	return s, nil
 }
 
 // DB returns the database the store claims from.
@@ -232,12 +243,26 @@ func (s *Store) enqueue(ctx context.Context, q DBTX, msgs []Message, firstIndex 
 		return nil, fmt.Errorf("outbox: enqueue: dialect %s reported %d results for %d rows", s.dialect.Name(), len(inserted), len(rows))
 	}
 	res := make([]Result, len(rows))
+	var woken []string // namespaces with new rows, to wake their publishers
 	for i, ok := range inserted {
 		if ok {
 			res[i].ID = rows[i].ID
+			if !slices.Contains(woken, rows[i].Namespace) {
+				woken = append(woken, rows[i].Namespace)
+			}
 		} else {
 			res[i].Duplicate = true
 		}
+	}
+	for _, ns := range woken {
+		if s.notifier != nil {
+			if err := s.notifier.Signal(ctx, q, s.table, ns); err != nil {
+				return nil, s.sqlError("enqueue: signal", err)
+			}
+		}
+		// Publishers in this process are woken now, before the caller commits: they chase
+		// the commit with a few quick claims (chaseDelays).
+		s.hub.signal(ns)
 	}
 	return res, nil
 }

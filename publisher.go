@@ -17,7 +17,7 @@ import (
 const (
 	DefaultBatchSize       = 100
 	DefaultPollInterval    = 200 * time.Millisecond // it bounds latency after a partial batch
-	DefaultIdleBackoffMax  = 10 * time.Second       // idle polling backs off to one claim per 10s
+	DefaultIdleBackoffMax  = 10 * time.Second       // idle pause while a listener brings wake-ups
 	DefaultLease           = 30 * time.Second
 	DefaultShutdownTimeout = 10 * time.Second
 	DefaultSweepInterval   = time.Minute
@@ -76,9 +76,17 @@ type PublisherOptions struct {
 	PollInterval time.Duration
 
 	// IdleBackoffMax caps the idle pause: while claims come back empty the pause doubles
-	// from PollInterval up to this ceiling, and any work resets it. It also caps the pause
-	// after database errors. At least PollInterval. Default [DefaultIdleBackoffMax], or
-	// PollInterval when that is longer.
+	// from PollInterval up to this ceiling, and any work or wake-up resets it. It also caps
+	// the pause after database errors. At least PollInterval.
+	//
+	// The default depends on what wakes the publisher. Enqueues in the same process (on
+	// the same [Store]) always wake it, and on PostgreSQL with the pgx driver so do
+	// enqueues anywhere (LISTEN/NOTIFY; see [Notifier]). While such a listener is
+	// connected, polling is only a safety net and the default is [DefaultIdleBackoffMax];
+	// otherwise, on MySQL and SQLite, polling is how rows enqueued by other processes are
+	// found, and the default is PollInterval, so that they wait at most that long. An
+	// empty claim is one index probe; raise this to poll less when a large backlog of
+	// delayed rows makes it dearer.
 	IdleBackoffMax time.Duration
 
 	// Lease is how long a claim reserves its rows. While a publish is in flight the
@@ -137,6 +145,9 @@ type PublisherOptions struct {
 	// should be quick (alert, count, enqueue a ticket). The row stays in the table, readable
 	// with [Store.Get]. A panic in OnDead is recovered and logged.
 	OnDead func(ctx context.Context, dl DeadLetter)
+
+	// idleDefault records that IdleBackoffMax was left to its default.
+	idleDefault bool
 }
 
 // validate applies the defaults and checks the settings.
@@ -169,7 +180,7 @@ func (o *PublisherOptions) validate() error {
 	}
 	switch {
 	case o.IdleBackoffMax == 0:
-		o.IdleBackoffMax = max(DefaultIdleBackoffMax, o.PollInterval)
+		o.IdleBackoffMax, o.idleDefault = o.PollInterval, true
 	case o.IdleBackoffMax < o.PollInterval:
 		return invalid("IdleBackoffMax", "must be at least PollInterval (%s), got %s", o.PollInterval, o.IdleBackoffMax)
 	}
@@ -262,6 +273,7 @@ type Publisher struct {
 	opts    PublisherOptions
 	log     *slog.Logger
 	running atomic.Bool
+	current atomic.Pointer[run] // the running Run's state, for Wake
 
 	claimed, delivered, retried, dead, leaseLost, errs atomic.Int64
 }
@@ -302,6 +314,17 @@ func (p *Publisher) Stats() PublisherStats {
 	}
 }
 
+// Wake makes the running publisher claim now instead of at its next poll, and chase rows
+// that are about to commit with a few quick claims. Enqueues on the publisher's [Store] do
+// this by themselves, and so, on PostgreSQL, does a commit anywhere; call Wake when
+// another signal of yours says new rows are committed (a message bus, a webhook). It never
+// blocks, and does nothing when the publisher is not running.
+func (p *Publisher) Wake() {
+	if r := p.current.Load(); r != nil {
+		r.wakeAll()
+	}
+}
+
 // Run publishes until ctx is cancelled, then shuts down and returns nil.
 //
 // It first runs [Store.Check]. A setup problem (the table missing, the wrong dialect,
@@ -336,13 +359,22 @@ func (p *Publisher) Run(ctx context.Context) error {
 
 	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopWork()
-	r := &run{p: p, ctx: ctx, work: work}
+	r := &run{p: p, ctx: ctx, work: work, wakers: make([]waker, p.opts.Concurrency)}
+	for i := range r.wakers {
+		r.wakers[i] = newWaker()
+	}
+	p.current.Store(r)
+	defer p.current.Store(nil)
+	defer p.store.hub.subscribe(p.opts.Namespace, r.wakeAll)()
 
 	var wg sync.WaitGroup
-	for range p.opts.Concurrency {
-		wg.Go(r.claimLoop)
+	for _, w := range r.wakers {
+		wg.Go(func() { r.claimLoop(w) })
 	}
 	wg.Go(r.sweepLoop)
+	if p.store.notifier != nil {
+		wg.Go(r.listenLoop)
+	}
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 
@@ -400,6 +432,58 @@ type run struct {
 	// cancelled only at the shutdown deadline.
 	work      context.Context
 	abandoned atomic.Int64
+	// wakers wake the claim loops, one each.
+	wakers []waker
+	// listening is true while a Notifier listener is connected.
+	listening atomic.Bool
+}
+
+func (r *run) wakeAll() {
+	for _, w := range r.wakers {
+		w.wake()
+	}
+}
+
+// idleCap is the longest idle pause: see PublisherOptions.IdleBackoffMax.
+func (r *run) idleCap() time.Duration {
+	if r.p.opts.idleDefault && r.listening.Load() {
+		return max(DefaultIdleBackoffMax, r.p.opts.PollInterval)
+	}
+	return r.p.opts.IdleBackoffMax
+}
+
+// listenLoop keeps a Notifier listener connected while Run runs, waking the claim loops on
+// every signal for the publisher's namespace, and once after each (re)connection, for what
+// was committed while it was away. A driver that cannot listen is logged once and left to
+// polling.
+func (r *run) listenLoop() {
+	p := r.p
+	const firstDelay = 100 * time.Millisecond
+	delay := firstDelay
+	for r.ctx.Err() == nil {
+		err := p.store.notifier.Listen(r.ctx, p.store.db, p.store.table, func() {
+			r.listening.Store(true)
+			delay = firstDelay
+			r.wakeAll()
+		}, func(ns string) {
+			if ns == p.opts.Namespace {
+				r.wakeAll()
+			}
+		})
+		r.listening.Store(false)
+		switch {
+		case r.ctx.Err() != nil:
+			return
+		case errors.Is(err, errors.ErrUnsupported):
+			p.log.Info("outbox publisher: no wake-ups from other processes with this driver; polling finds their rows", "err", err)
+			return
+		}
+		p.log.Warn("outbox publisher: wake-up listener lost its connection; polling until it reconnects", "err", err, "retry_in", delay)
+		if !sleep(r.ctx, delay) {
+			return
+		}
+		delay = min(delay*2, DefaultIdleBackoffMax)
+	}
 }
 
 // sleep waits d or until ctx is done, and reports whether the full wait elapsed.
@@ -414,11 +498,23 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-func (r *run) claimLoop() {
+func (r *run) claimLoop(w waker) {
 	p := r.p
 	o := ClaimOptions{Scope: p.opts.Scope, Limit: p.opts.BatchSize, Lease: p.opts.Lease, MaxAttempts: p.opts.Retry.MaxAttempts, WorkerID: p.opts.WorkerID}
 	idle := p.opts.PollInterval
 	errDelay := p.opts.PollInterval
+	chase := len(chaseDelays) // position in chaseDelays; at the end when not chasing
+	// pause waits up to d, less while chasing a wake-up; a wake-up ends it early and
+	// starts a chase.
+	pause := func(d time.Duration) {
+		if chase < len(chaseDelays) {
+			d = min(d, chaseDelays[chase])
+			chase++
+		}
+		if w.wait(r.ctx, d) {
+			chase, idle = 0, p.opts.PollInterval
+		}
+	}
 	for r.ctx.Err() == nil {
 		// The claim runs on the work context so that a shutdown cannot cut it off after the
 		// database leased rows but before this loop learned which; the rows it returns are
@@ -436,15 +532,16 @@ func (r *run) claimLoop() {
 		}
 		errDelay = p.opts.PollInterval
 		if len(recs) == 0 {
-			sleep(r.ctx, idle)
-			idle = min(idle*2, p.opts.IdleBackoffMax)
+			d := idle
+			idle = min(idle*2, r.idleCap())
+			pause(d) // a wake-up resets idle
 			continue
 		}
 		idle = p.opts.PollInterval
 		p.claimed.Add(int64(len(recs)))
 		r.process(recs)
 		if len(recs) < p.opts.BatchSize {
-			sleep(r.ctx, p.opts.PollInterval)
+			pause(p.opts.PollInterval)
 		}
 	}
 }

@@ -1,0 +1,101 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"sync"
+	"time"
+)
+
+// Notifier is an optional ability of a [Dialect]: wake-ups that cross processes. Signal,
+// run on an enqueue's transaction, arranges for the database to tell every listener of the
+// table once that transaction commits, and never if it rolls back (PostgreSQL's NOTIFY);
+// Listen waits for those signals on a connection of its own. The built-in PostgreSQL
+// dialect implements it (Listen needs the pgx driver). A [Publisher] listens when its
+// dialect has the ability, and polls as well, so a lost signal costs at most a poll
+// interval.
+type Notifier interface {
+	// Signal is called on the caller's transaction after the rows of namespace were
+	// inserted. Several calls in one transaction may be merged into one signal.
+	Signal(ctx context.Context, q DBTX, t Table, namespace string) error
+
+	// Listen calls ready once it listens, then wake with the namespace of every signal,
+	// until ctx ends or the connection fails; it returns why it stopped. It returns an
+	// error matching [errors.ErrUnsupported] when db's driver cannot listen.
+	Listen(ctx context.Context, db *sql.DB, t Table, ready func(), wake func(namespace string)) error
+}
+
+// wakeHub connects a Store's enqueues to the publishers running on it in the same process:
+// an enqueue wakes them at once instead of leaving its rows to the next poll.
+type wakeHub struct {
+	mu   sync.Mutex
+	subs map[*wakeSub]struct{}
+}
+
+// wakeSub is one subscriber: a running publisher, woken for the namespace it serves.
+type wakeSub struct {
+	namespace string
+	wake      func()
+}
+
+func (h *wakeHub) subscribe(namespace string, wake func()) (unsubscribe func()) {
+	s := &wakeSub{namespace: namespace, wake: wake}
+	h.mu.Lock()
+	if h.subs == nil {
+		h.subs = map[*wakeSub]struct{}{}
+	}
+	h.subs[s] = struct{}{}
+	h.mu.Unlock()
+	return func() {
+		h.mu.Lock()
+		delete(h.subs, s)
+		h.mu.Unlock()
+	}
+}
+
+// signal wakes the subscribers that serve namespace.
+func (h *wakeHub) signal(namespace string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for s := range h.subs {
+		if s.namespace == namespace {
+			s.wake()
+		}
+	}
+}
+
+// chaseDelays are the pauses between the claims that follow a wake-up that may come before
+// its rows are visible: an in-process enqueue wakes the publisher before the caller has
+// committed, which typically takes a few milliseconds more. The claims chase the commit
+// with growing pauses, about 150ms in all, after which the poll interval takes over.
+var chaseDelays = []time.Duration{
+	time.Millisecond, 2 * time.Millisecond, 4 * time.Millisecond, 8 * time.Millisecond,
+	16 * time.Millisecond, 32 * time.Millisecond, 64 * time.Millisecond,
+}
+
+// waker is the wake-up channel of one claim loop: a send never blocks, and wake-ups that
+// come while the loop is busy fold into one.
+type waker chan struct{}
+
+func newWaker() waker { return make(waker, 1) }
+
+func (w waker) wake() {
+	select {
+	case w <- struct{}{}:
+	default:
+	}
+}
+
+// wait pauses for d, and reports whether it was woken early: by w, or by ctx ending.
+func (w waker) wait(ctx context.Context, d time.Duration) (woken bool) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return false
+	case <-w:
+		return true
+	}
+}

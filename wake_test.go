@@ -1,0 +1,192 @@
+package outbox_test
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxgo/outbox"
+)
+
+// slowPolling are publisher options whose polling is too slow to explain a delivery within
+// the tests' deadlines: only a wake-up can.
+func slowPolling(t *testing.T, ns string) outbox.PublisherOptions {
+	o := fastOptions(t, ns)
+	o.PollInterval = 30 * time.Second
+	o.IdleBackoffMax = 30 * time.Second
+	o.Lease = 2 * time.Minute
+	o.SweepInterval = time.Hour
+	return o
+}
+
+// wakeWithin is how long a woken publisher may take to deliver on a loaded test machine:
+// far below slowPolling's poll interval.
+const wakeWithin = 10 * time.Second
+
+// startIdle starts p and waits until its first claims have found nothing, so that what it
+// delivers afterwards was enqueued while it was idle.
+func startIdle(t *testing.T, e *pubEnv, p *outbox.Publisher) {
+	t.Helper()
+	start(t, p)
+	waitFor(t, wakeWithin, "the publisher's first claim", func() bool { return p.Stats().Claimed == 0 })
+	time.Sleep(50 * time.Millisecond) // past the first empty claims; polling would now take 30s
+}
+
+// commitOne enqueues one message in a business transaction on s and commits it.
+func commitOne(t *testing.T, db *sql.DB, s *outbox.Store, ns string) uuid.UUID {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback() }()
+	res, err := s.Enqueue(ctx, tx, outbox.Message{Namespace: ns, Topic: "t", Payload: json.RawMessage(`{}`)})
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit())
+	return res.ID
+}
+
+// An enqueue on the publisher's own Store wakes it in the same process, on every backend:
+// the row is delivered long before the next poll.
+func TestWakeInProcess(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, e *pubEnv) {
+		rec := newRecorder(nil)
+		p, err := outbox.NewPublisher(e.store, rec.transport("p"), slowPolling(t, "n"))
+		require.NoError(t, err)
+		startIdle(t, e, p)
+		for range 3 {
+			id := commitOne(t, e.db, e.store, "n")
+			waitFor(t, wakeWithin, "a woken delivery", func() bool { return len(rec.seen(id)) > 0 })
+		}
+		// Another namespace does not wake it.
+		other := commitOne(t, e.db, e.store, "other")
+		require.Equal(t, outbox.StatusPending, e.get(t, other).Status)
+	})
+}
+
+// Publisher.Wake lets a signal of the user's own wake a publisher: here rows written by
+// another Store, as another process would.
+func TestWakeByHand(t *testing.T) {
+	t.Parallel()
+	e := pubSetup(t, "sqlite")
+	rec := newRecorder(nil)
+	p, err := outbox.NewPublisher(e.store, rec.transport("p"), slowPolling(t, "n"))
+	require.NoError(t, err)
+	p.Wake() // not running: nothing happens, nothing blocks
+	startIdle(t, e, p)
+	other := e.newStore(t, e.openPool(t), outbox.SQLite())
+	id := commitOne(t, e.db, other, "n")
+	time.Sleep(200 * time.Millisecond) // the other store's enqueue woke nobody...
+	require.Empty(t, rec.seen(id))
+	p.Wake() // ...until the user's signal
+	waitFor(t, wakeWithin, "delivery after Wake", func() bool { return len(rec.seen(id)) > 0 })
+}
+
+// On PostgreSQL an enqueue from another process (another pool and Store) wakes the
+// publisher through LISTEN/NOTIFY, also after the listener's connection was killed.
+func TestWakeAcrossProcessesPostgres(t *testing.T) {
+	t.Parallel()
+	e := pubSetup(t, "postgres")
+	app := "outbox_listen_" + uuid.NewString()[:8]
+	u, err := url.Parse(e.dsn)
+	require.NoError(t, err)
+	q := u.Query()
+	q.Set("application_name", app)
+	u.RawQuery = q.Encode()
+	pubDB, err := sql.Open("pgx", u.String())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pubDB.Close() })
+
+	rec := newRecorder(nil)
+	p, err := outbox.NewPublisher(e.newStore(t, pubDB, outbox.Postgres()), rec.transport("p"), slowPolling(t, "n"))
+	require.NoError(t, err)
+	startIdle(t, e, p)
+	listening := func() int {
+		var n int
+		require.NoError(t, e.db.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'LISTEN%'`, app).Scan(&n))
+		return n
+	}
+	waitFor(t, wakeWithin, "the listener", func() bool { return listening() == 1 })
+
+	producer := e.newStore(t, e.openPool(t), outbox.Postgres())
+	id := commitOne(t, e.db, producer, "n")
+	waitFor(t, wakeWithin, "a delivery woken by NOTIFY", func() bool { return len(rec.seen(id)) > 0 })
+
+	_, err = e.db.Exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'LISTEN%'`, app)
+	require.NoError(t, err)
+	waitFor(t, wakeWithin, "the listener to reconnect", func() bool { return listening() == 1 })
+	id = commitOne(t, e.db, producer, "n")
+	waitFor(t, wakeWithin, "a delivery woken after the reconnect", func() bool { return len(rec.seen(id)) > 0 })
+}
+
+// Signal sends one notification per namespace at commit, none on rollback, and none with
+// DisableNotify.
+func TestPostgresSignalFollowsTheTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := pubSetup(t, "postgres")
+	listener, err := pgx.Connect(ctx, e.dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = listener.Close(context.Background()) })
+	_, err = listener.Exec(ctx, `LISTEN outbox_events`)
+	require.NoError(t, err)
+	var schema string
+	require.NoError(t, listener.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema))
+	next := func() (string, bool) {
+		ctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		defer cancel()
+		for {
+			n, err := listener.WaitForNotification(ctx)
+			if errors.Is(err, context.DeadlineExceeded) {
+				return "", false
+			}
+			require.NoError(t, err)
+			if ns, ok := strings.CutPrefix(n.Payload, schema+":"); ok { // other tests' schemas share the channel
+				return ns, true
+			}
+		}
+	}
+	enqueue := func(s *outbox.Store, commit bool, nss ...string) {
+		tx, err := e.db.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		for _, ns := range nss {
+			_, err := s.Enqueue(ctx, tx, outbox.Message{Namespace: ns, Topic: "t", Payload: json.RawMessage(`{}`)})
+			require.NoError(t, err)
+		}
+		if commit {
+			require.NoError(t, tx.Commit())
+		} else {
+			require.NoError(t, tx.Rollback())
+		}
+	}
+
+	enqueue(e.store, true, "a", "a", "b", "a")
+	got := map[string]bool{}
+	for range 2 {
+		ns, ok := next()
+		require.True(t, ok, "a notification per namespace")
+		got[ns] = true
+	}
+	require.Equal(t, map[string]bool{"a": true, "b": true}, got)
+	_, ok := next()
+	require.False(t, ok, "one notification per namespace and transaction")
+
+	enqueue(e.store, false, "a")
+	_, ok = next()
+	require.False(t, ok, "a rolled-back enqueue signals nothing")
+
+	quiet, err := outbox.New(e.db, outbox.Postgres(), outbox.Options{DisableNotify: true})
+	require.NoError(t, err)
+	enqueue(quiet, true, "a")
+	_, ok = next()
+	require.False(t, ok, "DisableNotify sends nothing")
+}
