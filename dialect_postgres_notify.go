@@ -75,8 +75,18 @@ func execRaw(ctx context.Context, dc any, query string) error {
 // Conn() *pgx.Conn, whose WaitForNotification(ctx) returns (*pgconn.Notification, error);
 // reaching them by name keeps the pgx packages out of this package's imports (and out of
 // the builds of users on other databases).
+//
+// A driver that wraps pgx's (for instrumentation, say) is looked through when its
+// connections have an Unwrap() driver.Conn method.
 func pgxWaiter(dc any) (func(ctx context.Context) (string, error), error) {
 	unsupported := fmt.Errorf("outbox: the %T driver cannot wait for PostgreSQL notifications (pgx's stdlib can): %w", dc, errors.ErrUnsupported)
+	for {
+		u, ok := dc.(interface{ Unwrap() driver.Conn })
+		if !ok {
+			break
+		}
+		dc = u.Unwrap()
+	}
 	connFn := reflect.ValueOf(dc).MethodByName("Conn")
 	if !connFn.IsValid() || connFn.Type().NumIn() != 0 || connFn.Type().NumOut() != 1 {
 		return nil, unsupported

@@ -63,6 +63,7 @@ type Store struct {
 	table      Table
 	maxPayload int
 	notifier   Notifier // nil when the dialect has none or DisableNotify is set
+	signalled  signalLimiter
 	hub        wakeHub
 }
 
@@ -255,7 +256,7 @@ func (s *Store) enqueue(ctx context.Context, q DBTX, msgs []Message, firstIndex 
 		}
 	}
 	for _, ns := range woken {
-		if s.notifier != nil {
+		if s.notifier != nil && s.signalled.allow(ns) {
 			if err := s.notifier.Signal(ctx, q, s.table, ns); err != nil {
 				return nil, s.sqlError("enqueue: signal", err)
 			}

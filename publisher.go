@@ -17,7 +17,7 @@ import (
 const (
 	DefaultBatchSize       = 100
 	DefaultPollInterval    = 200 * time.Millisecond // it bounds latency after a partial batch
-	DefaultIdleBackoffMax  = 10 * time.Second       // idle pause while a listener brings wake-ups
+	DefaultIdleBackoffMax  = time.Second            // idle pause while a listener brings wake-ups
 	DefaultLease           = 30 * time.Second
 	DefaultShutdownTimeout = 10 * time.Second
 	DefaultSweepInterval   = time.Minute
@@ -82,7 +82,9 @@ type PublisherOptions struct {
 	// The default depends on what wakes the publisher. Enqueues in the same process (on
 	// the same [Store]) always wake it, and on PostgreSQL with the pgx driver so do
 	// enqueues anywhere (LISTEN/NOTIFY; see [Notifier]). While such a listener is
-	// connected, polling is only a safety net and the default is [DefaultIdleBackoffMax];
+	// connected, polling is a safety net, for the few enqueues whose signal was folded
+	// into an earlier one (a Store signals at most every 50ms) and committed late, and the
+	// default is [DefaultIdleBackoffMax];
 	// otherwise, on MySQL and SQLite, polling is how rows enqueued by other processes are
 	// found, and the default is PollInterval, so that they wait at most that long. An
 	// empty claim is one index probe; raise this to poll less when a large backlog of

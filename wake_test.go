@@ -124,6 +124,7 @@ func TestWakeAcrossProcessesPostgres(t *testing.T) {
 	_, err = e.db.Exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'LISTEN%'`, app)
 	require.NoError(t, err)
 	waitFor(t, wakeWithin, "the listener to reconnect", func() bool { return listening() == 1 })
+	producer = e.newStore(t, e.openPool(t), outbox.Postgres()) // its own signal limiter
 	id = commitOne(t, e.db, producer, "n")
 	waitFor(t, wakeWithin, "a delivery woken after the reconnect", func() bool { return len(rec.seen(id)) > 0 })
 }
@@ -180,13 +181,31 @@ func TestPostgresSignalFollowsTheTransaction(t *testing.T) {
 	_, ok := next()
 	require.False(t, ok, "one notification per namespace and transaction")
 
-	enqueue(e.store, false, "a")
+	// A fresh Store each time: a Store sends at most one signal per namespace every 50ms.
+	fresh := func(o outbox.Options) *outbox.Store {
+		s, err := outbox.New(e.db, outbox.Postgres(), o)
+		require.NoError(t, err)
+		return s
+	}
+	enqueue(fresh(outbox.Options{}), false, "a")
 	_, ok = next()
 	require.False(t, ok, "a rolled-back enqueue signals nothing")
 
-	quiet, err := outbox.New(e.db, outbox.Postgres(), outbox.Options{DisableNotify: true})
-	require.NoError(t, err)
-	enqueue(quiet, true, "a")
+	enqueue(fresh(outbox.Options{DisableNotify: true}), true, "a")
 	_, ok = next()
 	require.False(t, ok, "DisableNotify sends nothing")
+
+	// The limiter: a burst of transactions on one Store sends one signal, and a later one
+	// another.
+	s := fresh(outbox.Options{})
+	for range 5 {
+		enqueue(s, true, "a")
+	}
+	ns, ok := next()
+	require.True(t, ok)
+	require.Equal(t, "a", ns)
+	time.Sleep(60 * time.Millisecond) // past the limiter's 50ms
+	enqueue(s, true, "a")
+	_, ok = next()
+	require.True(t, ok, "a signal after the limiter's window")
 }

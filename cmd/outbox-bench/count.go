@@ -93,6 +93,10 @@ type countingConn struct {
 	inTx bool
 }
 
+// Unwrap returns the driver's own connection, through which the library's PostgreSQL
+// listener reaches pgx.
+func (x *countingConn) Unwrap() driver.Conn { return x.Conn }
+
 func (x *countingConn) count() {
 	if x.inTx {
 		x.c.inTx.Add(1)

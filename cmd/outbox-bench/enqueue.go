@@ -18,6 +18,11 @@ type enqueueResult struct {
 	// LibVsRaw is the judging ratio (target >= 0.95); LibVsBusiness and RawVsBusiness show
 	// what an outbox row costs at all.
 	LibVsRaw      float64 `json:"library_vs_raw"`
+	// Quiet and LibVsQuiet, on a dialect with cross-process wake-ups (PostgreSQL's NOTIFY),
+	// measure the library with them turned off (Options.DisableNotify): what the signal
+	// costs an enqueueing transaction.
+	Quiet      *sample `json:"business_plus_library_enqueue_without_notify,omitempty"`
+	LibVsQuiet float64 `json:"library_vs_without_notify,omitempty"`
 	LibVsBusiness float64 `json:"library_vs_business"`
 	RawVsBusiness float64 `json:"raw_vs_business"`
 }
@@ -34,6 +39,11 @@ func runEnqueue(ctx context.Context, cfg config, b backend, res *backendResult) 
 		if err != nil {
 			return err
 		}
+		quiet, err := outbox.New(db, b.dialect(), outbox.Options{DisableNotify: true})
+		if err != nil {
+			return err
+		}
+		_, notifies := b.dialect().(outbox.Notifier)
 		var seq atomic.Int64
 		bodies := map[string]func(ctx context.Context, tx *sql.Tx, i int) error{
 			"business": raw.insertBusiness,
@@ -51,6 +61,13 @@ func runEnqueue(ctx context.Context, cfg config, b backend, res *backendResult) 
 				_, err := store.Enqueue(ctx, tx, message(i))
 				return err
 			},
+			"library_quiet": func(ctx context.Context, tx *sql.Tx, i int) error {
+				if err := raw.insertBusiness(ctx, tx, i); err != nil {
+					return err
+				}
+				_, err := quiet.Enqueue(ctx, tx, message(i))
+				return err
+			},
 		}
 		measure := func(name string, d time.Duration) variant {
 			return variant{name: name, run: func(ctx context.Context) (float64, error) {
@@ -61,7 +78,11 @@ func runEnqueue(ctx context.Context, cfg config, b backend, res *backendResult) 
 			}}
 		}
 		var warm, vs []variant
-		for _, n := range []string{"business", "raw", "library"} {
+		names := []string{"business", "raw", "library"}
+		if notifies {
+			names = append(names, "library_quiet")
+		}
+		for _, n := range names {
 			warm = append(warm, measure(n, cfg.EnqueueWarmup))
 			vs = append(vs, measure(n, cfg.EnqueueDur))
 		}
@@ -80,6 +101,11 @@ func runEnqueue(ctx context.Context, cfg config, b backend, res *backendResult) 
 			LibVsRaw:      pairedRatio(got["library"], got["raw"]),
 			LibVsBusiness: pairedRatio(got["library"], got["business"]),
 			RawVsBusiness: pairedRatio(got["raw"], got["business"]),
+		}
+		if notifies {
+			q := summarize(got["library_quiet"])
+			r.Quiet, r.LibVsQuiet = &q, pairedRatio(got["library"], got["library_quiet"])
+			logf("%s: enqueue c=%d: library without NOTIFY %.0f tx/s; with ÷ without %.3f", b.name(), conc, q.Median, r.LibVsQuiet)
 		}
 		logf("%s: enqueue c=%d: business %.0f, +raw %.0f, +library %.0f tx/s; library/raw %.3f", b.name(), conc,
 			r.Business.Median, r.Raw.Median, r.Library.Median, r.LibVsRaw)

@@ -45,6 +45,19 @@ type latencyResult struct {
 	// Raw marks the reference run: the raw claim + ack loop in place of the Publisher, at
 	// the same producer rate. It tells whether the database keeps up at all.
 	Raw bool `json:"raw,omitempty"`
+	// Kind is "saturated" (producer at half the burn-down rate) or "fixed" (a moderate
+	// rate, default options); Shared is true when the producer enqueues through the
+	// publisher's own Store, as a service that runs both in one process does, and false when
+	// it has a Store and pool of its own, as another process would.
+	Kind   string `json:"kind"`
+	Shared bool   `json:"shared_store"`
+}
+
+// idleResult is the latency of one event enqueued after the publisher sat idle.
+type idleResult struct {
+	Idle      string  `json:"idle"`
+	Shared    bool    `json:"shared_store"`
+	LatencyMs float64 `json:"latency_ms"`
 }
 
 // Producer shape: a tick every latencyTick hands one transaction of enough messages to keep
@@ -54,36 +67,135 @@ const (
 	latencyProducers = 4
 )
 
-// runLatency measures commit-to-publish latency with a steady producer at half the
-// library's burn-down rate, first with the publisher's default PollInterval (what a user
-// gets), then with a 10ms one (the floor the database allows).
+// runLatency measures commit-to-publish latency:
+//
+//   - at fixed moderate rates (100 and 1,000 messages/s) with default options, the producer
+//     sharing the publisher's Store (one process) and with a Store of its own (another
+//     process): the latency a service sees at ordinary load;
+//   - saturated: a producer at half the library's burn-down rate, with the default
+//     PollInterval and a 10ms one, and the raw loop as reference: the machine's limit;
+//   - one event after the publisher sat idle (cfg.IdleWait), shared and separate.
 func runLatency(ctx context.Context, cfg config, b backend, res *backendResult) error {
-	if res.Burndown == nil || res.Burndown.Library.Median == 0 {
-		return fmt.Errorf("no burn-down rate to derive the producer rate from")
+	type run struct {
+		kind   string
+		rate   float64
+		poll   time.Duration
+		raw    bool
+		shared bool
 	}
-	rate := res.Burndown.Library.Median / 2
-	for _, run := range []struct {
-		poll time.Duration
-		raw  bool
-	}{{0, false}, {10 * time.Millisecond, false}, {10 * time.Millisecond, true}} {
-		r, err := latency(ctx, cfg, b, rate, run.poll, run.raw)
+	var runs []run
+	for _, rate := range []float64{100, 1000} {
+		runs = append(runs, run{"fixed", rate, 0, false, true}, run{"fixed", rate, 0, false, false})
+	}
+	if res.Burndown != nil && res.Burndown.Library.Median > 0 {
+		rate := res.Burndown.Library.Median / 2
+		runs = append(runs, run{"saturated", rate, 0, false, false}, run{"saturated", rate, 10 * time.Millisecond, false, false},
+			run{"saturated", rate, 10 * time.Millisecond, true, false})
+	} else {
+		logf("%s: latency: no burn-down rate, so no saturated runs (run with -only burndown,latency)", b.name())
+	}
+	for _, run := range runs {
+		r, err := latency(ctx, cfg, b, run.rate, run.poll, run.raw, run.shared)
 		if err != nil {
 			return err
 		}
-		logf("%s: latency (%s): %.0f msg/s (target %.0f): p50 %.1fms p90 %.1fms p99 %.1fms max %.1fms, %d messages, %d unpublished, %d early; p50 %.1f then %.1f ms (steady %v)",
-			b.name(), r.Config, r.AchievedRate, r.TargetRate, r.P50, r.P90, r.P99, r.Max, r.Messages, r.Unpublished, r.Early, r.FirstHalfP50, r.SecondHalfP50, r.Steady)
+		r.Kind = run.kind
+		logf("%s: latency (%s, %s): %.0f msg/s (target %.0f): p50 %.1fms p90 %.1fms p99 %.1fms max %.1fms, %d messages, %d unpublished, %d early; p50 %.1f then %.1f ms (steady %v)",
+			b.name(), run.kind, r.Config, r.AchievedRate, r.TargetRate, r.P50, r.P90, r.P99, r.Max, r.Messages, r.Unpublished, r.Early, r.FirstHalfP50, r.SecondHalfP50, r.Steady)
 		res.Latency = append(res.Latency, r)
+	}
+	for _, shared := range []bool{true, false} {
+		ms, err := latencyAfterIdle(ctx, cfg, b, shared)
+		if err != nil {
+			return err
+		}
+		logf("%s: latency after %s idle (shared store %v): %.1fms", b.name(), cfg.IdleWait, shared, ms)
+		res.Idle = append(res.Idle, idleResult{Idle: cfg.IdleWait.String(), Shared: shared, LatencyMs: ms})
 	}
 	return nil
 }
 
-func latency(ctx context.Context, cfg config, b backend, rate float64, poll time.Duration, rawLoop bool) (latencyResult, error) {
-	r := latencyResult{TargetRate: rate, Config: "default options", PollInterval: outbox.DefaultPollInterval.String(), Raw: rawLoop}
+// latencyAfterIdle starts a publisher with default options, lets it sit idle for
+// cfg.IdleWait, commits one event and returns how long the event took to reach the
+// transport.
+func latencyAfterIdle(ctx context.Context, cfg config, b backend, shared bool) (float64, error) {
+	if err := b.reset(ctx, mainTable); err != nil {
+		return 0, err
+	}
+	pubDB, _, err := b.pool(cfg.Workers + 2)
+	if err != nil {
+		return 0, err
+	}
+	defer pubDB.Close()
+	pubStore, err := outbox.New(pubDB, b.dialect(), outbox.Options{})
+	if err != nil {
+		return 0, err
+	}
+	prodDB, prodStore := pubDB, pubStore
+	if !shared {
+		if prodDB, _, err = b.pool(1); err != nil {
+			return 0, err
+		}
+		defer prodDB.Close()
+		if prodStore, err = outbox.New(prodDB, b.dialect(), outbox.Options{}); err != nil {
+			return 0, err
+		}
+	}
+	got := make(chan time.Time, 1)
+	tr := outbox.TransportFunc(func(_ context.Context, batch []outbox.Delivery) []error {
+		select {
+		case got <- time.Now():
+		default:
+		}
+		return nil
+	})
+	pub, err := outbox.NewPublisher(pubStore, tr, outbox.PublisherOptions{Scope: outbox.Scope{Namespace: benchNamespace}, Logger: discard})
+	if err != nil {
+		return 0, err
+	}
+	pctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- pub.Run(pctx) }()
+	defer func() { stop(); <-done }()
+	select {
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	case <-time.After(cfg.IdleWait):
+	}
+	tx, err := prodDB.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback()
+	if _, err := prodStore.Enqueue(ctx, tx, message(0)); err != nil {
+		return 0, err
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, err
+	}
+	committed := time.Now()
+	select {
+	case at := <-got:
+		return float64(at.Sub(committed).Microseconds()) / 1000, nil
+	case <-time.After(time.Minute):
+		return 0, fmt.Errorf("the event enqueued after %s idle was not published within a minute", cfg.IdleWait)
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+}
+
+func latency(ctx context.Context, cfg config, b backend, rate float64, poll time.Duration, rawLoop, shared bool) (latencyResult, error) {
+	r := latencyResult{TargetRate: rate, Config: "default options", PollInterval: outbox.DefaultPollInterval.String(), Raw: rawLoop, Shared: shared}
 	if poll > 0 {
 		r.Config, r.PollInterval = "PollInterval "+poll.String(), poll.String()
 	}
 	if rawLoop {
 		r.Config = "raw claim + ack loop, " + poll.String() + " poll (reference)"
+	}
+	if shared {
+		r.Config += ", producer on the publisher's Store"
+	} else {
+		r.Config += ", producer on a Store of its own"
 	}
 	if err := b.reset(ctx, mainTable); err != nil {
 		return r, err
@@ -105,6 +217,9 @@ func latency(ctx context.Context, cfg config, b backend, rate float64, poll time
 	prodStore, err := outbox.New(prodDB, b.dialect(), outbox.Options{})
 	if err != nil {
 		return r, err
+	}
+	if shared {
+		prodStore = pubStore // enqueues wake the publisher in the process
 	}
 
 	var (

@@ -77,6 +77,8 @@ type config struct {
 
 	// Latency (4).
 	LatencyDur time.Duration `json:"latency_duration"`
+	// IdleWait is how long the publisher sits idle before the after-idle event.
+	IdleWait time.Duration `json:"idle_wait"`
 
 	// Growth (5).
 	Retained     int `json:"retained"`
@@ -110,7 +112,7 @@ func modeConfig(mode string) (config, error) {
 			BurnN: 10_000, Batch: 100, Workers: 2, BurnRounds: 3,
 			SweepSizes: []int{10, 100, 500}, SweepRounds: 1,
 			BreakdownSizes: []int{100, 500}, BreakdownN: 5_000, BreakdownRounds: 1,
-			LatencyDur: 4 * time.Second,
+			LatencyDur: 4 * time.Second, IdleWait: 3 * time.Second,
 			Retained:   100_000, GrowthN: 5_000, GrowthRounds: 2,
 		}, nil
 	case "full":
@@ -122,7 +124,7 @@ func modeConfig(mode string) (config, error) {
 			BurnN: 100_000, Batch: 100, Workers: 2, BurnRounds: 10,
 			SweepSizes: []int{10, 50, 100, 250, 500, 1000}, SweepRounds: 2,
 			BreakdownSizes: []int{100, 500}, BreakdownN: 20_000, BreakdownRounds: 2,
-			LatencyDur: 20 * time.Second,
+			LatencyDur: 20 * time.Second, IdleWait: 30 * time.Second,
 			Retained:   1_000_000, GrowthN: 100_000, GrowthRounds: 2,
 		}, nil
 	}

@@ -118,10 +118,20 @@ func (rep *report) markdown(w *strings.Builder) {
 			fmt.Fprintf(w, "\nCommit counter: %s. Validation with %s (expected %s): %s.\n", v.Count.Method, v.Workload, v.Expected, v.Count.Check)
 		}
 		if len(b.Latency) > 0 {
-			fmt.Fprintf(w, "\nCommit-to-publish latency, producer at half the library burn-down rate for %s (first fifth discarded as warm-up):\n\n", rep.Config.LatencyDur)
-			fmt.Fprintf(w, "| publisher | target msg/s | achieved msg/s | producer tx/s | messages | p50 ms | p90 ms | p99 ms | max ms |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+			fmt.Fprintf(w, "\nCommit-to-publish latency over %s (first fifth discarded as warm-up): fixed rates with default options, and saturated (producer at half the library burn-down rate):\n\n", rep.Config.LatencyDur)
+			fmt.Fprintf(w, "| kind | publisher | target msg/s | achieved msg/s | producer tx/s | messages | p50 ms | p90 ms | p99 ms | max ms |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 			for _, l := range b.Latency {
-				fmt.Fprintf(w, "| %s | %.0f | %.0f | %.0f | %d | %.1f | %.1f | %.1f | %.1f |\n", l.Config, l.TargetRate, l.AchievedRate, l.TxPerSecond, l.Messages, l.P50, l.P90, l.P99, l.Max)
+				fmt.Fprintf(w, "| %s | %s | %.0f | %.0f | %.0f | %d | %.1f | %.1f | %.1f | %.1f |\n", l.Kind, l.Config, l.TargetRate, l.AchievedRate, l.TxPerSecond, l.Messages, l.P50, l.P90, l.P99, l.Max)
+			}
+		}
+		if len(b.Idle) > 0 {
+			fmt.Fprintf(w, "\nOne event after the publisher sat idle, default options:\n\n| idle | producer | latency ms |\n|---|---|---:|\n")
+			for _, i := range b.Idle {
+				where := "on the publisher's Store (one process)"
+				if !i.Shared {
+					where = "on a Store of its own (another process)"
+				}
+				fmt.Fprintf(w, "| %s | %s | %.1f |\n", i.Idle, where, i.LatencyMs)
 			}
 		}
 		if g := b.Growth; g != nil {

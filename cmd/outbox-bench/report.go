@@ -15,6 +15,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/outboxgo/outbox"
 )
 
 // report is everything one run measured.
@@ -53,6 +55,7 @@ type backendResult struct {
 	Sweep      []sweepPoint       `json:"burndown_sweep,omitempty"`
 	Breakdown  []breakdownResult  `json:"burndown_breakdown,omitempty"`
 	Latency    []latencyResult    `json:"latency,omitempty"`
+	Idle       []idleResult       `json:"latency_after_idle,omitempty"`
 	Growth     *growthResult      `json:"growth,omitempty"`
 }
 
@@ -134,14 +137,25 @@ var targets = []target{
 	{"enqueue_vs_raw_c1", ">= 0.95", func(v float64) bool { return v >= 0.95 }},
 	{"enqueue_vs_raw_c8", ">= 0.95", func(v float64) bool { return v >= 0.95 }},
 	{"enqueue_vs_business_c8", "(cost of an outbox)", nil},
+	{"enqueue_notify_vs_quiet_c8", ">= 0.95 (PostgreSQL NOTIFY)", func(v float64) bool { return v >= 0.95 }},
 	{"batch_enqueue_vs_raw", ">= 0.90", func(v float64) bool { return v >= 0.90 }},
 	{"burndown_vs_raw", ">= 0.85", func(v float64) bool { return v >= 0.85 }},
 	{"commits_per_message", "about 2 per batch", nil}, // judged per batch, see commits_per_batch
 	{"commits_per_batch", "<= 2.2", func(v float64) bool { return v <= 2.2 }},
-	{"latency_p50_ms", "(default options)", nil},
-	{"latency_p99_ms", "(default options)", nil},
-	{"latency_p50_ms_poll10ms", "(PollInterval 10ms)", nil},
-	{"latency_p99_ms_poll10ms", "(PollInterval 10ms)", nil},
+	{"latency_p50_ms_at_100", "<= 10 (one process)", func(v float64) bool { return v <= 10 }},
+	{"latency_p99_ms_at_100", "<= 50 (one process)", func(v float64) bool { return v <= 50 }},
+	{"latency_p50_ms_at_1000", "<= 10 (one process)", func(v float64) bool { return v <= 10 }},
+	{"latency_p99_ms_at_1000", "<= 50 (one process)", func(v float64) bool { return v <= 50 }},
+	{"latency_ms_after_idle", "<= 50 (one process)", func(v float64) bool { return v <= 50 }},
+	{"latency_p50_ms_at_100_cross", "(producer in another process)", nil},
+	{"latency_p99_ms_at_100_cross", "(producer in another process)", nil},
+	{"latency_p50_ms_at_1000_cross", "(producer in another process; PostgreSQL <= 10)", nil},
+	{"latency_p99_ms_at_1000_cross", "(producer in another process; PostgreSQL <= 50)", nil},
+	{"latency_ms_after_idle_cross", "(producer in another process; PostgreSQL <= 50)", nil},
+	{"saturated_latency_p50_ms", "(producer at half the burn-down rate)", nil},
+	{"saturated_latency_p99_ms", "(producer at half the burn-down rate)", nil},
+	{"saturated_latency_p50_ms_poll10ms", "(same, PollInterval 10ms)", nil},
+	{"saturated_latency_p99_ms_poll10ms", "(same, PollInterval 10ms)", nil},
 	{"burndown_retained_vs_empty", ">= 0.90", func(v float64) bool { return v >= 0.90 }},
 }
 
@@ -163,6 +177,9 @@ func (r *backendResult) metrics(cfg config) []metric {
 	if e := r.enqueueAt(8); e != nil {
 		add("enqueue_vs_raw_c8", e.LibVsRaw)
 		add("enqueue_vs_business_c8", e.LibVsBusiness)
+		if e.Quiet != nil {
+			add("enqueue_notify_vs_quiet_c8", e.LibVsQuiet)
+		}
 	}
 	if b := r.headlineBatch(cfg.Batch); b != nil {
 		add("batch_enqueue_vs_raw", b.Ratio)
@@ -173,15 +190,31 @@ func (r *backendResult) metrics(cfg config) []metric {
 		add("commits_per_batch", b.CommitsPerBatch)
 	}
 	for _, l := range r.Latency {
-		if l.Raw {
+		switch {
+		case l.Raw:
 			continue // a reference, not a library metric
+		case l.Kind == "fixed":
+			suffix := fmt.Sprintf("_at_%.0f", l.TargetRate)
+			if !l.Shared {
+				suffix += "_cross"
+			}
+			add("latency_p50_ms"+suffix, l.P50)
+			add("latency_p99_ms"+suffix, l.P99)
+		default:
+			suffix := ""
+			if l.PollInterval != outbox.DefaultPollInterval.String() {
+				suffix = "_poll" + l.PollInterval
+			}
+			add("saturated_latency_p50_ms"+suffix, l.P50)
+			add("saturated_latency_p99_ms"+suffix, l.P99)
 		}
-		suffix := ""
-		if l.Config != "default options" {
-			suffix = "_poll" + l.PollInterval
+	}
+	for _, i := range r.Idle {
+		name := "latency_ms_after_idle"
+		if !i.Shared {
+			name += "_cross"
 		}
-		add("latency_p50_ms"+suffix, l.P50)
-		add("latency_p99_ms"+suffix, l.P99)
+		add(name, i.LatencyMs)
 	}
 	if g := r.Growth; g != nil {
 		add("burndown_retained_vs_empty", g.Ratio)
@@ -256,7 +289,10 @@ func (rep *report) printTable(w io.Writer) {
 		if len(b.Latency) > 0 {
 			fmt.Fprintln(tw, "latency ms\tpublisher\tmsg/s\tp50\tp90\tp99\tmax\tmessages\t")
 			for _, l := range b.Latency {
-				fmt.Fprintf(tw, "\t%s\t%.0f\t%.1f\t%.1f\t%.1f\t%.1f\t%d\t\n", l.Config, l.AchievedRate, l.P50, l.P90, l.P99, l.Max, l.Messages)
+				fmt.Fprintf(tw, "\t%s: %s\t%.0f\t%.1f\t%.1f\t%.1f\t%.1f\t%d\t\n", l.Kind, l.Config, l.AchievedRate, l.P50, l.P90, l.P99, l.Max, l.Messages)
+			}
+			for _, i := range b.Idle {
+				fmt.Fprintf(tw, "\tafter %s idle (shared store %v)\t\t%.1f\t\t\t\t\t\n", i.Idle, i.Shared, i.LatencyMs)
 			}
 		}
 		if g := b.Growth; g != nil {
