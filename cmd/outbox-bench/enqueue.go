@@ -17,12 +17,12 @@ type enqueueResult struct {
 	Library     sample `json:"business_plus_library_enqueue"`
 	// LibVsRaw is the judging ratio (target >= 0.95); LibVsBusiness and RawVsBusiness show
 	// what an outbox row costs at all.
-	LibVsRaw      float64 `json:"library_vs_raw"`
+	LibVsRaw float64 `json:"library_vs_raw"`
 	// Quiet and LibVsQuiet, on a dialect with cross-process wake-ups (PostgreSQL's NOTIFY),
 	// measure the library with them turned off (Options.DisableNotify): what the signal
 	// costs an enqueueing transaction.
-	Quiet      *sample `json:"business_plus_library_enqueue_without_notify,omitempty"`
-	LibVsQuiet float64 `json:"library_vs_without_notify,omitempty"`
+	Quiet         *sample `json:"business_plus_library_enqueue_without_notify,omitempty"`
+	LibVsQuiet    float64 `json:"library_vs_without_notify,omitempty"`
 	LibVsBusiness float64 `json:"library_vs_business"`
 	RawVsBusiness float64 `json:"raw_vs_business"`
 }

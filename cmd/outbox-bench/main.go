@@ -113,7 +113,7 @@ func modeConfig(mode string) (config, error) {
 			SweepSizes: []int{10, 100, 500}, SweepRounds: 1,
 			BreakdownSizes: []int{100, 500}, BreakdownN: 5_000, BreakdownRounds: 1,
 			LatencyDur: 4 * time.Second, IdleWait: 3 * time.Second,
-			Retained:   100_000, GrowthN: 5_000, GrowthRounds: 2,
+			Retained: 100_000, GrowthN: 5_000, GrowthRounds: 2,
 		}, nil
 	case "full":
 		return config{
@@ -125,7 +125,7 @@ func modeConfig(mode string) (config, error) {
 			SweepSizes: []int{10, 50, 100, 250, 500, 1000}, SweepRounds: 2,
 			BreakdownSizes: []int{100, 500}, BreakdownN: 20_000, BreakdownRounds: 2,
 			LatencyDur: 20 * time.Second, IdleWait: 30 * time.Second,
-			Retained:   1_000_000, GrowthN: 100_000, GrowthRounds: 2,
+			Retained: 1_000_000, GrowthN: 100_000, GrowthRounds: 2,
 		}, nil
 	}
 	return config{}, fmt.Errorf("unknown -mode %q (quick or full)", mode)
