@@ -31,6 +31,13 @@
 // read the host's clock themselves (julianday('now'), a millisecond's resolution) once they
 // hold the write lock; every worker of one SQLite file runs on one host.
 //
+// # Wake-ups
+//
+// A [Publisher] claims as soon as there is work instead of waiting for its next poll: an
+// enqueue on its [Store] wakes it in the same process, a commit anywhere wakes it on
+// PostgreSQL (LISTEN/NOTIFY, the [Notifier] ability), and [Publisher.Wake] takes a signal
+// of your own. Polling remains the fallback.
+//
 // # Dialects
 //
 // The engine owns validation, ids, hashing, the retry policy and the state machine; a
