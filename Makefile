@@ -9,7 +9,7 @@ STATICCHECK_VERSION := v0.8.2
 # Every Go module of the repository: the core, then the nested modules (transports and
 # examples), each with its own go.mod so the core never pulls in a broker client. go.work
 # ties them together for development.
-MODULES := . examples/customdialect transport/amqp transport/kafka transport/nats transport/redis transport/webhook
+MODULES := . examples/customdialect examples/libpq transport/amqp transport/kafka transport/nats transport/redis transport/webhook
 # each CMD: run CMD in every module, stopping at the first failure.
 each = set -e; for m in $(MODULES); do echo "== $$m"; (cd $$m && $(1)); done
 
