@@ -75,7 +75,10 @@ type Options struct {
 	AllowHTTP bool
 
 	// Client sends the requests. The transport uses a copy whose redirects are never
-	// followed. Default: a client of its own with Concurrency idle connections per host.
+	// followed. Give its transport at least Concurrency idle connections per host
+	// (http.Transport.MaxIdleConnsPerHost, 2 by default), or most requests pay a new
+	// connection and TLS handshake. Default: a client of its own with Concurrency idle
+	// connections per host.
 	Client *http.Client
 
 	// UserAgent is sent with every request. Default [DefaultUserAgent].

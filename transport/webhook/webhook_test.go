@@ -525,3 +525,32 @@ func TestOptionsValidation(t *testing.T) {
 		})
 	}
 }
+
+// TestVerify: Verify accepts the published vector and a rotated signature list holding a
+// valid one, and refuses a tampered body, another key, a stale or future timestamp and
+// missing headers.
+func TestVerify(t *testing.T) {
+	t.Parallel()
+	key, err := webhook.ParseSecret(vectorSecret)
+	require.NoError(t, err)
+	at := time.Unix(vectorTimestamp, 0)
+	header := func(sig string) http.Header {
+		h := http.Header{}
+		h.Set("webhook-id", vectorID)
+		h.Set("webhook-timestamp", strconv.Itoa(vectorTimestamp))
+		h.Set("webhook-signature", sig)
+		return h
+	}
+	require.NoError(t, webhook.Verify(key, header(vectorSignature), []byte(vectorBody), 0, at))
+	require.NoError(t, webhook.Verify(key, header("v1,bm9wZQ== "+vectorSignature), []byte(vectorBody), 0, at.Add(4*time.Minute)))
+	for name, check := range map[string]error{
+		"tampered body": webhook.Verify(key, header(vectorSignature), []byte(`{"test": 2432232315}`), 0, at),
+		"other key":     webhook.Verify(make([]byte, 32), header(vectorSignature), []byte(vectorBody), 0, at),
+		"stale":         webhook.Verify(key, header(vectorSignature), []byte(vectorBody), 0, at.Add(6*time.Minute)),
+		"future":        webhook.Verify(key, header(vectorSignature), []byte(vectorBody), time.Minute, at.Add(-2*time.Minute)),
+		"missing":       webhook.Verify(key, http.Header{}, []byte(vectorBody), 0, at),
+		"v1a only":      webhook.Verify(key, header("v1a,"+strings.TrimPrefix(vectorSignature, "v1,")), []byte(vectorBody), 0, at),
+	} {
+		require.ErrorIs(t, check, webhook.ErrSignature, name)
+	}
+}
