@@ -117,13 +117,11 @@ func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []erro
 		}
 		dc, err := s.ch.PublishWithDeferredConfirm(exchange, key, true, false, t.publishing(d))
 		if err != nil {
-			if s.ch.IsClosed() || s.conn.IsClosed() {
-				t.drop(s, err)
-				failRest(errs, i, lost(err))
-				break
-			}
-			errs[i] = fmt.Errorf("amqp: publish: %w", err)
-			continue
+			// The publishing is always well formed (string headers), so an error is the
+			// connection's: a write failed or the channel closed.
+			t.drop(s, err)
+			failRest(errs, i, lost(err))
+			break
 		}
 		pending[i] = dc
 	}
