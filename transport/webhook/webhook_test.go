@@ -451,8 +451,6 @@ func TestConcurrencyBound(t *testing.T) {
 	t.Parallel()
 	const limit = 4
 	var inflight, peak atomic.Int64
-	var mu sync.Mutex
-	cond := sync.NewCond(&mu)
 	srv := newServer(t, false, func(w http.ResponseWriter, r *http.Request) {
 		n := inflight.Add(1)
 		for {
@@ -461,17 +459,11 @@ func TestConcurrencyBound(t *testing.T) {
 				break
 			}
 		}
-		// Hold each request until the limit is reached (or a second passes), so that an
-		// unbounded transport would show more than the limit.
-		mu.Lock()
-		cond.Broadcast()
-		deadline := time.Now().Add(time.Second)
-		for inflight.Load() < limit && time.Now().Before(deadline) {
-			timer := time.AfterFunc(20*time.Millisecond, func() { mu.Lock(); cond.Broadcast(); mu.Unlock() })
-			cond.Wait()
-			timer.Stop()
+		// Hold each request until more than the limit are in flight, which only an
+		// unbounded transport reaches, or 200 ms pass: the limit is then reached too.
+		for deadline := time.Now().Add(200 * time.Millisecond); inflight.Load() <= limit && time.Now().Before(deadline); {
+			time.Sleep(time.Millisecond)
 		}
-		mu.Unlock()
 		inflight.Add(-1)
 	})
 	tr := newTransport(t, webhook.Options{URL: srv.URL, Secret: srv.secret, AllowHTTP: true, Concurrency: limit})
