@@ -151,3 +151,29 @@ func TestPublishFrozenBroker(t *testing.T) {
 	require.Less(t, time.Since(start), 5*time.Second)
 	require.ErrorIs(t, err, amqp.ErrNotConnected)
 }
+
+// TestPublishFrozenExchangeCheck: a broker that stops answering while the transport checks
+// that an exchange exists cannot hold Publish past its context either.
+func TestPublishFrozenExchangeCheck(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "#", nil)
+	u, err := url.Parse(b.url)
+	require.NoError(t, err)
+	f := newFreezer(t, u.Host)
+	u.Host = f.ln.Addr().String()
+	tr := newTransport(t, amqp.Options{URL: u.String()})
+	require.Empty(t, nonNil(tr.Publish(context.Background(), []outbox.Delivery{delivery(b.exchange, "t", `{"n":0}`)})))
+
+	f.freeze()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	done := make(chan []error, 1)
+	go func() { done <- tr.Publish(ctx, []outbox.Delivery{delivery("outbox_t_never_checked", "t", `{}`)}) }()
+	select {
+	case errs := <-done:
+		require.ErrorIs(t, errs[0], amqp.ErrConnectionLost)
+		require.False(t, outbox.IsPermanent(errs[0]))
+	case <-time.After(5 * time.Second):
+		t.Fatal("Publish outlived its context by seconds")
+	}
+}

@@ -395,9 +395,13 @@ type session struct {
 	quit    chan struct{} // closed by close: returnsLoop ends
 	exited  chan struct{} // closed when returnsLoop has ended
 
+	// chkMu serializes the exchange checks. It is held across a broker round trip, so it
+	// must never be the mutex that drop needs to close the connection under that trip.
+	chkMu sync.Mutex
+	chk   *amqp091.Channel // for passive exchange declarations, which close it on 404
+	known map[string]bool  // exchanges seen to exist on this connection
+
 	mu        sync.Mutex
-	chk       *amqp091.Channel // for passive exchange declarations, which close it on 404
-	known     map[string]bool  // exchanges seen to exist on this connection
 	dropped   bool
 	dropCause error
 	closeOnce sync.Once
@@ -466,8 +470,8 @@ func (s *session) returned(ids []string) (map[string]amqp091.Return, error) {
 // checkExchange reports [ErrNoExchange] when exchange does not exist, with a passive
 // declaration on a channel of its own, once per exchange and connection.
 func (s *session) checkExchange(exchange string) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.chkMu.Lock()
+	defer s.chkMu.Unlock()
 	if s.known[exchange] {
 		return nil
 	}
