@@ -339,7 +339,7 @@ func (t *Transport) dial(ctx context.Context) (*session, error) {
 	if cfg.Properties == nil {
 		cfg.Properties = amqp091.Table{"connection_name": "outbox"}
 	}
-	// Close the socket under a handshake that outlives ctx.
+	// Close the socket under a handshake, or a channel opening, that outlives ctx.
 	stop := context.AfterFunc(ctx, func() {
 		rawMu.Lock()
 		defer rawMu.Unlock()
@@ -348,33 +348,34 @@ func (t *Transport) dial(ctx context.Context) (*session, error) {
 		}
 	})
 	conn, err := amqp091.DialConfig(t.opts.URL, cfg)
-	if !stop() || err != nil {
-		if err == nil {
-			_ = conn.Close()
-			err = ctx.Err()
+	var ch *amqp091.Channel
+	what := "dial"
+	if err == nil {
+		what = "open channel"
+		if ch, err = conn.Channel(); err == nil {
+			what = "confirm mode"
+			err = ch.Confirm(false)
 		}
-		if ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
+	}
+	if !stop() || err != nil {
+		if raw != nil {
+			_ = raw.Close()
+		}
+		switch {
+		case err == nil:
+			err = ctx.Err()
+		case ctx.Err() != nil && !errors.Is(err, ctx.Err()):
 			err = fmt.Errorf("%w (%w)", ctx.Err(), err)
 		}
-		return nil, fmt.Errorf("amqp: dial: %w", err)
+		return nil, fmt.Errorf("amqp: %s: %w", what, err)
 	}
 	s := &session{
-		conn: conn, raw: raw,
+		conn: conn, raw: raw, ch: ch,
 		returns: make(chan amqp091.Return, 256),
 		queries: make(chan returnQuery),
 		quit:    make(chan struct{}),
 		exited:  make(chan struct{}),
 		known:   map[string]bool{"": true},
-	}
-	fail := func(what string, err error) (*session, error) {
-		_ = raw.Close()
-		return nil, fmt.Errorf("amqp: %s: %w", what, err)
-	}
-	if s.ch, err = conn.Channel(); err != nil {
-		return fail("open channel", err)
-	}
-	if err := s.ch.Confirm(false); err != nil {
-		return fail("confirm mode", err)
 	}
 	s.ch.NotifyReturn(s.returns)
 	go s.returnsLoop()
