@@ -328,9 +328,6 @@ func (t *Transport) dial(ctx context.Context) (*session, error) {
 		if err != nil {
 			return nil, err
 		}
-		if dl, ok := ctx.Deadline(); ok {
-			_ = c.SetDeadline(dl) // the handshake; the client clears it once open
-		}
 		rawMu.Lock()
 		raw = c
 		rawMu.Unlock()
