@@ -127,13 +127,13 @@ func TestEndToEnd(t *testing.T) {
 func TestEndToEndOutage(t *testing.T) {
 	t.Parallel()
 	e := e2eSetup(t)
-	const n = 1500
+	const n = 3000
 	ids := e.enqueue(t, n)
 	u, proxy := proxied(t, e.b.url)
 	tr := newTransport(t, amqp.Options{URL: u, ReconnectMin: 20 * time.Millisecond, ReconnectMax: 100 * time.Millisecond})
 	p, stop := e.run(t, tr)
 
-	e.b.waitFor(t, 200, 30*time.Second)
+	e.b.waitFor(t, 100, 30*time.Second)
 	proxy.Cut()
 	deadline := time.Now().Add(30 * time.Second)
 	for p.Stats().Retried < 50 {
