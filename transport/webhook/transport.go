@@ -1,0 +1,277 @@
+package webhook
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/outboxgo/outbox"
+)
+
+// Transport posts outbox messages to webhook endpoints. It is safe for concurrent use.
+// Build one with [New]; [Transport.Close] releases its idle connections.
+type Transport struct {
+	opts   Options
+	key    []byte
+	client *http.Client
+	own    bool          // client is the transport's own
+	sem    chan struct{} // one token per request in flight
+}
+
+var _ outbox.Transport = (*Transport)(nil)
+
+// New returns a Transport with opts, checked and completed with their defaults.
+func New(opts Options) (*Transport, error) {
+	key, err := opts.validate()
+	if err != nil {
+		return nil, err
+	}
+	t := &Transport{opts: opts, key: key, sem: make(chan struct{}, opts.Concurrency)}
+	if opts.Client != nil {
+		c := *opts.Client
+		t.client = &c
+	} else {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.MaxIdleConnsPerHost = opts.Concurrency
+		t.client, t.own = &http.Client{Transport: tr}, true
+	}
+	t.client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	return t, nil
+}
+
+// Close closes the idle connections of the transport's own client. The transport still
+// works after Close, opening new connections.
+func (t *Transport) Close() error {
+	if t.own {
+		t.client.CloseIdleConnections()
+	}
+	return nil
+}
+
+// Publish posts every message of the batch, at most [Options.Concurrency] at a time, and
+// reports one outcome per message. See the package documentation for the outcomes.
+func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []error {
+	if len(batch) == 0 {
+		return nil
+	}
+	errs := make([]error, len(batch))
+	var wg sync.WaitGroup
+	for i := range batch {
+		select {
+		case t.sem <- struct{}{}:
+		case <-ctx.Done():
+			for j := i; j < len(batch); j++ {
+				errs[j] = ctx.Err()
+			}
+			wg.Wait()
+			return errs
+		}
+		wg.Go(func() {
+			defer func() { <-t.sem }()
+			errs[i] = t.post(ctx, &batch[i])
+		})
+	}
+	wg.Wait()
+	return errs
+}
+
+// StatusError is a response whose status is not 2xx.
+type StatusError struct {
+	// StatusCode is the response's status.
+	StatusCode int
+	// Body is the start of the response body, at most 256 bytes, for the logs.
+	Body string
+	// RetryAfter is the delay the Retry-After header asked for, 0 when none.
+	RetryAfter time.Duration
+}
+
+func (e *StatusError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "webhook: status %d %s", e.StatusCode, http.StatusText(e.StatusCode))
+	if e.Body != "" {
+		fmt.Fprintf(&b, ": %q", e.Body)
+	}
+	return b.String()
+}
+
+// Retryable reports whether the status is worth another attempt: 408, 429, and anything
+// that is not 4xx.
+func (e *StatusError) Retryable() bool {
+	c := e.StatusCode
+	return c == http.StatusRequestTimeout || c == http.StatusTooManyRequests || c < 400 || c >= 500
+}
+
+// Header keys the transport sets besides the Standard Webhooks ones.
+const (
+	HeaderNamespace    = "Outbox-Namespace"
+	HeaderTopic        = "Outbox-Topic"
+	HeaderAttempt      = "Outbox-Attempt"
+	HeaderPartitionKey = "Outbox-Partition-Key"
+	HeaderTenantID     = "Outbox-Tenant-Id"
+	HeaderDedupeKey    = "Outbox-Dedupe-Key"
+)
+
+// notForwarded are the message headers never sent: HTTP's framing and hop-by-hop headers,
+// and those the transport sets itself.
+var notForwarded = map[string]bool{
+	"Host": true, "Content-Length": true, "Transfer-Encoding": true, "Connection": true,
+	"Keep-Alive": true, "Upgrade": true, "Te": true, "Trailer": true,
+	"Proxy-Authorization": true, "Proxy-Connection": true, "Content-Type": true,
+	"Webhook-Id": true, "Webhook-Timestamp": true, "Webhook-Signature": true,
+}
+
+// post sends one message and classifies the outcome.
+func (t *Transport) post(ctx context.Context, d *outbox.Delivery) error {
+	raw := ""
+	if t.opts.URLFunc != nil {
+		var err error
+		if raw, err = t.opts.URLFunc(d); err != nil {
+			return err
+		}
+	} else {
+		raw = expand(t.opts.URL, d.Namespace, d.Topic)
+	}
+	u, err := checkURL(raw, t.opts.AllowHTTP)
+	if err != nil {
+		return outbox.Permanent(err)
+	}
+	h, err := t.header(d)
+	if err != nil {
+		return outbox.Permanent(err)
+	}
+
+	ctx, cancel := context.WithTimeout(ctx, t.opts.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(d.Payload))
+	if err != nil {
+		return outbox.Permanent(fmt.Errorf("webhook: request: %w", err))
+	}
+	req.Header = h
+	resp, err := t.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("webhook: POST %s: %w", u.Redacted(), err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // lets the connection be reused
+		return nil
+	}
+	snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 256))
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	se := &StatusError{StatusCode: resp.StatusCode, Body: strings.ToValidUTF8(string(snippet), "?")}
+	ra, hasRA := parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
+	if hasRA {
+		se.RetryAfter = min(ra, t.opts.MaxRetryAfter)
+	}
+	switch {
+	case !se.Retryable():
+		return outbox.Permanent(se)
+	case hasRA:
+		return outbox.RetryAfter(se, se.RetryAfter)
+	}
+	return se
+}
+
+// header builds the request's header for d, refusing message headers that HTTP cannot
+// carry.
+func (t *Transport) header(d *outbox.Delivery) (http.Header, error) {
+	h := make(http.Header, len(d.Headers)+10)
+	contentType := DefaultContentType
+	for k, v := range d.Headers {
+		if !validName(k) {
+			return nil, fmt.Errorf("webhook: header name %q cannot be sent over HTTP", k)
+		}
+		if !validValue(v) {
+			return nil, fmt.Errorf("webhook: header %q: value cannot be sent over HTTP", k)
+		}
+		ck := http.CanonicalHeaderKey(k)
+		if ck == "Content-Type" {
+			contentType = v
+		}
+		if notForwarded[ck] || strings.HasPrefix(ck, "Outbox-") {
+			continue
+		}
+		h[ck] = append(h[ck], v)
+	}
+	set := func(k, v string) error {
+		if !validValue(v) {
+			return fmt.Errorf("webhook: %s cannot be sent over HTTP", k)
+		}
+		h[k] = []string{v}
+		return nil
+	}
+	id := d.ID.String()
+	now := time.Now()
+	h["Webhook-Id"] = []string{id}
+	h["Webhook-Timestamp"] = []string{strconv.FormatInt(now.Unix(), 10)}
+	h["Webhook-Signature"] = []string{Sign(t.key, id, now, d.Payload)}
+	h["User-Agent"] = []string{t.opts.UserAgent}
+	h[HeaderAttempt] = []string{strconv.Itoa(d.Attempt)}
+	errs := []error{set("Content-Type", contentType), set(HeaderNamespace, d.Namespace), set(HeaderTopic, d.Topic)}
+	if d.PartitionKey != "" {
+		errs = append(errs, set(HeaderPartitionKey, d.PartitionKey))
+	}
+	if d.TenantID != [16]byte{} {
+		h[HeaderTenantID] = []string{d.TenantID.String()}
+	}
+	if d.DedupeKey != "" {
+		errs = append(errs, set(HeaderDedupeKey, d.DedupeKey))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// validName reports whether s is an HTTP token (RFC 9110 field-name).
+func validName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// validValue reports whether s can be an HTTP field value: no control characters but tab.
+func validValue(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < ' ' && c != '\t') || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// parseRetryAfter reads a Retry-After value: delay seconds or an HTTP date. A date in the
+// past gives 0.
+func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0, false
+	}
+	if secs, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if secs < 0 {
+			return 0, false
+		}
+		return time.Duration(min(secs, int64(1<<62)/int64(time.Second))) * time.Second, true
+	}
+	if at, err := http.ParseTime(v); err == nil {
+		return max(at.Sub(now), 0), true
+	}
+	return 0, false
+}
