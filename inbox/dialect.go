@@ -28,15 +28,16 @@ var dialects = map[string]func(t outbox.Table) dialect{
 	// PostgreSQL: a claim racing a concurrent one for the same key waits for it at the
 	// primary key; DO NOTHING once it commits, insert once it rolls back. statement_timestamp
 	// is the time of the claim, not of the transaction's start. The purge locks its batch with
-	// SKIP LOCKED, so it never waits for (or blocks behind) a delivery of an old key.
+	// SKIP LOCKED, so it never waits for a delivery of an old key, and deletes by ctid (a TID
+	// scan; matching the batch on the primary key made PostgreSQL scan the whole table).
 	"postgres": func(t outbox.Table) dialect {
 		q := `"` + t.Name() + `"`
 		return dialect{
 			claim: `INSERT INTO ` + q + ` (consumer_group, message_id, processed_at) VALUES ($1, $2, statement_timestamp())` +
 				` ON CONFLICT (consumer_group, message_id) DO NOTHING`,
-			purge: `DELETE FROM ` + q + ` WHERE (consumer_group, message_id) IN (SELECT consumer_group, message_id FROM ` + q +
+			purge: `DELETE FROM ` + q + ` WHERE ctid = ANY (ARRAY(SELECT ctid FROM ` + q +
 				` WHERE processed_at < statement_timestamp() - $1::bigint * interval '1 microsecond'` +
-				` ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED)`,
+				` ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED))`,
 		}
 	},
 	// MySQL and MariaDB: the migration explains ON DUPLICATE KEY UPDATE and the duplicates

@@ -686,3 +686,55 @@ func TestStricterIsolation(t *testing.T) {
 		}
 	}
 }
+
+// TestPurgeUsesRetentionIndex: the purge finds its batch through the retention index, not by
+// scanning the table (the PostgreSQL session is told to avoid sequential scans, so that the
+// small test table cannot make a scan the cheaper plan).
+func TestPurgeUsesRetentionIndex(t *testing.T) {
+	t.Parallel()
+	for _, b := range backends {
+		t.Run(b, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t, b)
+			for i := range 50 {
+				_, err := e.in.Process(e.ctx, "billing", fmt.Sprint(i), func(context.Context, *sql.Tx) error { return nil })
+				require.NoError(t, err)
+			}
+			tx, err := e.db.BeginTx(e.ctx, nil)
+			require.NoError(t, err)
+			defer func() { _ = tx.Rollback() }()
+			explain := "EXPLAIN "
+			switch b {
+			case "postgres":
+				_, err = tx.ExecContext(e.ctx, `SET LOCAL enable_seqscan = off`)
+				require.NoError(t, err)
+			case "sqlite":
+				explain = "EXPLAIN QUERY PLAN "
+			}
+			rows, err := tx.QueryContext(e.ctx, explain+inbox.PurgeSQL(e.in), int64(3600e6), 100)
+			require.NoError(t, err)
+			defer rows.Close()
+			cols, err := rows.Columns()
+			require.NoError(t, err)
+			var plan strings.Builder
+			for rows.Next() {
+				vals := make([]sql.NullString, len(cols))
+				ptrs := make([]any, len(cols))
+				for i := range vals {
+					ptrs[i] = &vals[i]
+				}
+				require.NoError(t, rows.Scan(ptrs...))
+				for _, v := range vals {
+					plan.WriteString(v.String + " ")
+				}
+				plan.WriteString("\n")
+			}
+			require.NoError(t, rows.Err())
+			require.Contains(t, plan.String(), e.table+"_retention_idx", "plan:\n%s", plan.String())
+			if b == "postgres" {
+				require.Contains(t, plan.String(), "Tid Scan", "plan:\n%s", plan.String())
+			}
+			t.Logf("plan:\n%s", plan.String())
+		})
+	}
+}
