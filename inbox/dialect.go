@@ -12,7 +12,7 @@ import (
 type dialect struct {
 	// claim inserts (consumer_group, message_id) with processed_at = the database clock and
 	// leaves an existing row alone, without an error that would abort the transaction. It
-	// affects exactly one row when it inserts, and zero or two (MySQL) when the key exists.
+	// affects one row when it inserts and none when the key exists.
 	claim string
 	// purge deletes at most a batch of rows older than a duration, oldest first. Its
 	// arguments are the age in microseconds and the batch size.
@@ -40,13 +40,14 @@ var dialects = map[string]func(t outbox.Table) dialect{
 				` ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED))`,
 		}
 	},
-	// MySQL and MariaDB: the migration explains ON DUPLICATE KEY UPDATE and the duplicates
-	// column: one affected row is a new key, two a duplicate, whatever clientFoundRows says.
+	// MySQL and MariaDB: INSERT IGNORE affects one row for a new key and none for a
+	// duplicate, whatever the client's clientFoundRows setting. IGNORE would also turn
+	// other errors into warnings (a value too long, a NULL); the inputs are validated to
+	// fit the columns before any SQL runs, and processed_at is always set.
 	"mysql": func(t outbox.Table) dialect {
 		q := "`" + t.Name() + "`"
 		return dialect{
-			claim: `INSERT INTO ` + q + ` (consumer_group, message_id, processed_at) VALUES (?, ?, UTC_TIMESTAMP(6))` +
-				` ON DUPLICATE KEY UPDATE duplicates = duplicates + 1`,
+			claim: `INSERT IGNORE INTO ` + q + ` (consumer_group, message_id, processed_at) VALUES (?, ?, UTC_TIMESTAMP(6))`,
 			purge: `DELETE FROM ` + q + ` WHERE processed_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND` +
 				` ORDER BY processed_at LIMIT ?`,
 		}

@@ -4,13 +4,8 @@
 --
 -- Keys are VARBINARY so that equality is byte for byte, as on the other databases. The
 -- uniqueness is the PRIMARY KEY, never a secondary unique index: InnoDB checks a unique
--- secondary index with next-key locks, and deliveries racing for one key then deadlock.
--- A delivery claims its key with INSERT ... ON DUPLICATE KEY UPDATE, not INSERT IGNORE: on a
--- duplicate primary key the former waits for an exclusive record lock, the latter for a
--- shared one, and two shared waiters behind a claim that rolls back (a failed handler) both
--- try to upgrade and deadlock. The update bumps duplicates, so that the server reports two
--- affected rows for a duplicate and one for a new key whatever the client's
--- clientFoundRows setting; it counts duplicate claims made by transactions that committed.
+-- secondary index with next-key locks, and deliveries racing for one key then deadlock as
+-- soon as neighbouring keys are inserted. A delivery claims its key with INSERT IGNORE.
 -- processed_at is UTC_TIMESTAMP(6) at the claim, so the session time zone never matters.
 
 -- +goose Up
@@ -19,7 +14,6 @@ CREATE TABLE IF NOT EXISTS `${OUTBOX_INBOX_TABLE:-outbox_inbox}` (
     consumer_group VARBINARY(128) NOT NULL,
     message_id     VARBINARY(255) NOT NULL,
     processed_at   DATETIME(6)    NOT NULL,
-    duplicates     BIGINT         NOT NULL DEFAULT 0,
     PRIMARY KEY (consumer_group, message_id),
     KEY `${OUTBOX_INBOX_TABLE:-outbox_inbox}_retention_idx` (processed_at)
 ) ENGINE = InnoDB;
