@@ -450,30 +450,29 @@ func testGroups(t *testing.T, e *env) {
 }
 
 func testClaimOnCallersTx(t *testing.T, e *env) {
+	// claim begins a transaction and claims m-1 on it.
+	claim := func() (*sql.Tx, inbox.Result) {
+		tx, err := e.db.BeginTx(e.ctx, nil)
+		require.NoError(t, err)
+		res, err := e.in.Claim(e.ctx, tx, "billing", "m-1")
+		require.NoError(t, err)
+		return tx, res
+	}
 	// A claim whose transaction rolls back records nothing.
-	tx, err := e.db.BeginTx(e.ctx, nil)
-	require.NoError(t, err)
-	res, err := e.in.Claim(e.ctx, tx, "billing", "m-1")
-	require.NoError(t, err)
+	tx, res := claim()
 	require.False(t, res.Duplicate)
 	require.NoError(t, tx.Rollback())
 	require.Zero(t, e.count(t, e.table))
 
 	// A committed one does.
-	tx, err = e.db.BeginTx(e.ctx, nil)
-	require.NoError(t, err)
-	res, err = e.in.Claim(e.ctx, tx, "billing", "m-1")
-	require.NoError(t, err)
+	tx, res = claim()
 	require.False(t, res.Duplicate)
 	require.NoError(t, e.effect("billing", "m-1")(e.ctx, tx))
 	require.NoError(t, tx.Commit())
 
 	// A duplicate leaves the caller's transaction usable (no aborted transaction on
 	// PostgreSQL): it writes and commits after the claim.
-	tx, err = e.db.BeginTx(e.ctx, nil)
-	require.NoError(t, err)
-	res, err = e.in.Claim(e.ctx, tx, "billing", "m-1")
-	require.NoError(t, err)
+	tx, res = claim()
 	require.True(t, res.Duplicate)
 	require.NoError(t, e.effect("billing", "after-duplicate")(e.ctx, tx))
 	require.NoError(t, tx.Commit())
@@ -481,7 +480,7 @@ func testClaimOnCallersTx(t *testing.T, e *env) {
 	require.Equal(t, 1, e.effects(t, "billing", "after-duplicate"))
 
 	// Process sees what Claim recorded.
-	res, err = e.in.Process(e.ctx, "billing", "m-1", e.effect("billing", "m-1"))
+	res, err := e.in.Process(e.ctx, "billing", "m-1", e.effect("billing", "m-1"))
 	require.NoError(t, err)
 	require.True(t, res.Duplicate)
 }
