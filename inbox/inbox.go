@@ -123,60 +123,43 @@ func (in *Inbox) Process(ctx context.Context, group, messageID string, h Handler
 		return Result{}, invalid("handler", "is nil")
 	}
 	for attempt := 1; ; attempt++ {
-		res, err := in.process(ctx, group, messageID, h)
-		if !errors.Is(err, errRetryClaim) {
+		res, again, err := in.process(ctx, group, messageID, h)
+		if !again || attempt == maxClaimAttempts || ctx.Err() != nil {
 			return res, err
-		}
-		if attempt == maxClaimAttempts || ctx.Err() != nil {
-			return Result{}, errors.Unwrap(err)
 		}
 	}
 }
 
-// maxClaimAttempts bounds how often Process begins again after its claim lost a
-// serialization conflict.
+// maxClaimAttempts bounds how often Process begins again after its claim lost a deadlock or
+// a serialization conflict.
 const maxClaimAttempts = 5
 
-// errRetryClaim wraps a claim error after which Process may begin again: a deadlock or a
-// serialization failure of the claim, the first statement of its transaction, before the
-// handler ran.
-var errRetryClaim = errors.New("inbox: claim lost a serialization conflict")
-
-// process is one attempt of Process.
-func (in *Inbox) process(ctx context.Context, group, messageID string, h Handler) (Result, error) {
+// process is one attempt of Process. again reports that its claim, the first statement of
+// its transaction, lost a deadlock or a serialization conflict before the handler ran, so
+// that Process may begin again.
+func (in *Inbox) process(ctx context.Context, group, messageID string, h Handler) (res Result, again bool, err error) {
 	tx, err := in.db.BeginTx(ctx, &sql.TxOptions{Isolation: in.isolation})
 	if err != nil {
-		return Result{}, fmt.Errorf("inbox: begin: %w", err)
+		return Result{}, false, fmt.Errorf("inbox: begin: %w", err)
 	}
 	// Rollback takes no context, so a cancelled ctx cannot keep it from running; after a
 	// commit it is a no-op.
 	defer func() { _ = tx.Rollback() }()
 	claimed, err := in.d.claimKey(ctx, tx, group, messageID)
 	if err != nil {
-		err = fmt.Errorf("inbox: claim: %w", err)
-		if serializationFailure(err) {
-			return Result{}, &retryError{err}
-		}
-		return Result{}, err
+		return Result{}, serializationFailure(err), fmt.Errorf("inbox: claim: %w", err)
 	}
 	if !claimed {
-		return Result{Duplicate: true}, nil
+		return Result{Duplicate: true}, false, nil
 	}
 	if err := h(ctx, tx); err != nil {
-		return Result{}, err
+		return Result{}, false, err
 	}
 	if err := tx.Commit(); err != nil {
-		return Result{}, fmt.Errorf("inbox: commit: %w", err)
+		return Result{}, false, fmt.Errorf("inbox: commit: %w", err)
 	}
-	return Result{}, nil
+	return Result{}, false, nil
 }
-
-// retryError marks a claim error as [errRetryClaim]; Unwrap gives the database's error.
-type retryError struct{ err error }
-
-func (e *retryError) Error() string        { return e.err.Error() }
-func (e *retryError) Unwrap() error        { return e.err }
-func (e *retryError) Is(target error) bool { return target == errRetryClaim }
 
 // serializationFailure reports whether err is a deadlock or a serialization failure: SQLSTATE
 // 40001 (both on MySQL and MariaDB, error 1213; a serialization failure on PostgreSQL) or
