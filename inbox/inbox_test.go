@@ -73,7 +73,7 @@ type env struct {
 	in      *inbox.Inbox
 }
 
-func setup(t *testing.T, backend string) *env {
+func setup(t testing.TB, backend string) *env {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
