@@ -28,7 +28,7 @@ var dialects = map[string]func(t outbox.Table) dialect{
 	// PostgreSQL: a claim racing a concurrent one for the same key waits for it at the
 	// primary key; DO NOTHING once it commits, insert once it rolls back. statement_timestamp
 	// is the time of the claim, not of the transaction's start. The purge locks its batch with
-	// SKIP LOCKED, so it never waits for a delivery of an old key, and deletes by ctid (a TID
+	// SKIP LOCKED, so purges running at once take different batches, and deletes by ctid (a TID
 	// scan; matching the batch on the primary key made PostgreSQL scan the whole table).
 	"postgres": func(t outbox.Table) dialect {
 		q := `"` + t.Name() + `"`
