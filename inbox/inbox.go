@@ -103,8 +103,9 @@ type Result struct {
 //  2. When the key was already recorded, it rolls back and returns Result{Duplicate: true}
 //     and a nil error; h does not run.
 //  3. Otherwise it runs h on the same transaction and commits the handler's writes and the
-//     record together. An error from h (returned as it is), a panic in h or a failed commit
-//     rolls both back, so a redelivery processes the message again.
+//     record together. An error from h (returned as it is) or a panic in h rolls both back,
+//     so a redelivery processes the message again; a commit that fails commits neither, or,
+//     when the connection drops during the commit, both or neither.
 //
 // When the claim itself loses a deadlock or a serialization conflict (on MySQL and MariaDB,
 // deliveries that waited for one that rolled back race for the key again, and InnoDB may
