@@ -38,6 +38,7 @@ var suite = []struct {
 	{"ConcurrentDeliveriesAfterFailedFirst", testConcurrentAfterFailedFirst},
 	{"CrashBeforeCommitIsProcessedOnRedelivery", testCrashBeforeCommit},
 	{"CancelBeforeCommitIsProcessedOnRedelivery", testCancelBeforeCommit},
+	{"CancelWhileWaitingForAnotherDelivery", testCancelWhileWaiting},
 	{"HandlerErrorRollsBack", testHandlerError},
 	{"HandlerPanicRollsBack", testHandlerPanic},
 	{"GroupsAreIndependent", testGroups},
@@ -397,6 +398,46 @@ func testCancelBeforeCommit(t *testing.T, e *env) {
 	require.NoError(t, err)
 	require.False(t, res.Duplicate)
 	require.Equal(t, 1, e.effects(t, "billing", "m-1"))
+}
+
+// testCancelWhileWaiting: a delivery waiting for a concurrent one of the same message gives
+// up when its context ends, without running its handler, and leaves the first one alone.
+func testCancelWhileWaiting(t *testing.T, e *env) {
+	started, release := make(chan struct{}), make(chan struct{})
+	first := make(chan error, 1)
+	go func() {
+		_, err := e.in.Process(e.ctx, "billing", "m-1", func(ctx context.Context, tx *sql.Tx) error {
+			close(started)
+			<-release
+			return e.effect("billing", "m-1")(ctx, tx)
+		})
+		first <- err
+	}()
+	<-started
+
+	ctx, cancel := context.WithCancel(e.ctx)
+	second := make(chan error, 1)
+	go func() {
+		_, err := e.in.Process(ctx, "billing", "m-1", func(context.Context, *sql.Tx) error {
+			t.Error("the waiting delivery ran its handler")
+			return nil
+		})
+		second <- err
+	}()
+	e.awaitWaiters(t, 1)
+	cancel()
+	select {
+	case err := <-second:
+		require.Error(t, err, "the cancelled delivery reports its failure")
+	case <-time.After(30 * time.Second):
+		t.Fatal("the cancelled delivery kept waiting")
+	}
+	close(release)
+	require.NoError(t, <-first)
+	require.Equal(t, 1, e.effects(t, "billing", "m-1"))
+	res, err := e.in.Process(e.ctx, "billing", "m-1", e.effect("billing", "m-1"))
+	require.NoError(t, err)
+	require.True(t, res.Duplicate)
 }
 
 func testHandlerError(t *testing.T, e *env) {
