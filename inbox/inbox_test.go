@@ -44,6 +44,7 @@ var suite = []struct {
 	{"GroupsAreIndependent", testGroups},
 	{"ClaimOnCallersTx", testClaimOnCallersTx},
 	{"PurgeInBatchesKeepsYoungRows", testPurge},
+	{"PurgeWhileDelivering", testPurgeWhileDelivering},
 	{"BadInput", testBadInput},
 	{"MigrationsUpDownUp", testMigrations},
 }
@@ -141,7 +142,7 @@ func (e *env) count(t *testing.T, table string) int {
 
 // lockWaiters counts sessions waiting for a lock on the test's inbox table, or returns
 // -1 where that cannot be observed (SQLite's writers wait in the busy handler).
-func (e *env) lockWaiters(t *testing.T) int {
+func (e *env) lockWaiters(t testing.TB) int {
 	var q string
 	switch e.backend {
 	case "postgres":
@@ -155,13 +156,16 @@ func (e *env) lockWaiters(t *testing.T) int {
 		return -1
 	}
 	var n int
-	require.NoError(t, e.db.QueryRowContext(e.ctx, q).Scan(&n))
+	if err := e.db.QueryRowContext(e.ctx, q).Scan(&n); err != nil {
+		t.Errorf("count lock waiters: %v", err) // may run on a handler's goroutine: no FailNow
+		return -1
+	}
 	return n
 }
 
 // awaitWaiters polls until n sessions wait for a lock on the inbox table, failing t after
 // a deadline. It returns at once where waiters cannot be observed.
-func (e *env) awaitWaiters(t *testing.T, n int) {
+func (e *env) awaitWaiters(t testing.TB, n int) {
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		got := e.lockWaiters(t)
@@ -192,8 +196,8 @@ func testProcessOnce(t *testing.T, e *env) {
 	require.Equal(t, 1, e.count(t, e.table))
 }
 
-// deliver runs n concurrent deliveries of one message, all released at once, with handler
-// h, and returns their results and errors.
+// deliver runs process n times concurrently, all released at once, and returns their
+// results and errors.
 func deliver(n int, process func() (inbox.Result, error)) ([]inbox.Result, []error) {
 	results, errs := make([]inbox.Result, n), make([]error, n)
 	start := make(chan struct{})
@@ -404,6 +408,9 @@ func testCancelBeforeCommit(t *testing.T, e *env) {
 // up when its context ends, without running its handler, and leaves the first one alone.
 func testCancelWhileWaiting(t *testing.T, e *env) {
 	started, release := make(chan struct{}), make(chan struct{})
+	var releaseOnce sync.Once
+	releaseFirst := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(releaseFirst) // a failing test must not leave the first delivery blocked
 	first := make(chan error, 1)
 	go func() {
 		_, err := e.in.Process(e.ctx, "billing", "m-1", func(ctx context.Context, tx *sql.Tx) error {
@@ -413,7 +420,11 @@ func testCancelWhileWaiting(t *testing.T, e *env) {
 		})
 		first <- err
 	}()
-	<-started
+	select {
+	case <-started:
+	case err := <-first:
+		t.Fatalf("the first delivery ended before its handler ran: %v", err)
+	}
 
 	ctx, cancel := context.WithCancel(e.ctx)
 	second := make(chan error, 1)
@@ -432,7 +443,7 @@ func testCancelWhileWaiting(t *testing.T, e *env) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the cancelled delivery kept waiting")
 	}
-	close(release)
+	releaseFirst()
 	require.NoError(t, <-first)
 	require.Equal(t, 1, e.effects(t, "billing", "m-1"))
 	res, err := e.in.Process(e.ctx, "billing", "m-1", e.effect("billing", "m-1"))
@@ -536,13 +547,7 @@ func testPurge(t *testing.T, e *env) {
 		_, err := e.in.Process(e.ctx, "billing", fmt.Sprintf("young-%d", i), noop)
 		require.NoError(t, err)
 	}
-	backdate := map[string]string{
-		"postgres": `processed_at - interval '2 hours'`,
-		"mysql":    `processed_at - INTERVAL 2 HOUR`,
-		"sqlite":   `processed_at - 7200000000`,
-	}[e.backend]
-	_, err := e.db.ExecContext(e.ctx, `UPDATE `+e.table+` SET processed_at = `+backdate+` WHERE message_id LIKE 'old-%'`)
-	require.NoError(t, err)
+	e.backdate(t, "old-%")
 
 	n, err := e.in.Purge(e.ctx, time.Hour, 2)
 	require.NoError(t, err)
@@ -565,6 +570,56 @@ func testPurge(t *testing.T, e *env) {
 	cancel()
 	_, err = e.in.Purge(ctx, time.Hour, 10)
 	require.ErrorIs(t, err, context.Canceled)
+}
+
+// backdate moves the records of the ids matching like two hours into the past.
+func (e *env) backdate(t *testing.T, like string) {
+	t.Helper()
+	expr := map[string]string{
+		"postgres": `processed_at - interval '2 hours'`,
+		"mysql":    `processed_at - INTERVAL 2 HOUR`,
+		"sqlite":   `processed_at - 7200000000`,
+	}[e.backend]
+	_, err := e.db.ExecContext(e.ctx, e.bind(`UPDATE `+e.table+` SET processed_at = `+expr+` WHERE message_id LIKE ?`), like)
+	require.NoError(t, err)
+}
+
+// testPurgeWhileDelivering: purges run beside deliveries of new messages and redeliveries
+// of old ones without failing either, and delete only old records.
+func testPurgeWhileDelivering(t *testing.T, e *env) {
+	noop := func(context.Context, *sql.Tx) error { return nil }
+	for i := range 100 {
+		_, err := e.in.Process(e.ctx, "billing", fmt.Sprintf("old-%03d", i), noop)
+		require.NoError(t, err)
+	}
+	e.backdate(t, "old-%")
+	var wg sync.WaitGroup
+	var purged atomic.Int64
+	for range 2 {
+		wg.Go(func() {
+			n, err := e.in.Purge(e.ctx, time.Hour, 7)
+			purged.Add(n)
+			if err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	for w := range 4 {
+		wg.Go(func() {
+			for i := range 25 {
+				for _, id := range []string{fmt.Sprintf("new-%d-%d", w, i), fmt.Sprintf("old-%03d", w*25+i)} {
+					if _, err := e.in.Process(e.ctx, "billing", id, noop); err != nil {
+						t.Error(err)
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	var young int
+	require.NoError(t, e.db.QueryRowContext(e.ctx, `SELECT COUNT(*) FROM `+e.table+` WHERE message_id LIKE 'new-%'`).Scan(&young))
+	require.Equal(t, 100, young, "purges never delete young records")
+	require.LessOrEqual(t, purged.Load(), int64(100))
 }
 
 func testBadInput(t *testing.T, e *env) {
