@@ -24,19 +24,11 @@ import (
 	"context"
 	"database/sql"
 	"embed"
-	"errors"
-	"fmt"
-	"io/fs"
-	"maps"
-	"slices"
-	"strconv"
-	"strings"
-	"testing/fstest"
 
 	"github.com/pressly/goose/v3"
 
 	"github.com/outboxgo/outbox"
-	"github.com/outboxgo/outbox/internal/dbkind"
+	"github.com/outboxgo/outbox/internal/gooseset"
 )
 
 // FS holds the migration files, one directory per dialect name.
@@ -44,13 +36,11 @@ import (
 //go:embed postgres/*.sql mysql/*.sql sqlite/*.sql
 var FS embed.FS
 
-// placeholder is how the files name the table; goose's ENVSUB expands it on the command line.
-const placeholder = "${OUTBOX_TABLE:-outbox_events}"
-
-var gooseDialects = map[string]goose.Dialect{
-	"postgres": goose.DialectPostgres,
-	"mysql":    goose.DialectMySQL,
-	"sqlite":   goose.DialectSQLite3,
+// set is this package's migrations: the files name the table with goose's ENVSUB
+// placeholder, which the command line expands.
+var set = gooseset.Set{
+	Name: "outbox/migrations", FS: FS,
+	Placeholder: "${OUTBOX_TABLE:-" + outbox.DefaultTable + "}", DefaultTable: outbox.DefaultTable,
 }
 
 // Options choose the table to migrate.
@@ -63,110 +53,27 @@ type Options struct {
 }
 
 // Dialects lists the dialect names that have migrations.
-func Dialects() []string { return slices.Sorted(maps.Keys(gooseDialects)) }
-
-// unknownDialect is the error for a dialect name without migrations.
-func unknownDialect(dialect string) error {
-	return fmt.Errorf("outbox/migrations: no migrations for dialect %q (have: %s): %w",
-		dialect, strings.Join(Dialects(), ", "), errors.ErrUnsupported)
-}
+func Dialects() []string { return gooseset.Dialects() }
 
 // NewProvider returns a goose Provider for the dialect named dialect ("postgres", "mysql"
 // or "sqlite", as returned by [outbox.Dialect.Name]) with the files rendered for the table.
 // An unknown dialect returns an error matching [errors.ErrUnsupported] that lists the
 // known ones.
 func NewProvider(db *sql.DB, dialect string, opts Options) (*goose.Provider, error) {
-	gd, ok := gooseDialects[dialect]
-	if !ok {
-		return nil, unknownDialect(dialect)
-	}
-	name := opts.Table
-	if name == "" {
-		name = outbox.DefaultTable
-	}
-	table, err := outbox.NewTable(name)
-	if err != nil {
-		return nil, err
-	}
-	version := opts.VersionTable
-	if version == "" {
-		version = table.Name() + "_goose_version"
-	}
-	if _, err := outbox.NewTable(version); err != nil {
-		return nil, err
-	}
-	files, err := render(dialect, table.Name())
-	if err != nil {
-		return nil, err
-	}
-	return goose.NewProvider(gd, db, files, goose.WithTableName(version), goose.WithDisableGlobalRegistry(true))
+	return set.Provider(db, dialect, opts.Table, opts.VersionTable)
 }
 
 // Up applies every migration for the table. It first checks that db is the kind of
 // database the dialect names, and returns an error matching [outbox.ErrMisconfigured]
 // when it is not.
 func Up(ctx context.Context, db *sql.DB, dialect string, opts Options) error {
-	p, err := NewProvider(db, dialect, opts)
-	if err != nil {
-		return err
-	}
-	if err := matchServer(ctx, db, dialect); err != nil {
-		return err
-	}
-	if _, err := p.Up(ctx); err != nil {
-		return fmt.Errorf("outbox/migrations: up: %w", err)
-	}
-	return nil
+	return set.Up(ctx, db, dialect, opts.Table, opts.VersionTable)
 }
 
 // Down rolls every migration back, dropping the table. Like [Up], it refuses a pool of
 // another kind of database.
 func Down(ctx context.Context, db *sql.DB, dialect string, opts Options) error {
-	p, err := NewProvider(db, dialect, opts)
-	if err != nil {
-		return err
-	}
-	if err := matchServer(ctx, db, dialect); err != nil {
-		return err
-	}
-	if _, err := p.DownTo(ctx, 0); err != nil {
-		return fmt.Errorf("outbox/migrations: down: %w", err)
-	}
-	return nil
-}
-
-// render returns the dialect's files with the table name written in, so goose's ENVSUB
-// finds nothing left to expand and the process environment cannot change the result.
-func render(dialect, table string) (fs.FS, error) {
-	entries, err := fs.ReadDir(FS, dialect)
-	if err != nil {
-		return nil, err
-	}
-	out := fstest.MapFS{}
-	for _, e := range entries {
-		b, err := fs.ReadFile(FS, dialect+"/"+e.Name())
-		if err != nil {
-			return nil, err
-		}
-		out[e.Name()] = &fstest.MapFile{Data: []byte(strings.ReplaceAll(string(b), placeholder, table))}
-	}
-	return out, nil
-}
-
-// matchServer checks that db is the kind of database dialect names. A database it does not
-// recognise passes: goose will say what it makes of it.
-func matchServer(ctx context.Context, db *sql.DB, dialect string) error {
-	kind, desc, err := dbkind.Detect(ctx, db)
-	if err != nil {
-		return fmt.Errorf("outbox/migrations: %w", err)
-	}
-	if kind == "" || kind == dialect {
-		return nil
-	}
-	return &outbox.CheckError{
-		Problem: fmt.Sprintf("this pool is %s but the migrations asked for are %s's", desc, dialect),
-		Fix:     fmt.Sprintf("migrate with dialect %q", kind),
-	}
+	return set.Down(ctx, db, dialect, opts.Table, opts.VersionTable)
 }
 
 // Version is one migration of the outbox table, rendered for a table name.
@@ -183,65 +90,13 @@ type Version struct {
 // of this package adds a Version. Statements run one per ExecContext call, inside the Go
 // migration's transaction (MySQL commits DDL statements implicitly, as with goose's files).
 func Versions(dialect, table string) ([]Version, error) {
-	if _, ok := gooseDialects[dialect]; !ok {
-		return nil, unknownDialect(dialect)
-	}
-	if table == "" {
-		table = outbox.DefaultTable
-	}
-	t, err := outbox.NewTable(table)
+	vs, err := set.Versions(dialect, table)
 	if err != nil {
 		return nil, err
 	}
-	files, err := render(dialect, t.Name())
-	if err != nil {
-		return nil, err
-	}
-	names, err := fs.Glob(files, "*.sql")
-	if err != nil {
-		return nil, err
-	}
-	slices.Sort(names)
-	out := make([]Version, 0, len(names))
-	for _, name := range names {
-		id, err := strconv.ParseInt(strings.SplitN(name, "_", 2)[0], 10, 64)
-		if err != nil {
-			return nil, fmt.Errorf("outbox/migrations: %s: no version number", name)
-		}
-		b, err := fs.ReadFile(files, name)
-		if err != nil {
-			return nil, err
-		}
-		up, down := splitGoose(string(b))
-		out = append(out, Version{ID: id, Up: up, Down: down})
+	out := make([]Version, len(vs))
+	for i, v := range vs {
+		out[i] = Version(v)
 	}
 	return out, nil
-}
-
-// splitGoose splits one of this package's goose files into its Up and Down statements.
-// The files hold plain statements, each ending with a semicolon at the end of a line, and
-// no StatementBegin blocks; comment lines are dropped.
-func splitGoose(src string) (up, down []string) {
-	var cur *[]string
-	var stmt strings.Builder
-	for _, line := range strings.Split(src, "\n") {
-		trimmed := strings.TrimSpace(line)
-		switch {
-		case strings.HasPrefix(trimmed, "-- +goose Up"):
-			cur = &up
-			continue
-		case strings.HasPrefix(trimmed, "-- +goose Down"):
-			cur = &down
-			continue
-		case cur == nil, trimmed == "", strings.HasPrefix(trimmed, "--"):
-			continue
-		}
-		stmt.WriteString(line)
-		stmt.WriteString("\n")
-		if strings.HasSuffix(trimmed, ";") {
-			*cur = append(*cur, strings.TrimSpace(stmt.String()))
-			stmt.Reset()
-		}
-	}
-	return up, down
 }

@@ -1,0 +1,217 @@
+// Package gooseset runs a set of embedded goose migration files, one directory per dialect,
+// whose table name is a goose ENVSUB placeholder: the outbox's migrations and the inbox's
+// share it. The files are rendered with the table name written in, so the process
+// environment cannot change what runs, and each table gets a goose version table of its own.
+package gooseset
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io/fs"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"testing/fstest"
+
+	"github.com/pressly/goose/v3"
+
+	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/internal/dbkind"
+)
+
+// dialects maps the built-in dialect names to goose's.
+var dialects = map[string]goose.Dialect{
+	"postgres": goose.DialectPostgres,
+	"mysql":    goose.DialectMySQL,
+	"sqlite":   goose.DialectSQLite3,
+}
+
+// Set is one family of migrations.
+type Set struct {
+	// Name prefixes errors, such as "outbox/migrations".
+	Name string
+	// FS holds the files, one directory per dialect name.
+	FS fs.FS
+	// Placeholder is how the files name the table, such as "${OUTBOX_TABLE:-outbox_events}".
+	Placeholder string
+	// DefaultTable is the table name when none is given.
+	DefaultTable string
+}
+
+// Dialects lists the dialect names that have migrations.
+func Dialects() []string { return slices.Sorted(maps.Keys(dialects)) }
+
+func (s Set) unknown(dialect string) error {
+	return fmt.Errorf("%s: no migrations for dialect %q (have: %s): %w",
+		s.Name, dialect, strings.Join(Dialects(), ", "), errors.ErrUnsupported)
+}
+
+// Provider returns a goose Provider for dialect with the files rendered for table (default
+// DefaultTable) and the version table versionTable (default "<table>_goose_version").
+func (s Set) Provider(db *sql.DB, dialect, table, versionTable string) (*goose.Provider, error) {
+	gd, ok := dialects[dialect]
+	if !ok {
+		return nil, s.unknown(dialect)
+	}
+	t, err := s.table(table)
+	if err != nil {
+		return nil, err
+	}
+	if versionTable == "" {
+		versionTable = t + "_goose_version"
+	}
+	if _, err := outbox.NewTable(versionTable); err != nil {
+		return nil, err
+	}
+	files, err := s.render(dialect, t)
+	if err != nil {
+		return nil, err
+	}
+	return goose.NewProvider(gd, db, files, goose.WithTableName(versionTable), goose.WithDisableGlobalRegistry(true))
+}
+
+// Up applies every migration, after checking that db is the kind of database dialect names.
+func (s Set) Up(ctx context.Context, db *sql.DB, dialect, table, versionTable string) error {
+	p, err := s.Provider(db, dialect, table, versionTable)
+	if err != nil {
+		return err
+	}
+	if err := s.matchServer(ctx, db, dialect); err != nil {
+		return err
+	}
+	if _, err := p.Up(ctx); err != nil {
+		return fmt.Errorf("%s: up: %w", s.Name, err)
+	}
+	return nil
+}
+
+// Down rolls every migration back, after the same check as Up.
+func (s Set) Down(ctx context.Context, db *sql.DB, dialect, table, versionTable string) error {
+	p, err := s.Provider(db, dialect, table, versionTable)
+	if err != nil {
+		return err
+	}
+	if err := s.matchServer(ctx, db, dialect); err != nil {
+		return err
+	}
+	if _, err := p.DownTo(ctx, 0); err != nil {
+		return fmt.Errorf("%s: down: %w", s.Name, err)
+	}
+	return nil
+}
+
+func (s Set) table(name string) (string, error) {
+	if name == "" {
+		name = s.DefaultTable
+	}
+	t, err := outbox.NewTable(name)
+	if err != nil {
+		return "", err
+	}
+	return t.Name(), nil
+}
+
+// matchServer checks that db is the kind of database dialect names. A database it does not
+// recognise passes: goose will say what it makes of it.
+func (s Set) matchServer(ctx context.Context, db *sql.DB, dialect string) error {
+	kind, desc, err := dbkind.Detect(ctx, db)
+	if err != nil {
+		return fmt.Errorf("%s: %w", s.Name, err)
+	}
+	if kind == "" || kind == dialect {
+		return nil
+	}
+	return &outbox.CheckError{
+		Problem: fmt.Sprintf("this pool is %s but the migrations asked for are %s's", desc, dialect),
+		Fix:     fmt.Sprintf("migrate with dialect %q", kind),
+	}
+}
+
+// render returns the dialect's files with the table name written in.
+func (s Set) render(dialect, table string) (fs.FS, error) {
+	entries, err := fs.ReadDir(s.FS, dialect)
+	if err != nil {
+		return nil, err
+	}
+	out := fstest.MapFS{}
+	for _, e := range entries {
+		b, err := fs.ReadFile(s.FS, dialect+"/"+e.Name())
+		if err != nil {
+			return nil, err
+		}
+		out[e.Name()] = &fstest.MapFile{Data: []byte(strings.ReplaceAll(string(b), s.Placeholder, table))}
+	}
+	return out, nil
+}
+
+// Version is one migration rendered for a table name.
+type Version struct {
+	ID       int64
+	Up, Down []string
+}
+
+// Versions returns the dialect's migrations rendered for table, oldest first, split into
+// statements.
+func (s Set) Versions(dialect, table string) ([]Version, error) {
+	if _, ok := dialects[dialect]; !ok {
+		return nil, s.unknown(dialect)
+	}
+	t, err := s.table(table)
+	if err != nil {
+		return nil, err
+	}
+	files, err := s.render(dialect, t)
+	if err != nil {
+		return nil, err
+	}
+	names, err := fs.Glob(files, "*.sql")
+	if err != nil {
+		return nil, err
+	}
+	slices.Sort(names)
+	out := make([]Version, 0, len(names))
+	for _, name := range names {
+		id, err := strconv.ParseInt(strings.SplitN(name, "_", 2)[0], 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %s: no version number", s.Name, name)
+		}
+		b, err := fs.ReadFile(files, name)
+		if err != nil {
+			return nil, err
+		}
+		up, down := splitGoose(string(b))
+		out = append(out, Version{ID: id, Up: up, Down: down})
+	}
+	return out, nil
+}
+
+// splitGoose splits one goose file of plain statements (each ending with a semicolon at the
+// end of a line, no StatementBegin blocks) into its Up and Down statements; comment lines
+// are dropped.
+func splitGoose(src string) (up, down []string) {
+	var cur *[]string
+	var stmt strings.Builder
+	for _, line := range strings.Split(src, "\n") {
+		trimmed := strings.TrimSpace(line)
+		switch {
+		case strings.HasPrefix(trimmed, "-- +goose Up"):
+			cur = &up
+			continue
+		case strings.HasPrefix(trimmed, "-- +goose Down"):
+			cur = &down
+			continue
+		case cur == nil, trimmed == "", strings.HasPrefix(trimmed, "--"):
+			continue
+		}
+		stmt.WriteString(line)
+		stmt.WriteString("\n")
+		if strings.HasSuffix(trimmed, ";") {
+			*cur = append(*cur, strings.TrimSpace(stmt.String()))
+			stmt.Reset()
+		}
+	}
+	return up, down
+}
