@@ -1,0 +1,168 @@
+package main
+
+import (
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestResolve(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		dialect, dsn       string
+		wantDialect, open  string
+		wantPath, password string
+	}{
+		{"", "postgres://u:pw@db:5432/app?sslmode=disable", "postgres", "postgres://u:pw@db:5432/app?sslmode=disable", "", "pw"},
+		{"", "postgresql://u@db/app?password=qs-secret", "postgres", "postgresql://u@db/app?password=qs-secret", "", "qs-secret"},
+		{"postgres", "host=db user=u password='a b' dbname=app", "postgres", "host=db user=u password='a b' dbname=app", "", "a b"},
+		{"", "host=db dbname=app", "postgres", "host=db dbname=app", "", ""},
+		{"", "mysql://root:p%40ss%2Fw@db:3307/app?interpolateParams=true&loc=Europe/Paris", "mysql",
+			"root:p@ss/w@tcp(db:3307)/app?interpolateParams=true&loc=Europe%2FParis&parseTime=true", "", "p@ss/w"},
+		{"", "mysql://root@db/app", "mysql", "root@tcp(db:3306)/app?parseTime=true", "", ""},
+		{"mysql", "root@tcp(127.0.0.1:3306)/test", "mysql", "root@tcp(127.0.0.1:3306)/test?parseTime=true", "", ""},
+		{"", "u:pw@tcp(127.0.0.1:3306)/test", "mysql", "u:pw@tcp(127.0.0.1:3306)/test?parseTime=true", "", "pw"},
+		{"", "sqlite:app.db", "sqlite", "file:app.db?" + sqliteParams, "app.db", ""},
+		{"", "sqlite:///var/lib/app.db", "sqlite", "file:/var/lib/app.db?" + sqliteParams, "/var/lib/app.db", ""},
+		{"", "file:app.db?_pragma=busy_timeout(5000)", "sqlite", "file:app.db?_pragma=busy_timeout(5000)", "app.db", ""},
+		{"sqlite", "/tmp/app.db", "sqlite", "file:/tmp/app.db?" + sqliteParams, "/tmp/app.db", ""},
+		{"sqlite", ":memory:", "sqlite", "file::memory:?" + sqliteParams, "", ""},
+	}
+	for _, tc := range cases {
+		got, err := resolve(tc.dialect, tc.dsn)
+		require.NoError(t, err, tc.dsn)
+		require.Equal(t, tc.wantDialect, got.dialect, tc.dsn)
+		require.Equal(t, tc.open, got.dsn, tc.dsn)
+		require.Equal(t, tc.wantPath, got.sqlitePath, tc.dsn)
+		require.Equal(t, tc.password, got.password, tc.dsn)
+		if tc.password != "" {
+			require.NotContains(t, got.shown, tc.password, tc.dsn)
+			require.Contains(t, got.shown, redactedPassword, tc.dsn)
+		}
+	}
+	for _, tc := range []struct{ dialect, dsn, want string }{
+		{"", "", "pass --dsn or set OUTBOX_DSN"},
+		{"", "app.db", "pass --dialect"},
+		{"oracle", "app.db", "unknown dialect"},
+		{"mysql", "postgres://u:pw@db/app", "does not match"},
+		{"", "mysql://u:pw@db", "name one database"},
+		{"mysql", "u:pw@db/app?x", "invalid MySQL DSN"},
+	} {
+		_, err := resolve(tc.dialect, tc.dsn)
+		require.ErrorContains(t, err, tc.want, tc.dsn)
+		require.NotContains(t, err.Error(), ":pw@", tc.dsn)
+	}
+}
+
+func TestRedactDSN(t *testing.T) {
+	t.Parallel()
+	for dsn, want := range map[string]string{
+		"postgres://u:s3cret@db:5432/app?sslmode=disable":     "postgres://u:xxxxx@db:5432/app?sslmode=disable",
+		"postgres://u@db/app?password=s3cret&sslmode=require": "postgres://u@db/app?password=xxxxx&sslmode=require",
+		"mysql://root:s3cret@db:3306/app":                     "mysql://root:xxxxx@db:3306/app",
+		"root:s3cret@tcp(db:3306)/app?parseTime=true":         "root:xxxxx@tcp(db:3306)/app?parseTime=true",
+		"root@tcp(db:3306)/app":                               "root@tcp(db:3306)/app",
+		"host=db user=u password=s3cret dbname=app":           "host=db user=u password=xxxxx dbname=app",
+		"host=db password='s3 cret' dbname=app":               "host=db password=xxxxx dbname=app",
+		"postgres://u:s3cret@db:bad-port/app":                 "postgres://u:xxxxx@db:bad-port/app",
+		"weird:s3cret@nowhere":                                "weird:xxxxx@nowhere",
+		"sqlite:/var/lib/app.db":                              "sqlite:/var/lib/app.db",
+	} {
+		require.Equal(t, want, redactDSN(dsn), dsn)
+	}
+}
+
+// TestPasswordNeverPrinted runs the command with DSNs whose password must not appear in
+// anything it prints: errors of servers that do not answer, of malformed DSNs, and help
+// (whose defaults never come from the environment).
+func TestPasswordNeverPrinted(t *testing.T) {
+	t.Parallel()
+	const pw = "Sup3r-S3cret"
+	dsns := []struct{ dialect, dsn string }{
+		{"", "postgres://postgres:" + pw + "@127.0.0.1:1/test?sslmode=disable&connect_timeout=5"},
+		{"", "postgres://postgres@127.0.0.1:1/test?sslmode=disable&password=" + pw},
+		{"postgres", "host=127.0.0.1 port=1 user=postgres password=" + pw + " dbname=test sslmode=disable"},
+		{"", "mysql://root:" + pw + "@127.0.0.1:1/test?timeout=5s"},
+		{"", "root:" + pw + "@tcp(127.0.0.1:1)/test?timeout=5s"},
+		{"mysql", "root:" + pw + "@tcp(127.0.0.1:1)/"},
+		{"", "mysql://root:" + pw + "@127.0.0.1:1"},
+		{"", "postgres://postgres:" + pw + "@127.0.0.1:bad/test"},
+		{"", "root:" + pw + "@127.0.0.1:3306/test"},
+	}
+	for _, d := range dsns {
+		for _, args := range [][]string{{"stats"}, {"stats", "--json"}, {"migrate", "up"}, {"dead", "list"}} {
+			r := runCLI(t, nil, append([]string{"--dialect", d.dialect, "--dsn", d.dsn}, args...)...)
+			require.NotEqual(t, 0, r.code)
+			require.NotContains(t, r.stdout+r.stderr, pw, "%s %v", d.dsn, args)
+			require.Equal(t, 1, strings.Count(r.stderr, "\n"), "one error line: %q", r.stderr)
+			// The same through the environment.
+			r = runCLI(t, map[string]string{"OUTBOX_DIALECT": d.dialect, "OUTBOX_DSN": d.dsn}, args...)
+			require.NotEqual(t, 0, r.code)
+			require.NotContains(t, r.stdout+r.stderr, pw, "%s %v", d.dsn, args)
+		}
+	}
+	env := map[string]string{"OUTBOX_DSN": dsns[0].dsn}
+	for _, args := range [][]string{{"help"}, {"--help"}, {"help", "purge"}, {"dead", "-h"}, {}} {
+		r := runCLI(t, env, args...)
+		require.NotContains(t, r.stdout+r.stderr, pw)
+		require.Contains(t, r.stdout+r.stderr, "Usage:")
+	}
+}
+
+func TestParseDuration(t *testing.T) {
+	t.Parallel()
+	for s, want := range map[string]string{"72h": "72h0m0s", "7d": "168h0m0s", "1d12h": "36h0m0s", "90m": "1h30m0s", "0d": "0s", "1ms": "1ms"} {
+		d, err := parseDuration(s)
+		require.NoError(t, err, s)
+		require.Equal(t, want, d.String(), s)
+	}
+	for _, s := range []string{"", "d", "7", "7days", "1d-1h", "x1d", "99999999999d"} {
+		if s == "" {
+			continue
+		}
+		_, err := parseDuration(s)
+		require.Error(t, err, s)
+	}
+}
+
+// TestBinary builds the command and checks the exit codes of the real process.
+func TestBinary(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "outbox")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	build.Env = append(build.Environ(), "GOTOOLCHAIN=local")
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "go build: %s", out)
+
+	dsn := "sqlite:" + filepath.Join(dir, "ops.db")
+	exit := func(args ...string) (int, string, string) {
+		cmd := exec.Command(bin, args...)
+		cmd.Env = []string{"OUTBOX_DSN=" + dsn}
+		var stdout, stderr strings.Builder
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		if ee, ok := err.(*exec.ExitError); ok {
+			return ee.ExitCode(), stdout.String(), stderr.String()
+		}
+		require.NoError(t, err)
+		return 0, stdout.String(), stderr.String()
+	}
+	code, _, stderr := exit("stats")
+	require.Equal(t, exitFail, code)
+	require.Contains(t, stderr, "outbox migrate up")
+	code, _, _ = exit("migrate", "up")
+	require.Equal(t, exitOK, code)
+	code, stdout, _ := exit("stats", "--json")
+	require.Equal(t, exitOK, code)
+	require.Contains(t, stdout, `"pending": 0`)
+	code, _, stderr = exit("dead", "show", "nope")
+	require.Equal(t, exitUsage, code)
+	require.Contains(t, stderr, "is not a UUID")
+	code, stdout, _ = exit("version")
+	require.Equal(t, exitOK, code)
+	require.True(t, strings.HasPrefix(stdout, "outbox "), stdout)
+}
