@@ -381,9 +381,8 @@ func (s *Store) Purge(ctx context.Context, o PurgeOptions) (PurgeResult, error) 
 	if err := o.validate(); err != nil {
 		return PurgeResult{}, err
 	}
-	d, ok := s.dialect.(RetentionDialect)
-	if !ok {
-		return PurgeResult{}, fmt.Errorf("outbox: purge: dialect %q has no retention: %w", s.dialect.Name(), errors.ErrUnsupported)
+	if _, err := s.retention(); err != nil {
+		return PurgeResult{}, err
 	}
 	var res PurgeResult
 	for _, kind := range []struct {
@@ -398,9 +397,9 @@ func (s *Store) Purge(ctx context.Context, o PurgeOptions) (PurgeResult, error) 
 			if err := ctx.Err(); err != nil {
 				return res, fmt.Errorf("outbox: purge: %w", err)
 			}
-			n, err := d.Purge(ctx, s.db, s.table, PurgeParams{Status: kind.status, OlderThan: kind.older, Limit: o.BatchSize})
+			n, err := s.purgeBatch(ctx, kind.status, kind.older, o.BatchSize)
 			if err != nil {
-				return res, fmt.Errorf("outbox: purge %s rows: %w", kind.status, err)
+				return res, err
 			}
 			*kind.count += n
 			if n > 0 && o.Progress != nil {
@@ -412,4 +411,25 @@ func (s *Store) Purge(ctx context.Context, o PurgeOptions) (PurgeResult, error) 
 		}
 	}
 	return res, nil
+}
+
+func (s *Store) retention() (RetentionDialect, error) {
+	d, ok := s.dialect.(RetentionDialect)
+	if !ok {
+		return nil, fmt.Errorf("outbox: purge: dialect %q has no retention: %w", s.dialect.Name(), errors.ErrUnsupported)
+	}
+	return d, nil
+}
+
+// purgeBatch deletes one batch of up to limit rows of status older than older.
+func (s *Store) purgeBatch(ctx context.Context, status Status, older time.Duration, limit int) (int64, error) {
+	d, err := s.retention()
+	if err != nil {
+		return 0, err
+	}
+	n, err := d.Purge(ctx, s.db, s.table, PurgeParams{Status: status, OlderThan: older, Limit: limit})
+	if err != nil {
+		return 0, fmt.Errorf("outbox: purge %s rows: %w", status, err)
+	}
+	return n, nil
 }

@@ -119,4 +119,3 @@ func TestSQLitePurgePlan(t *testing.T) {
 		require.NotContains(t, text, "TEMP B-TREE", "the index gives updated_at order")
 	}
 }
-

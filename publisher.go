@@ -108,6 +108,10 @@ type PublisherOptions struct {
 	// walks the whole pending backlog. Default [DefaultSweepInterval].
 	SweepInterval time.Duration
 
+	// Retention, when set, makes the publisher delete old delivered and dead rows as it
+	// runs. Off by default; see [Retention] for why, and [DefaultRetention].
+	Retention Retention
+
 	// Logger receives the publisher's log lines. They carry message ids and errors, never
 	// payloads. Default [slog.Default], so that database outages are not silent; pass
 	// slog.New(slog.DiscardHandler) to turn logging off.
@@ -182,6 +186,9 @@ func (o *PublisherOptions) validate() error {
 	case o.SweepInterval < 0:
 		return invalid("SweepInterval", "must not be negative, got %s", o.SweepInterval)
 	}
+	if err := o.Retention.validate(); err != nil {
+		return err
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -255,6 +262,9 @@ func NewPublisher(store *Store, tr Transport, opts PublisherOptions) (*Publisher
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
+	if err := opts.Retention.check(store); err != nil {
+		return nil, err
+	}
 	return &Publisher{
 		store: store,
 		tr:    tr,
@@ -312,6 +322,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 		wg.Go(r.claimLoop)
 	}
 	wg.Go(r.sweepLoop)
+	wg.Go(r.retentionLoop)
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 
