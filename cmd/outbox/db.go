@@ -53,8 +53,10 @@ func (c *cli) tableName() (outbox.Table, error) {
 		name = outbox.DefaultTable
 	}
 	t, err := outbox.NewTable(name)
-	if err != nil {
-		return outbox.Table{}, usagef("invalid --table: %v", err)
+	if ve := (*outbox.ValidationError)(nil); errors.As(err, &ve) {
+		return outbox.Table{}, usagef("invalid --table: %s", ve.Reason)
+	} else if err != nil {
+		return outbox.Table{}, err
 	}
 	return t, nil
 }

@@ -233,7 +233,10 @@ func (c *cli) deadList(ctx context.Context, o outbox.ListDeadOptions) error {
 		for _, r := range page.Records {
 			recs = append(recs, toJSON(r))
 		}
-		c.printJSON(map[string]any{"records": recs, "next": page.Next})
+		c.printJSON(struct {
+			Records []recordJSON `json:"records"`
+			Next    string       `json:"next"`
+		}{recs, page.Next})
 		return nil
 	}
 	if len(page.Records) == 0 {

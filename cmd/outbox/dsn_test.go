@@ -1,12 +1,19 @@
 package main
 
 import (
+	"context"
+	"database/sql"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/internal/testdb"
 )
 
 func TestResolve(t *testing.T) {
@@ -165,4 +172,50 @@ func TestBinary(t *testing.T) {
 	code, stdout, _ = exit("version")
 	require.Equal(t, exitOK, code)
 	require.True(t, strings.HasPrefix(stdout, "outbox "), stdout)
+
+	// purge shows progress when stderr is a terminal (here a pseudo-terminal made by
+	// util-linux's script), and only then.
+	if runtime.GOOS != "linux" {
+		return
+	}
+	db, err := sql.Open("sqlite", testdb.SQLiteDSN(filepath.Join(dir, "ops.db")))
+	require.NoError(t, err)
+	defer db.Close()
+	store, err := outbox.New(db, outbox.SQLite(), outbox.Options{})
+	require.NoError(t, err)
+	ctx := context.Background()
+	for range 3 {
+		_, err := store.EnqueueStandalone(ctx, outbox.Message{Namespace: "ns", Topic: "t", Payload: []byte(`{}`)})
+		require.NoError(t, err)
+	}
+	recs, err := store.Claim(ctx, outbox.ClaimOptions{Limit: 3, Lease: time.Minute, MaxAttempts: 1, WorkerID: "w"})
+	require.NoError(t, err)
+	for _, r := range recs {
+		require.NoError(t, store.Ack(ctx, r.Lease()))
+	}
+	code, _, stderr = exit("purge", "--dead-older-than", "1ms")
+	require.Equal(t, exitOK, code)
+	require.NotContains(t, stderr, "purging", "no progress when stderr is not a terminal")
+	shell := strings.Join([]string{"OUTBOX_DSN='" + dsn + "'", bin, "purge", "--delivered-older-than", "1ms", "--batch-size", "1"}, " ")
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		out, err := exec.Command("script", "-qec", shell, "/dev/null").CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		if strings.Contains(string(out), "deleted 3 delivered") {
+			require.Contains(t, string(out), "\rpurging outbox_events: 1 delivered, 0 dead rows deleted")
+			require.Contains(t, string(out), "\rpurging outbox_events: 3 delivered, 0 dead rows deleted")
+			break
+		}
+		// The rows are a millisecond old on SQLite's clock only once it moves on.
+		require.Contains(t, string(out), "deleted 0 delivered")
+		require.True(t, time.Now().Before(deadline), "purge deleted nothing: %s", out)
+	}
+}
+
+// TestScrub: a password that a driver's message might echo is removed from the error line.
+func TestScrub(t *testing.T) {
+	t.Parallel()
+	c := &cli{secrets: secretsOf("p@ss/w0rd")}
+	require.Equal(t, "dial xxxxx, xxxxx and xxxxx", c.scrub("dial p@ss/w0rd, p%40ss%2Fw0rd and p@ss%2Fw0rd"))
+	require.Empty(t, secretsOf("abc"), "a short password is not scrubbed: it would garble messages")
 }

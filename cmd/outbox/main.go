@@ -225,7 +225,7 @@ Run "outbox help <command>" for a command's own flags.
 }
 
 func (c *cli) commandUsage(w io.Writer, fs *flag.FlagSet, usage string) {
-	fmt.Fprintf(w, "Usage:\n%s\nFlags:\n", usage)
+	fmt.Fprintf(w, "Usage:\n%s\n\nFlags:\n", usage)
 	fs.SetOutput(w)
 	fs.PrintDefaults()
 	fs.SetOutput(io.Discard)

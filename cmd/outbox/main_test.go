@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/url"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -196,10 +195,6 @@ func (f *fixture) seed(t *testing.T) seeded {
 	return s
 }
 
-func (s seeded) all() []uuid.UUID {
-	return []uuid.UUID{s.delivered, s.processing, s.dead1, s.dead2, s.pending1, s.pending2, s.scheduled}
-}
-
 // fingerprint describes every row of the table, to prove that a command changed nothing.
 func (f *fixture) fingerprint(t *testing.T) string {
 	t.Helper()
@@ -237,5 +232,3 @@ func (f *fixture) fingerprint(t *testing.T) string {
 	}
 	return b.String()
 }
-
-func sqlitePath(t *testing.T) string { return filepath.Join(t.TempDir(), "outbox.db") }
