@@ -109,7 +109,10 @@ type Message struct {
 	// TenantID and DedupeKey are set, DedupeKey must begin with TenantID.String() + "/".
 	TenantID uuid.UUID
 	// DedupeKey makes enqueue idempotent: at most one row exists per (Namespace, Topic,
-	// DedupeKey). Empty means none.
+	// DedupeKey). Empty means none. A key protects only as long as its row exists: once the
+	// row is deleted ([Store.Purge], a [Publisher]'s [Retention], [Store.Discard]), the same
+	// key can be enqueued again. Retention of delivered rows is therefore the dedupe window;
+	// keep delivered rows at least as long as producers may retry.
 	DedupeKey string
 	// PartitionKey is an ordering key (an entity id) passed to the transport. Empty means none.
 	PartitionKey string

@@ -54,6 +54,8 @@ type backendResult struct {
 	Breakdown  []breakdownResult  `json:"burndown_breakdown,omitempty"`
 	Latency    []latencyResult    `json:"latency,omitempty"`
 	Growth     *growthResult      `json:"growth,omitempty"`
+	Stats      *statsResult       `json:"stats,omitempty"`
+	PurgeBurn  *purgeBurnResult   `json:"purge_burndown,omitempty"`
 }
 
 func describeMachine() machine {
