@@ -23,7 +23,7 @@ const (
 	// StatsDeliveredSample is how many of the most recently delivered rows [Store.Stats]
 	// reads at most. Up to this many delivered rows, the delivered counts are exact; beyond
 	// it they are estimates and [Stats.DeliveredEstimated] is set.
-	StatsDeliveredSample = 10000
+	StatsDeliveredSample = 2000
 )
 
 // Stats counts rows by state, as [Store.Stats] returns them.
@@ -34,10 +34,12 @@ type Stats struct {
 	Pending, Scheduled, Processing, Delivered, Dead int64
 	// DeliveredEstimated reports that Delivered (and every [TopicStats.Delivered]) is an
 	// estimate: the table holds more than [StatsDeliveredSample] delivered rows, and
-	// counting them exactly would read them all. The estimate is the database's own count
-	// of delivered rows (from planner statistics on PostgreSQL and MySQL, an index-only
-	// count on SQLite) shared out by the topic mix of the most recently delivered rows.
-	// Every other count is exact.
+	// counting them exactly would read them all. The estimate comes from the database's
+	// statistics, without reading the rows (the planner's estimate on PostgreSQL; the
+	// table's estimated rows less the live and dead ones on MySQL, from InnoDB's statistics,
+	// and on SQLite, from the rowids), shared out by the topic mix of the most recently
+	// delivered rows. It is as good as those statistics (refreshed by autovacuum and
+	// ANALYZE): expect it within some tens of percent. Every other count is exact.
 	DeliveredEstimated bool
 	// OldestPendingAge is how long the oldest due pending row has been due: now -
 	// next_attempt_at on the database clock, so a delayed or retried row counts from when
@@ -385,14 +387,7 @@ func (s *Store) Purge(ctx context.Context, o PurgeOptions) (PurgeResult, error) 
 		return PurgeResult{}, err
 	}
 	var res PurgeResult
-	for _, kind := range []struct {
-		status Status
-		older  time.Duration
-		count  *int64
-	}{{StatusDelivered, o.DeliveredOlderThan, &res.Delivered}, {StatusDead, o.DeadOlderThan, &res.Dead}} {
-		if kind.older == 0 {
-			continue
-		}
+	for _, kind := range res.kinds(o.DeliveredOlderThan, o.DeadOlderThan) {
 		for {
 			if err := ctx.Err(); err != nil {
 				return res, fmt.Errorf("outbox: purge: %w", err)
@@ -432,4 +427,24 @@ func (s *Store) purgeBatch(ctx context.Context, status Status, older time.Durati
 		return 0, fmt.Errorf("outbox: purge %s rows: %w", status, err)
 	}
 	return n, nil
+}
+
+// purgeKind is one status a purge deletes, its age limit, and its count in a PurgeResult.
+type purgeKind struct {
+	status Status
+	older  time.Duration
+	count  *int64
+}
+
+// kinds returns the statuses to purge, delivered first, each counted in r; a zero age
+// keeps that status.
+func (r *PurgeResult) kinds(delivered, dead time.Duration) []purgeKind {
+	var out []purgeKind
+	if delivered > 0 {
+		out = append(out, purgeKind{StatusDelivered, delivered, &r.Delivered})
+	}
+	if dead > 0 {
+		out = append(out, purgeKind{StatusDead, dead, &r.Dead})
+	}
+	return out
 }

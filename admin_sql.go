@@ -18,11 +18,12 @@ import (
 //   - dead: namespace, topic, count of dead rows, within the scope;
 //   - sample: namespace, topic, tenant_id and a count, grouped, over the most recent
 //     delivered rows (any scope, bounded by the statement's LIMIT);
-//   - total: the table's delivered rows, estimated; run only when the sample is full.
+//   - total: the table's delivered rows, estimated, given how many live and dead rows
+//     the other reads counted; run only when the sample is full.
 type statsReads struct {
 	live, dead, sample          string
 	liveArgs, deadArgs, sampArg []any
-	total                       func() (int64, error)
+	total                       func(counted int64) (int64, error)
 }
 
 // topicKey is the (namespace, topic) of a TopicStats entry.
@@ -88,9 +89,14 @@ func runStatsReads(ctx context.Context, q DBTX, sc Scope, limit int, r statsRead
 		return StatsSample{}, err
 	}
 	if out.DeliveredSampled >= int64(limit) {
-		if out.DeliveredTotal, err = r.total(); err != nil {
+		var counted int64
+		for _, e := range byTopic {
+			counted += e.Pending + e.Scheduled + e.Processing + e.Dead
+		}
+		if out.DeliveredTotal, err = r.total(counted); err != nil {
 			return StatsSample{}, err
 		}
+		out.DeliveredTotal = max(out.DeliveredTotal, out.DeliveredSampled)
 	}
 	for _, e := range byTopic {
 		out.Topics = append(out.Topics, *e)

@@ -20,8 +20,9 @@ import (
 //     counts come from a bounded sample: the p.DeliveredSample most recently settled
 //     delivered rows of the whole table (any scope), read through an index on (status,
 //     updated_at), counted per (namespace, topic) within the scope. When the sample is full
-//     the dialect also estimates how many delivered rows the table holds (any scope), from
-//     the planner's statistics or an index-only count.
+//     the dialect also estimates how many delivered rows the table holds (any scope)
+//     without reading them: from the planner's statistics, say, or an estimate of the
+//     table's rows less the live and dead rows it counted.
 //  2. ListDead returns up to p.Limit dead rows in p.Filter, newest death (updated_at) first,
 //     ties by id descending, starting strictly after the keyset (p.AfterTime, p.AfterID)
 //     when p.AfterID is not uuid.Nil. Never OFFSET.

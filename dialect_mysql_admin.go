@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"math"
 	"strings"
 	"time"
 
@@ -26,9 +25,10 @@ func mysqlIndex(t Table, purpose string) string {
 
 // Stats reads the live rows through the claim index (status, created_at, id), the dead rows
 // and the delivered sample through the retention index (status, updated_at), and estimates
-// the delivered rows from the optimizer's row estimate for that index range (EXPLAIN, an
-// index dive: no scan). An exact COUNT(*) of a million delivered rows reads every index
-// entry, around a tenth of a second on InnoDB.
+// the delivered rows as InnoDB's estimate of the table's rows (information_schema, from its
+// statistics: no scan) less the live and dead rows counted. An exact COUNT(*) of a million
+// delivered rows reads every index entry (0.2 to 0.6 s here), and the optimizer's estimate
+// for the index range is no help: InnoDB caps a range estimate at half the table.
 func (mysqlDialect) Stats(ctx context.Context, q DBTX, t Table, p StatsParams) (StatsSample, error) {
 	tbl := mysqlTable(t)
 	due := `status = 'pending' AND next_attempt_at <= UTC_TIMESTAMP(6)`
@@ -44,55 +44,14 @@ func (mysqlDialect) Stats(ctx context.Context, q DBTX, t Table, p StatsParams) (
 		sample: `SELECT namespace, topic, tenant_id, COUNT(*) FROM (SELECT namespace, topic, tenant_id FROM ` + tbl + mysqlIndex(t, "retention") +
 			` WHERE status = 'delivered' ORDER BY updated_at DESC LIMIT ?) s GROUP BY namespace, topic, tenant_id`,
 		sampArg: []any{p.DeliveredSample},
-		total: func() (int64, error) {
-			return mysqlPlanRows(ctx, q, `SELECT 1 FROM `+tbl+mysqlIndex(t, "retention")+` WHERE status = 'delivered'`)
+		total: func(counted int64) (n int64, err error) {
+			err = q.QueryRowContext(ctx, `SELECT COALESCE(TABLE_ROWS, 0) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?`,
+				t.Name()).Scan(&n)
+			return n - counted, err
 		},
 	}
 	r.liveArgs, r.deadArgs = la.vals, da.vals
 	return runStatsReads(ctx, q, p.Scope, p.DeliveredSample, r)
-}
-
-// mysqlPlanRows returns the optimizer's estimate of the rows query reads: the rows column
-// of EXPLAIN, times filtered/100 where the server reports it (MySQL 8 does, MariaDB does
-// not by default).
-func mysqlPlanRows(ctx context.Context, q DBTX, query string) (int64, error) {
-	rows, err := q.QueryContext(ctx, `EXPLAIN `+query)
-	if err != nil {
-		return 0, err
-	}
-	defer rows.Close()
-	cols, err := rows.Columns()
-	if err != nil {
-		return 0, err
-	}
-	if !rows.Next() {
-		return 0, fmt.Errorf("EXPLAIN returned no row: %v", rows.Err())
-	}
-	vals := make([]sql.NullString, len(cols))
-	ptrs := make([]any, len(cols))
-	for i := range vals {
-		ptrs[i] = &vals[i]
-	}
-	if err := rows.Scan(ptrs...); err != nil {
-		return 0, err
-	}
-	n, filtered := -1.0, 100.0
-	for i, c := range cols {
-		var v float64
-		if _, err := fmt.Sscan(vals[i].String, &v); err != nil {
-			continue
-		}
-		switch strings.ToLower(c) {
-		case "rows":
-			n = v
-		case "filtered":
-			filtered = v
-		}
-	}
-	if n < 0 {
-		return 0, fmt.Errorf("EXPLAIN reported no row estimate (columns %v)", cols)
-	}
-	return int64(math.Round(n * filtered / 100)), rows.Err()
 }
 
 // ListDead walks the retention index (status, updated_at), whose entries end with the

@@ -38,7 +38,7 @@ func (*postgresDialect) Stats(ctx context.Context, q DBTX, t Table, p StatsParam
 		sample: `SELECT namespace, topic, tenant_id, count(*) FROM (SELECT namespace, topic, tenant_id FROM ` + tbl +
 			` WHERE status = 'delivered' ORDER BY updated_at DESC LIMIT $1::bigint) s GROUP BY namespace, topic, tenant_id`,
 		sampArg: []any{p.DeliveredSample},
-		total: func() (int64, error) {
+		total: func(int64) (int64, error) {
 			return pgPlanRows(ctx, q, `SELECT 1 FROM `+tbl+` WHERE status = 'delivered'`)
 		},
 	}

@@ -96,14 +96,7 @@ func (r *run) retentionLoop() {
 func (r *run) purge(ret Retention) {
 	p := r.p
 	var res PurgeResult
-	for _, kind := range []struct {
-		status Status
-		older  time.Duration
-		count  *int64
-	}{{StatusDelivered, ret.Delivered, &res.Delivered}, {StatusDead, ret.Dead, &res.Dead}} {
-		if kind.older == 0 {
-			continue
-		}
+	for _, kind := range res.kinds(ret.Delivered, ret.Dead) {
 		for r.ctx.Err() == nil {
 			start := time.Now()
 			n, err := p.store.purgeBatch(r.ctx, kind.status, kind.older, DefaultPurgeBatch)
