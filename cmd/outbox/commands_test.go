@@ -248,8 +248,8 @@ func TestReplayAll(t *testing.T) {
 			r, err = f.store.Get(context.Background(), s.dead1)
 			require.NoError(t, err)
 			require.Equal(t, outbox.StatusDead, r.Status, "another topic's dead row stays dead")
-			require.Equal(t, "replayed 1 dead rows\n", f.ok(t, "dead", "replay", "--all"))
-			require.Equal(t, "replayed 0 dead rows\n", f.ok(t, "dead", "replay", "--all"))
+			require.Equal(t, "dead rows replayed: 1\n", f.ok(t, "dead", "replay", "--all"))
+			require.Equal(t, "dead rows replayed: 0\n", f.ok(t, "dead", "replay", "--all"))
 		})
 	}
 }

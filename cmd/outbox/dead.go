@@ -410,6 +410,6 @@ func (c *cli) replayAll(ctx context.Context, f outbox.DeadFilter) error {
 		c.printJSON(map[string]int64{"replayed_count": n})
 		return nil
 	}
-	fmt.Fprintf(c.stdout, "replayed %d dead rows\n", n)
+	fmt.Fprintf(c.stdout, "dead rows replayed: %d\n", n)
 	return nil
 }

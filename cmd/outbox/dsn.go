@@ -205,13 +205,11 @@ func redactDSN(dsn string) string {
 		return u.Redacted()
 	}
 	if cfg, err := mysql.ParseDSN(dsn); err == nil && strings.Contains(dsn, "@") {
-		if cfg.Passwd == "" {
-			return dsn
+		if cfg.Passwd != "" {
+			cfg.Passwd = redactedPassword
+			dsn = cfg.FormatDSN()
 		}
-		cfg.Passwd = redactedPassword
-		return cfg.FormatDSN()
-	}
-	if strings.Contains(dsn, "@") {
+	} else if strings.Contains(dsn, "@") {
 		// Neither a URL nor a DSN go-sql-driver accepts: hide whatever precedes the last '@'
 		// after the first ':'.
 		at := strings.LastIndex(dsn, "@")

@@ -219,3 +219,31 @@ func TestScrub(t *testing.T) {
 	require.Equal(t, "dial xxxxx, xxxxx and xxxxx", c.scrub("dial p@ss/w0rd, p%40ss%2Fw0rd and p@ss%2Fw0rd"))
 	require.Empty(t, secretsOf("abc"), "a short password is not scrubbed: it would garble messages")
 }
+
+// FuzzResolve: resolving and redacting any DSN never panics, and a password that appears
+// once in the DSN never appears in the form the command prints.
+func FuzzResolve(f *testing.F) {
+	for _, s := range []string{
+		"postgres://u:pw-secret@db:5432/app?sslmode=disable",
+		"postgres://u@db/app?password=pw-secret",
+		"host=db password='pw secret' dbname=app",
+		"mysql://root:pw%40secret@db:3306/app?loc=Europe/Paris",
+		"root:pw-secret@tcp(db:3306)/app",
+		"sqlite:app.db", "file:app.db?_pragma=busy_timeout(5000)", "app.db", "",
+	} {
+		f.Add("", s)
+		f.Add("mysql", s)
+	}
+	f.Fuzz(func(t *testing.T, dialect, dsn string) {
+		tg, err := resolve(dialect, dsn)
+		shown := redactDSN(dsn)
+		if err != nil {
+			shown = err.Error()
+		} else if tg.shown != shown {
+			t.Fatalf("shown %q, redactDSN %q", tg.shown, shown)
+		}
+		if err == nil && len(tg.password) >= 6 && strings.Count(dsn, tg.password) == 1 && strings.Contains(shown, tg.password) {
+			t.Fatalf("password %q of %q printed as %q", tg.password, dsn, shown)
+		}
+	})
+}
