@@ -92,6 +92,17 @@ func dialectOf(backend string) outbox.Dialect {
 	return map[string]func() outbox.Dialect{"postgres": outbox.Postgres, "mysql": outbox.MySQL, "sqlite": outbox.SQLite}[backend]()
 }
 
+// forEachBackend runs test, in parallel, on a fresh migrated database of every backend.
+func forEachBackend(t *testing.T, test func(t *testing.T, f *fixture)) {
+	t.Parallel()
+	for _, backend := range backends {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			test(t, setup(t, backend))
+		})
+	}
+}
+
 func setup(t *testing.T, backend string) *fixture {
 	t.Helper()
 	db := testdb.Open(t, backend)

@@ -31,6 +31,9 @@ func runPurge(ctx context.Context, c *cli, args []string) error {
 	if len(pos) > 0 {
 		return usagef("purge takes no arguments, got %q", pos[0])
 	}
+	if c.filtered() {
+		return usagef("purge applies to the whole table: it takes no --namespace, --topic or --tenant")
+	}
 	o := outbox.PurgeOptions{BatchSize: *batch}
 	if o.DeliveredOlderThan, err = retention("--delivered-older-than", *delivered); err != nil {
 		return err

@@ -16,18 +16,17 @@ and topic.`
 
 // statsJSON is the stats document. Its keys are part of the command's interface.
 type statsJSON struct {
-	Pending                 int64            `json:"pending"`
-	Scheduled               int64            `json:"scheduled"`
-	Processing              int64            `json:"processing"`
-	Delivered               int64            `json:"delivered"`
-	Dead                    int64            `json:"dead"`
-	OldestPendingAgeSeconds float64          `json:"oldest_pending_age_seconds"`
-	Topics                  []topicStatsJSON `json:"topics"`
+	countsJSON
+	Topics []topicStatsJSON `json:"topics"`
 }
 
 type topicStatsJSON struct {
-	Namespace               string  `json:"namespace"`
-	Topic                   string  `json:"topic"`
+	Namespace string `json:"namespace"`
+	Topic     string `json:"topic"`
+	countsJSON
+}
+
+type countsJSON struct {
 	Pending                 int64   `json:"pending"`
 	Scheduled               int64   `json:"scheduled"`
 	Processing              int64   `json:"processing"`
@@ -60,18 +59,12 @@ func runStats(ctx context.Context, c *cli, args []string) error {
 	}
 	if c.global.json {
 		out := statsJSON{
-			Pending: st.Pending, Scheduled: st.Scheduled, Processing: st.Processing,
-			Delivered: st.Delivered, Dead: st.Dead,
-			OldestPendingAgeSeconds: st.OldestPendingAge.Seconds(),
-			Topics:                  make([]topicStatsJSON, 0, len(st.Topics)),
+			countsJSON: countsJSON{st.Pending, st.Scheduled, st.Processing, st.Delivered, st.Dead, st.OldestPendingAge.Seconds()},
+			Topics:     make([]topicStatsJSON, 0, len(st.Topics)),
 		}
 		for _, t := range st.Topics {
-			out.Topics = append(out.Topics, topicStatsJSON{
-				Namespace: t.Namespace, Topic: t.Topic,
-				Pending: t.Pending, Scheduled: t.Scheduled, Processing: t.Processing,
-				Delivered: t.Delivered, Dead: t.Dead,
-				OldestPendingAgeSeconds: t.OldestPendingAge.Seconds(),
-			})
+			out.Topics = append(out.Topics, topicStatsJSON{Namespace: t.Namespace, Topic: t.Topic,
+				countsJSON: countsJSON{t.Pending, t.Scheduled, t.Processing, t.Delivered, t.Dead, t.OldestPendingAge.Seconds()}})
 		}
 		c.printJSON(out)
 		return nil
