@@ -4,18 +4,22 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"maps"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/internal/testdb"
 )
 
 // TestStats checks stats' JSON document (its exact keys and every count) and its table,
@@ -51,6 +55,18 @@ func TestStats(t *testing.T) {
 		require.Equal(t, [5]int64{1, 1, 0, 0, 1}, [5]int64{st.Pending, st.Scheduled, st.Processing, st.Delivered, st.Dead})
 		f.okJSON(t, &st, "stats", "--namespace", "elsewhere")
 		require.Equal(t, statsJSON{Topics: []topicStatsJSON{}}, st)
+
+		// The same database through the other DSN forms a user may type.
+		var all statsJSON
+		f.okJSON(t, &all, "stats")
+		for _, alt := range otherForms(t, f) {
+			r := runCLI(t, nil, append(alt, "stats", "--json")...)
+			require.Equal(t, 0, r.code, "%v: %s", alt, r.stderr)
+			var got statsJSON
+			require.NoError(t, json.Unmarshal([]byte(r.stdout), &got))
+			require.Equal(t, all.Pending, got.Pending, alt)
+			require.Equal(t, all.Dead, got.Dead, alt)
+		}
 
 		table := f.ok(t, "stats")
 		require.Regexp(t, `(?m)^NAMESPACE +TOPIC +PENDING +SCHEDULED +PROCESSING +DELIVERED +DEAD +OLDEST PENDING$`, table)
@@ -367,4 +383,35 @@ func otherDialect(backend string) string {
 		return "postgres"
 	}
 	return "sqlite"
+}
+
+// otherForms returns the fixture's database as other DSN forms, with the flags they need:
+// go-sql-driver's own DSN for MariaDB, libpq's key=value form for PostgreSQL, a bare path
+// and a file: URI for SQLite.
+func otherForms(t *testing.T, f *fixture) [][]string {
+	t.Helper()
+	switch f.backend {
+	case "mysql":
+		var name string
+		require.NoError(t, f.db.QueryRow(`SELECT DATABASE()`).Scan(&name))
+		cfg, err := mysql.ParseDSN(testdb.MySQLDSN())
+		require.NoError(t, err)
+		cfg.DBName = name
+		return [][]string{{"--dialect", "mysql", "--dsn", cfg.FormatDSN()}}
+	case "postgres":
+		u, err := url.Parse(f.dsn)
+		require.NoError(t, err)
+		kv := fmt.Sprintf("host=%s port=%s dbname=%s search_path=%s sslmode=disable", u.Hostname(), u.Port(),
+			strings.TrimPrefix(u.Path, "/"), u.Query().Get("search_path"))
+		if u.User != nil {
+			kv += " user=" + u.User.Username()
+			if p, ok := u.User.Password(); ok {
+				kv += " password=" + p
+			}
+		}
+		return [][]string{{"--dialect", "postgres", "--dsn", kv}}
+	default:
+		path := strings.TrimPrefix(f.dsn, "sqlite:")
+		return [][]string{{"--dialect", "sqlite", "--dsn", path}, {"--dsn", "file:" + path + "?_pragma=busy_timeout(5000)"}}
+	}
 }

@@ -116,7 +116,14 @@ func TestPasswordNeverPrinted(t *testing.T) {
 		r := runCLI(t, env, args...)
 		require.NotContains(t, r.stdout+r.stderr, pw)
 		require.Contains(t, r.stdout+r.stderr, "Usage:")
+		// A --dsn given before the help request is not shown as a default either.
+		r = runCLI(t, nil, append([]string{"--dsn", dsns[0].dsn}, args...)...)
+		require.NotContains(t, r.stdout+r.stderr, pw, "%v", args)
+		require.Contains(t, r.stdout+r.stderr, "Usage:")
 	}
+	r := runCLI(t, nil, "--dsn", dsns[0].dsn, "stats", "--help")
+	require.NotContains(t, r.stdout+r.stderr, pw)
+	require.Contains(t, r.stdout, "-dsn string")
 }
 
 func TestParseDuration(t *testing.T) {

@@ -162,17 +162,22 @@ func lookup(name string) (command, bool) {
 func (c *cli) flagSet(name string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // errors are reported once, by run
+	// Registering a flag stores its default in the variable, and help prints defaults: so
+	// the flags are registered with empty defaults (never a DSN given earlier on the command
+	// line, which may hold a password) and the values given so far are put back after.
+	saved := c.global
+	defer func() { c.global = saved }()
 	g := &c.global
-	fs.StringVar(&g.dialect, "dialect", g.dialect, "database: postgres, mysql or sqlite (env OUTBOX_DIALECT; inferred from the DSN when it can be)")
-	fs.StringVar(&g.dsn, "dsn", g.dsn, "data source name (env OUTBOX_DSN): postgres://..., mysql://user:pass@host:port/db, user:pass@tcp(host:port)/db, sqlite:path or file:path")
-	fs.StringVar(&g.table, "table", g.table, "outbox table (default "+outbox.DefaultTable+")")
-	fs.StringVar(&g.namespace, "namespace", g.namespace, "only rows of this namespace")
+	fs.StringVar(&g.dialect, "dialect", "", "database: postgres, mysql or sqlite (env OUTBOX_DIALECT; inferred from the DSN when it can be)")
+	fs.StringVar(&g.dsn, "dsn", "", "data source name (env OUTBOX_DSN): postgres://..., mysql://user:pass@host:port/db, user:pass@tcp(host:port)/db, sqlite:path or file:path")
+	fs.StringVar(&g.table, "table", "", "outbox table (default "+outbox.DefaultTable+")")
+	fs.StringVar(&g.namespace, "namespace", "", "only rows of this namespace")
 	fs.Func("topic", "only rows of this topic (repeatable)", func(s string) error {
 		g.topics = append(g.topics, s)
 		return nil
 	})
-	fs.StringVar(&g.tenant, "tenant", g.tenant, "only rows of this tenant id (a UUID)")
-	fs.BoolVar(&g.json, "json", g.json, "print one JSON document instead of tables")
+	fs.StringVar(&g.tenant, "tenant", "", "only rows of this tenant id (a UUID)")
+	fs.BoolVar(&g.json, "json", false, "print one JSON document instead of tables")
 	return fs
 }
 
