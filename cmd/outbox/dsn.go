@@ -97,6 +97,8 @@ func inferDialect(dsn string) string {
 		return "mysql" // go-sql-driver's user:pass@tcp(host:port)/db
 	case keyValuePassword.MatchString(dsn) || strings.Contains(l, "host=") || strings.Contains(l, "dbname="):
 		return "postgres" // libpq's key=value form
+	case strings.HasSuffix(l, ".db"), strings.HasSuffix(l, ".sqlite"), strings.HasSuffix(l, ".sqlite3"):
+		return "sqlite" // a bare path to a database file
 	}
 	return ""
 }

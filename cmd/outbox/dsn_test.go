@@ -28,6 +28,7 @@ func TestResolve(t *testing.T) {
 		{"", "file:app.db?_pragma=busy_timeout(5000)", "sqlite", "file:app.db?_pragma=busy_timeout(5000)", "app.db", ""},
 		{"sqlite", "/tmp/app.db", "sqlite", "file:/tmp/app.db?" + sqliteParams, "/tmp/app.db", ""},
 		{"sqlite", ":memory:", "sqlite", "file::memory:?" + sqliteParams, "", ""},
+		{"", "data/app.sqlite3", "sqlite", "file:data/app.sqlite3?" + sqliteParams, "data/app.sqlite3", ""},
 	}
 	for _, tc := range cases {
 		got, err := resolve(tc.dialect, tc.dsn)
@@ -43,7 +44,7 @@ func TestResolve(t *testing.T) {
 	}
 	for _, tc := range []struct{ dialect, dsn, want string }{
 		{"", "", "pass --dsn or set OUTBOX_DSN"},
-		{"", "app.db", "pass --dialect"},
+		{"", "app", "pass --dialect"},
 		{"oracle", "app.db", "unknown dialect"},
 		{"mysql", "postgres://u:pw@db/app", "does not match"},
 		{"", "mysql://u:pw@db", "name one database"},

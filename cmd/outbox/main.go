@@ -11,8 +11,9 @@
 //	outbox version | help [command]
 //
 // The database comes from --dsn (or OUTBOX_DSN) and --dialect (or OUTBOX_DIALECT), which is
-// inferred from a postgres://, postgresql://, mysql://, sqlite: or file: DSN. Flags may come
-// before or after the command. --json makes every command print exactly one JSON document.
+// inferred from the DSN's form when it tells: a postgres://, postgresql://, mysql://,
+// sqlite: or file: prefix, go-sql-driver's user@tcp(host)/db, libpq's key=value form, or a
+// path ending in .db, .sqlite or .sqlite3. Flags may come before or after the command. --json makes every command print exactly one JSON document.
 // The exit code is 0 on success, 1 when the operation failed and 2 for bad input; the
 // error is one line on stderr that says what to do. A DSN's password is never printed.
 //
