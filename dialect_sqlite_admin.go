@@ -44,7 +44,9 @@ func (sqliteDialect) Stats(ctx context.Context, q DBTX, t Table, p StatsParams) 
 			` WHERE ` + sqliteRetained(StatusDelivered) + ` ORDER BY updated_at DESC LIMIT ?) GROUP BY namespace, topic, tenant_id`,
 		sampArg: []any{p.DeliveredSample},
 		total: func(counted int64) (n int64, err error) {
-			err = q.QueryRowContext(ctx, `SELECT COALESCE(max(rowid) - min(rowid) + 1, 0) FROM `+tbl).Scan(&n)
+			// Two subqueries: SQLite reads min or max alone from the end of the rowid
+			// b-tree, but scans the table for both in one select.
+			err = q.QueryRowContext(ctx, `SELECT COALESCE((SELECT max(rowid) FROM `+tbl+`) - (SELECT min(rowid) FROM `+tbl+`) + 1, 0)`).Scan(&n)
 			return n - counted, err
 		},
 	}
