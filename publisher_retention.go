@@ -90,9 +90,17 @@ func (r *run) retentionLoop() {
 	}
 }
 
-// purge deletes what the retention allows, one batch at a time. After each batch it pauses
-// as long as the batch took, so that a large backlog of old rows (retention just turned on)
-// takes at most half of one connection's time and never crowds out claims and acks.
+// retentionShare is the most of its time the retention loop spends purging: after each
+// batch it pauses retentionShare-1 times as long as the batch took. A backlog of old rows
+// (retention just turned on) then costs the burn-down about that share of the database
+// at worst: at half, a SQLite burn-down ran at 0.45 of its rate, since every batch holds
+// the one write lock (BENCHMARKS.md, purge during burn-down).
+const retentionShare = 10
+
+// purge deletes what the retention allows, one batch at a time, pausing after each batch
+// so that it takes at most 1/retentionShare of one connection's time. That still purges
+// thousands of rows a second; a table that needs more runs [Store.Purge], which does not
+// pause, from a job of its own.
 func (r *run) purge(ret Retention) {
 	p := r.p
 	var res PurgeResult
@@ -111,7 +119,7 @@ func (r *run) purge(ret Retention) {
 			if n < DefaultPurgeBatch {
 				break
 			}
-			sleep(r.ctx, time.Since(start))
+			sleep(r.ctx, (retentionShare-1)*time.Since(start))
 		}
 	}
 	if res.Delivered > 0 || res.Dead > 0 {

@@ -131,7 +131,8 @@ func runPurgeBurn(ctx context.Context, cfg config, b backend, res *backendResult
 			return rate, err
 		}}
 	}
-	got, err := alternate(ctx, max(cfg.GrowthRounds, 3), []variant{drain(false), drain(true)})
+	// Six pairs at least: single pairs spread by a fifth either way on a shared machine.
+	got, err := alternate(ctx, max(cfg.GrowthRounds, 6), []variant{drain(false), drain(true)})
 	if err != nil {
 		return err
 	}
