@@ -351,7 +351,7 @@ func newBenchRecordRows(n int, cols []string, flavor string) *benchRows {
 			"partition_key": fmt.Sprintf("order-%d", i), "headers": []byte(`{"content-type":"application/json"}`),
 			"payload": []byte(benchPayload), "payload_hash": sum[:], "status": "processing", "attempts": int64(1),
 			"next_attempt_at": t0, "locked_by": "worker-1", "locked_until": t1, "lease_token": tokv,
-			"last_error": nil, "created_at": t0, "updated_at": t0, "delivered_at": nil,
+			"last_error": nil, "created_at": t0, "updated_at": t0, "delivered_at": nil, "replays": int64(0),
 		}
 		row := make([]driver.Value, len(cols))
 		for j, c := range cols {

@@ -121,7 +121,10 @@ type Message struct {
 	// TenantID and DedupeKey are set, DedupeKey must begin with TenantID.String() + "/".
 	TenantID uuid.UUID
 	// DedupeKey makes enqueue idempotent: at most one row exists per (Namespace, Topic,
-	// DedupeKey). Empty means none.
+	// DedupeKey). Empty means none. A key protects only as long as its row exists: once the
+	// row is deleted ([Store.Purge], a [Publisher]'s [Retention], [Store.Discard]), the same
+	// key can be enqueued again. Retention of delivered rows is therefore the dedupe window;
+	// keep delivered rows at least as long as producers may retry.
 	DedupeKey string
 	// PartitionKey names the entity the event belongs to (an order id, say). It is stored
 	// and passed to the transport, which may use it as the broker's key (a Kafka record

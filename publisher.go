@@ -132,6 +132,10 @@ type PublisherOptions struct {
 	// walks the whole pending backlog. Default [DefaultSweepInterval].
 	SweepInterval time.Duration
 
+	// Retention, when set, makes the publisher delete old delivered and dead rows as it
+	// runs. Off by default; see [Retention] for why, and [DefaultRetention].
+	Retention Retention
+
 	// Logger receives the publisher's log lines. They carry message ids and errors, never
 	// payloads. Failed deliveries are logged at Warn and dead letters at Error, each as one
 	// line per batch (the count, the first message's id, topic, attempt, error and next
@@ -219,6 +223,9 @@ func (o *PublisherOptions) validate() error {
 	case o.SweepInterval < 0:
 		return invalid("SweepInterval", "must not be negative, got %s", o.SweepInterval)
 	}
+	if err := o.Retention.validate(); err != nil {
+		return err
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -291,6 +298,9 @@ func NewPublisher(store *Store, tr Transport, opts PublisherOptions) (*Publisher
 	}
 	opts.Topics = append([]string(nil), opts.Topics...) // the caller may reuse its slice
 	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	if err := opts.Retention.check(store); err != nil {
 		return nil, err
 	}
 	return &Publisher{
@@ -377,6 +387,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 	if p.store.notifier != nil {
 		wg.Go(r.listenLoop)
 	}
+	wg.Go(r.retentionLoop)
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 

@@ -100,6 +100,10 @@ type Record struct {
 	UpdatedAt   time.Time
 	DeliveredAt time.Time
 
+	// Replays counts how often an operator moved the row from dead back to pending with
+	// [Store.Replay]. [Store.Get] and [Store.ListDead] read it; claims leave it zero.
+	Replays int
+
 	// headersErr is why the stored headers did not decode (Headers is then nil); the
 	// built-in dialects set it instead of failing a whole claim for one damaged row.
 	headersErr error

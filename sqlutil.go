@@ -21,6 +21,7 @@ var recordColumns = []string{
 	"id", "namespace", "topic", "tenant_id", "dedupe_key", "partition_key", "headers",
 	"payload", "payload_hash", "status", "attempts", "next_attempt_at", "locked_by",
 	"locked_until", "lease_token", "last_error", "created_at", "updated_at", "delivered_at",
+	"replays",
 }
 
 // timeColumns are the columns of recordColumns that hold times.
@@ -72,7 +73,7 @@ func scanRecord(s rowScanner) (Record, error) {
 	)
 	err := s.Scan(&r.ID, &r.Namespace, &r.Topic, &tenant, &dedupe, &pkey, &headers,
 		&payload, &r.PayloadHash, &stat, &r.Attempts, &next, &lockedBy,
-		&until, &token, &lastErr, &created, &updated, &deliv)
+		&until, &token, &lastErr, &created, &updated, &deliv, &r.Replays)
 	if err != nil {
 		return Record{}, err
 	}

@@ -56,10 +56,76 @@ func (d scopeBlindDialect) Bury(ctx context.Context, q outbox.DBTX, t outbox.Tab
 	return d.Dialect.Bury(ctx, q, t, p)
 }
 
+// withAbilities forwards the optional abilities of the dialect it wraps, which embedding
+// the Dialect interface alone would hide from the engine's type assertions.
+type withAbilities struct{ outbox.Dialect }
+
+func (d withAbilities) admin() outbox.AdminDialect { return d.Dialect.(outbox.AdminDialect) }
+
+func (d withAbilities) Stats(ctx context.Context, q outbox.DBTX, t outbox.Table, p outbox.StatsParams) (outbox.StatsSample, error) {
+	return d.admin().Stats(ctx, q, t, p)
+}
+
+func (d withAbilities) ListDead(ctx context.Context, q outbox.DBTX, t outbox.Table, p outbox.ListDeadParams) ([]outbox.Record, error) {
+	return d.admin().ListDead(ctx, q, t, p)
+}
+
+func (d withAbilities) Replay(ctx context.Context, db *sql.DB, t outbox.Table, p outbox.ReplayParams) ([]uuid.UUID, error) {
+	return d.admin().Replay(ctx, db, t, p)
+}
+
+func (d withAbilities) Discard(ctx context.Context, db *sql.DB, t outbox.Table, p outbox.DiscardParams) ([]uuid.UUID, error) {
+	return d.admin().Discard(ctx, db, t, p)
+}
+
+func (d withAbilities) Purge(ctx context.Context, db *sql.DB, t outbox.Table, p outbox.PurgeParams) (int64, error) {
+	return d.Dialect.(outbox.RetentionDialect).Purge(ctx, db, t, p)
+}
+
+// purgeAllDialect purges the oldest rows whatever their status: pending events vanish.
+type purgeAllDialect struct{ withAbilities }
+
+func (purgeAllDialect) Purge(ctx context.Context, db *sql.DB, t outbox.Table, p outbox.PurgeParams) (int64, error) {
+	res, err := db.ExecContext(ctx, `DELETE FROM `+t.Name()+` WHERE id IN (SELECT id FROM `+t.Name()+` ORDER BY updated_at LIMIT ?)`, p.Limit)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// replayAnyDialect replays rows in any state: a delivered event is sent again, a row in
+// flight loses its lease.
+type replayAnyDialect struct{ withAbilities }
+
+func (replayAnyDialect) Replay(ctx context.Context, db *sql.DB, t outbox.Table, p outbox.ReplayParams) ([]uuid.UUID, error) {
+	var out []uuid.UUID
+	for _, id := range p.IDs {
+		res, err := db.ExecContext(ctx, `UPDATE `+t.Name()+` SET status = 'pending', attempts = 0, lease_token = ?, replays = replays + 1 WHERE id = ?`, p.Token[:], id[:])
+		if err != nil {
+			return nil, err
+		}
+		if n, _ := res.RowsAffected(); n == 1 {
+			out = append(out, id)
+		}
+	}
+	return out, nil
+}
+
+// cursorBlindDialect ignores the keyset and serves the first page again and again.
+type cursorBlindDialect struct{ withAbilities }
+
+func (d cursorBlindDialect) ListDead(ctx context.Context, q outbox.DBTX, t outbox.Table, p outbox.ListDeadParams) ([]outbox.Record, error) {
+	p.AfterID = uuid.Nil
+	return d.withAbilities.ListDead(ctx, q, t, p)
+}
+
 var broken = map[string]outbox.Dialect{
-	"lease-blind": leaseBlindDialect{outbox.SQLite()},
-	"token-blind": tokenBlindDialect{outbox.SQLite()},
-	"scope-blind": scopeBlindDialect{outbox.SQLite()},
+	"lease-blind":  leaseBlindDialect{outbox.SQLite()},
+	"token-blind":  tokenBlindDialect{outbox.SQLite()},
+	"scope-blind":  scopeBlindDialect{outbox.SQLite()},
+	"purge-all":    purgeAllDialect{withAbilities{outbox.SQLite()}},
+	"replay-any":   replayAnyDialect{withAbilities{outbox.SQLite()}},
+	"cursor-blind": cursorBlindDialect{withAbilities{outbox.SQLite()}},
 }
 
 // TestBrokenDialectChild runs the suite against one broken dialect; it does something
@@ -84,6 +150,9 @@ func TestSuiteCatchesBrokenDialects(t *testing.T) {
 		{"lease-blind", []string{"Concurrency/NoDoubleClaim", "Lease/ExtendKeepsTheRow", "Claim/Fields"}},
 		{"token-blind", []string{"Lease/ExpiredLeaseIsReclaimed", "Settle/AckReportsOnlyLostRows"}},
 		{"scope-blind", []string{"Claim/BuryRespectsScope"}},
+		{"purge-all", []string{"Retention/PurgeNeverTouchesLiveRows", "Retention/PurgeInBatches", "Retention/PurgeConcurrently"}},
+		{"replay-any", []string{"Admin/ReplayOnlyDeadRows", "Admin/ReplayedRowIsDelivered"}},
+		{"cursor-blind", []string{"Admin/ListDeadPages"}},
 	}
 	for _, c := range cases {
 		t.Run(c.dialect, func(t *testing.T) {

@@ -24,6 +24,12 @@
 //     [outbox.ErrLeaseLost] and change nothing; extension keeps a row.
 //  7. Concurrency: many claimers never share a row; claims racing enqueues lose nothing.
 //  8. Migrations: up, down, up with a custom table name.
+//  9. Admin ([outbox.AdminDialect]): stats by state and topic, the dead-letter list and its
+//     pages and filters, replay (only dead rows change, idempotent, the row is delivered
+//     again), discard. Skipped, saying so, for a dialect without the ability.
+//  10. Retention ([outbox.RetentionDialect]): purge never touches pending or processing
+//     rows, frees dedupe keys, runs in batches, and purgers may run at once. Skipped, saying
+//     so, for a dialect without the ability.
 //
 // The suite reads row counts with plain SELECT COUNT(*) on the table, so the table must be
 // an ordinary table of that name. Timing uses short leases and polling with deadlines,
@@ -90,6 +96,8 @@ func Run(t *testing.T, h Harness) {
 		{"Lease", leaseTests},
 		{"Concurrency", concurrencyTests},
 		{"Migrations", migrationTests},
+		{"Admin", adminTests},
+		{"Retention", retentionTests},
 	}
 	for _, a := range areas {
 		t.Run(a.name, func(t *testing.T) {

@@ -57,6 +57,8 @@ type backendResult struct {
 	Latency    []latencyResult    `json:"latency,omitempty"`
 	Idle       []idleResult       `json:"latency_after_idle,omitempty"`
 	Growth     *growthResult      `json:"growth,omitempty"`
+	Stats      *statsResult       `json:"stats,omitempty"`
+	PurgeBurn  *purgeBurnResult   `json:"purge_burndown,omitempty"`
 }
 
 func describeMachine() machine {

@@ -1,0 +1,415 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/outboxgo/outbox"
+)
+
+const deadUsage = `  outbox dead list [--limit N] [--cursor C] [--since T] [--until T]
+                                    dead rows, newest death first, one page at a time
+  outbox dead show ID               one row (in any state) with its payload
+  outbox dead replay ID...          move dead rows back to pending, due now, attempts 0
+  outbox dead replay --all          replay every dead row that --namespace, --topic,
+                                    --tenant, --since and --until select
+  outbox dead discard ID...         delete dead rows
+
+T is a time (2026-01-02T15:04:05Z, 2026-01-02) or an age (90m, 72h, 7d: that long ago,
+by this machine's clock). An id that does not exist is an error and nothing changes; ids
+of rows that are not dead are reported as skipped.`
+
+func runDead(ctx context.Context, c *cli, args []string) error {
+	fs := c.flagSet("dead")
+	limit := fs.Int("limit", 50, "list: rows per page, 1.."+fmt.Sprint(outbox.MaxBatch))
+	cursor := fs.String("cursor", "", "list: the next-page cursor printed by the previous page")
+	since := fs.String("since", "", "list, replay --all: rows that died at or after T")
+	until := fs.String("until", "", "list, replay --all: rows that died before T")
+	all := fs.Bool("all", false, "replay: every dead row the filters select")
+	pos, err := c.parse(fs, deadUsage, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) == 0 {
+		return usagef("dead needs one of list, show, replay, discard (run: outbox help dead)")
+	}
+	verb, ids := pos[0], pos[1:]
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	allowed := map[string][]string{
+		"list":    {"limit", "cursor", "since", "until"},
+		"show":    {},
+		"replay":  {"all", "since", "until"},
+		"discard": {},
+	}
+	own, ok := allowed[verb]
+	if !ok {
+		return usagef("unknown dead command %q: use list, show, replay or discard", verb)
+	}
+	for _, name := range []string{"limit", "cursor", "since", "until", "all"} {
+		if set[name] && !slices.Contains(own, name) {
+			return usagef("dead %s does not take --%s", verb, name)
+		}
+	}
+	if set["since"] || set["until"] {
+		if verb == "replay" && !*all {
+			return usagef("dead replay takes --since and --until only with --all")
+		}
+	}
+	filter, err := c.deadFilter(*since, *until)
+	if err != nil {
+		return err
+	}
+	switch verb {
+	case "list":
+		if len(ids) > 0 {
+			return usagef("dead list takes no ids, got %q", ids[0])
+		}
+		if *limit < 1 || *limit > outbox.MaxBatch {
+			return usagef("--limit must be between 1 and %d, got %d", outbox.MaxBatch, *limit)
+		}
+		return c.deadList(ctx, outbox.ListDeadOptions{DeadFilter: filter, Limit: *limit, Cursor: *cursor})
+	case "show":
+		if len(ids) != 1 {
+			return usagef("dead show takes one id")
+		}
+		parsed, err := parseIDs(ids)
+		if err != nil {
+			return err
+		}
+		return c.deadShow(ctx, parsed[0])
+	case "replay":
+		if *all {
+			if len(ids) > 0 {
+				return usagef("dead replay takes ids or --all, not both")
+			}
+			return c.replayAll(ctx, filter)
+		}
+		if c.filtered() {
+			return usagef("dead replay ID... replays exactly the ids given; --namespace, --topic and --tenant apply to --all only")
+		}
+		return c.replayOrDiscard(ctx, ids, "replay")
+	default:
+		if c.filtered() {
+			return usagef("dead discard ID... deletes exactly the ids given; it takes no --namespace, --topic or --tenant")
+		}
+		return c.replayOrDiscard(ctx, ids, "discard")
+	}
+}
+
+// filtered reports whether a scope flag was given.
+func (c *cli) filtered() bool {
+	return c.global.namespace != "" || len(c.global.topics) > 0 || c.global.tenant != ""
+}
+
+func (c *cli) deadFilter(since, until string) (outbox.DeadFilter, error) {
+	sc, err := c.scope()
+	if err != nil {
+		return outbox.DeadFilter{}, err
+	}
+	f := outbox.DeadFilter{Scope: sc}
+	now := time.Now()
+	if f.Since, err = parseWhen(since, now); err != nil {
+		return f, usagef("invalid --since: %v", err)
+	}
+	if f.Until, err = parseWhen(until, now); err != nil {
+		return f, usagef("invalid --until: %v", err)
+	}
+	if !f.Since.IsZero() && !f.Until.IsZero() && !f.Since.Before(f.Until) {
+		return f, usagef("--since must be before --until")
+	}
+	return f, nil
+}
+
+// parseWhen parses a time (RFC 3339, or a date as UTC midnight) or an age before now
+// (a duration as parseDuration reads it). "" is the zero time.
+func parseWhen(s string, now time.Time) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t.UTC(), nil
+	}
+	if t, err := time.Parse(time.DateOnly, s); err == nil {
+		return t, nil
+	}
+	d, err := parseDuration(s)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%q is neither a time (2026-01-02T15:04:05Z, 2026-01-02) nor an age (72h, 7d)", s)
+	}
+	return now.Add(-d).UTC(), nil
+}
+
+// parseIDs parses every id before anything runs, so one bad id changes nothing.
+func parseIDs(args []string) ([]uuid.UUID, error) {
+	ids := make([]uuid.UUID, 0, len(args))
+	seen := map[uuid.UUID]bool{}
+	for _, a := range args {
+		id, err := parseID(a)
+		if err != nil {
+			return nil, usagef("invalid id: %v; nothing was changed", err)
+		}
+		if !seen[id] {
+			seen[id] = true
+			ids = append(ids, id)
+		}
+	}
+	return ids, nil
+}
+
+// recordJSON is how a row is printed. Payload is the stored JSON, or a JSON string holding
+// the stored bytes when they are not valid JSON (a row changed behind the library's back).
+type recordJSON struct {
+	ID            string            `json:"id"`
+	Namespace     string            `json:"namespace"`
+	Topic         string            `json:"topic"`
+	TenantID      string            `json:"tenant_id,omitempty"`
+	DedupeKey     string            `json:"dedupe_key,omitempty"`
+	PartitionKey  string            `json:"partition_key,omitempty"`
+	Headers       map[string]string `json:"headers,omitempty"`
+	Status        string            `json:"status"`
+	Attempts      int               `json:"attempts"`
+	Replays       int               `json:"replays"`
+	LastError     string            `json:"last_error"`
+	CreatedAt     *time.Time        `json:"created_at,omitempty"`
+	UpdatedAt     *time.Time        `json:"updated_at,omitempty"`
+	NextAttemptAt *time.Time        `json:"next_attempt_at,omitempty"`
+	LockedBy      string            `json:"locked_by,omitempty"`
+	LockedUntil   *time.Time        `json:"locked_until,omitempty"`
+	DeliveredAt   *time.Time        `json:"delivered_at,omitempty"`
+	Payload       json.RawMessage   `json:"payload"`
+}
+
+func timePtr(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	t = t.UTC()
+	return &t
+}
+
+func toJSON(r outbox.Record) recordJSON {
+	out := recordJSON{
+		ID: r.ID.String(), Namespace: r.Namespace, Topic: r.Topic,
+		DedupeKey: r.DedupeKey, PartitionKey: r.PartitionKey, Headers: r.Headers,
+		Status: string(r.Status), Attempts: r.Attempts, Replays: r.Replays, LastError: r.LastError,
+		CreatedAt: timePtr(r.CreatedAt), UpdatedAt: timePtr(r.UpdatedAt),
+		NextAttemptAt: timePtr(r.NextAttemptAt), LockedBy: r.LockedBy,
+		LockedUntil: timePtr(r.LockedUntil), DeliveredAt: timePtr(r.DeliveredAt),
+		Payload: json.RawMessage(r.Payload),
+	}
+	if r.TenantID != uuid.Nil {
+		out.TenantID = r.TenantID.String()
+	}
+	if !json.Valid(r.Payload) {
+		s, _ := json.Marshal(string(r.Payload))
+		out.Payload = s
+	}
+	return out
+}
+
+func (c *cli) deadList(ctx context.Context, o outbox.ListDeadOptions) error {
+	cn, err := c.connect(ctx, needTable)
+	if err != nil {
+		return err
+	}
+	defer cn.Close()
+	page, err := cn.store.ListDead(ctx, o)
+	if err != nil {
+		return fmt.Errorf("list dead rows of %s: %w", cn.table.Name(), err)
+	}
+	if c.global.json {
+		recs := make([]recordJSON, 0, len(page.Records))
+		for _, r := range page.Records {
+			recs = append(recs, toJSON(r))
+		}
+		c.printJSON(struct {
+			Records []recordJSON `json:"records"`
+			Next    string       `json:"next"`
+		}{recs, page.Next})
+		return nil
+	}
+	if len(page.Records) == 0 {
+		fmt.Fprintln(c.stdout, "no dead rows")
+		return nil
+	}
+	tw := c.table()
+	fmt.Fprintln(tw, "ID\tNAMESPACE\tTOPIC\tATTEMPTS\tREPLAYS\tDIED\tLAST ERROR")
+	for _, r := range page.Records {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", r.ID, r.Namespace, r.Topic, r.Attempts, r.Replays,
+			r.UpdatedAt.UTC().Format(time.RFC3339), clip(r.LastError, 60))
+	}
+	_ = tw.Flush()
+	if page.Next != "" {
+		fmt.Fprintf(c.stdout, "more: outbox dead list --cursor %s\n", page.Next)
+	}
+	return nil
+}
+
+// clip makes s one line of at most n runes.
+func clip(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if r := []rune(s); len(r) > n {
+		return string(r[:n-1]) + "…"
+	}
+	return s
+}
+
+func (c *cli) deadShow(ctx context.Context, id uuid.UUID) error {
+	cn, err := c.connect(ctx, needTable)
+	if err != nil {
+		return err
+	}
+	defer cn.Close()
+	r, err := cn.store.Get(ctx, id)
+	if errors.Is(err, outbox.ErrNotFound) {
+		return fmt.Errorf("no row with id %s in table %s", id, cn.table.Name())
+	}
+	if err != nil {
+		return fmt.Errorf("read %s: %w", id, err)
+	}
+	if c.global.json {
+		c.printJSON(toJSON(r))
+		return nil
+	}
+	j := toJSON(r)
+	tw := c.table()
+	row := func(k, v string) {
+		if v != "" {
+			fmt.Fprintf(tw, "%s\t%s\n", k, v)
+		}
+	}
+	ts := func(t *time.Time) string {
+		if t == nil {
+			return ""
+		}
+		return t.Format(time.RFC3339Nano)
+	}
+	row("id", j.ID)
+	row("namespace", j.Namespace)
+	row("topic", j.Topic)
+	row("tenant", j.TenantID)
+	row("dedupe key", j.DedupeKey)
+	row("partition key", j.PartitionKey)
+	row("status", j.Status)
+	row("attempts", fmt.Sprint(j.Attempts))
+	row("replays", fmt.Sprint(j.Replays))
+	row("last error", clip(j.LastError, 200))
+	row("created", ts(j.CreatedAt))
+	row("updated", ts(j.UpdatedAt))
+	row("next attempt", ts(j.NextAttemptAt))
+	row("locked by", j.LockedBy)
+	row("locked until", ts(j.LockedUntil))
+	row("delivered", ts(j.DeliveredAt))
+	for _, k := range slices.Sorted(maps.Keys(j.Headers)) {
+		row("header "+k, j.Headers[k])
+	}
+	_ = tw.Flush()
+	var pretty bytes.Buffer
+	if json.Indent(&pretty, j.Payload, "", "  ") != nil {
+		pretty.Reset()
+		pretty.Write(j.Payload)
+	}
+	fmt.Fprintf(c.stdout, "payload:\n%s\n", pretty.String())
+	return nil
+}
+
+// replayOrDiscard replays or discards the rows ids names. Every id must exist: an unknown
+// one is an error before anything changes. Rows that are not dead are skipped, and reported.
+func (c *cli) replayOrDiscard(ctx context.Context, args []string, verb string) error {
+	if len(args) == 0 {
+		return usagef("dead %s needs at least one id (or, for replay, --all)", verb)
+	}
+	ids, err := parseIDs(args)
+	if err != nil {
+		return err
+	}
+	cn, err := c.connect(ctx, needTable)
+	if err != nil {
+		return err
+	}
+	defer cn.Close()
+	status := map[uuid.UUID]outbox.Status{}
+	var unknown []string
+	for _, id := range ids {
+		r, err := cn.store.Get(ctx, id)
+		switch {
+		case errors.Is(err, outbox.ErrNotFound):
+			unknown = append(unknown, id.String())
+		case err != nil:
+			return fmt.Errorf("read %s: %w", id, err)
+		default:
+			status[id] = r.Status
+		}
+	}
+	if len(unknown) > 0 {
+		return fmt.Errorf("no row with id %s in table %s; nothing was changed", strings.Join(unknown, ", "), cn.table.Name())
+	}
+	var done, skipped []uuid.UUID
+	if verb == "replay" {
+		res, err := cn.store.Replay(ctx, ids...)
+		if err != nil {
+			return fmt.Errorf("replay: %w", err)
+		}
+		done, skipped = res.Replayed, res.Skipped
+	} else {
+		res, err := cn.store.Discard(ctx, ids...)
+		if err != nil {
+			return fmt.Errorf("discard: %w", err)
+		}
+		done, skipped = res.Discarded, res.Skipped
+	}
+	type skip struct {
+		ID     string `json:"id"`
+		Status string `json:"status"`
+	}
+	doneOut := make([]string, 0, len(done))
+	for _, id := range done {
+		doneOut = append(doneOut, id.String())
+	}
+	skipOut := make([]skip, 0, len(skipped))
+	for _, id := range skipped {
+		skipOut = append(skipOut, skip{ID: id.String(), Status: string(status[id])})
+	}
+	key := map[string]string{"replay": "replayed", "discard": "discarded"}[verb]
+	if c.global.json {
+		c.printJSON(map[string]any{key: doneOut, "skipped": skipOut})
+		return nil
+	}
+	tw := c.table()
+	for _, id := range doneOut {
+		fmt.Fprintf(tw, "%s\t%s\n", key, id)
+	}
+	for _, s := range skipOut {
+		fmt.Fprintf(tw, "skipped\t%s\tnot dead (%s)\n", s.ID, s.Status)
+	}
+	return tw.Flush()
+}
+
+func (c *cli) replayAll(ctx context.Context, f outbox.DeadFilter) error {
+	cn, err := c.connect(ctx, needTable)
+	if err != nil {
+		return err
+	}
+	defer cn.Close()
+	n, err := cn.store.ReplayWhere(ctx, f)
+	if err != nil {
+		return fmt.Errorf("replay: %w", err)
+	}
+	if c.global.json {
+		c.printJSON(map[string]int64{"replayed_count": n})
+		return nil
+	}
+	fmt.Fprintf(c.stdout, "dead rows replayed: %d\n", n)
+	return nil
+}

@@ -1,0 +1,110 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/outboxgo/outbox"
+)
+
+const statsUsage = `  outbox stats [--namespace NS] [--topic T]... [--tenant ID] [--json]
+
+Counts rows by state: pending (due now), scheduled (pending, not yet due), processing,
+delivered and dead, and the age of the oldest due pending row, overall and per namespace
+and topic.`
+
+// statsJSON is the stats document. Its keys are part of the command's interface.
+type statsJSON struct {
+	countsJSON
+	Topics []topicStatsJSON `json:"topics"`
+}
+
+type topicStatsJSON struct {
+	Namespace string `json:"namespace"`
+	Topic     string `json:"topic"`
+	countsJSON
+}
+
+type countsJSON struct {
+	Pending                 int64   `json:"pending"`
+	Scheduled               int64   `json:"scheduled"`
+	Processing              int64   `json:"processing"`
+	Delivered               int64   `json:"delivered"`
+	Dead                    int64   `json:"dead"`
+	OldestPendingAgeSeconds float64 `json:"oldest_pending_age_seconds"`
+}
+
+func runStats(ctx context.Context, c *cli, args []string) error {
+	fs := c.flagSet("stats")
+	pos, err := c.parse(fs, statsUsage, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usagef("stats takes no arguments, got %q", pos[0])
+	}
+	sc, err := c.scope()
+	if err != nil {
+		return err
+	}
+	cn, err := c.connect(ctx, needTable)
+	if err != nil {
+		return err
+	}
+	defer cn.Close()
+	st, err := cn.store.Stats(ctx, sc)
+	if err != nil {
+		return fmt.Errorf("stats of %s: %w", cn.table.Name(), err)
+	}
+	if c.global.json {
+		out := statsJSON{
+			countsJSON: countsJSON{st.Pending, st.Scheduled, st.Processing, st.Delivered, st.Dead, st.OldestPendingAge.Seconds()},
+			Topics:     make([]topicStatsJSON, 0, len(st.Topics)),
+		}
+		for _, t := range st.Topics {
+			out.Topics = append(out.Topics, topicStatsJSON{Namespace: t.Namespace, Topic: t.Topic,
+				countsJSON: countsJSON{t.Pending, t.Scheduled, t.Processing, t.Delivered, t.Dead, t.OldestPendingAge.Seconds()}})
+		}
+		c.printJSON(out)
+		return nil
+	}
+	printStats(c, st)
+	return nil
+}
+
+func printStats(c *cli, st outbox.Stats) {
+	tw := c.table()
+	fmt.Fprintln(tw, "NAMESPACE\tTOPIC\tPENDING\tSCHEDULED\tPROCESSING\tDELIVERED\tDEAD\tOLDEST PENDING")
+	for _, t := range st.Topics {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%d\t%s\n", t.Namespace, t.Topic,
+			t.Pending, t.Scheduled, t.Processing, delivered(t.Delivered, st.DeliveredEstimated), t.Dead, age(t.OldestPendingAge))
+	}
+	fmt.Fprintf(tw, "total\t\t%d\t%d\t%d\t%s\t%d\t%s\n",
+		st.Pending, st.Scheduled, st.Processing, delivered(st.Delivered, st.DeliveredEstimated), st.Dead, age(st.OldestPendingAge))
+	_ = tw.Flush()
+	if st.DeliveredEstimated {
+		fmt.Fprintln(c.stdout, "~ delivered counts are estimates (too many delivered rows to count quickly)")
+	}
+}
+
+// delivered formats a delivered count, marking an estimate with "~".
+func delivered(n int64, estimated bool) string {
+	if estimated {
+		return fmt.Sprintf("~%d", n)
+	}
+	return fmt.Sprint(n)
+}
+
+// age formats a duration for a table: "-" for zero, else rounded to what a person reads.
+func age(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return "-"
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	case d < time.Hour:
+		return d.Round(time.Second).String()
+	}
+	return d.Round(time.Minute).String()
+}

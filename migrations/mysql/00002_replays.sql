@@ -1,0 +1,13 @@
+-- Adds the replay counter: how often an operator moved a row from dead back to pending.
+-- The admin queries need no new index: stats read the claim index (pending and processing)
+-- and the retention index (dead), and the dead-letter list and purge walk the retention
+-- index on (status, updated_at). Every index would cost each enqueue and each settle.
+-- MySQL 8.0.12+ and MariaDB 10.3.2+ add a column at the end of the table instantly.
+
+-- +goose Up
+-- +goose ENVSUB ON
+ALTER TABLE `${OUTBOX_TABLE:-outbox_events}` ADD COLUMN replays INT NOT NULL DEFAULT 0;
+
+-- +goose Down
+-- +goose ENVSUB ON
+ALTER TABLE `${OUTBOX_TABLE:-outbox_events}` DROP COLUMN replays;
