@@ -31,12 +31,12 @@ func TestStats(t *testing.T) {
 		out := f.ok(t, "stats", "--json")
 		var keys map[string]json.RawMessage
 		require.NoError(t, json.Unmarshal([]byte(out), &keys))
-		require.ElementsMatch(t, []string{"pending", "scheduled", "processing", "delivered", "dead", "oldest_pending_age_seconds", "topics"},
+		require.ElementsMatch(t, []string{"pending", "scheduled", "processing", "delivered", "dead", "oldest_pending_age_seconds", "delivered_estimated", "topics"},
 			slices.Collect(maps.Keys(keys)))
 		var topics []map[string]any
 		require.NoError(t, json.Unmarshal(keys["topics"], &topics))
 		require.Len(t, topics, 2)
-		require.ElementsMatch(t, []string{"namespace", "topic", "pending", "scheduled", "processing", "delivered", "dead", "oldest_pending_age_seconds"},
+		require.ElementsMatch(t, []string{"namespace", "topic", "pending", "scheduled", "processing", "delivered", "dead", "oldest_pending_age_seconds", "delivered_estimated"},
 			slices.Collect(maps.Keys(topics[0])))
 
 		var st statsJSON

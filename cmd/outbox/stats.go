@@ -33,6 +33,9 @@ type countsJSON struct {
 	Delivered               int64   `json:"delivered"`
 	Dead                    int64   `json:"dead"`
 	OldestPendingAgeSeconds float64 `json:"oldest_pending_age_seconds"`
+	// DeliveredEstimated says that delivered is an estimate: on a large table, counting
+	// every delivered row would make stats slow.
+	DeliveredEstimated bool `json:"delivered_estimated"`
 }
 
 func runStats(ctx context.Context, c *cli, args []string) error {
@@ -59,12 +62,12 @@ func runStats(ctx context.Context, c *cli, args []string) error {
 	}
 	if c.global.json {
 		out := statsJSON{
-			countsJSON: countsJSON{st.Pending, st.Scheduled, st.Processing, st.Delivered, st.Dead, st.OldestPendingAge.Seconds()},
+			countsJSON: countsJSON{st.Pending, st.Scheduled, st.Processing, st.Delivered, st.Dead, st.OldestPendingAge.Seconds(), st.DeliveredEstimated},
 			Topics:     make([]topicStatsJSON, 0, len(st.Topics)),
 		}
 		for _, t := range st.Topics {
 			out.Topics = append(out.Topics, topicStatsJSON{Namespace: t.Namespace, Topic: t.Topic,
-				countsJSON: countsJSON{t.Pending, t.Scheduled, t.Processing, t.Delivered, t.Dead, t.OldestPendingAge.Seconds()}})
+				countsJSON: countsJSON{t.Pending, t.Scheduled, t.Processing, t.Delivered, t.Dead, t.OldestPendingAge.Seconds(), st.DeliveredEstimated}})
 		}
 		c.printJSON(out)
 		return nil
