@@ -267,6 +267,9 @@ func TestSoak(t *testing.T) {
 	for _, db := range append(pubDBs, prodDB) {
 		_ = db.Close()
 	}
+	// Every goroutine the producers, publishers and their pools started must end (goleak
+	// retries for a while: a closed pool's goroutines end shortly after Close returns).
+	leaked := goleak.Find(leakBaseline)
 	goroutinesAfter := runtime.NumGoroutine()
 
 	ledger.mu.Lock()
@@ -299,7 +302,5 @@ func TestSoak(t *testing.T) {
 	// Goroutines come and go with in-flight batches and lease renewals (samples moved by up
 	// to four in short runs); a leak per batch would add thousands.
 	require.LessOrEqual(t, end.goroutines, base.goroutines+10, "goroutines grew")
-	// Every goroutine the producers, publishers and their pools started has ended (goleak
-	// retries for a while: a closed pool's goroutines end shortly after Close returns).
-	require.NoError(t, goleak.Find(leakBaseline), "goroutines left after the publishers stopped and the pools closed")
+	require.NoError(t, leaked, "goroutines left after the publishers stopped and the pools closed")
 }
