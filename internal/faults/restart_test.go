@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 )
 
 var backends = []string{"postgres", "mysql"}
@@ -24,6 +25,7 @@ const outage = 2 * time.Second
 // back, and at the end every committed event is delivered, no other is, and no message was
 // ever in flight at two publishers at once.
 func TestRestartMidFlow(t *testing.T) {
+	noLeaks(t)
 	for _, backend := range backends {
 		t.Run(backend, func(t *testing.T) {
 			t.Parallel()
@@ -72,6 +74,7 @@ func TestRestartMidFlow(t *testing.T) {
 // application_name is this test's, MariaDB's KILL on the connections using this test's
 // database. The guarantees are those of TestRestartMidFlow.
 func TestKilledConnections(t *testing.T) {
+	noLeaks(t)
 	for _, backend := range backends {
 		t.Run(backend, func(t *testing.T) {
 			t.Parallel()
@@ -115,6 +118,18 @@ func TestKilledConnections(t *testing.T) {
 			require.Positive(t, rep.aborted+rep.unknown, "the kills should have failed some transactions")
 		})
 	}
+}
+
+// noLeaks checks, once t and its subtests are done, that every goroutine they started has
+// ended, except the private servers' process waiters, which live as long as the servers.
+func noLeaks(t *testing.T) {
+	opts := []goleak.Option{goleak.IgnoreCurrent(),
+		goleak.IgnoreAnyFunction("github.com/outboxgo/outbox/internal/faults.(*server).start.func1")}
+	t.Cleanup(func() {
+		if err := goleak.Find(opts...); err != nil {
+			t.Error(err)
+		}
+	})
 }
 
 // killConnections kills the connections of the flow's pools, and only those, and returns
