@@ -34,8 +34,8 @@ const fuzzMaxPayload = 64 << 10
 // fuzzGrowLimit bounds the size of an inflated field, to keep one execution fast.
 const fuzzGrowLimit = 300 << 10
 
-// grow returns s repeated n times, at most fuzzGrowLimit bytes.
-func grow(s string, n uint16) string {
+// fuzzGrow returns s repeated n times, at most fuzzGrowLimit bytes.
+func fuzzGrow(s string, n uint16) string {
 	if len(s) == 0 || n < 2 {
 		return s
 	}
@@ -48,20 +48,20 @@ func grow(s string, n uint16) string {
 func fuzzMessage(ns, topic, dedupe, partition string, tenant []byte, hk, hv string, payload []byte, delay int64, field uint8, n uint16) outbox.Message {
 	switch field % 9 {
 	case 1:
-		ns = grow(ns, n)
+		ns = fuzzGrow(ns, n)
 	case 2:
-		topic = grow(topic, n)
+		topic = fuzzGrow(topic, n)
 	case 3:
-		dedupe = grow(dedupe, n)
+		dedupe = fuzzGrow(dedupe, n)
 	case 4:
-		partition = grow(partition, n)
+		partition = fuzzGrow(partition, n)
 	case 5:
-		hk = grow(hk, n)
+		hk = fuzzGrow(hk, n)
 	case 6:
-		hv = grow(hv, n)
+		hv = fuzzGrow(hv, n)
 	case 7:
 		if len(payload) > 0 && n > 1 {
-			payload = []byte("[" + strings.TrimSuffix(grow(string(payload)+",", n), ",") + "]")
+			payload = []byte("[" + strings.TrimSuffix(fuzzGrow(string(payload)+",", n), ",") + "]")
 		}
 	}
 	m := outbox.Message{Namespace: ns, Topic: topic, DedupeKey: dedupe, PartitionKey: partition,
@@ -84,14 +84,14 @@ func fuzzMessage(ns, topic, dedupe, partition string, tenant []byte, hk, hv stri
 	return m
 }
 
-// fuzzText reports whether a text field is acceptable: bounded, valid UTF-8, no NUL.
+// fuzzText reports whether a text field is fuzzAcceptable: bounded, valid UTF-8, no NUL.
 func fuzzText(v string, minLen, maxLen int) bool {
 	return len(v) >= minLen && len(v) <= maxLen && utf8.ValidString(v) && !strings.Contains(v, "\x00")
 }
 
-// acceptable is the documented contract of a message, written independently of the
+// fuzzAcceptable is the documented contract of a message, written independently of the
 // library's validation: it says whether Enqueue must accept m.
-func acceptable(m outbox.Message) bool {
+func fuzzAcceptable(m outbox.Message) bool {
 	if !fuzzText(m.Namespace, 1, outbox.MaxNamespaceBytes) || !fuzzText(m.Topic, 1, outbox.MaxTopicBytes) ||
 		!fuzzText(m.DedupeKey, 0, outbox.MaxDedupeKeyBytes) || !fuzzText(m.PartitionKey, 0, outbox.MaxPartitionKeyBytes) {
 		return false
@@ -123,7 +123,7 @@ func fuzzStore(f *testing.F, opts outbox.Options) (*outbox.Store, *sql.DB) {
 	return s, db
 }
 
-func countRows(t *testing.T, db *sql.DB) int {
+func fuzzCountRows(t *testing.T, db *sql.DB) int {
 	var n int
 	require.NoError(t, db.QueryRow(`SELECT COUNT(*) FROM outbox_events`).Scan(&n))
 	return n
@@ -140,12 +140,12 @@ func FuzzEnqueue(f *testing.F) {
 	f.Fuzz(func(t *testing.T, ns, topic, dedupe, partition string, tenant []byte, hk, hv string, payload []byte, delay int64, field uint8, n uint16) {
 		m := fuzzMessage(ns, topic, dedupe, partition, tenant, hk, hv, payload, delay, field, n)
 		good := outbox.Message{Namespace: "fuzz", Topic: "good", Payload: []byte(`{}`)}
-		before := countRows(t, db)
+		before := fuzzCountRows(t, db)
 		tx, err := db.BeginTx(ctx, nil)
 		require.NoError(t, err)
 		defer func() { _ = tx.Rollback() }()
 		res, err := store.EnqueueBatch(ctx, tx, []outbox.Message{good, m})
-		want := acceptable(m)
+		want := fuzzAcceptable(m)
 		if err != nil {
 			var ve *outbox.ValidationError
 			require.ErrorAs(t, err, &ve, "a refused message is a *ValidationError")
@@ -153,7 +153,7 @@ func FuzzEnqueue(f *testing.F) {
 			require.Equal(t, 1, ve.Index)
 			require.False(t, want, "refused a message the contract accepts: %v", err)
 			require.NoError(t, tx.Commit())
-			require.Equal(t, before, countRows(t, db), "a refused message wrote rows")
+			require.Equal(t, before, fuzzCountRows(t, db), "a refused message wrote rows")
 			return
 		}
 		require.True(t, want, "accepted a message the contract refuses")
@@ -166,7 +166,7 @@ func FuzzEnqueue(f *testing.F) {
 			require.NotEmpty(t, m.DedupeKey)
 			require.Equal(t, uuid.Nil, res[1].ID)
 		}
-		require.Equal(t, before+added, countRows(t, db))
+		require.Equal(t, before+added, fuzzCountRows(t, db))
 		if res[1].Duplicate {
 			return
 		}
