@@ -34,7 +34,7 @@ const fuzzMaxPayload = 64 << 10
 // fuzzGrowLimit bounds the size of an inflated field, to keep one execution fast.
 const fuzzGrowLimit = 300 << 10
 
-// fuzzGrow returns s repeated n times, at most fuzzGrowLimit bytes.
+// fuzzGrow returns s repeated n times, capped near fuzzGrowLimit bytes.
 func fuzzGrow(s string, n uint16) string {
 	if len(s) == 0 || n < 2 {
 		return s
