@@ -47,6 +47,24 @@ bench-micro: ## In-process micro-benchmarks (validation, hashing, SQL rendering)
 bench-anatomy: ## The SQLite claim and ack taken apart statement by statement (about 4 minutes)
 	$(GO) test -run '^$$' -bench SQLiteClaimAnatomy -count 3 .
 
+# Fuzz targets of the root package; make fuzz runs each for FUZZTIME.
+FUZZ_TARGETS := FuzzEnqueue FuzzHeaders FuzzNewTable FuzzValidJSON
+FUZZTIME ?= 20s
+
+.PHONY: fuzz
+fuzz: ## Fuzz message validation and enqueue, headers, table names and JSON checks (FUZZTIME each, default 20s)
+	@set -e; for f in $(FUZZ_TARGETS); do echo "== $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) .; done
+
+.PHONY: test-faults
+test-faults: ## Database restarts, killed connections and lease reclaim, on private servers it starts (about 2 minutes)
+	OUTBOX_FAULTS=1 $(GO) test -count=1 -v -timeout 15m -skip '^TestSoak$$' ./internal/faults
+
+SOAK_DURATION ?= 10m
+
+.PHONY: soak
+soak: ## Producers and 4 publishers with 5% transport failures on PostgreSQL for SOAK_DURATION (default 10m)
+	OUTBOX_FAULTS=1 OUTBOX_SOAK=1 SOAK_DURATION=$(SOAK_DURATION) $(GO) test -count=1 -v -timeout 0 -run '^TestSoak$$' ./internal/faults
+
 .PHONY: lint
 lint: ## gofmt, go vet and staticcheck
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
