@@ -54,6 +54,7 @@ FUZZTIME ?= 20s
 .PHONY: fuzz
 fuzz: ## Fuzz message validation and enqueue, headers, table names and JSON checks (FUZZTIME each, default 20s)
 	@set -e; for f in $(FUZZ_TARGETS); do echo "== $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) .; done
+	@echo "== FuzzResolve (cmd/outbox)"; $(GO) test -run '^$$' -fuzz '^FuzzResolve$$' -fuzztime $(FUZZTIME) ./cmd/outbox
 
 .PHONY: test-faults
 test-faults: ## Database restarts, killed connections and lease reclaim, on private servers it starts (about 2 minutes)

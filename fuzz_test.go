@@ -233,14 +233,14 @@ var fuzzTableName = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
 var fuzzTables atomic.Int64
 
 // FuzzNewTable checks that NewTable accepts exactly the names [a-z_][a-z0-9_]* of at most
-// MaxTableBytes bytes, refusing others with a *ValidationError, and that an accepted name
+// MaxTableBytes bytes that do not begin with SQLite's reserved prefix sqlite_, refusing others with a *ValidationError, and that an accepted name
 // works end to end on SQLite: migrate, enqueue, claim, ack, read back.
 func FuzzNewTable(f *testing.F) {
 	db := testdb.SQLite(f)
 	ctx := context.Background()
 	f.Fuzz(func(t *testing.T, name string) {
 		tbl, err := outbox.NewTable(name)
-		want := len(name) <= outbox.MaxTableBytes && fuzzTableName.MatchString(name)
+		want := len(name) <= outbox.MaxTableBytes && fuzzTableName.MatchString(name) && !strings.HasPrefix(name, "sqlite_")
 		if err != nil {
 			require.False(t, want, "refused %q: %v", name, err)
 			var ve *outbox.ValidationError
@@ -258,16 +258,6 @@ func FuzzNewTable(f *testing.F) {
 		sum := sha256.Sum256([]byte(name))
 		version := "v_" + hex.EncodeToString(sum[:10])
 		err = migrations.Up(ctx, db, "sqlite", migrations.Options{Table: name, VersionTable: version})
-		if strings.HasPrefix(name, "sqlite_") {
-			// SQLite reserves this prefix for its own tables: the migration fails with the
-			// server's error and creates nothing. (The name is valid on PostgreSQL and
-			// MySQL.)
-			require.Error(t, err)
-			var n int
-			require.NoError(t, db.QueryRow(`SELECT COUNT(*) FROM sqlite_master WHERE name = ?`, name).Scan(&n))
-			require.Zero(t, n)
-			return
-		}
 		require.NoError(t, err, "migrate table %q", name)
 		store, err := outbox.New(db, outbox.SQLite(), outbox.Options{Table: name})
 		require.NoError(t, err)

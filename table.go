@@ -1,5 +1,7 @@
 package outbox
 
+import "strings"
+
 // Table is a validated outbox table name. Dialects receive only Tables, so no unchecked
 // string can reach their SQL; they quote [Table.Name] once when rendering statements.
 type Table struct{ name string }
@@ -9,9 +11,9 @@ type Table struct{ name string }
 const MaxTableBytes = 48
 
 // NewTable validates name: lowercase ASCII letters, digits and underscores, beginning with
-// a letter or underscore, 1..[MaxTableBytes] bytes. Lowercase only, because MySQL's table
-// name case sensitivity depends on the server's file system. A bad name returns a
-// [*ValidationError].
+// a letter or underscore, 1..[MaxTableBytes] bytes, and not beginning with "sqlite_", a
+// prefix SQLite reserves for its own tables. Lowercase only, because MySQL's table name case
+// sensitivity depends on the server's file system. A bad name returns a [*ValidationError].
 func NewTable(name string) (Table, error) {
 	if name == "" || len(name) > MaxTableBytes {
 		return Table{}, invalid("table", "name must be 1..%d bytes, got %d", MaxTableBytes, len(name))
@@ -22,6 +24,9 @@ func NewTable(name string) (Table, error) {
 		if !ok {
 			return Table{}, invalid("table", "name %q must match [a-z_][a-z0-9_]*", name)
 		}
+	}
+	if strings.HasPrefix(name, "sqlite_") {
+		return Table{}, invalid("table", "name %q begins with sqlite_, which SQLite reserves for its own tables", name)
 	}
 	return Table{name: name}, nil
 }

@@ -165,7 +165,10 @@ func (s *server) command() (*exec.Cmd, error) {
 		return exec.Command("mariadbd", "--no-defaults", "--datadir="+data, "--port="+strconv.Itoa(s.port),
 			"--bind-address=127.0.0.1", "--socket="+filepath.Join(s.dir, "mysqld.sock"), "--user=root",
 			"--skip-log-bin", "--skip-name-resolve", "--innodb-buffer-pool-size=64M", "--max-connections=300",
-			"--pid-file="+filepath.Join(s.dir, "mysqld.pid")), nil
+			"--pid-file="+filepath.Join(s.dir, "mysqld.pid"),
+			// A tmpdir of its own: at start MariaDB deletes the #sql temporary files it
+			// finds in its tmpdir, and /tmp is the shared server's.
+			"--tmpdir="+s.dir), nil
 	}
 }
 
