@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"maps"
 	"math/rand/v2"
-	"net/url"
 	"os"
 	"os/exec"
 	"slices"
@@ -20,7 +19,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -89,41 +87,9 @@ func pubSetup(t *testing.T, backend string) *pubEnv {
 	ctx := context.Background()
 	db := testdb.Open(t, backend)
 	require.NoError(t, migrations.Up(ctx, db, backend, migrations.Options{}))
-	e := &pubEnv{backend: backend, db: db, dsn: sameDatabaseDSN(t, backend, db)}
+	e := &pubEnv{backend: backend, db: db, dsn: testdb.DSN(t, backend, db)}
 	e.store = e.newStore(t, db, pubDialect(backend))
 	return e
-}
-
-// sameDatabaseDSN returns a DSN that opens the database (SQLite file, PostgreSQL schema,
-// MySQL database) that testdb gave db, so a test can use separate pools, as separate
-// processes would.
-func sameDatabaseDSN(t *testing.T, backend string, db *sql.DB) string {
-	t.Helper()
-	switch backend {
-	case "sqlite":
-		var seq int
-		var name, file string
-		require.NoError(t, db.QueryRow(`PRAGMA database_list`).Scan(&seq, &name, &file))
-		return testdb.SQLiteDSN(file)
-	case "postgres":
-		var schema string
-		require.NoError(t, db.QueryRow(`SELECT current_schema()`).Scan(&schema))
-		u, err := url.Parse(testdb.PostgresDSN())
-		require.NoError(t, err)
-		q := u.Query()
-		q.Set("search_path", schema)
-		u.RawQuery = q.Encode()
-		return u.String()
-	case "mysql":
-		var name string
-		require.NoError(t, db.QueryRow(`SELECT DATABASE()`).Scan(&name))
-		cfg, err := mysql.ParseDSN(testdb.MySQLDSN())
-		require.NoError(t, err)
-		cfg.DBName = name
-		return cfg.FormatDSN()
-	}
-	t.Fatalf("unknown backend %s", backend)
-	return ""
 }
 
 // openPool opens another pool on the test's database, closed before testdb drops it.
@@ -167,22 +133,7 @@ func (e *pubEnv) enqueue(t *testing.T, ns string, n int) []uuid.UUID {
 }
 
 // rebind turns ? placeholders into PostgreSQL's $n.
-func (e *pubEnv) rebind(q string) string {
-	if e.backend != "postgres" {
-		return q
-	}
-	var b strings.Builder
-	n := 0
-	for _, c := range q {
-		if c == '?' {
-			n++
-			fmt.Fprintf(&b, "$%d", n)
-			continue
-		}
-		b.WriteRune(c)
-	}
-	return b.String()
-}
+func (e *pubEnv) rebind(q string) string { return testdb.Rebind(e.backend, q) }
 
 // idArg binds a row id the way the backend stores it.
 func (e *pubEnv) idArg(id uuid.UUID) any {

@@ -8,7 +8,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net/url"
 	"os"
 	"os/exec"
 	"strings"
@@ -100,22 +99,7 @@ func randomHex(n int) string {
 }
 
 // bind rewrites "?" placeholders as "$n" on PostgreSQL.
-func (e *env) bind(query string) string {
-	if e.backend != "postgres" {
-		return query
-	}
-	var b strings.Builder
-	n := 0
-	for _, r := range query {
-		if r == '?' {
-			n++
-			fmt.Fprintf(&b, "$%d", n)
-			continue
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
-}
+func (e *env) bind(query string) string { return testdb.Rebind(e.backend, query) }
 
 // effect is the business write of a handler: one row in effects, with no unique key, so a
 // handler that ran twice leaves two rows.
@@ -324,24 +308,7 @@ func testCrashBeforeCommit(t *testing.T, e *env) {
 // dsn returns a DSN on the test's own database, for a child process.
 func (e *env) dsn(t *testing.T) string {
 	t.Helper()
-	switch e.backend {
-	case "postgres":
-		var schema string
-		require.NoError(t, e.db.QueryRowContext(e.ctx, `SELECT current_schema()`).Scan(&schema))
-		u, err := url.Parse(testdb.PostgresDSN())
-		require.NoError(t, err)
-		q := u.Query()
-		q.Set("search_path", schema)
-		u.RawQuery = q.Encode()
-		return u.String()
-	case "mysql":
-		return e.mysqlConfig(t).FormatDSN()
-	default:
-		var seq int
-		var name, file string
-		require.NoError(t, e.db.QueryRowContext(e.ctx, `PRAGMA database_list`).Scan(&seq, &name, &file))
-		return testdb.SQLiteDSN(file)
-	}
+	return testdb.DSN(t, e.backend, e.db)
 }
 
 func (e *env) mysqlConfig(t *testing.T) *mysql.Config {

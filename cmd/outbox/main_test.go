@@ -127,19 +127,9 @@ func commandDSN(t *testing.T, backend string, db *sql.DB) string {
 	t.Helper()
 	switch backend {
 	case "sqlite":
-		var seq int
-		var name, file string
-		require.NoError(t, db.QueryRow(`PRAGMA database_list`).Scan(&seq, &name, &file))
-		return "sqlite:" + file
+		return "sqlite:" + strings.TrimPrefix(strings.SplitN(testdb.DSN(t, backend, db), "?", 2)[0], "file:")
 	case "postgres":
-		var schema string
-		require.NoError(t, db.QueryRow(`SELECT current_schema()`).Scan(&schema))
-		u, err := url.Parse(testdb.PostgresDSN())
-		require.NoError(t, err)
-		q := u.Query()
-		q.Set("search_path", schema)
-		u.RawQuery = q.Encode()
-		return u.String()
+		return testdb.DSN(t, backend, db)
 	case "mysql":
 		var name string
 		require.NoError(t, db.QueryRow(`SELECT DATABASE()`).Scan(&name))

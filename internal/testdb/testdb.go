@@ -241,3 +241,61 @@ func Open(t testing.TB, backend string) *sql.DB {
 	}
 	panic(fmt.Sprintf("testdb: unknown backend %q", backend))
 }
+
+// DSN returns a DSN that opens the same database (SQLite file, PostgreSQL schema, MySQL
+// database) that this package gave db, for the driver it registered for backend, so a test
+// can open separate pools, as separate processes would.
+func DSN(t testing.TB, backend string, db *sql.DB) string {
+	t.Helper()
+	switch backend {
+	case "sqlite":
+		var seq int
+		var name, file string
+		if err := db.QueryRow(`PRAGMA database_list`).Scan(&seq, &name, &file); err != nil {
+			t.Fatalf("testdb: sqlite file: %v", err)
+		}
+		return SQLiteDSN(file)
+	case "postgres":
+		var schema string
+		if err := db.QueryRow(`SELECT current_schema()`).Scan(&schema); err != nil {
+			t.Fatalf("testdb: current schema: %v", err)
+		}
+		u, err := url.Parse(PostgresDSN())
+		if err != nil {
+			t.Fatalf("OUTBOX_POSTGRES_DSN must be a URL: %v", err)
+		}
+		q := u.Query()
+		q.Set("search_path", schema)
+		u.RawQuery = q.Encode()
+		return u.String()
+	case "mysql":
+		cfg, err := mysql.ParseDSN(MySQLDSN())
+		if err != nil {
+			t.Fatalf("OUTBOX_MYSQL_DSN: %v", err)
+		}
+		if err := db.QueryRow(`SELECT DATABASE()`).Scan(&cfg.DBName); err != nil {
+			t.Fatalf("testdb: current database: %v", err)
+		}
+		return cfg.FormatDSN()
+	}
+	t.Fatalf("testdb: unknown backend %q", backend)
+	return ""
+}
+
+// Rebind turns "?" placeholders into PostgreSQL's "$n" when backend is "postgres".
+func Rebind(backend, query string) string {
+	if backend != "postgres" {
+		return query
+	}
+	var b strings.Builder
+	n := 0
+	for _, c := range query {
+		if c == '?' {
+			n++
+			fmt.Fprintf(&b, "$%d", n)
+			continue
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}
