@@ -250,3 +250,78 @@ func Strip(h map[string]string, drop ...string) outbox.Headers {
 	}
 	return out
 }
+
+// Failures returns the errors of errs that are not nil.
+func Failures(errs []error) []error {
+	var out []error
+	for _, err := range errs {
+		if err != nil {
+			out = append(out, err)
+		}
+	}
+	return out
+}
+
+// RequireClassify fails t unless classify marks every error of permanent, wrapped once, with
+// [outbox.Permanent] (keeping it matchable with errors.Is), none of retryable, and keeps nil.
+func RequireClassify(t testing.TB, classify func(error) error, permanent, retryable []error) {
+	t.Helper()
+	for _, err := range permanent {
+		got := classify(fmt.Errorf("publish: %w", err))
+		require.True(t, outbox.IsPermanent(got), "%v should be permanent", err)
+		require.ErrorIs(t, got, err)
+	}
+	for _, err := range retryable {
+		got := classify(fmt.Errorf("publish: %w", err))
+		require.False(t, outbox.IsPermanent(got), "%v should be retried", err)
+		require.ErrorIs(t, got, err)
+	}
+	require.NoError(t, classify(nil))
+}
+
+// EndToEnd enqueues 300 messages of namespace ns in a fresh PostgreSQL outbox, runs a
+// Publisher through tr until all are delivered, and requires consume, which reads
+// everything the broker received for ns, to return each exactly once, byte for byte.
+func EndToEnd(t *testing.T, ns string, tr outbox.Transport, consume func() []Received) {
+	t.Helper()
+	ob := Postgres(t)
+	want := ob.Enqueue(t, Messages(ns, 300))
+	run := ob.Start(t, ns, tr, 50)
+	ob.WaitDelivered(t, 300, 30*time.Second)
+	st := run.Stop(t)
+	require.EqualValues(t, 300, st.Delivered)
+	RequireSame(t, want, consume())
+}
+
+// Outage runs a Publisher of namespace ns through tr from a fresh PostgreSQL outbox: 60
+// messages are delivered, cut takes the broker away, 60 more are enqueued and fail at least
+// once each, restore brings the broker back, and then all 120 must be delivered with
+// nothing dead. consume reads what the broker holds for ns: every id must be there, and
+// when dedupe is true (the broker drops redeliveries) none twice.
+func Outage(t *testing.T, ns string, tr outbox.Transport, cut, restore func(), consume func() []Received, dedupe bool) {
+	t.Helper()
+	ob := Postgres(t)
+	run := ob.Start(t, ns, tr, 20)
+	first := ob.Enqueue(t, Messages(ns, 60))
+	ob.WaitDelivered(t, 60, 20*time.Second)
+	cut()
+	second := ob.Enqueue(t, Messages(ns, 60))
+	Poll(t, 20*time.Second, func() bool { return run.Publisher.Stats().Retried >= 60 },
+		"fewer than 60 failed attempts while the broker was away: %+v", run.Publisher.Stats())
+	restore()
+	ob.WaitDelivered(t, 120, 30*time.Second)
+	st := run.Stop(t)
+	t.Logf("publisher: %+v", st)
+	require.Zero(t, st.Dead)
+
+	got := consume()
+	ids, dups := IDs(got)
+	t.Logf("%d received, %d duplicates", len(got), dups)
+	if dedupe {
+		require.Zero(t, dups, "the broker stored a redelivery twice")
+	}
+	require.Len(t, ids, 120)
+	for _, d := range append(first, second...) {
+		require.True(t, ids[d.ID], "message %s missing", d.ID)
+	}
+}

@@ -141,7 +141,7 @@ func TestKeyKeepsOrder(t *testing.T) {
 		msgs[i].PartitionKey = fmt.Sprintf("k%d", i%4)
 	}
 	batch := transporttest.Deliveries(msgs)
-	require.Empty(t, nonNil(tr.Publish(context.Background(), batch)))
+	require.Empty(t, transporttest.Failures(tr.Publish(context.Background(), batch)))
 
 	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumeTopics(ns+".order.created"),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
@@ -233,15 +233,7 @@ func TestClassify(t *testing.T) {
 		kerr.UnknownServerError, kgo.ErrRecordTimeout, kgo.ErrRecordRetries, kgo.ErrClientClosed,
 		kgo.ErrMaxBuffered, context.Canceled, errors.New("dial tcp: connection refused"),
 	}
-	for _, err := range permanent {
-		wrapped := fmt.Errorf("produce: %w", err)
-		require.True(t, outbox.IsPermanent(kafka.Classify(wrapped)), "%v", err)
-		require.ErrorIs(t, kafka.Classify(wrapped), err)
-	}
-	for _, err := range retryable {
-		require.False(t, outbox.IsPermanent(kafka.Classify(fmt.Errorf("produce: %w", err))), "%v", err)
-	}
-	require.NoError(t, kafka.Classify(nil))
+	transporttest.RequireClassify(t, kafka.Classify, permanent, retryable)
 }
 
 func TestOptionsValidation(t *testing.T) {
@@ -262,8 +254,8 @@ func TestOptionsValidation(t *testing.T) {
 
 // The cluster drops every connection in the middle of a run: produces time out and are
 // retried, nothing is dead-lettered, and once it is back every message is in the topics.
-// Kafka keeps no record ids, so a record that was written but whose acknowledgement was
-// lost may appear twice; every id appears at least once.
+// Kafka keeps no record ids, so a record that was written but whose result came too late
+// may appear twice; every id appears at least once.
 func TestClusterOutage(t *testing.T) {
 	t.Parallel()
 	c, ns := cluster(t)
@@ -276,28 +268,9 @@ func TestClusterOutage(t *testing.T) {
 		return nil, nil, false
 	})
 	cl := client(t, c, kgo.RecordDeliveryTimeout(time.Second), kgo.RetryBackoffFn(func(int) time.Duration { return 20 * time.Millisecond }))
-	ob := transporttest.Postgres(t)
-	run := ob.Start(t, ns, newTransport(t, cl, kafka.Options{Timeout: 500 * time.Millisecond}), 20)
-
-	first := ob.Enqueue(t, transporttest.Messages(ns, 60))
-	ob.WaitDelivered(t, 60, 20*time.Second)
-	cut.Store(true)
-	second := ob.Enqueue(t, transporttest.Messages(ns, 60))
-	transporttest.Poll(t, 20*time.Second, func() bool { return run.Publisher.Stats().Retried >= 60 },
-		"no produce failed while the cluster was away")
-	cut.Store(false)
-	ob.WaitDelivered(t, 120, 30*time.Second)
-	st := run.Stop(t)
-	t.Logf("publisher: %+v", st)
-	require.Zero(t, st.Dead)
-
-	got := consume(t, c, ns, 120)
-	ids, dups := transporttest.IDs(got)
-	t.Logf("%d records, %d duplicates", len(got), dups)
-	require.Len(t, ids, 120)
-	for _, d := range append(first, second...) {
-		require.True(t, ids[d.ID], "message %s missing", d.ID)
-	}
+	tr := newTransport(t, cl, kafka.Options{Timeout: 500 * time.Millisecond})
+	transporttest.Outage(t, ns, tr, func() { cut.Store(true) }, func() { cut.Store(false) },
+		func() []transporttest.Received { return consume(t, c, ns, 120) }, false)
 }
 
 // A Publisher drains a PostgreSQL outbox into Kafka, and a consumer receives each message
@@ -305,21 +278,5 @@ func TestClusterOutage(t *testing.T) {
 func TestEndToEndFromPostgres(t *testing.T) {
 	t.Parallel()
 	c, ns := cluster(t)
-	ob := transporttest.Postgres(t)
-	want := ob.Enqueue(t, transporttest.Messages(ns, 300))
-	run := ob.Start(t, ns, newTransport(t, client(t, c), kafka.Options{}), 50)
-	ob.WaitDelivered(t, 300, 30*time.Second)
-	st := run.Stop(t)
-	require.EqualValues(t, 300, st.Delivered)
-	transporttest.RequireSame(t, want, consume(t, c, ns, 300))
-}
-
-func nonNil(errs []error) []error {
-	var out []error
-	for _, err := range errs {
-		if err != nil {
-			out = append(out, err)
-		}
-	}
-	return out
+	transporttest.EndToEnd(t, ns, newTransport(t, client(t, c), kafka.Options{}), func() []transporttest.Received { return consume(t, c, ns, 300) })
 }

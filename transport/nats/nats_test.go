@@ -139,11 +139,11 @@ func TestRedeliveryIsDropped(t *testing.T) {
 	batch := transporttest.Deliveries(transporttest.Messages(ns, 20))
 	ctx := context.Background()
 
-	require.Empty(t, nonNil(tr.Publish(ctx, batch)))
+	require.Empty(t, transporttest.Failures(tr.Publish(ctx, batch)))
 	for i := range batch {
 		batch[i].Attempt = 2
 	}
-	require.Empty(t, nonNil(tr.Publish(ctx, batch)))
+	require.Empty(t, transporttest.Failures(tr.Publish(ctx, batch)))
 	for i := range batch {
 		batch[i].Attempt = 1 // what was stored is the first attempt
 	}
@@ -239,14 +239,7 @@ func TestClassify(t *testing.T) {
 		&jetstream.APIError{Code: 503, ErrorCode: 10077, Description: "maximum messages exceeded"},
 		errors.New("something else"),
 	}
-	for _, err := range permanent {
-		require.True(t, outbox.IsPermanent(nats.Classify(err)), "%v", err)
-		require.ErrorIs(t, nats.Classify(err), err)
-	}
-	for _, err := range retryable {
-		require.False(t, outbox.IsPermanent(nats.Classify(err)), "%v", err)
-	}
-	require.NoError(t, nats.Classify(nil))
+	transporttest.RequireClassify(t, nats.Classify, permanent, retryable)
 }
 
 func TestOptionsValidation(t *testing.T) {
@@ -271,35 +264,16 @@ func TestExpectStream(t *testing.T) {
 }
 
 // The server goes away in the middle of a run: publishes fail and are retried, nothing is
-// dead-lettered, and once it is back every message is in the stream exactly once.
+// dead-lettered, and once it is back every message is in the stream exactly once (the
+// redeliveries of messages that were stored after all are dropped by Nats-Msg-Id).
 func TestServerOutage(t *testing.T) {
 	t.Parallel()
 	proxy := testproxy.New(t, strings.TrimPrefix(server(t), "nats://"))
 	admin := connect(t, server(t))
 	ns, s := stream(t, admin, nil)
 	js := connect(t, "nats://"+proxy.Addr(), natsgo.MaxReconnects(-1), natsgo.ReconnectWait(20*time.Millisecond))
-	ob := transporttest.Postgres(t)
-	run := ob.Start(t, ns, newTransport(t, js, nats.Options{AckTimeout: 300 * time.Millisecond}), 20)
-
-	first := ob.Enqueue(t, transporttest.Messages(ns, 60))
-	ob.WaitDelivered(t, 60, 20*time.Second)
-	proxy.Cut()
-	second := ob.Enqueue(t, transporttest.Messages(ns, 60))
-	transporttest.Poll(t, 20*time.Second, func() bool { return run.Publisher.Stats().Retried >= 60 },
-		"no publish failed while the server was away")
-	proxy.Restore()
-	ob.WaitDelivered(t, 120, 30*time.Second)
-	st := run.Stop(t)
-	t.Logf("publisher: %+v", st)
-	require.Zero(t, st.Dead)
-
-	got := consume(t, s)
-	ids, dups := transporttest.IDs(got)
-	require.Zero(t, dups, "the stream stored a redelivery twice")
-	require.Len(t, ids, 120)
-	for _, d := range append(first, second...) {
-		require.True(t, ids[d.ID], "message %s missing", d.ID)
-	}
+	tr := newTransport(t, js, nats.Options{AckTimeout: 300 * time.Millisecond})
+	transporttest.Outage(t, ns, tr, proxy.Cut, proxy.Restore, func() []transporttest.Received { return consume(t, s) }, true)
 }
 
 // A Publisher drains a PostgreSQL outbox into a stream, and a consumer receives each message
@@ -308,21 +282,5 @@ func TestEndToEndFromPostgres(t *testing.T) {
 	t.Parallel()
 	js := connect(t, server(t))
 	ns, s := stream(t, js, nil)
-	ob := transporttest.Postgres(t)
-	want := ob.Enqueue(t, transporttest.Messages(ns, 300))
-	run := ob.Start(t, ns, newTransport(t, js, nats.Options{}), 50)
-	ob.WaitDelivered(t, 300, 30*time.Second)
-	st := run.Stop(t)
-	require.EqualValues(t, 300, st.Delivered)
-	transporttest.RequireSame(t, want, consume(t, s))
-}
-
-func nonNil(errs []error) []error {
-	var out []error
-	for _, err := range errs {
-		if err != nil {
-			out = append(out, err)
-		}
-	}
-	return out
+	transporttest.EndToEnd(t, ns, newTransport(t, js, nats.Options{}), func() []transporttest.Received { return consume(t, s) })
 }

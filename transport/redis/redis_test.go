@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"strconv"
 	"testing"
 	"time"
@@ -138,7 +137,7 @@ func TestMaxLenTrims(t *testing.T) {
 	ns := namespace(t, c)
 	tr := newTransport(t, c, redis.Options{MaxLen: 10, Stream: func(outbox.Delivery) string { return ns + ":order.created" }})
 	for range 10 {
-		require.Empty(t, nonNil(tr.Publish(context.Background(), transporttest.Deliveries(transporttest.Messages(ns, 100)))))
+		require.Empty(t, transporttest.Failures(tr.Publish(context.Background(), transporttest.Deliveries(transporttest.Messages(ns, 100)))))
 	}
 	n, err := c.XLen(context.Background(), ns+":order.created").Result()
 	require.NoError(t, err)
@@ -200,15 +199,7 @@ func TestClassify(t *testing.T) {
 		replyErr("ERR max number of clients reached"), replyErr("SOMETHINGNEW unknown"),
 		goredis.ErrClosed, context.DeadlineExceeded, errors.New("dial tcp 127.0.0.1:6379: connect: connection refused"),
 	}
-	for _, err := range permanent {
-		wrapped := fmt.Errorf("xadd: %w", err)
-		require.True(t, outbox.IsPermanent(redis.Classify(wrapped)), "%v", err)
-		require.ErrorIs(t, redis.Classify(wrapped), err)
-	}
-	for _, err := range retryable {
-		require.False(t, outbox.IsPermanent(redis.Classify(fmt.Errorf("xadd: %w", err))), "%v", err)
-	}
-	require.NoError(t, redis.Classify(nil))
+	transporttest.RequireClassify(t, redis.Classify, permanent, retryable)
 }
 
 func TestOptionsValidation(t *testing.T) {
@@ -231,28 +222,8 @@ func TestServerOutage(t *testing.T) {
 		o.MaxRetries = -1
 		o.DialTimeout, o.ReadTimeout, o.WriteTimeout = 200*time.Millisecond, 200*time.Millisecond, 200*time.Millisecond
 	})
-	ob := transporttest.Postgres(t)
-	run := ob.Start(t, ns, newTransport(t, c, redis.Options{}), 20)
-
-	first := ob.Enqueue(t, transporttest.Messages(ns, 60))
-	ob.WaitDelivered(t, 60, 20*time.Second)
-	proxy.Cut()
-	second := ob.Enqueue(t, transporttest.Messages(ns, 60))
-	transporttest.Poll(t, 20*time.Second, func() bool { return run.Publisher.Stats().Retried >= 60 },
-		"no append failed while the server was away")
-	proxy.Restore()
-	ob.WaitDelivered(t, 120, 30*time.Second)
-	st := run.Stop(t)
-	t.Logf("publisher: %+v", st)
-	require.Zero(t, st.Dead)
-
-	got := consume(t, admin, ns)
-	ids, dups := transporttest.IDs(got)
-	t.Logf("%d entries, %d duplicates", len(got), dups)
-	require.Len(t, ids, 120)
-	for _, d := range append(first, second...) {
-		require.True(t, ids[d.ID], "message %s missing", d.ID)
-	}
+	transporttest.Outage(t, ns, newTransport(t, c, redis.Options{}), proxy.Cut, proxy.Restore,
+		func() []transporttest.Received { return consume(t, admin, ns) }, false)
 }
 
 // A Publisher drains a PostgreSQL outbox into Redis streams, and a consumer reads each
@@ -261,21 +232,5 @@ func TestEndToEndFromPostgres(t *testing.T) {
 	t.Parallel()
 	c := client(t, server(t))
 	ns := namespace(t, c)
-	ob := transporttest.Postgres(t)
-	want := ob.Enqueue(t, transporttest.Messages(ns, 300))
-	run := ob.Start(t, ns, newTransport(t, c, redis.Options{}), 50)
-	ob.WaitDelivered(t, 300, 30*time.Second)
-	st := run.Stop(t)
-	require.EqualValues(t, 300, st.Delivered)
-	transporttest.RequireSame(t, want, consume(t, c, ns))
-}
-
-func nonNil(errs []error) []error {
-	var out []error
-	for _, err := range errs {
-		if err != nil {
-			out = append(out, err)
-		}
-	}
-	return out
+	transporttest.EndToEnd(t, ns, newTransport(t, c, redis.Options{}), func() []transporttest.Received { return consume(t, c, ns) })
 }
