@@ -32,6 +32,18 @@ type broker struct {
 	close  func()
 }
 
+// check fails unless the broker holds at least want messages.
+func (b *broker) check(ctx context.Context, want int64) error {
+	n, err := b.stored(ctx)
+	if err != nil {
+		return fmt.Errorf("counting: %w", err)
+	}
+	if n < want {
+		return fmt.Errorf("the broker holds %d of %d messages", n, want)
+	}
+	return nil
+}
+
 // payloads are 64 deterministic order events of 200 to 500 bytes, as outbox-bench writes.
 var payloads = func() [][]byte {
 	out := make([][]byte, 64)
@@ -206,9 +218,42 @@ func (p *pg) burn(ctx context.Context, ns string, n, batch, workers int, tr outb
 	return float64(n) / elapsed.Seconds(), st, nil
 }
 
+// aloneChunk is how many batches each side publishes before the other takes its turn.
+const aloneChunk = 10
+
+// alone measures the client and the transport publishing n messages each without a
+// database, interleaved chunk by chunk (aloneChunk batches from each side in turn, the
+// first side alternating), so that both meet the same machine load. It returns both rates.
+func alone(ctx context.Context, b *broker, ns string, cfg config, transportFirst bool) (clientRate, transportRate float64, err error) {
+	if err := b.reset(ctx); err != nil {
+		return 0, 0, fmt.Errorf("reset: %w", err)
+	}
+	sides := [2]outbox.Transport{b.client, b.transport}
+	ds := [2][]outbox.Delivery{deliveries(messages(ns, cfg.N)), deliveries(messages(ns, cfg.N))}
+	var spent [2]time.Duration
+	chunk := aloneChunk * cfg.Batch
+	for lo, k := 0, 0; lo < cfg.N; lo, k = lo+chunk, k+1 {
+		first := k % 2
+		if transportFirst {
+			first = 1 - first
+		}
+		for _, side := range []int{first, 1 - first} {
+			d, err := publishAlone(ctx, sides[side], ds[side][lo:min(lo+chunk, cfg.N)], cfg.Batch, cfg.Workers)
+			if err != nil {
+				return 0, 0, fmt.Errorf("%s alone: %w", []string{"client", "transport"}[side], err)
+			}
+			spent[side] += d
+		}
+	}
+	if err := b.check(ctx, 2*int64(cfg.N)); err != nil {
+		return 0, 0, err
+	}
+	return float64(cfg.N) / spent[0].Seconds(), float64(cfg.N) / spent[1].Seconds(), nil
+}
+
 // publishAlone publishes ds through tr in batches from workers goroutines, without a
-// database, and returns the rate.
-func publishAlone(ctx context.Context, tr outbox.Transport, ds []outbox.Delivery, batch, workers int) (float64, error) {
+// database, and returns the time it took.
+func publishAlone(ctx context.Context, tr outbox.Transport, ds []outbox.Delivery, batch, workers int) (time.Duration, error) {
 	var next atomic.Int64
 	var failed atomic.Value
 	var wg sync.WaitGroup
@@ -233,7 +278,7 @@ func publishAlone(ctx context.Context, tr outbox.Transport, ds []outbox.Delivery
 	if err, _ := failed.Load().(error); err != nil {
 		return 0, err
 	}
-	return float64(len(ds)) / time.Since(start).Seconds(), nil
+	return time.Since(start), nil
 }
 
 func run(ctx context.Context, cfg config) (*report, error) {
@@ -281,38 +326,32 @@ func run(ctx context.Context, cfg config) (*report, error) {
 		logf("round %d: postgres no-op burn-down %.0f msg/s", round+1, rate)
 		for i, b := range brokers {
 			r := rep.results[i]
-			order := kinds
+			clientRate, transportRate, err := alone(ctx, b, ns, cfg, round%2 == 1)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", b.name, err)
+			}
+			r.rates[kindClient] = append(r.rates[kindClient], clientRate)
+			r.rates[kindTransport] = append(r.rates[kindTransport], transportRate)
+			logf("round %d: %s client alone %.0f msg/s, transport alone %.0f msg/s", round+1, b.name, clientRate, transportRate)
+			order := []string{kindE2EClient, kindE2E}
 			if round%2 == 1 { // alternate which goes first
-				order = []string{kindTransport, kindClient, kindE2E, kindE2EClient}
+				order = []string{kindE2E, kindE2EClient}
 			}
 			for _, kind := range order {
 				if err := b.reset(ctx); err != nil {
 					return nil, fmt.Errorf("%s: reset: %w", b.name, err)
 				}
-				var rate float64
-				switch kind {
-				case kindClient:
-					rate, err = publishAlone(ctx, b.client, deliveries(messages(ns, cfg.N)), cfg.Batch, cfg.Workers)
-				case kindTransport:
-					rate, err = publishAlone(ctx, b.transport, deliveries(messages(ns, cfg.N)), cfg.Batch, cfg.Workers)
-				case kindE2EClient, kindE2E:
-					tr := b.transport
-					if kind == kindE2EClient {
-						tr = b.client
-					}
-					var st outbox.PublisherStats
-					rate, st, err = db.burn(ctx, ns, cfg.N, cfg.Batch, cfg.Workers, tr)
-					r.retried += st.Retried
+				tr := b.transport
+				if kind == kindE2EClient {
+					tr = b.client
 				}
+				rate, st, err := db.burn(ctx, ns, cfg.N, cfg.Batch, cfg.Workers, tr)
+				r.retried += st.Retried
 				if err != nil {
 					return nil, fmt.Errorf("%s: %s: %w", b.name, kind, err)
 				}
-				stored, err := b.stored(ctx)
-				if err != nil {
-					return nil, fmt.Errorf("%s: counting: %w", b.name, err)
-				}
-				if stored < int64(cfg.N) {
-					return nil, fmt.Errorf("%s: %s: the broker holds %d of %d messages", b.name, kind, stored, cfg.N)
+				if err := b.check(ctx, int64(cfg.N)); err != nil {
+					return nil, fmt.Errorf("%s: %s: %w", b.name, kind, err)
 				}
 				r.rates[kind] = append(r.rates[kind], rate)
 				logf("round %d: %s %s %.0f msg/s", round+1, b.name, kind, rate)

@@ -7,15 +7,16 @@
 //   - client alone: the broker client publishing N messages in batches of -batch from
 //     -workers goroutines, with the same headers the transport sets, the way a hand-written
 //     relay would (no database);
-//   - transport alone: the transport's Publish on the same batches (no database);
+//   - transport alone: the transport's Publish on the same batches (no database), interleaved
+//     with the client alone ten batches at a time, so that both meet the same load;
 //   - burn-down through the client: N rows preloaded into PostgreSQL and drained by an
 //     outbox.Publisher (BatchSize -batch, Concurrency -workers) whose transport is that
 //     hand-written client code;
 //   - burn-down through the transport: the same, with the transport.
 //
 // and PostgreSQL burn-down with a transport that does nothing, as the database's ceiling.
-// The two measurements of a pair (client and transport alone; the two burn-downs) run back
-// to back, first one then the other in alternate rounds, and a ratio is the median of the
+// The two burn-downs of a round run back to back, first one then the other in alternate
+// rounds, and a ratio is the median of the
 // rounds' pair ratios, so that load from other processes hits both sides of a pair alike.
 // It prints a table, then the ratios as JSON lines shaped as outbox-bench's:
 //

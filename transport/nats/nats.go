@@ -160,12 +160,12 @@ func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []erro
 	}
 	timer := time.NewTimer(t.opts.AckTimeout)
 	defer timer.Stop()
-	expired := false
+	var late error // set once the deadline passed or ctx was cancelled
 	for i, f := range futures {
 		if f == nil {
 			continue
 		}
-		if !expired {
+		if late == nil {
 			select {
 			case <-f.Ok():
 				continue
@@ -173,10 +173,9 @@ func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []erro
 				errs[i] = classify(batch[i], f.Msg().Subject, err)
 				continue
 			case <-timer.C:
-				expired = true
+				late = fmt.Errorf("outbox/nats: no acknowledgement within %s", t.opts.AckTimeout)
 			case <-ctx.Done():
-				errs[i] = ctx.Err()
-				continue
+				late = ctx.Err()
 			}
 		}
 		// Past the deadline: take what has resolved, fail the rest.
@@ -185,7 +184,7 @@ func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []erro
 		case err := <-f.Err():
 			errs[i] = classify(batch[i], f.Msg().Subject, err)
 		default:
-			errs[i] = fmt.Errorf("outbox/nats: no acknowledgement for message %s within %s", batch[i].ID, t.opts.AckTimeout)
+			errs[i] = fmt.Errorf("%w (message %s)", late, batch[i].ID)
 		}
 	}
 	return errs
