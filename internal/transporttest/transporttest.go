@@ -325,3 +325,19 @@ func Outage(t *testing.T, ns string, tr outbox.Transport, cut, restore func(), c
 		require.True(t, ids[d.ID], "message %s missing", d.ID)
 	}
 }
+
+// RequireCancelled publishes batch through tr with a cancelled context and requires every
+// message to fail with context.Canceled, to be retried, and without waiting for the broker.
+func RequireCancelled(t testing.TB, tr outbox.Transport, batch []outbox.Delivery) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	start := time.Now()
+	errs := tr.Publish(ctx, batch)
+	require.Less(t, time.Since(start), time.Second, "Publish waited despite the cancelled context")
+	require.Len(t, errs, len(batch))
+	for i, err := range errs {
+		require.ErrorIs(t, err, context.Canceled, "message %d", i)
+		require.False(t, outbox.IsPermanent(err), "message %d", i)
+	}
+}

@@ -221,6 +221,12 @@ func TestRoutingErrors(t *testing.T) {
 	require.ErrorIs(t, errs[3], kerr.UnknownTopicOrPartition)
 }
 
+func TestCancelledContext(t *testing.T) {
+	t.Parallel()
+	c, ns := cluster(t)
+	transporttest.RequireCancelled(t, newTransport(t, client(t, c), kafka.Options{}), transporttest.Deliveries(transporttest.Messages(ns, 5)))
+}
+
 func TestClassify(t *testing.T) {
 	t.Parallel()
 	permanent := []error{

@@ -227,6 +227,13 @@ func TestInvalidMessagesArePermanent(t *testing.T) {
 	require.Equal(t, ns+".all", msgs[0].Route)
 }
 
+func TestCancelledContext(t *testing.T) {
+	t.Parallel()
+	js := connect(t, server(t))
+	ns, _ := stream(t, js, nil)
+	transporttest.RequireCancelled(t, newTransport(t, js, nats.Options{}), transporttest.Deliveries(transporttest.Messages(ns, 5)))
+}
+
 func TestClassify(t *testing.T) {
 	t.Parallel()
 	permanent := []error{

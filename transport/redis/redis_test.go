@@ -185,6 +185,13 @@ type replyErr string
 func (e replyErr) Error() string { return string(e) }
 func (replyErr) RedisError()     {}
 
+func TestCancelledContext(t *testing.T) {
+	t.Parallel()
+	c := client(t, server(t))
+	ns := namespace(t, c)
+	transporttest.RequireCancelled(t, newTransport(t, c, redis.Options{}), transporttest.Deliveries(transporttest.Messages(ns, 5)))
+}
+
 func TestClassify(t *testing.T) {
 	t.Parallel()
 	permanent := []error{
