@@ -121,7 +121,12 @@ var _ outbox.Transport = (*Transport)(nil)
 
 // New returns a transport publishing with js. The caller owns js's connection and closes it
 // after the publisher stopped. Connect with reconnection enabled (the nats.go default), so
-// that the connection comes back after the server does.
+// that the connection comes back after the server does. js's limit on pending asynchronous
+// publishes (jetstream.WithPublishAsyncMaxPending, 4000 by default) should exceed the
+// publisher's BatchSize × Concurrency, or messages beyond it fail with
+// jetstream.ErrTooManyStalledMsgs and are retried. jetstream.WithPublishAsyncTimeout lets js
+// forget acknowledgements that never come; without it, one that outlived AckTimeout is kept
+// until the connection reconnects.
 func New(js jetstream.JetStream, opts Options) (*Transport, error) {
 	if js == nil {
 		return nil, fmt.Errorf("%w options: JetStream is nil", ErrInvalid)
