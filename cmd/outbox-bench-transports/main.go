@@ -39,6 +39,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"log"
 	"os"
 	"os/signal"
@@ -69,7 +70,7 @@ func main() {
 	flag.IntVar(&cfg.N, "n", 20_000, "messages per measurement")
 	flag.IntVar(&cfg.Batch, "batch", 100, "messages per batch (the Publisher's BatchSize)")
 	flag.IntVar(&cfg.Workers, "workers", 2, "publishing goroutines (the Publisher's Concurrency)")
-	flag.IntVar(&cfg.Rounds, "rounds", 5, "rounds of every measurement; a ratio is the median of the rounds' back-to-back pairs")
+	flag.IntVar(&cfg.Rounds, "rounds", 7, "rounds of every measurement; a ratio is the median of the rounds' back-to-back pairs")
 	flag.StringVar(&cfg.PgDSN, "pg-dsn", envOr("OUTBOX_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL server (the bench creates and drops its own database)")
 	flag.StringVar(&cfg.NatsURL, "nats-url", envOr("OUTBOX_NATS_URL", "nats://127.0.0.1:4222"), "NATS server with JetStream")
 	flag.StringVar(&cfg.RedisAddr, "redis-addr", envOr("OUTBOX_REDIS_ADDR", "127.0.0.1:6379"), "Redis server")
@@ -170,7 +171,7 @@ func (rep *report) metrics() []metric {
 	return out
 }
 
-func (rep *report) printTable(w *os.File) {
+func (rep *report) printTable(w io.Writer) {
 	fmt.Fprintf(w, "\noutbox-bench-transports: %d messages per run, batch %d, %d workers, %d rounds (rates: medians; ratios: medians of the rounds' back-to-back pairs); %d cores, %s; load %s before, %s after; %s\n",
 		rep.cfg.N, rep.cfg.Batch, rep.cfg.Workers, rep.cfg.Rounds, runtime.NumCPU(), runtime.Version(), rep.load[0], rep.load[1], time.Since(rep.started).Round(time.Second))
 	fmt.Fprintf(w, "PostgreSQL burn-down with a no-op transport: %.0f msg/s (rounds %s)\n\n", median(rep.noop), fmtRates(rep.noop))
