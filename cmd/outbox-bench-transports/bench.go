@@ -134,11 +134,20 @@ func (p *pg) close() {
 	_ = p.server.Close()
 }
 
-// preload empties the table and enqueues msgs in transactions of 1000.
+// preload empties the table and enqueues msgs.
 func (p *pg) preload(ctx context.Context, msgs []outbox.Message) error {
 	if _, err := p.db.ExecContext(ctx, `TRUNCATE outbox_events`); err != nil {
 		return err
 	}
+	if err := p.enqueue(ctx, msgs); err != nil {
+		return err
+	}
+	_, err := p.db.ExecContext(ctx, `ANALYZE outbox_events`)
+	return err
+}
+
+// enqueue writes msgs in transactions of 1000.
+func (p *pg) enqueue(ctx context.Context, msgs []outbox.Message) error {
 	for lo := 0; lo < len(msgs); lo += 1000 {
 		tx, err := p.db.BeginTx(ctx, nil)
 		if err != nil {
@@ -152,8 +161,7 @@ func (p *pg) preload(ctx context.Context, msgs []outbox.Message) error {
 			return err
 		}
 	}
-	_, err := p.db.ExecContext(ctx, `ANALYZE outbox_events`)
-	return err
+	return nil
 }
 
 // burn preloads n messages of namespace ns and drains them with a Publisher through tr. The
@@ -216,6 +224,77 @@ func (p *pg) burn(ctx context.Context, ns string, n, batch, workers int, tr outb
 		return 0, st, fmt.Errorf("burn-down delivered %d of %d: %+v", st.Delivered, n, st)
 	}
 	return float64(n) / elapsed.Seconds(), st, nil
+}
+
+// race drains two preloaded namespaces of n rows each at the same time, one Publisher
+// through a and one through b, both routed to the broker's namespace ns, and returns b's
+// deliveries ÷ a's at the moment the first of them has published n: both sides ran under
+// the same load from the database, the broker and everything else on the machine.
+func (p *pg) race(ctx context.Context, ns string, n, batch, workers int, a, b outbox.Transport) (float64, error) {
+	sides := [2]string{ns + "_a", ns + "_b"}
+	if _, err := p.db.ExecContext(ctx, `TRUNCATE outbox_events`); err != nil {
+		return 0, err
+	}
+	for _, side := range sides {
+		if err := p.enqueue(ctx, messages(side, n)); err != nil {
+			return 0, fmt.Errorf("preload: %w", err)
+		}
+	}
+	if _, err := p.db.ExecContext(ctx, `ANALYZE outbox_events`); err != nil {
+		return 0, err
+	}
+	var (
+		counts   [2]atomic.Int64
+		snapshot [2]int64
+		once     sync.Once
+		first    = make(chan struct{})
+	)
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 2)
+	for i, tr := range [2]outbox.Transport{a, b} {
+		counting := outbox.TransportFunc(func(ctx context.Context, ds []outbox.Delivery) []error {
+			routed := make([]outbox.Delivery, len(ds))
+			for j := range ds {
+				routed[j] = ds[j]
+				routed[j].Namespace = ns
+			}
+			errs := tr.Publish(ctx, routed)
+			if counts[i].Add(int64(len(ds))) >= int64(n) {
+				once.Do(func() {
+					snapshot[0], snapshot[1] = counts[0].Load(), counts[1].Load()
+					close(first)
+				})
+			}
+			return errs
+		})
+		pub, err := outbox.NewPublisher(p.store, counting, outbox.PublisherOptions{
+			Scope: outbox.Scope{Namespace: sides[i]}, BatchSize: batch, Concurrency: workers,
+			Logger: slog.New(slog.DiscardHandler),
+		})
+		if err != nil {
+			return 0, err
+		}
+		go func() { done <- pub.Run(rctx) }()
+	}
+	timeout := time.NewTimer(time.Duration(max(60, n/250)) * time.Second)
+	defer timeout.Stop()
+	var err error
+	select {
+	case <-first:
+	case <-timeout.C:
+		err = fmt.Errorf("race timed out at %d and %d of %d", counts[0].Load(), counts[1].Load(), n)
+	}
+	cancel()
+	for range 2 {
+		if rerr := <-done; rerr != nil && err == nil {
+			err = rerr
+		}
+	}
+	if err != nil {
+		return 0, err
+	}
+	return float64(snapshot[1]) / float64(snapshot[0]), nil
 }
 
 // aloneChunk is how many batches each side publishes before the other takes its turn.
@@ -333,6 +412,19 @@ func run(ctx context.Context, cfg config) (*report, error) {
 			r.rates[kindClient] = append(r.rates[kindClient], clientRate)
 			r.rates[kindTransport] = append(r.rates[kindTransport], transportRate)
 			logf("round %d: %s client alone %.0f msg/s, transport alone %.0f msg/s", round+1, b.name, clientRate, transportRate)
+			x, y := b.client, b.transport
+			if round%2 == 1 { // alternate which side is which
+				x, y = y, x
+			}
+			ratio, err := db.race(ctx, ns, cfg.N, cfg.Batch, cfg.Workers, x, y)
+			if err != nil {
+				return nil, fmt.Errorf("%s: concurrent burn-down: %w", b.name, err)
+			}
+			if round%2 == 1 {
+				ratio = 1 / ratio
+			}
+			r.race = append(r.race, ratio)
+			logf("round %d: %s concurrent burn-down, transport ÷ client %.3f", round+1, b.name, ratio)
 			order := []string{kindE2EClient, kindE2E}
 			if round%2 == 1 { // alternate which goes first
 				order = []string{kindE2E, kindE2EClient}
