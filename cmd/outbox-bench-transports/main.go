@@ -17,7 +17,9 @@
 //     at the same time by two Publishers, one through the client code and one through the
 //     transport, until one side has published N; the other side's count at that moment
 //     gives the ratio. Both sides meet the same load from the database, the broker and the
-//     rest of the machine, which back-to-back runs do not on a shared machine.
+//     rest of the machine, which back-to-back runs do not on a shared machine. The side
+//     whose namespace is drained first has an edge, so each round races both ways round
+//     and takes the geometric mean of the two ratios.
 //
 // and PostgreSQL burn-down with a transport that does nothing, as the database's ceiling.
 // The two burn-downs of a round run back to back, first one then the other in alternate
