@@ -41,7 +41,7 @@ bench-quick: ## Every benchmark metric on every backend in a few minutes
 
 .PHONY: bench-transports
 bench-transports: ## NATS, Kafka (in-process) and Redis transports against their clients alone, PostgreSQL burn-down included
-	cd cmd/outbox-bench-transports && $(GO) run . -out ../../bench-results-transports.jsonl
+	mkdir -p bench-results && cd cmd/outbox-bench-transports && $(GO) run . -out ../../bench-results/transports.jsonl
 
 .PHONY: bench-micro
 bench-micro: ## In-process micro-benchmarks (validation, hashing, SQL rendering), benchstat-ready
