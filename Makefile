@@ -9,7 +9,7 @@ STATICCHECK_VERSION := v0.8.2
 # Every Go module of the repository: the core, then the nested modules (transports and
 # examples), each with its own go.mod so the core never pulls in a broker client. go.work
 # ties them together for development.
-MODULES := . examples/customdialect examples/libpq transport/amqp transport/kafka transport/nats transport/redis transport/webhook
+MODULES := . cmd/outbox-bench-transports examples/customdialect examples/libpq transport/amqp transport/kafka transport/nats transport/redis transport/webhook
 # each CMD: run CMD in every module, stopping at the first failure.
 each = set -e; for m in $(MODULES); do echo "== $$m"; (cd $$m && $(1)); done
 
@@ -38,6 +38,10 @@ bench: ## Full benchmarks against raw SQL on every backend (writes BENCHMARKS da
 .PHONY: bench-quick
 bench-quick: ## Every benchmark metric on every backend in a few minutes
 	$(GO) run ./cmd/outbox-bench -mode quick
+
+.PHONY: bench-transports
+bench-transports: ## NATS, Kafka (in-process) and Redis transports against their clients alone, PostgreSQL burn-down included
+	mkdir -p bench-results && cd cmd/outbox-bench-transports && $(GO) run . -out ../../bench-results/transports.jsonl
 
 .PHONY: bench-micro
 bench-micro: ## In-process micro-benchmarks (validation, hashing, SQL rendering), benchstat-ready

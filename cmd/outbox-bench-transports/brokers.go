@@ -1,0 +1,188 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	goredis "github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxgo/outbox"
+	kafkatransport "github.com/outboxgo/outbox/transport/kafka"
+	natstransport "github.com/outboxgo/outbox/transport/nats"
+	redistransport "github.com/outboxgo/outbox/transport/redis"
+)
+
+// newNATS measures against a file-backed stream of its own capturing "<ns>.>".
+func newNATS(ctx context.Context, url, ns string) (*broker, error) {
+	nc, err := natsgo.Connect(url)
+	if err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: ns, Subjects: []string{ns + ".>"}, Storage: jetstream.FileStorage})
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	tr, err := natstransport.New(js, natstransport.Options{})
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	client := outbox.TransportFunc(func(_ context.Context, ds []outbox.Delivery) []error {
+		errs := make([]error, len(ds))
+		futures := make([]jetstream.PubAckFuture, len(ds))
+		for i, d := range ds {
+			m := &natsgo.Msg{Subject: d.Namespace + "." + d.Topic, Data: d.Payload, Header: natsgo.Header{
+				jetstream.MsgIDHeader:            {d.ID.String()},
+				natstransport.HeaderNamespace:    {d.Namespace},
+				natstransport.HeaderTopic:        {d.Topic},
+				natstransport.HeaderPartitionKey: {d.PartitionKey},
+				natstransport.HeaderAttempt:      {strconv.Itoa(d.Attempt)},
+			}}
+			futures[i], errs[i] = js.PublishMsgAsync(m)
+		}
+		for i, f := range futures {
+			if f == nil {
+				continue
+			}
+			select {
+			case <-f.Ok():
+			case err := <-f.Err():
+				errs[i] = err
+			}
+		}
+		return errs
+	})
+	return &broker{
+		name: "nats", transport: tr, client: client,
+		stored: func(ctx context.Context) (int64, error) {
+			info, err := s.Info(ctx)
+			if err != nil {
+				return 0, err
+			}
+			return int64(info.State.Msgs), nil
+		},
+		reset: func(ctx context.Context) error { return s.Purge(ctx) },
+		close: func() {
+			_ = js.DeleteStream(context.Background(), ns)
+			nc.Close()
+		},
+	}, nil
+}
+
+// newKafka measures against an in-process kfake cluster of three brokers with one topic of
+// three partitions.
+func newKafka(_ context.Context, ns string) (*broker, error) {
+	name := ns + "." + topic
+	c, err := kfake.NewCluster(kfake.NumBrokers(3), kfake.SeedTopics(3, name))
+	if err != nil {
+		return nil, err
+	}
+	cl, err := kafkatransport.NewClient(c.ListenAddrs())
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	tr, err := kafkatransport.New(cl, kafkatransport.Options{})
+	if err != nil {
+		cl.Close()
+		c.Close()
+		return nil, err
+	}
+	client := outbox.TransportFunc(func(ctx context.Context, ds []outbox.Delivery) []error {
+		errs := make([]error, len(ds))
+		records := make([]*kgo.Record, len(ds))
+		index := make(map[*kgo.Record]int, len(ds))
+		for i, d := range ds {
+			records[i] = &kgo.Record{Topic: d.Namespace + "." + d.Topic, Key: []byte(d.PartitionKey), Value: d.Payload, Headers: []kgo.RecordHeader{
+				{Key: kafkatransport.HeaderID, Value: []byte(d.ID.String())},
+				{Key: kafkatransport.HeaderNamespace, Value: []byte(d.Namespace)},
+				{Key: kafkatransport.HeaderTopic, Value: []byte(d.Topic)},
+				{Key: kafkatransport.HeaderAttempt, Value: []byte(strconv.Itoa(d.Attempt))},
+			}}
+			index[records[i]] = i
+		}
+		for _, res := range cl.ProduceSync(ctx, records...) {
+			if res.Err != nil {
+				errs[index[res.Record]] = res.Err
+			}
+		}
+		return errs
+	})
+	total := func() int64 {
+		var n int64
+		for _, p := range c.PartitionInfos(name) {
+			n += p.HighWatermark
+		}
+		return n
+	}
+	var base int64
+	return &broker{
+		name: "kafka", transport: tr, client: client,
+		stored: func(context.Context) (int64, error) { return total() - base, nil },
+		reset: func(context.Context) error {
+			for _, p := range c.PartitionInfos(name) {
+				if err := c.DeleteRecords(name, p.Partition, p.HighWatermark); err != nil {
+					return fmt.Errorf("delete records: %w", err)
+				}
+			}
+			base = total()
+			return nil
+		},
+		close: func() {
+			cl.Close()
+			c.Close()
+		},
+	}, nil
+}
+
+// newRedis measures against a stream key of its own, "<ns>:order.paid".
+func newRedis(ctx context.Context, addr, ns string) (*broker, error) {
+	rdb := goredis.NewClient(&goredis.Options{Addr: addr})
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		_ = rdb.Close()
+		return nil, err
+	}
+	tr, err := redistransport.New(rdb, redistransport.Options{})
+	if err != nil {
+		_ = rdb.Close()
+		return nil, err
+	}
+	client := outbox.TransportFunc(func(ctx context.Context, ds []outbox.Delivery) []error {
+		errs := make([]error, len(ds))
+		cmds := make([]*goredis.StringCmd, len(ds))
+		pipe := rdb.Pipeline()
+		for i, d := range ds {
+			cmds[i] = pipe.XAdd(ctx, &goredis.XAddArgs{Stream: d.Namespace + ":" + d.Topic, Values: []any{
+				redistransport.FieldID, d.ID.String(), redistransport.FieldNamespace, d.Namespace,
+				redistransport.FieldTopic, d.Topic, redistransport.FieldPartitionKey, d.PartitionKey,
+				redistransport.FieldAttempt, strconv.Itoa(d.Attempt), redistransport.FieldPayload, string(d.Payload),
+			}})
+		}
+		_, _ = pipe.Exec(ctx)
+		for i, cmd := range cmds {
+			errs[i] = cmd.Err()
+		}
+		return errs
+	})
+	key := ns + ":" + topic
+	return &broker{
+		name: "redis", transport: tr, client: client,
+		stored: func(ctx context.Context) (int64, error) { return rdb.XLen(ctx, key).Result() },
+		reset:  func(ctx context.Context) error { return rdb.Del(ctx, key).Err() },
+		close: func() {
+			_ = rdb.Del(context.Background(), key).Err()
+			_ = rdb.Close()
+		},
+	}, nil
+}

@@ -1,0 +1,245 @@
+// Command outbox-bench-transports measures what the broker transports cost, against the
+// broker clients used directly, on the same messages and batch sizes in the same run.
+//
+// For each transport (NATS JetStream, Kafka on franz-go's in-process kfake cluster, Redis
+// Streams) it alternates, for -rounds rounds:
+//
+//   - client alone: the broker client publishing N messages in batches of -batch from
+//     -workers goroutines, with the same headers the transport sets, the way a hand-written
+//     relay would (no database);
+//   - transport alone: the transport's Publish on the same batches (no database), interleaved
+//     with the client alone ten batches at a time, so that both meet the same load;
+//   - burn-down through the client: N rows preloaded into PostgreSQL and drained by an
+//     outbox.Publisher (BatchSize -batch, Concurrency -workers) whose transport is that
+//     hand-written client code;
+//   - burn-down through the transport: the same, with the transport;
+//   - concurrent burn-down: N rows for each side preloaded under two namespaces and drained
+//     at the same time by two Publishers, one through the client code and one through the
+//     transport, until one side has published N; the other side's count at that moment
+//     gives the ratio. Both sides meet the same load from the database, the broker and the
+//     rest of the machine, which back-to-back runs do not on a shared machine. The side
+//     whose namespace is drained first has an edge, so each round races both ways round
+//     and takes the geometric mean of the two ratios.
+//
+// and PostgreSQL burn-down with a transport that does nothing, as the database's ceiling.
+// The two burn-downs of a round run back to back, first one then the other in alternate
+// rounds, and a ratio is the median of the
+// rounds' pair ratios, so that load from other processes hits both sides of a pair alike.
+// It prints a table, then the ratios as JSON lines shaped as outbox-bench's:
+//
+//	{"metric":"e2e_nats_vs_client","backend":"postgres","value":0.97}
+//
+// e2e_<t>_vs_client is the concurrent burn-down's transport ÷ client (target >= 0.8; the
+// table also shows the ratio of the back-to-back burn-downs); transport_<t>_vs_client is the transport alone ÷ the client alone
+// (target >= 0.8); e2e_<t>_vs_client_alone is the burn-down through the transport ÷ the
+// client alone, which says how much of the broker client's own rate the whole outbox path
+// reaches (bounded by PostgreSQL when the broker is faster than the database).
+//
+//	go run ./cmd/outbox-bench-transports            # make bench-transports
+//
+// PostgreSQL gets a database of its own, dropped at the end; NATS a stream, Redis a key and
+// kfake a cluster of their own, all deleted at the end.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"os"
+	"os/signal"
+	"runtime"
+	"slices"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+)
+
+var logf = log.New(os.Stderr, "outbox-bench-transports: ", log.Ltime|log.Lmicroseconds).Printf
+
+type config struct {
+	N          int
+	Batch      int
+	Workers    int
+	Rounds     int
+	PgDSN      string
+	NatsURL    string
+	RedisAddr  string
+	Transports []string
+}
+
+func main() {
+	var cfg config
+	var transports, out string
+	flag.IntVar(&cfg.N, "n", 20_000, "messages per measurement")
+	flag.IntVar(&cfg.Batch, "batch", 100, "messages per batch (the Publisher's BatchSize)")
+	flag.IntVar(&cfg.Workers, "workers", 2, "publishing goroutines (the Publisher's Concurrency)")
+	flag.IntVar(&cfg.Rounds, "rounds", 7, "rounds of every measurement; a ratio is the median of the rounds' back-to-back pairs")
+	flag.StringVar(&cfg.PgDSN, "pg-dsn", envOr("OUTBOX_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL server (the bench creates and drops its own database)")
+	flag.StringVar(&cfg.NatsURL, "nats-url", envOr("OUTBOX_NATS_URL", "nats://127.0.0.1:4222"), "NATS server with JetStream")
+	flag.StringVar(&cfg.RedisAddr, "redis-addr", envOr("OUTBOX_REDIS_ADDR", "127.0.0.1:6379"), "Redis server")
+	flag.StringVar(&transports, "transports", "nats,kafka,redis", "comma-separated transports to measure")
+	flag.StringVar(&out, "out", "", "also write the JSON lines to this file")
+	flag.Parse()
+	cfg.Transports = strings.Split(transports, ",")
+	if cfg.N < cfg.Batch || cfg.Batch < 1 || cfg.Batch > 1000 || cfg.Workers < 1 || cfg.Rounds < 1 {
+		fmt.Fprintln(os.Stderr, "need 1 <= -batch <= 1000, -n >= -batch, -workers >= 1, -rounds >= 1")
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	rep, err := run(ctx, cfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "outbox-bench-transports:", err)
+		os.Exit(1)
+	}
+	rep.printTable(os.Stdout)
+	var lines strings.Builder
+	for _, m := range rep.metrics() {
+		b, _ := json.Marshal(m)
+		lines.Write(append(b, '\n'))
+	}
+	fmt.Print(lines.String())
+	if out != "" {
+		if err := os.WriteFile(out, []byte(lines.String()), 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+	}
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+// Measurement kinds, in the order of a round.
+const (
+	kindClient    = "client alone"
+	kindTransport = "transport alone"
+	kindE2EClient = "burn-down through client"
+	kindE2E       = "burn-down through transport"
+)
+
+var kinds = []string{kindClient, kindTransport, kindE2EClient, kindE2E}
+
+// result is every rate measured for one transport, in messages per second.
+type result struct {
+	name  string
+	rates map[string][]float64
+	// race holds each round's concurrent burn-down, transport ÷ client.
+	race    []float64
+	retried int64
+}
+
+func (r *result) median(kind string) float64 { return median(r.rates[kind]) }
+
+// ratios returns a's rate ÷ b's rate of every round. a and b run back to back within a
+// round, so each ratio compares two runs under the same machine load.
+func (r *result) ratios(a, b string) []float64 {
+	out := make([]float64, min(len(r.rates[a]), len(r.rates[b])))
+	for i := range out {
+		out[i] = r.rates[a][i] / r.rates[b][i]
+	}
+	return out
+}
+
+// ratio is the median of the rounds' ratios.
+func (r *result) ratio(a, b string) float64 { return median(r.ratios(a, b)) }
+
+type report struct {
+	cfg     config
+	noop    []float64
+	results []*result
+	started time.Time
+	load    [2]string
+}
+
+// metric is one JSON line, as outbox-bench prints them.
+type metric struct {
+	Metric  string  `json:"metric"`
+	Backend string  `json:"backend"`
+	Value   float64 `json:"value"`
+}
+
+func (rep *report) metrics() []metric {
+	var out []metric
+	for _, r := range rep.results {
+		add := func(name string, v float64) {
+			out = append(out, metric{Metric: name, Backend: "postgres", Value: float64(int(v*10000+0.5)) / 10000})
+		}
+		add("e2e_"+r.name+"_vs_client", median(r.race))
+		add("transport_"+r.name+"_vs_client", r.ratio(kindTransport, kindClient))
+		add("e2e_"+r.name+"_vs_client_alone", r.ratio(kindE2E, kindClient))
+	}
+	return out
+}
+
+func (rep *report) printTable(w io.Writer) {
+	fmt.Fprintf(w, "\noutbox-bench-transports: %d messages per run, batch %d, %d workers, %d rounds (rates: medians; ratios: medians of the rounds' back-to-back pairs); %d cores, %s; load %s before, %s after; %s\n",
+		rep.cfg.N, rep.cfg.Batch, rep.cfg.Workers, rep.cfg.Rounds, runtime.NumCPU(), runtime.Version(), rep.load[0], rep.load[1], time.Since(rep.started).Round(time.Second))
+	fmt.Fprintf(w, "PostgreSQL burn-down with a no-op transport: %.0f msg/s (rounds %s)\n\n", median(rep.noop), fmtRates(rep.noop))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "msg/s\tclient alone\ttransport alone\tburn-down via client\tburn-down via transport\te2e ÷ client e2e (concurrent)\t(sequential)\ttransport ÷ client\te2e ÷ client alone\t")
+	for _, r := range rep.results {
+		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%.0f\t%.0f\t%.3f\t%.3f\t%.3f\t%.3f\t\n", r.name,
+			r.median(kindClient), r.median(kindTransport), r.median(kindE2EClient), r.median(kindE2E),
+			median(r.race), r.ratio(kindE2E, kindE2EClient), r.ratio(kindTransport, kindClient), r.ratio(kindE2E, kindClient))
+	}
+	_ = tw.Flush()
+	for _, r := range rep.results {
+		fmt.Fprintf(w, "%s rounds:", r.name)
+		for _, k := range kinds {
+			fmt.Fprintf(w, " %s %s;", k, fmtRates(r.rates[k]))
+		}
+		fmt.Fprintf(w, " e2e ÷ client e2e per round: concurrent %s, sequential %s; transport ÷ client per round %s; publisher retries %d\n",
+			fmtRatios(r.race), fmtRatios(r.ratios(kindE2E, kindE2EClient)), fmtRatios(r.ratios(kindTransport, kindClient)), r.retried)
+	}
+	fmt.Fprintln(w, "targets: e2e_<t>_vs_client >= 0.8, transport_<t>_vs_client >= 0.8; e2e_<t>_vs_client_alone is bounded by PostgreSQL")
+	fmt.Fprintln(w)
+}
+
+func fmtRates(rs []float64) string {
+	s := make([]string, len(rs))
+	for i, r := range rs {
+		s[i] = fmt.Sprintf("%.0f", r)
+	}
+	return strings.Join(s, "/")
+}
+
+func fmtRatios(rs []float64) string {
+	s := make([]string, len(rs))
+	for i, r := range rs {
+		s[i] = fmt.Sprintf("%.3f", r)
+	}
+	return strings.Join(s, "/")
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
+}

@@ -1,0 +1,51 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/outboxgo/outbox/internal/testdb"
+)
+
+// Every broker, database and in-process cluster a run opens is closed when it returns.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"))
+}
+
+// A short run against the real servers (kfake in-process) measures every pair and reports
+// every metric.
+func TestRunReportsEveryMetric(t *testing.T) {
+	testdb.Postgres(t) // fails or skips, as configured, when PostgreSQL is down
+	cfg := config{
+		N: 400, Batch: 50, Workers: 2, Rounds: 1, PgDSN: testdb.PostgresDSN(),
+		NatsURL:    testdb.Service(t, "nats", "OUTBOX_NATS_URL", "nats://127.0.0.1:4222"),
+		RedisAddr:  testdb.Service(t, "redis", "OUTBOX_REDIS_ADDR", "127.0.0.1:6379"),
+		Transports: []string{"nats", "kafka", "redis"},
+	}
+	rep, err := run(context.Background(), cfg)
+	require.NoError(t, err)
+	var names []string
+	for _, m := range rep.metrics() {
+		require.Positive(t, m.Value, m.Metric)
+		require.Equal(t, "postgres", m.Backend)
+		names = append(names, m.Metric)
+	}
+	require.Equal(t, []string{
+		"e2e_nats_vs_client", "transport_nats_vs_client", "e2e_nats_vs_client_alone",
+		"e2e_kafka_vs_client", "transport_kafka_vs_client", "e2e_kafka_vs_client_alone",
+		"e2e_redis_vs_client", "transport_redis_vs_client", "e2e_redis_vs_client_alone",
+	}, names)
+	var table strings.Builder
+	rep.printTable(&table)
+	require.Contains(t, table.String(), "burn-down via transport")
+}
+
+func TestUnknownTransport(t *testing.T) {
+	testdb.Postgres(t)
+	_, err := run(context.Background(), config{N: 100, Batch: 50, Workers: 1, Rounds: 1, PgDSN: testdb.PostgresDSN(), Transports: []string{"carrier-pigeon"}})
+	require.ErrorContains(t, err, "unknown transport")
+}

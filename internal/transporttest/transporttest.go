@@ -1,0 +1,343 @@
+// Package transporttest holds what the broker transports' tests share: deliveries with
+// varied ids, keys, headers and payloads, a check that a consumer received them byte for
+// byte, and a PostgreSQL outbox with a running Publisher for end-to-end and outage tests.
+// Every transport module imports it from its own tests.
+package transporttest
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/internal/testdb"
+	"github.com/outboxgo/outbox/migrations"
+)
+
+// Name returns a name unique to this test run, such as "tr_1a2b3c4d5e6f", made of lowercase
+// letters, digits and underscores: valid as a NATS subject token, a stream, a Kafka topic and
+// a Redis key.
+func Name(prefix string) string {
+	return prefix + "_" + strings.ReplaceAll(uuid.NewString(), "-", "")[:12]
+}
+
+// Messages returns n messages in namespace ns with varied topics, partition keys, headers
+// and payloads (unicode, escapes, nested JSON), every third with a tenant and a dedupe key.
+func Messages(ns string, n int) []outbox.Message {
+	msgs := make([]outbox.Message, n)
+	for i := range msgs {
+		m := outbox.Message{
+			Namespace:    ns,
+			Topic:        []string{"order.created", "order.paid", "order.shipped"}[i%3],
+			PartitionKey: fmt.Sprintf("order-%d", i%7),
+			Headers:      outbox.Headers{"content-type": "application/json", "traceparent": fmt.Sprintf("00-%032x-%016x-01", i+1, i+1)},
+			Payload:      json.RawMessage(fmt.Sprintf(`{"i":%d,"name":"caf\u00e9 \"%d\" ü€𝄞","nested":{"a":[1,2.5,null,true]},"s":"\\n\t"}`, i, i)),
+		}
+		if i%3 == 0 {
+			m.TenantID = uuid.New()
+			m.DedupeKey = fmt.Sprintf("%s/dedupe-%d", m.TenantID, i)
+		}
+		if i%5 == 0 {
+			m.PartitionKey = "" // some messages have no key
+			m.Headers = nil
+		}
+		msgs[i] = m
+	}
+	return msgs
+}
+
+// Deliveries turns msgs into deliveries as a Publisher would hand them over, each with a
+// new id, attempt 1.
+func Deliveries(msgs []outbox.Message) []outbox.Delivery {
+	ds := make([]outbox.Delivery, len(msgs))
+	for i, m := range msgs {
+		ds[i] = outbox.Delivery{
+			ID: uuid.Must(uuid.NewV7()), Namespace: m.Namespace, Topic: m.Topic, TenantID: m.TenantID,
+			DedupeKey: m.DedupeKey, PartitionKey: m.PartitionKey, Headers: m.Headers,
+			Payload: m.Payload, Attempt: 1, CreatedAt: time.Now().UTC(),
+		}
+	}
+	return ds
+}
+
+// Received is one message as a real consumer read it back from the broker, with the
+// transport's fields decoded.
+type Received struct {
+	// Route is where the broker put it: the subject, topic or stream.
+	Route        string
+	ID           uuid.UUID
+	Namespace    string
+	Topic        string
+	TenantID     uuid.UUID
+	DedupeKey    string
+	PartitionKey string
+	Attempt      int
+	// Headers are the message's own headers, without the transport's.
+	Headers outbox.Headers
+	Payload []byte
+}
+
+// RequireSame fails t unless got holds each of want exactly once (in any order), with every
+// field byte for byte.
+func RequireSame(t testing.TB, want []outbox.Delivery, got []Received) {
+	t.Helper()
+	require.Len(t, got, len(want), "messages received")
+	byID := make(map[uuid.UUID]Received, len(got))
+	for _, g := range got {
+		_, dup := byID[g.ID]
+		require.False(t, dup, "message %s received twice", g.ID)
+		byID[g.ID] = g
+	}
+	for _, w := range want {
+		g, ok := byID[w.ID]
+		require.True(t, ok, "message %s not received", w.ID)
+		require.Equal(t, w.Namespace, g.Namespace, "namespace of %s", w.ID)
+		require.Equal(t, w.Topic, g.Topic, "topic of %s", w.ID)
+		require.Equal(t, w.TenantID, g.TenantID, "tenant of %s", w.ID)
+		require.Equal(t, w.DedupeKey, g.DedupeKey, "dedupe key of %s", w.ID)
+		require.Equal(t, w.PartitionKey, g.PartitionKey, "partition key of %s", w.ID)
+		require.Equal(t, w.Attempt, g.Attempt, "attempt of %s", w.ID)
+		require.Equal(t, len(w.Headers), len(g.Headers), "headers of %s: %v", w.ID, g.Headers)
+		for k, v := range w.Headers {
+			require.Equal(t, v, g.Headers[k], "header %q of %s", k, w.ID)
+		}
+		require.Equal(t, string(w.Payload), string(g.Payload), "payload of %s", w.ID)
+	}
+}
+
+// IDs returns the distinct ids of got and how many messages repeated an id.
+func IDs(got []Received) (distinct map[uuid.UUID]bool, duplicates int) {
+	distinct = make(map[uuid.UUID]bool, len(got))
+	for _, g := range got {
+		if distinct[g.ID] {
+			duplicates++
+		}
+		distinct[g.ID] = true
+	}
+	return distinct, duplicates
+}
+
+// Outbox is a PostgreSQL outbox in a schema of its own, dropped after the test.
+type Outbox struct {
+	DB    *sql.DB
+	Store *outbox.Store
+}
+
+// Postgres migrates a fresh PostgreSQL schema and returns its store.
+func Postgres(t testing.TB) *Outbox {
+	t.Helper()
+	db := testdb.Postgres(t)
+	require.NoError(t, migrations.Up(context.Background(), db, "postgres", migrations.Options{}))
+	store, err := outbox.New(db, outbox.Postgres(), outbox.Options{})
+	require.NoError(t, err)
+	return &Outbox{DB: db, Store: store}
+}
+
+// Enqueue commits msgs and returns them as the deliveries of their first attempt.
+func (o *Outbox) Enqueue(t testing.TB, msgs []outbox.Message) []outbox.Delivery {
+	t.Helper()
+	res, err := o.Store.EnqueueStandalone(context.Background(), msgs...)
+	require.NoError(t, err)
+	ds := Deliveries(msgs)
+	for i := range ds {
+		ds[i].ID = res[i].ID
+	}
+	return ds
+}
+
+// Counts returns how many rows are in each status.
+func (o *Outbox) Counts(t testing.TB) map[string]int {
+	t.Helper()
+	rows, err := o.DB.Query(`SELECT status, COUNT(*) FROM outbox_events GROUP BY status`)
+	require.NoError(t, err)
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var s string
+		var n int
+		require.NoError(t, rows.Scan(&s, &n))
+		out[s] = n
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+// Running is a Publisher running in the background until Stop or the end of the test.
+type Running struct {
+	Publisher *outbox.Publisher
+	cancel    context.CancelFunc
+	done      chan error
+}
+
+// Start runs a Publisher of namespace ns on o through tr, polling every 10ms and retrying
+// after 20ms to 200ms, and stops it when the test ends.
+func (o *Outbox) Start(t testing.TB, ns string, tr outbox.Transport, batch int) *Running {
+	t.Helper()
+	pub, err := outbox.NewPublisher(o.Store, tr, outbox.PublisherOptions{
+		Scope: outbox.Scope{Namespace: ns}, BatchSize: batch,
+		PollInterval: 10 * time.Millisecond, IdleBackoffMax: 50 * time.Millisecond, Lease: 5 * time.Second,
+		Retry:  outbox.RetryPolicy{BaseDelay: 20 * time.Millisecond, MaxDelay: 200 * time.Millisecond, MaxAttempts: 1000},
+		Logger: slog.New(slog.DiscardHandler),
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &Running{Publisher: pub, cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- pub.Run(ctx) }()
+	t.Cleanup(func() { r.Stop(t) })
+	return r
+}
+
+// Stop stops the publisher and waits for Run to return; it may be called more than once.
+func (r *Running) Stop(t testing.TB) outbox.PublisherStats {
+	t.Helper()
+	r.cancel()
+	if r.done != nil {
+		require.NoError(t, <-r.done)
+		r.done = nil
+	}
+	return r.Publisher.Stats()
+}
+
+// WaitDelivered polls until n rows are delivered, failing t if any row is dead or the
+// deadline passes.
+func (o *Outbox) WaitDelivered(t testing.TB, n int, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		c := o.Counts(t)
+		require.Zero(t, c["dead"], "dead rows: %v", c)
+		if c["delivered"] == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d rows delivered after %s: %v", c["delivered"], n, within, c)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Poll calls fn every 20ms until it returns true, failing t with msg after within.
+func Poll(t testing.TB, within time.Duration, fn func() bool, msg string, args ...any) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !fn() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s: "+msg, append([]any{within}, args...)...)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Strip returns h without the names in drop, or nil when nothing is left.
+func Strip(h map[string]string, drop ...string) outbox.Headers {
+	out := outbox.Headers{}
+	for k, v := range h {
+		if !slices.Contains(drop, k) {
+			out[k] = v
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+// Failures returns the errors of errs that are not nil.
+func Failures(errs []error) []error {
+	var out []error
+	for _, err := range errs {
+		if err != nil {
+			out = append(out, err)
+		}
+	}
+	return out
+}
+
+// RequireClassify fails t unless classify marks every error of permanent, wrapped once, with
+// [outbox.Permanent] (keeping it matchable with errors.Is), none of retryable, and keeps nil.
+func RequireClassify(t testing.TB, classify func(error) error, permanent, retryable []error) {
+	t.Helper()
+	for _, err := range permanent {
+		got := classify(fmt.Errorf("publish: %w", err))
+		require.True(t, outbox.IsPermanent(got), "%v should be permanent", err)
+		require.ErrorIs(t, got, err)
+	}
+	for _, err := range retryable {
+		got := classify(fmt.Errorf("publish: %w", err))
+		require.False(t, outbox.IsPermanent(got), "%v should be retried", err)
+		require.ErrorIs(t, got, err)
+	}
+	require.NoError(t, classify(nil))
+}
+
+// EndToEnd enqueues 300 messages of namespace ns in a fresh PostgreSQL outbox, runs a
+// Publisher through tr until all are delivered, and requires consume, which reads
+// everything the broker received for ns, to return each exactly once, byte for byte.
+func EndToEnd(t *testing.T, ns string, tr outbox.Transport, consume func() []Received) {
+	t.Helper()
+	ob := Postgres(t)
+	want := ob.Enqueue(t, Messages(ns, 300))
+	run := ob.Start(t, ns, tr, 50)
+	ob.WaitDelivered(t, 300, 30*time.Second)
+	st := run.Stop(t)
+	require.EqualValues(t, 300, st.Delivered)
+	RequireSame(t, want, consume())
+}
+
+// Outage runs a Publisher of namespace ns through tr from a fresh PostgreSQL outbox: 60
+// messages are delivered, cut takes the broker away, 60 more are enqueued and fail at least
+// once each, restore brings the broker back, and then all 120 must be delivered with
+// nothing dead. consume reads what the broker holds for ns: every id must be there, and
+// when dedupe is true (the broker drops redeliveries) none twice.
+func Outage(t *testing.T, ns string, tr outbox.Transport, cut, restore func(), consume func() []Received, dedupe bool) {
+	t.Helper()
+	ob := Postgres(t)
+	run := ob.Start(t, ns, tr, 20)
+	first := ob.Enqueue(t, Messages(ns, 60))
+	ob.WaitDelivered(t, 60, 20*time.Second)
+	cut()
+	second := ob.Enqueue(t, Messages(ns, 60))
+	Poll(t, 20*time.Second, func() bool { return run.Publisher.Stats().Retried >= 60 },
+		"fewer than 60 failed attempts while the broker was away: %+v", run.Publisher.Stats())
+	restore()
+	ob.WaitDelivered(t, 120, 30*time.Second)
+	st := run.Stop(t)
+	t.Logf("publisher: %+v", st)
+	require.Zero(t, st.Dead)
+
+	got := consume()
+	ids, dups := IDs(got)
+	t.Logf("%d received, %d duplicates", len(got), dups)
+	if dedupe {
+		require.Zero(t, dups, "the broker stored a redelivery twice")
+	}
+	require.Len(t, ids, 120)
+	for _, d := range append(first, second...) {
+		require.True(t, ids[d.ID], "message %s missing", d.ID)
+	}
+}
+
+// RequireCancelled publishes batch through tr with a cancelled context and requires every
+// message to fail with context.Canceled, to be retried, and without waiting for the broker.
+func RequireCancelled(t testing.TB, tr outbox.Transport, batch []outbox.Delivery) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	start := time.Now()
+	errs := tr.Publish(ctx, batch)
+	require.Less(t, time.Since(start), time.Second, "Publish waited despite the cancelled context")
+	require.Len(t, errs, len(batch))
+	for i, err := range errs {
+		require.ErrorIs(t, err, context.Canceled, "message %d", i)
+		require.False(t, outbox.IsPermanent(err), "message %d", i)
+	}
+}

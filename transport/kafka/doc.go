@@ -1,2 +1,0 @@
-// Package kafka is under construction.
-package kafka

@@ -1,0 +1,271 @@
+// Package kafka is an [outbox.Transport] for Apache Kafka, built on franz-go.
+//
+// A batch is produced at once and each record's own result is returned, so that
+// [Transport.Publish] reports one outcome per message. The client should be an idempotent
+// producer (franz-go's default, and [NewClient]'s): the broker then drops the copies its own
+// retries would write. A redelivery after a lost acknowledgement is a new record, so
+// consumers deduplicate on the Outbox-Id header.
+//
+// # Mapping
+//
+// The topic is "<namespace>.<topic>" unless [Options.Topic] says otherwise: an event
+// enqueued with namespace "shop" and topic "order.created" goes to Kafka topic
+// "shop.order.created". The record key is the partition key, so that the events of one
+// entity keep their order on one partition; a message without a partition key has no key
+// and is spread by the client's partitioner. The value is the payload, byte for byte.
+// Record headers:
+//
+//	Outbox-Id          the delivery id (stable across redeliveries)
+//	Outbox-Namespace   the namespace
+//	Outbox-Topic       the topic
+//	Outbox-Tenant-Id   the tenant id, when set
+//	Outbox-Dedupe-Key  the dedupe key, when set
+//	Outbox-Attempt     the attempt number, 1 for the first
+//
+// followed by the message's own headers, which may not use these names.
+//
+// # Errors
+//
+// A record the cluster can never accept fails with [outbox.Permanent] and is dead-lettered
+// at once: larger than the producer's batch limit or the topic's max.message.bytes, an
+// invalid topic name, and any other error that Kafka itself marks as not retriable, with
+// the exceptions below. Retried under the publisher's retry policy: Kafka's retriable
+// errors, the client's own timeouts and a closed client, lost connections, a topic that
+// does not exist (a deployment may create it later), authorization failures (an operator
+// fixes the ACL) and errors of the idempotent producer's state, which the client recovers
+// from.
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxgo/outbox"
+)
+
+// Record header names set on every record besides the message's own headers.
+const (
+	HeaderID        = "Outbox-Id"
+	HeaderNamespace = "Outbox-Namespace"
+	HeaderTopic     = "Outbox-Topic"
+	HeaderTenantID  = "Outbox-Tenant-Id"
+	HeaderDedupeKey = "Outbox-Dedupe-Key"
+	HeaderAttempt   = "Outbox-Attempt"
+)
+
+var reservedHeaders = []string{HeaderID, HeaderNamespace, HeaderTopic, HeaderTenantID, HeaderDedupeKey, HeaderAttempt}
+
+// DefaultTimeout is the wait for a batch's results when [Options.Timeout] is zero.
+const DefaultTimeout = 30 * time.Second
+
+// DefaultDeliveryTimeout is the record delivery timeout [NewClient] sets.
+const DefaultDeliveryTimeout = 30 * time.Second
+
+// ErrInvalid marks a record the transport refuses to produce (an invalid topic name, a
+// reserved header) and options [New] refuses. Such a record fails with [outbox.Permanent].
+var ErrInvalid = errors.New("outbox/kafka: invalid")
+
+// Options configure a [Transport]. The zero value is valid.
+type Options struct {
+	// Topic maps a delivery to the Kafka topic it is produced to. Default [DefaultTopic]:
+	// "<namespace>.<topic>".
+	Topic func(d outbox.Delivery) string
+
+	// Timeout bounds the wait for one batch's results. Records without a result then fail
+	// and are retried; the client may still write them later, so the retry can duplicate
+	// them. It keeps a publish from waiting for as long as the cluster is away, as the
+	// client does with a record already sent. Default [DefaultTimeout].
+	Timeout time.Duration
+
+	// AllowNonIdempotent accepts a client built with kgo.DisableIdempotentWrite, for
+	// clusters that refuse idempotent producers. The client's own retries may then write a
+	// record twice. Default false: [New] refuses such a client.
+	AllowNonIdempotent bool
+}
+
+// DefaultTopic returns "<namespace>.<topic>".
+func DefaultTopic(d outbox.Delivery) string { return d.Namespace + "." + d.Topic }
+
+// Transport produces deliveries to Kafka. It is safe for concurrent use, and implements
+// [outbox.Transport].
+type Transport struct {
+	client *kgo.Client
+	opts   Options
+}
+
+var _ outbox.Transport = (*Transport)(nil)
+
+// New returns a transport producing with client, which the caller configured (seed brokers,
+// TLS, SASL) and closes after the publisher stopped. Set kgo.RecordDeliveryTimeout on it
+// ([NewClient] does): without one, a record already sent to a broker that went away is
+// retried by the client until the broker returns, and the publisher waits for it.
+func New(client *kgo.Client, opts Options) (*Transport, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w options: client is nil", ErrInvalid)
+	}
+	if opts.Topic == nil {
+		opts.Topic = DefaultTopic
+	}
+	switch {
+	case opts.Timeout == 0:
+		opts.Timeout = DefaultTimeout
+	case opts.Timeout < 0:
+		return nil, fmt.Errorf("%w options: Timeout must be positive, got %s", ErrInvalid, opts.Timeout)
+	}
+	if v, _ := client.OptValue(kgo.DisableIdempotentWrite).(bool); v && !opts.AllowNonIdempotent {
+		return nil, fmt.Errorf("%w options: the client has idempotent writes disabled; set AllowNonIdempotent to accept duplicates from its retries", ErrInvalid)
+	}
+	return &Transport{client: client, opts: opts}, nil
+}
+
+// NewClient returns a franz-go client for the seed brokers with the settings the transport
+// expects: idempotent writes (the default), acknowledgement by all in-sync replicas (the
+// default with idempotence), and a record delivery timeout of [DefaultDeliveryTimeout].
+// extra options are applied after these and may override them.
+func NewClient(seeds []string, extra ...kgo.Opt) (*kgo.Client, error) {
+	if len(seeds) == 0 {
+		return nil, fmt.Errorf("%w options: no seed brokers", ErrInvalid)
+	}
+	opts := append([]kgo.Opt{
+		kgo.SeedBrokers(seeds...),
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.RecordDeliveryTimeout(DefaultDeliveryTimeout),
+	}, extra...)
+	return kgo.NewClient(opts...)
+}
+
+// Publish produces every message of batch and waits for each record's result.
+func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []error {
+	errs := make([]error, len(batch))
+	records := make([]*kgo.Record, 0, len(batch))
+	index := make(map[*kgo.Record]int, len(batch))
+	for i := range batch {
+		r, err := t.record(batch[i])
+		if err != nil {
+			errs[i] = outbox.Permanent(err)
+			continue
+		}
+		records = append(records, r)
+		index[r] = i
+	}
+	if len(records) == 0 {
+		return errs
+	}
+	done := make(chan kgo.ProduceResults, 1)
+	go func() { done <- t.client.ProduceSync(ctx, records...) }()
+	timer := time.NewTimer(t.opts.Timeout)
+	defer timer.Stop()
+	var results kgo.ProduceResults
+	select {
+	case results = <-done:
+	case <-timer.C:
+		return failAll(errs, batch, fmt.Errorf("outbox/kafka: no result within %s", t.opts.Timeout))
+	case <-ctx.Done():
+		return failAll(errs, batch, ctx.Err())
+	}
+	// ProduceSync reports results in completion order; the record pointer says whose.
+	for _, res := range results {
+		if res.Err != nil {
+			i := index[res.Record]
+			errs[i] = Classify(fmt.Errorf("outbox/kafka: produce %s to %q: %w", batch[i].ID, res.Record.Topic, res.Err))
+		}
+	}
+	return errs
+}
+
+// failAll sets err on every message that has no outcome yet.
+func failAll(errs []error, batch []outbox.Delivery, err error) []error {
+	for i := range errs {
+		if errs[i] == nil {
+			errs[i] = fmt.Errorf("%w (message %s)", err, batch[i].ID)
+		}
+	}
+	return errs
+}
+
+// record builds the Kafka record of d.
+func (t *Transport) record(d outbox.Delivery) (*kgo.Record, error) {
+	topic := t.opts.Topic(d)
+	if !validTopic(topic) {
+		return nil, fmt.Errorf("%w topic %q for message %s: Kafka topics are 1 to 249 of [a-zA-Z0-9._-], not \".\" or \"..\"", ErrInvalid, topic, d.ID)
+	}
+	hs := make([]kgo.RecordHeader, 0, len(d.Headers)+6)
+	add := func(k, v string) { hs = append(hs, kgo.RecordHeader{Key: k, Value: []byte(v)}) }
+	add(HeaderID, d.ID.String())
+	add(HeaderNamespace, d.Namespace)
+	add(HeaderTopic, d.Topic)
+	if d.TenantID != [16]byte{} {
+		add(HeaderTenantID, d.TenantID.String())
+	}
+	if d.DedupeKey != "" {
+		add(HeaderDedupeKey, d.DedupeKey)
+	}
+	add(HeaderAttempt, strconv.Itoa(d.Attempt))
+	for k, v := range d.Headers {
+		for _, r := range reservedHeaders {
+			if strings.EqualFold(k, r) {
+				return nil, fmt.Errorf("%w header %q on message %s: the name is reserved for the transport", ErrInvalid, k, d.ID)
+			}
+		}
+		add(k, v)
+	}
+	r := &kgo.Record{Topic: topic, Value: d.Payload, Headers: hs}
+	if d.PartitionKey != "" {
+		r.Key = []byte(d.PartitionKey)
+	}
+	return r, nil
+}
+
+func validTopic(s string) bool {
+	if s == "" || len(s) > 249 || s == "." || s == ".." {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// retriedAnyway are Kafka errors marked not retriable that an operator or the client fixes
+// without the message changing: a missing topic or permission, the idempotent producer's
+// state, and a broker error Kafka could not name.
+var retriedAnyway = []*kerr.Error{
+	kerr.UnknownTopicOrPartition, kerr.UnknownTopicID,
+	kerr.TopicAuthorizationFailed, kerr.ClusterAuthorizationFailed, kerr.SaslAuthenticationFailed,
+	kerr.TransactionalIDAuthorizationFailed,
+	kerr.OutOfOrderSequenceNumber, kerr.DuplicateSequenceNumber, kerr.InvalidProducerEpoch,
+	kerr.UnknownProducerID, kerr.InvalidProducerIDMapping, kerr.ProducerFenced,
+	kerr.UnknownServerError,
+}
+
+// Classify reports how the transport treats a produce error: wrapped with
+// [outbox.Permanent] when retrying cannot help, returned as it is otherwise. Publish applies
+// it to every failure; it is exported for transports that wrap this one.
+func Classify(err error) error {
+	if err == nil || outbox.IsPermanent(err) {
+		return err
+	}
+	if errors.Is(err, ErrInvalid) {
+		return outbox.Permanent(err)
+	}
+	var ke *kerr.Error
+	if !errors.As(err, &ke) || ke.Retriable {
+		return err // the client's own errors (timeouts, closed), network errors, retriable codes
+	}
+	for _, r := range retriedAnyway {
+		if ke == r {
+			return err
+		}
+	}
+	return outbox.Permanent(err)
+}

@@ -1,2 +1,0 @@
-// Package nats is under construction.
-package nats

@@ -1,0 +1,309 @@
+// Package nats is an [outbox.Transport] for NATS JetStream.
+//
+// Each batch is published asynchronously and every acknowledgement is awaited, so that
+// [Transport.Publish] reports one outcome per message. The delivery's id is sent as the
+// Nats-Msg-Id header: a stream drops a message whose id it has seen within its duplicate
+// window (two minutes by default), so a redelivery after a lost acknowledgement is not
+// stored twice.
+//
+// # Mapping
+//
+// The subject is "<namespace>.<topic>" unless [Options.Subject] says otherwise: an event
+// enqueued with namespace "shop" and topic "order.created" goes to subject
+// "shop.order.created", which a stream with subjects ["shop.>"] captures. The payload is the
+// message data, byte for byte. Headers:
+//
+//	Nats-Msg-Id           the delivery id (stable across redeliveries)
+//	Outbox-Namespace      the namespace
+//	Outbox-Topic          the topic
+//	Outbox-Partition-Key  the partition key, when set
+//	Outbox-Tenant-Id      the tenant id, when set
+//	Outbox-Dedupe-Key     the dedupe key, when set
+//	Outbox-Attempt        the attempt number, 1 for the first
+//
+// followed by the message's own headers, which may not use these names. A message header
+// such as Nats-TTL or Nats-Expected-Stream is passed on and takes effect.
+//
+// # Errors
+//
+// A message that can never be stored fails with [outbox.Permanent] and is dead-lettered at
+// once: larger than the server's max_payload or the stream's max_msg_size, a subject or
+// header the protocol cannot carry. Everything else is retried under the publisher's retry
+// policy: a lost connection, an acknowledgement that did not come within
+// [Options.AckTimeout], a full stream, and a subject that no stream captures
+// ([ErrNoStream]). The last is retried rather than dead-lettered because it is an
+// operator's mistake that is fixed by creating the stream, often by a deployment that runs
+// after the service starts; until then the events wait in the outbox, and the attempt limit
+// still bounds how long.
+package nats
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outboxgo/outbox"
+)
+
+// Header names set on every message besides the message's own headers.
+const (
+	HeaderNamespace    = "Outbox-Namespace"
+	HeaderTopic        = "Outbox-Topic"
+	HeaderPartitionKey = "Outbox-Partition-Key"
+	HeaderTenantID     = "Outbox-Tenant-Id"
+	HeaderDedupeKey    = "Outbox-Dedupe-Key"
+	HeaderAttempt      = "Outbox-Attempt"
+)
+
+// DefaultAckTimeout is the wait for a batch's acknowledgements when [Options.AckTimeout] is
+// zero.
+const DefaultAckTimeout = 5 * time.Second
+
+// ErrNoStream means that no stream captures the subject a message was published to (the
+// server answered "no responders"). Create a stream whose subjects include it. The message is
+// retried.
+var ErrNoStream = errors.New("outbox/nats: no stream captures the subject")
+
+// ErrInvalid marks a message the transport cannot put on the wire (an empty or malformed
+// subject, a header name or value NATS cannot carry). Such a message fails with
+// [outbox.Permanent]; [Options] errors from [New] match it too.
+var ErrInvalid = errors.New("outbox/nats: invalid")
+
+// Options configure a [Transport]. The zero value is valid.
+type Options struct {
+	// Subject maps a delivery to the subject it is published to. Default
+	// [DefaultSubject]: "<namespace>.<topic>".
+	Subject func(d outbox.Delivery) string
+
+	// AckTimeout bounds the wait for the acknowledgements of one batch, counted from the
+	// last message sent. Messages unacknowledged then fail and are retried; the stream's
+	// duplicate window drops those that were stored after all. Default [DefaultAckTimeout].
+	AckTimeout time.Duration
+
+	// ExpectStream, when set, makes the server refuse a message that would be stored in
+	// any other stream (Nats-Expected-Stream). Such a refusal is permanent.
+	ExpectStream string
+}
+
+// DefaultSubject returns "<namespace>.<topic>".
+func DefaultSubject(d outbox.Delivery) string { return d.Namespace + "." + d.Topic }
+
+func (o *Options) validate() error {
+	if o.Subject == nil {
+		o.Subject = DefaultSubject
+	}
+	switch {
+	case o.AckTimeout == 0:
+		o.AckTimeout = DefaultAckTimeout
+	case o.AckTimeout < 0:
+		return fmt.Errorf("%w options: AckTimeout must be positive, got %s", ErrInvalid, o.AckTimeout)
+	}
+	if o.ExpectStream != "" && strings.ContainsAny(o.ExpectStream, " \t\r\n.*>") {
+		return fmt.Errorf("%w options: ExpectStream %q is not a stream name", ErrInvalid, o.ExpectStream)
+	}
+	return nil
+}
+
+// Transport publishes deliveries to NATS JetStream. It is safe for concurrent use, and
+// implements [outbox.Transport].
+type Transport struct {
+	js   jetstream.JetStream
+	opts Options
+}
+
+var _ outbox.Transport = (*Transport)(nil)
+
+// New returns a transport publishing with js. The caller owns js's connection and closes it
+// after the publisher stopped. Connect with reconnection enabled (the nats.go default), so
+// that the connection comes back after the server does. js's limit on pending asynchronous
+// publishes (jetstream.WithPublishAsyncMaxPending, 4000 by default) should exceed the
+// publisher's BatchSize × Concurrency, or messages beyond it fail with
+// jetstream.ErrTooManyStalledMsgs and are retried. jetstream.WithPublishAsyncTimeout lets js
+// forget acknowledgements that never come; without it, one that outlived AckTimeout is kept
+// until the connection reconnects.
+func New(js jetstream.JetStream, opts Options) (*Transport, error) {
+	if js == nil {
+		return nil, fmt.Errorf("%w options: JetStream is nil", ErrInvalid)
+	}
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	return &Transport{js: js, opts: opts}, nil
+}
+
+// Publish sends every message of batch without waiting, then waits for each
+// acknowledgement, and returns one outcome per message.
+func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []error {
+	errs := make([]error, len(batch))
+	futures := make([]jetstream.PubAckFuture, len(batch))
+	var sent bool
+	for i := range batch {
+		if err := ctx.Err(); err != nil {
+			errs[i] = err
+			continue
+		}
+		m, err := t.message(batch[i])
+		if err != nil {
+			errs[i] = outbox.Permanent(err)
+			continue
+		}
+		f, err := t.js.PublishMsgAsync(m)
+		if err != nil {
+			errs[i] = classify(batch[i], m.Subject, err)
+			continue
+		}
+		futures[i], sent = f, true
+	}
+	if !sent {
+		return errs
+	}
+	timer := time.NewTimer(t.opts.AckTimeout)
+	defer timer.Stop()
+	var late error // set once the deadline passed or ctx was cancelled
+	for i, f := range futures {
+		if f == nil {
+			continue
+		}
+		if late == nil {
+			select {
+			case <-f.Ok():
+				continue
+			case err := <-f.Err():
+				errs[i] = classify(batch[i], f.Msg().Subject, err)
+				continue
+			case <-timer.C:
+				late = fmt.Errorf("outbox/nats: no acknowledgement within %s", t.opts.AckTimeout)
+			case <-ctx.Done():
+				late = ctx.Err()
+			}
+		}
+		// Past the deadline: take what has resolved, fail the rest.
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			errs[i] = classify(batch[i], f.Msg().Subject, err)
+		default:
+			errs[i] = fmt.Errorf("%w (message %s)", late, batch[i].ID)
+		}
+	}
+	return errs
+}
+
+// message builds the NATS message of d.
+func (t *Transport) message(d outbox.Delivery) (*nats.Msg, error) {
+	subject := t.opts.Subject(d)
+	if !validSubject(subject) {
+		return nil, fmt.Errorf("%w subject %q for message %s", ErrInvalid, subject, d.ID)
+	}
+	h := make(nats.Header, len(d.Headers)+8)
+	for k, v := range d.Headers {
+		if reserved(k) {
+			return nil, fmt.Errorf("%w header %q on message %s: the name is reserved for the transport", ErrInvalid, k, d.ID)
+		}
+		if !validHeaderName(k) || strings.ContainsAny(v, "\r\n") {
+			return nil, fmt.Errorf("%w header %q on message %s: NATS header names are printable ASCII without ':' or spaces, values have no line breaks", ErrInvalid, k, d.ID)
+		}
+		h[k] = []string{v}
+	}
+	h[jetstream.MsgIDHeader] = []string{d.ID.String()}
+	h[HeaderNamespace] = []string{d.Namespace}
+	h[HeaderTopic] = []string{d.Topic}
+	h[HeaderAttempt] = []string{strconv.Itoa(d.Attempt)}
+	if d.PartitionKey != "" {
+		h[HeaderPartitionKey] = []string{d.PartitionKey}
+	}
+	if d.TenantID != [16]byte{} {
+		h[HeaderTenantID] = []string{d.TenantID.String()}
+	}
+	if d.DedupeKey != "" {
+		h[HeaderDedupeKey] = []string{d.DedupeKey}
+	}
+	for _, k := range []string{HeaderNamespace, HeaderTopic, HeaderPartitionKey, HeaderDedupeKey} {
+		if v := h.Get(k); strings.ContainsAny(v, "\r\n") {
+			return nil, fmt.Errorf("%w %s of message %s: NATS header values have no line breaks", ErrInvalid, k, d.ID)
+		}
+	}
+	if t.opts.ExpectStream != "" {
+		h[jetstream.ExpectedStreamHeader] = []string{t.opts.ExpectStream}
+	}
+	return &nats.Msg{Subject: subject, Header: h, Data: d.Payload}, nil
+}
+
+// reserved reports whether name is one the transport sets itself.
+func reserved(name string) bool {
+	for _, r := range []string{jetstream.MsgIDHeader, HeaderNamespace, HeaderTopic, HeaderPartitionKey, HeaderTenantID, HeaderDedupeKey, HeaderAttempt} {
+		if strings.EqualFold(name, r) {
+			return true
+		}
+	}
+	return false
+}
+
+func validHeaderName(k string) bool {
+	for i := 0; i < len(k); i++ {
+		if c := k[i]; c <= ' ' || c >= 0x7f || c == ':' {
+			return false
+		}
+	}
+	return k != ""
+}
+
+// validSubject accepts a subject a message can be published to: non-empty dot-separated
+// tokens without whitespace or wildcards.
+func validSubject(s string) bool {
+	if s == "" {
+		return false
+	}
+	for tok := range strings.SplitSeq(s, ".") {
+		if tok == "" || tok == "*" || tok == ">" || strings.ContainsAny(tok, " \t\r\n\f") {
+			return false
+		}
+	}
+	return true
+}
+
+// Classify reports how the transport treats a publish error: wrapped with
+// [outbox.Permanent] when retrying cannot help, returned as it is otherwise. Publish applies
+// it to every failure; it is exported for transports that wrap this one.
+func Classify(err error) error {
+	if err == nil {
+		return nil
+	}
+	if outbox.IsPermanent(err) {
+		return err
+	}
+	if errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, nats.ErrBadSubject) ||
+		errors.Is(err, nats.ErrBadHeaderMsg) || errors.Is(err, ErrInvalid) {
+		return outbox.Permanent(err)
+	}
+	var jsErr jetstream.JetStreamError
+	if errors.As(err, &jsErr) {
+		if api := jsErr.APIError(); api != nil {
+			switch {
+			case api.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum:
+				return outbox.Permanent(err)
+			case api.ErrorCode == jetstream.JSErrCodeStreamNotFound:
+				return err // Nats-Expected-Stream names a stream that does not exist (yet)
+			case api.Code == 400:
+				// The server refused this message as it is: a wrong expected stream, a
+				// malformed TTL or schedule header, a subject the stream forbids.
+				return outbox.Permanent(err)
+			}
+		}
+	}
+	return err
+}
+
+// classify wraps err with the message's id and subject, and [Classify]s it.
+func classify(d outbox.Delivery, subject string, err error) error {
+	if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
+		return fmt.Errorf("%w %q (message %s): %w", ErrNoStream, subject, d.ID, err)
+	}
+	return Classify(fmt.Errorf("outbox/nats: publish %s to %q: %w", d.ID, subject, err))
+}

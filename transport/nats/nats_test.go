@@ -1,0 +1,293 @@
+package nats_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	_ "github.com/jackc/pgx/v5/stdlib"
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/internal/testdb"
+	"github.com/outboxgo/outbox/internal/testproxy"
+	"github.com/outboxgo/outbox/internal/transporttest"
+	"github.com/outboxgo/outbox/transport/nats"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"))
+}
+
+// server returns the NATS server's address, failing or skipping t when it is down.
+func server(t testing.TB) string {
+	return testdb.Service(t, "nats", "OUTBOX_NATS_URL", "nats://127.0.0.1:4222")
+}
+
+// connect opens a JetStream client to url, closed when t ends.
+func connect(t testing.TB, url string, opts ...natsgo.Option) jetstream.JetStream {
+	t.Helper()
+	nc, err := natsgo.Connect(url, opts...)
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	return js
+}
+
+// stream creates a stream capturing "<ns>.>" for a new namespace, deleted when t ends.
+func stream(t testing.TB, js jetstream.JetStream, edit func(*jetstream.StreamConfig)) (ns string, s jetstream.Stream) {
+	t.Helper()
+	ns = transporttest.Name("nt")
+	cfg := jetstream.StreamConfig{Name: ns, Subjects: []string{ns + ".>"}, Storage: jetstream.MemoryStorage}
+	if edit != nil {
+		edit(&cfg)
+	}
+	ctx := context.Background()
+	s, err := js.CreateStream(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), ns) })
+	return ns, s
+}
+
+// consume reads every message of s with an ordered consumer, as a subscriber would.
+func consume(t testing.TB, s jetstream.Stream) []transporttest.Received {
+	t.Helper()
+	ctx := context.Background()
+	info, err := s.Info(ctx)
+	require.NoError(t, err)
+	want := int(info.State.Msgs)
+	c, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	require.NoError(t, err)
+	var got []transporttest.Received
+	for len(got) < want {
+		batch, err := c.Fetch(want-len(got), jetstream.FetchMaxWait(2*time.Second))
+		require.NoError(t, err)
+		n := 0
+		for m := range batch.Messages() {
+			n++
+			got = append(got, decode(t, m))
+		}
+		require.NoError(t, batch.Error())
+		require.NotZero(t, n, "consumer stalled at %d of %d messages", len(got), want)
+	}
+	return got
+}
+
+func decode(t testing.TB, m jetstream.Msg) transporttest.Received {
+	t.Helper()
+	h := m.Headers()
+	id, err := uuid.Parse(h.Get(jetstream.MsgIDHeader))
+	require.NoError(t, err)
+	r := transporttest.Received{
+		ID: id, Namespace: h.Get(nats.HeaderNamespace), Topic: h.Get(nats.HeaderTopic),
+		DedupeKey: h.Get(nats.HeaderDedupeKey), PartitionKey: h.Get(nats.HeaderPartitionKey),
+		Payload: m.Data(), Route: m.Subject(),
+	}
+	if v := h.Get(nats.HeaderTenantID); v != "" {
+		r.TenantID = uuid.MustParse(v)
+	}
+	r.Attempt, err = strconv.Atoi(h.Get(nats.HeaderAttempt))
+	require.NoError(t, err)
+	own := map[string]string{}
+	for k, vs := range h {
+		own[k] = vs[0]
+	}
+	r.Headers = transporttest.Strip(own, jetstream.MsgIDHeader, nats.HeaderNamespace, nats.HeaderTopic,
+		nats.HeaderTenantID, nats.HeaderDedupeKey, nats.HeaderPartitionKey, nats.HeaderAttempt)
+	return r
+}
+
+func newTransport(t testing.TB, js jetstream.JetStream, opts nats.Options) *nats.Transport {
+	t.Helper()
+	tr, err := nats.New(js, opts)
+	require.NoError(t, err)
+	return tr
+}
+
+func TestPublishByteForByte(t *testing.T) {
+	t.Parallel()
+	js := connect(t, server(t))
+	ns, s := stream(t, js, nil)
+	tr := newTransport(t, js, nats.Options{})
+	batch := transporttest.Deliveries(transporttest.Messages(ns, 60))
+
+	for i, err := range tr.Publish(context.Background(), batch) {
+		require.NoError(t, err, "message %d", i)
+	}
+	got := consume(t, s)
+	transporttest.RequireSame(t, batch, got)
+	for _, g := range got {
+		require.Equal(t, g.Namespace+"."+g.Topic, g.Route, "default subject")
+	}
+}
+
+// A redelivery carries the same Nats-Msg-Id, which the stream's duplicate window drops: the
+// second publish succeeds and stores nothing.
+func TestRedeliveryIsDropped(t *testing.T) {
+	t.Parallel()
+	js := connect(t, server(t))
+	ns, s := stream(t, js, nil)
+	tr := newTransport(t, js, nats.Options{})
+	batch := transporttest.Deliveries(transporttest.Messages(ns, 20))
+	ctx := context.Background()
+
+	require.Empty(t, transporttest.Failures(tr.Publish(ctx, batch)))
+	for i := range batch {
+		batch[i].Attempt = 2
+	}
+	require.Empty(t, transporttest.Failures(tr.Publish(ctx, batch)))
+	for i := range batch {
+		batch[i].Attempt = 1 // what was stored is the first attempt
+	}
+	transporttest.RequireSame(t, batch, consume(t, s))
+}
+
+// One oversized message in a batch fails for good; the others are delivered.
+func TestOversizedMessageFailsAlone(t *testing.T) {
+	t.Parallel()
+	js := connect(t, server(t))
+	ns, s := stream(t, js, func(c *jetstream.StreamConfig) { c.MaxMsgSize = 4096 })
+	tr := newTransport(t, js, nats.Options{})
+	batch := transporttest.Deliveries(transporttest.Messages(ns, 9))
+	batch[3].Payload = []byte(`"` + strings.Repeat("x", 8000) + `"`)                     // over the stream's max_msg_size
+	batch[6].Payload = []byte(`"` + strings.Repeat("y", int(maxPayload(t, js))+1) + `"`) // over the server's max_payload
+
+	errs := tr.Publish(context.Background(), batch)
+	require.Len(t, errs, len(batch))
+	for i, err := range errs {
+		if i == 3 || i == 6 {
+			require.Error(t, err, "message %d", i)
+			require.True(t, outbox.IsPermanent(err), "message %d: %v", i, err)
+			continue
+		}
+		require.NoError(t, err, "message %d", i)
+	}
+	require.ErrorIs(t, errs[3], jetstream.ErrStreamMessageExceedsMaximum)
+	require.ErrorIs(t, errs[6], natsgo.ErrMaxPayload)
+	transporttest.RequireSame(t, append(append(batch[:3:3], batch[4:6]...), batch[7:]...), consume(t, s))
+}
+
+func maxPayload(t testing.TB, js jetstream.JetStream) int64 {
+	t.Helper()
+	nc := js.Conn()
+	return nc.MaxPayload()
+}
+
+// A subject no stream captures is a clear, retryable error.
+func TestNoStream(t *testing.T) {
+	t.Parallel()
+	js := connect(t, server(t))
+	tr := newTransport(t, js, nats.Options{})
+	batch := transporttest.Deliveries(transporttest.Messages(transporttest.Name("nostream"), 2))
+
+	errs := tr.Publish(context.Background(), batch)
+	require.Len(t, errs, 2)
+	for _, err := range errs {
+		require.ErrorIs(t, err, nats.ErrNoStream)
+		require.False(t, outbox.IsPermanent(err), "%v", err)
+		require.Contains(t, err.Error(), batch[0].Namespace+".")
+	}
+}
+
+// Messages the transport cannot put on the wire fail for good, each alone, and Subject
+// overrides the routing.
+func TestInvalidMessagesArePermanent(t *testing.T) {
+	t.Parallel()
+	js := connect(t, server(t))
+	ns, s := stream(t, js, nil)
+	tr := newTransport(t, js, nats.Options{Subject: func(d outbox.Delivery) string {
+		if d.Topic == "bad" {
+			return ns + ".with space"
+		}
+		return ns + ".all"
+	}})
+	batch := transporttest.Deliveries(transporttest.Messages(ns, 5))
+	batch[0].Topic = "bad"
+	batch[1].Headers = outbox.Headers{"Nats-Msg-Id": "spoofed"}
+	batch[2].Headers = outbox.Headers{"x-multi": "line\r\nInjected: yes"}
+	batch[3].Headers = outbox.Headers{"bad name": "v"}
+
+	errs := tr.Publish(context.Background(), batch)
+	for i := range 4 {
+		require.ErrorIs(t, errs[i], nats.ErrInvalid, "message %d", i)
+		require.True(t, outbox.IsPermanent(errs[i]), "message %d", i)
+	}
+	require.NoError(t, errs[4])
+	msgs := consume(t, s)
+	require.Len(t, msgs, 1)
+	require.Equal(t, batch[4].ID, msgs[0].ID)
+	require.Equal(t, ns+".all", msgs[0].Route)
+}
+
+func TestCancelledContext(t *testing.T) {
+	t.Parallel()
+	js := connect(t, server(t))
+	ns, _ := stream(t, js, nil)
+	transporttest.RequireCancelled(t, newTransport(t, js, nats.Options{}), transporttest.Deliveries(transporttest.Messages(ns, 5)))
+}
+
+func TestClassify(t *testing.T) {
+	t.Parallel()
+	permanent := []error{
+		natsgo.ErrMaxPayload, natsgo.ErrBadSubject, jetstream.ErrStreamMessageExceedsMaximum,
+		&jetstream.APIError{Code: 400, ErrorCode: 10060, Description: "expected stream does not match"},
+	}
+	retryable := []error{
+		natsgo.ErrDisconnected, natsgo.ErrConnectionClosed, natsgo.ErrTimeout, jetstream.ErrAsyncPublishTimeout,
+		jetstream.ErrTooManyStalledMsgs, jetstream.ErrStreamNotFound, context.DeadlineExceeded,
+		&jetstream.APIError{Code: 503, ErrorCode: 10077, Description: "maximum messages exceeded"},
+		errors.New("something else"),
+	}
+	transporttest.RequireClassify(t, nats.Classify, permanent, retryable)
+}
+
+func TestOptionsValidation(t *testing.T) {
+	t.Parallel()
+	_, err := nats.New(nil, nats.Options{})
+	require.ErrorIs(t, err, nats.ErrInvalid)
+	js := connect(t, server(t))
+	_, err = nats.New(js, nats.Options{AckTimeout: -time.Second})
+	require.ErrorIs(t, err, nats.ErrInvalid)
+	_, err = nats.New(js, nats.Options{ExpectStream: "a.b"})
+	require.ErrorIs(t, err, nats.ErrInvalid)
+}
+
+// ExpectStream refuses a message that another stream would store, for good.
+func TestExpectStream(t *testing.T) {
+	t.Parallel()
+	js := connect(t, server(t))
+	ns, _ := stream(t, js, nil)
+	tr := newTransport(t, js, nats.Options{ExpectStream: "someone_else"})
+	errs := tr.Publish(context.Background(), transporttest.Deliveries(transporttest.Messages(ns, 1)))
+	require.True(t, outbox.IsPermanent(errs[0]), "%v", errs[0])
+}
+
+// The server goes away in the middle of a run: publishes fail and are retried, nothing is
+// dead-lettered, and once it is back every message is in the stream exactly once (the
+// redeliveries of messages that were stored after all are dropped by Nats-Msg-Id).
+func TestServerOutage(t *testing.T) {
+	t.Parallel()
+	proxy := testproxy.New(t, strings.TrimPrefix(server(t), "nats://"))
+	admin := connect(t, server(t))
+	ns, s := stream(t, admin, nil)
+	js := connect(t, "nats://"+proxy.Addr(), natsgo.MaxReconnects(-1), natsgo.ReconnectWait(20*time.Millisecond))
+	tr := newTransport(t, js, nats.Options{AckTimeout: 300 * time.Millisecond})
+	transporttest.Outage(t, ns, tr, proxy.Cut, proxy.Restore, func() []transporttest.Received { return consume(t, s) }, true)
+}
+
+// A Publisher drains a PostgreSQL outbox into a stream, and a consumer receives each message
+// once, byte for byte.
+func TestEndToEndFromPostgres(t *testing.T) {
+	t.Parallel()
+	js := connect(t, server(t))
+	ns, s := stream(t, js, nil)
+	transporttest.EndToEnd(t, ns, newTransport(t, js, nats.Options{}), func() []transporttest.Received { return consume(t, s) })
+}

@@ -1,2 +1,0 @@
-// Package redis is under construction.
-package redis

@@ -1,0 +1,197 @@
+// Package redis is an [outbox.Transport] for Redis Streams, built on go-redis.
+//
+// A batch is sent as one pipeline of XADD commands, one per message, and each command's
+// own reply is returned, so that [Transport.Publish] reports one outcome per message.
+// Redis streams keep no message ids of their own choosing: a redelivery after a lost reply
+// is appended again, so consumers deduplicate on the "id" field.
+//
+// # Mapping
+//
+// The stream is "<namespace>:<topic>" unless [Options.Stream] says otherwise: an event
+// enqueued with namespace "shop" and topic "order.created" is appended to the stream
+// "shop:order.created". Each entry has these fields, in this order:
+//
+//	id             the delivery id (stable across redeliveries)
+//	namespace      the namespace
+//	topic          the topic
+//	partition_key  the partition key, when set
+//	tenant_id      the tenant id, when set
+//	dedupe_key     the dedupe key, when set
+//	attempt        the attempt number, 1 for the first
+//	headers        the message's headers as a JSON object, when it has any
+//	payload        the payload, byte for byte
+//
+// With [Options.MaxLen] set, every XADD trims its stream to about that many entries
+// (MAXLEN ~), so that a stream nobody trims does not grow without bound.
+//
+// # Errors
+//
+// An entry Redis can never append fails with [outbox.Permanent] and is dead-lettered at
+// once: the stream's key holds another type (WRONGTYPE), or the server refused the command
+// itself (an ERR reply, such as an argument above proto-max-bulk-len). Everything else is
+// retried under the publisher's retry policy: lost connections and timeouts, a server that
+// is loading, busy, read-only, out of memory or failing over, and authentication or
+// permission errors, which an operator fixes.
+package redis
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/outboxgo/outbox"
+)
+
+// Field names of every stream entry.
+const (
+	FieldID           = "id"
+	FieldNamespace    = "namespace"
+	FieldTopic        = "topic"
+	FieldPartitionKey = "partition_key"
+	FieldTenantID     = "tenant_id"
+	FieldDedupeKey    = "dedupe_key"
+	FieldAttempt      = "attempt"
+	FieldHeaders      = "headers"
+	FieldPayload      = "payload"
+)
+
+// ErrInvalid marks an entry the transport refuses to send (an empty stream name) and
+// options [New] refuses. Such an entry fails with [outbox.Permanent].
+var ErrInvalid = errors.New("outbox/redis: invalid")
+
+// Options configure a [Transport]. The zero value is valid.
+type Options struct {
+	// Stream maps a delivery to the stream it is appended to. Default [DefaultStream]:
+	// "<namespace>:<topic>".
+	Stream func(d outbox.Delivery) string
+
+	// MaxLen, when above zero, trims each stream to about this many entries on every XADD
+	// (MAXLEN ~ MaxLen): Redis removes whole macro nodes only, so a stream may hold
+	// somewhat more. Default 0: no trimming.
+	MaxLen int64
+}
+
+// DefaultStream returns "<namespace>:<topic>".
+func DefaultStream(d outbox.Delivery) string { return d.Namespace + ":" + d.Topic }
+
+// Transport appends deliveries to Redis streams. It is safe for concurrent use, and
+// implements [outbox.Transport].
+type Transport struct {
+	client redis.UniversalClient
+	opts   Options
+}
+
+var _ outbox.Transport = (*Transport)(nil)
+
+// New returns a transport appending with client (a *redis.Client, *redis.ClusterClient or
+// any other [redis.UniversalClient]), which the caller configured and closes after the
+// publisher stopped. The client's read and write timeouts bound a batch.
+func New(client redis.UniversalClient, opts Options) (*Transport, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w options: client is nil", ErrInvalid)
+	}
+	if opts.Stream == nil {
+		opts.Stream = DefaultStream
+	}
+	if opts.MaxLen < 0 {
+		return nil, fmt.Errorf("%w options: MaxLen must not be negative, got %d", ErrInvalid, opts.MaxLen)
+	}
+	return &Transport{client: client, opts: opts}, nil
+}
+
+// Publish appends every message of batch with one pipeline and returns each XADD's outcome.
+func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []error {
+	errs := make([]error, len(batch))
+	cmds := make([]*redis.StringCmd, len(batch))
+	streams := make([]string, len(batch))
+	pipe := t.client.Pipeline()
+	for i := range batch {
+		args, err := t.args(batch[i])
+		if err != nil {
+			errs[i] = outbox.Permanent(err)
+			continue
+		}
+		streams[i] = args.Stream
+		cmds[i] = pipe.XAdd(ctx, args)
+	}
+	if pipe.Len() == 0 {
+		return errs
+	}
+	// Exec's error is the first command's; every command carries its own.
+	_, _ = pipe.Exec(ctx)
+	for i, cmd := range cmds {
+		if cmd == nil {
+			continue
+		}
+		if err := cmd.Err(); err != nil {
+			errs[i] = Classify(fmt.Errorf("outbox/redis: xadd %s to %q: %w", batch[i].ID, streams[i], err))
+		}
+	}
+	return errs
+}
+
+// args builds the XADD of d.
+func (t *Transport) args(d outbox.Delivery) (*redis.XAddArgs, error) {
+	stream := t.opts.Stream(d)
+	if stream == "" {
+		return nil, fmt.Errorf("%w stream name for message %s: empty", ErrInvalid, d.ID)
+	}
+	v := make([]any, 0, 18)
+	v = append(v, FieldID, d.ID.String(), FieldNamespace, d.Namespace, FieldTopic, d.Topic)
+	if d.PartitionKey != "" {
+		v = append(v, FieldPartitionKey, d.PartitionKey)
+	}
+	if d.TenantID != [16]byte{} {
+		v = append(v, FieldTenantID, d.TenantID.String())
+	}
+	if d.DedupeKey != "" {
+		v = append(v, FieldDedupeKey, d.DedupeKey)
+	}
+	v = append(v, FieldAttempt, strconv.Itoa(d.Attempt))
+	if len(d.Headers) > 0 {
+		h, err := json.Marshal(map[string]string(d.Headers))
+		if err != nil {
+			return nil, fmt.Errorf("%w headers of message %s: %w", ErrInvalid, d.ID, err)
+		}
+		v = append(v, FieldHeaders, string(h))
+	}
+	v = append(v, FieldPayload, string(d.Payload))
+	return &redis.XAddArgs{Stream: stream, MaxLen: t.opts.MaxLen, Approx: t.opts.MaxLen > 0, Values: v}, nil
+}
+
+// retried are the prefixes of Redis error replies that pass without the message changing.
+var retried = []string{
+	"LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "OOM", "NOREPLICAS",
+	"MISCONF", "MOVED", "ASK", "NOAUTH", "NOPERM", "WRONGPASS", "ERR max number of clients",
+}
+
+// Classify reports how the transport treats an XADD error: wrapped with
+// [outbox.Permanent] when retrying cannot help, returned as it is otherwise. Publish applies
+// it to every failure; it is exported for transports that wrap this one.
+func Classify(err error) error {
+	if err == nil || outbox.IsPermanent(err) {
+		return err
+	}
+	if errors.Is(err, ErrInvalid) {
+		return outbox.Permanent(err)
+	}
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return err // network errors, timeouts, a closed client, a cancelled context
+	}
+	msg := re.Error()
+	for _, p := range retried {
+		if strings.HasPrefix(msg, p) {
+			return err
+		}
+	}
+	if strings.HasPrefix(msg, "WRONGTYPE") || strings.HasPrefix(msg, "ERR") {
+		return outbox.Permanent(err)
+	}
+	return err // an error reply this transport does not know: let the attempt limit decide
+}

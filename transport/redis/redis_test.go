@@ -1,0 +1,243 @@
+package redis_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	_ "github.com/jackc/pgx/v5/stdlib"
+	goredis "github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/internal/testdb"
+	"github.com/outboxgo/outbox/internal/testproxy"
+	"github.com/outboxgo/outbox/internal/transporttest"
+	"github.com/outboxgo/outbox/transport/redis"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"))
+}
+
+var topics = []string{"order.created", "order.paid", "order.shipped"}
+
+// server returns the Redis server's address, failing or skipping t when it is down.
+func server(t testing.TB) string {
+	return testdb.Service(t, "redis", "OUTBOX_REDIS_ADDR", "127.0.0.1:6379")
+}
+
+// client connects to addr, closed when t ends.
+func client(t testing.TB, addr string, edit ...func(*goredis.Options)) *goredis.Client {
+	t.Helper()
+	o := &goredis.Options{Addr: addr}
+	for _, e := range edit {
+		e(o)
+	}
+	c := goredis.NewClient(o)
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// namespace returns a new namespace whose streams are deleted when t ends.
+func namespace(t testing.TB, c *goredis.Client) string {
+	t.Helper()
+	ns := transporttest.Name("rt")
+	t.Cleanup(func() {
+		keys := []string{ns + ":bad"}
+		for _, tp := range topics {
+			keys = append(keys, ns+":"+tp)
+		}
+		require.NoError(t, c.Del(context.Background(), keys...).Err())
+	})
+	return ns
+}
+
+func newTransport(t testing.TB, c goredis.UniversalClient, opts redis.Options) *redis.Transport {
+	t.Helper()
+	tr, err := redis.New(c, opts)
+	require.NoError(t, err)
+	return tr
+}
+
+// consume reads every entry of ns's streams from the start with XREAD, as a consumer would.
+func consume(t testing.TB, c *goredis.Client, ns string) []transporttest.Received {
+	t.Helper()
+	var got []transporttest.Received
+	for _, tp := range topics {
+		key, last := ns+":"+tp, "0"
+		for {
+			res, err := c.XRead(context.Background(), &goredis.XReadArgs{Streams: []string{key, last}, Count: 100, Block: -1}).Result()
+			if errors.Is(err, goredis.Nil) {
+				break
+			}
+			require.NoError(t, err)
+			if len(res) == 0 || len(res[0].Messages) == 0 {
+				break
+			}
+			for _, m := range res[0].Messages {
+				got = append(got, decode(t, key, m))
+				last = m.ID
+			}
+		}
+	}
+	return got
+}
+
+func decode(t testing.TB, stream string, m goredis.XMessage) transporttest.Received {
+	t.Helper()
+	str := func(k string) string {
+		v, _ := m.Values[k].(string)
+		return v
+	}
+	id, err := uuid.Parse(str(redis.FieldID))
+	require.NoError(t, err)
+	g := transporttest.Received{
+		Route: stream, ID: id, Namespace: str(redis.FieldNamespace), Topic: str(redis.FieldTopic),
+		PartitionKey: str(redis.FieldPartitionKey), DedupeKey: str(redis.FieldDedupeKey),
+		Payload: []byte(str(redis.FieldPayload)),
+	}
+	if v := str(redis.FieldTenantID); v != "" {
+		g.TenantID = uuid.MustParse(v)
+	}
+	g.Attempt, err = strconv.Atoi(str(redis.FieldAttempt))
+	require.NoError(t, err)
+	if v := str(redis.FieldHeaders); v != "" {
+		require.NoError(t, json.Unmarshal([]byte(v), &g.Headers))
+	}
+	return g
+}
+
+func TestPublishByteForByte(t *testing.T) {
+	t.Parallel()
+	c := client(t, server(t))
+	ns := namespace(t, c)
+	tr := newTransport(t, c, redis.Options{})
+	batch := transporttest.Deliveries(transporttest.Messages(ns, 60))
+
+	for i, err := range tr.Publish(context.Background(), batch) {
+		require.NoError(t, err, "message %d", i)
+	}
+	got := consume(t, c, ns)
+	transporttest.RequireSame(t, batch, got)
+	for _, g := range got {
+		require.Equal(t, g.Namespace+":"+g.Topic, g.Route, "default stream")
+	}
+}
+
+// With MaxLen each XADD trims its stream to about that many entries.
+func TestMaxLenTrims(t *testing.T) {
+	t.Parallel()
+	c := client(t, server(t))
+	ns := namespace(t, c)
+	tr := newTransport(t, c, redis.Options{MaxLen: 10, Stream: func(outbox.Delivery) string { return ns + ":order.created" }})
+	for range 10 {
+		require.Empty(t, transporttest.Failures(tr.Publish(context.Background(), transporttest.Deliveries(transporttest.Messages(ns, 100)))))
+	}
+	n, err := c.XLen(context.Background(), ns+":order.created").Result()
+	require.NoError(t, err)
+	// "~" trims whole macro nodes (100 entries by default), never below MaxLen.
+	require.GreaterOrEqual(t, n, int64(10))
+	require.Less(t, n, int64(300), "the stream was not trimmed")
+}
+
+// One message whose stream key holds another type fails for good; the rest are appended.
+func TestWrongTypeFailsAlone(t *testing.T) {
+	t.Parallel()
+	c := client(t, server(t))
+	ns := namespace(t, c)
+	require.NoError(t, c.Set(context.Background(), ns+":bad", "a string", 0).Err())
+	tr := newTransport(t, c, redis.Options{Stream: func(d outbox.Delivery) string {
+		if d.Topic == "bad" {
+			return ns + ":bad"
+		}
+		return redis.DefaultStream(d)
+	}})
+	batch := transporttest.Deliveries(transporttest.Messages(ns, 9))
+	batch[4].Topic = "bad"
+
+	errs := tr.Publish(context.Background(), batch)
+	require.Len(t, errs, len(batch))
+	for i, err := range errs {
+		if i == 4 {
+			require.ErrorContains(t, err, "WRONGTYPE")
+			require.True(t, outbox.IsPermanent(err), "%v", err)
+			continue
+		}
+		require.NoError(t, err, "message %d", i)
+	}
+	transporttest.RequireSame(t, append(batch[:4:4], batch[5:]...), consume(t, c, ns))
+
+	tr = newTransport(t, c, redis.Options{Stream: func(outbox.Delivery) string { return "" }})
+	errs = tr.Publish(context.Background(), batch[:1])
+	require.ErrorIs(t, errs[0], redis.ErrInvalid)
+	require.True(t, outbox.IsPermanent(errs[0]))
+}
+
+// replyErr is an error reply as go-redis returns it.
+type replyErr string
+
+func (e replyErr) Error() string { return string(e) }
+func (replyErr) RedisError()     {}
+
+func TestCancelledContext(t *testing.T) {
+	t.Parallel()
+	c := client(t, server(t))
+	ns := namespace(t, c)
+	transporttest.RequireCancelled(t, newTransport(t, c, redis.Options{}), transporttest.Deliveries(transporttest.Messages(ns, 5)))
+}
+
+func TestClassify(t *testing.T) {
+	t.Parallel()
+	permanent := []error{
+		replyErr("WRONGTYPE Operation against a key holding the wrong kind of value"),
+		replyErr("ERR Protocol error: invalid bulk length"), replyErr("ERR syntax error"), redis.ErrInvalid,
+	}
+	retryable := []error{
+		replyErr("LOADING Redis is loading the dataset in memory"), replyErr("BUSY Redis is busy running a script"),
+		replyErr("READONLY You can't write against a read only replica."),
+		replyErr("OOM command not allowed when used memory > 'maxmemory'."), replyErr("CLUSTERDOWN The cluster is down"),
+		replyErr("NOAUTH Authentication required."), replyErr("NOPERM this user has no permissions"),
+		replyErr("ERR max number of clients reached"), replyErr("SOMETHINGNEW unknown"),
+		goredis.ErrClosed, context.DeadlineExceeded, errors.New("dial tcp 127.0.0.1:6379: connect: connection refused"),
+	}
+	transporttest.RequireClassify(t, redis.Classify, permanent, retryable)
+}
+
+func TestOptionsValidation(t *testing.T) {
+	t.Parallel()
+	_, err := redis.New(nil, redis.Options{})
+	require.ErrorIs(t, err, redis.ErrInvalid)
+	_, err = redis.New(client(t, server(t)), redis.Options{MaxLen: -1})
+	require.ErrorIs(t, err, redis.ErrInvalid)
+}
+
+// The server goes away in the middle of a run: appends fail and are retried, nothing is
+// dead-lettered, and once it is back every message is in its stream. Redis keeps no ids of
+// ours, so an entry whose reply was lost may appear twice; every id appears at least once.
+func TestServerOutage(t *testing.T) {
+	t.Parallel()
+	admin := client(t, server(t))
+	ns := namespace(t, admin)
+	proxy := testproxy.New(t, server(t))
+	c := client(t, proxy.Addr(), func(o *goredis.Options) {
+		o.MaxRetries = -1
+		o.DialTimeout, o.ReadTimeout, o.WriteTimeout = 200*time.Millisecond, 200*time.Millisecond, 200*time.Millisecond
+	})
+	transporttest.Outage(t, ns, newTransport(t, c, redis.Options{}), proxy.Cut, proxy.Restore,
+		func() []transporttest.Received { return consume(t, admin, ns) }, false)
+}
+
+// A Publisher drains a PostgreSQL outbox into Redis streams, and a consumer reads each
+// message once, byte for byte.
+func TestEndToEndFromPostgres(t *testing.T) {
+	t.Parallel()
+	c := client(t, server(t))
+	ns := namespace(t, c)
+	transporttest.EndToEnd(t, ns, newTransport(t, c, redis.Options{}), func() []transporttest.Received { return consume(t, c, ns) })
+}
