@@ -753,11 +753,15 @@ func TestPublisherTransportFaults(t *testing.T) {
 		stop := start(t, p)
 		e.waitCounts(t, 30*time.Second, func(m map[outbox.Status]int) bool { return m[outbox.StatusDelivered] == 3 })
 		stop()
+		// The first two calls failed every message they held; which messages shared a call
+		// depends on when their jittered retries fell due.
+		claimed := 0
 		for _, id := range ids {
 			r := e.get(t, id)
-			require.Equal(t, 3, r.Attempts)
+			require.GreaterOrEqual(t, r.Attempts, 2, "the first call held every row")
+			claimed += r.Attempts
 		}
-		require.Equal(t, outbox.PublisherStats{Claimed: 9, Delivered: 3, Retried: 6, Errors: 2}, p.Stats())
+		require.Equal(t, outbox.PublisherStats{Claimed: int64(claimed), Delivered: 3, Retried: int64(claimed - 3), Errors: 2}, p.Stats())
 	})
 }
 
