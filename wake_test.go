@@ -209,3 +209,50 @@ func TestPostgresSignalFollowsTheTransaction(t *testing.T) {
 	_, ok = next()
 	require.True(t, ok, "a signal after the limiter's window")
 }
+
+// With IdleBackoffMax left to its default, an idle publisher keeps polling at PollInterval
+// where nothing else can wake it for rows from other processes (SQLite, MySQL), and backs
+// off while a PostgreSQL listener brings wake-ups.
+func TestIdleDefaultFollowsTheListener(t *testing.T) {
+	t.Parallel()
+	for backend, steady := range map[string]bool{"sqlite": true, "mysql": true, "postgres": false} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			e := pubSetup(t, backend)
+			d := &countingDialect{Dialect: pubDialect(backend)}
+			var store *outbox.Store
+			if backend == "postgres" {
+				store = e.newStore(t, e.db, notifyingCounter{d}) // keep the Notifier ability
+			} else {
+				store = e.newStore(t, e.db, d)
+			}
+			o := fastOptions(t, "idle")
+			o.PollInterval, o.IdleBackoffMax, o.Lease = 50*time.Millisecond, 0, 10*time.Second
+			p, err := outbox.NewPublisher(store, newRecorder(nil).transport("p"), o)
+			require.NoError(t, err)
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			require.NoError(t, p.Run(ctx))
+			claims := d.claims.Load()
+			t.Logf("%s: %d idle claims in 3s", backend, claims)
+			if steady {
+				require.GreaterOrEqual(t, claims, int64(25), "polling at PollInterval gives about 60")
+			} else {
+				// Backing off to 1s gives about 8, and the wake-up when the listener connects
+				// a chase of 7 more.
+				require.LessOrEqual(t, claims, int64(18))
+			}
+		})
+	}
+}
+
+// notifyingCounter is a countingDialect that keeps PostgreSQL's Notifier ability.
+type notifyingCounter struct{ *countingDialect }
+
+func (n notifyingCounter) Signal(ctx context.Context, q outbox.DBTX, t outbox.Table, ns string) error {
+	return n.Dialect.(outbox.Notifier).Signal(ctx, q, t, ns)
+}
+
+func (n notifyingCounter) Listen(ctx context.Context, db *sql.DB, t outbox.Table, ready func(), wake func(string)) error {
+	return n.Dialect.(outbox.Notifier).Listen(ctx, db, t, ready, wake)
+}
