@@ -458,11 +458,19 @@ func (mysqlDialect) claim(ctx context.Context, db *sql.DB, t Table, p ClaimParam
 		return nil, err
 	}
 	if len(recs) < p.Limit {
-		a := &args{}
-		more, now2, err := mysqlLockRecords(ctx, tx, `SELECT `+mysqlClaimColumns+
-			` FROM `+mysqlTable(t)+` FORCE INDEX (`+quoteIdent(t.Index("claim"), '`')+`)`+
-			` WHERE `+mysqlDue+` AND attempts < `+a.add(p.MaxAttempts)+scopeSQL(a, p.Scope, "", uuidBytes)+
-			` ORDER BY created_at, id LIMIT `+a.add(p.Limit-len(recs))+` FOR UPDATE SKIP LOCKED`, a.vals)
+		var (
+			more []Record
+			now2 int64
+		)
+		if p.Ordered {
+			more, now2, err = mysqlClaimHeads(ctx, tx, t, p, p.Limit-len(recs))
+		} else {
+			a := &args{}
+			more, now2, err = mysqlLockRecords(ctx, tx, `SELECT `+mysqlClaimColumns+
+				` FROM `+mysqlTable(t)+` FORCE INDEX (`+quoteIdent(t.Index("claim"), '`')+`)`+
+				` WHERE `+mysqlDue+` AND attempts < `+a.add(p.MaxAttempts)+scopeSQL(a, p.Scope, "", uuidBytes)+
+				` ORDER BY created_at, id LIMIT `+a.add(p.Limit-len(recs))+` FOR UPDATE SKIP LOCKED`, a.vals)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -520,7 +528,7 @@ func mysqlReclaim(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams) ([]Re
 	tbl := mysqlTable(t)
 	a := &args{}
 	ids, err := queryIDs(ctx, tx, `SELECT id FROM `+tbl+` FORCE INDEX (`+quoteIdent(t.Index("claim"), '`')+`)`+
-		` WHERE `+mysqlExpired+` AND attempts < `+a.add(p.MaxAttempts)+scopeSQL(a, p.Scope, "", uuidBytes)+
+		` WHERE `+mysqlExpired+` AND attempts < `+a.add(p.MaxAttempts)+scopeSQL(a, p.Scope, "", uuidBytes)+mysqlOrdered(t, p)+
 		` ORDER BY created_at, id LIMIT `+a.add(p.Limit), a.vals...)
 	if err != nil || len(ids) == 0 {
 		return nil, 0, err

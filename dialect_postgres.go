@@ -358,7 +358,7 @@ func (*postgresDialect) Claim(ctx context.Context, db *sql.DB, t Table, p ClaimP
 	tbl := quoteIdent(t.Name(), '"')
 	a := &args{dollar: true}
 	var b strings.Builder
-	b.WriteString(`WITH c AS MATERIALIZED (SELECT id FROM ` + tbl + ` WHERE ` + pgEligible(a, p) +
+	b.WriteString(`WITH c AS MATERIALIZED (SELECT id FROM ` + tbl + ` WHERE ` + pgEligible(a, p) + pgOrdered(tbl, p) +
 		` ORDER BY created_at, id LIMIT ` + a.add(p.Limit) + `::bigint FOR UPDATE SKIP LOCKED)`)
 	b.WriteString(` UPDATE ` + tbl + ` AS t SET status = 'processing', attempts = t.attempts + 1, locked_by = ` + a.add(p.WorkerID) +
 		`, locked_until = now() + ` + pgMicros(a.add(micros(p.Lease))+`::bigint`) + `, lease_token = ` + a.add(pgUUID(p.Token)) +

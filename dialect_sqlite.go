@@ -205,7 +205,7 @@ func (d sqliteDialect) Claim(ctx context.Context, db *sql.DB, t Table, p ClaimPa
 	// (stmtCache): their text depends only on the table and the scope's shape.
 	a := &args{}
 	probe := `SELECT 1 FROM ` + quoteIdent(t.Name(), '"') + ` INDEXED BY ` + quoteIdent(t.Index("claim"), '"') +
-		` WHERE ` + sqliteEligible(a, p) + ` LIMIT 1`
+		` WHERE ` + sqliteEligible(a, p) + sqliteOrdered(t, p) + ` LIMIT 1`
 	backlog := d.backlog.of(db, probe, a.vals)
 	if backlog == nil || !backlog.Load() {
 		var one int
@@ -268,7 +268,7 @@ func sqliteClaim(ctx context.Context, q DBTX, t Table, p ClaimParams) ([]Record,
 		`, locked_until = ` + sqliteStamp + ` + ` + a.add(micros(p.Lease)) + `, lease_token = ` + a.add(uuidBytes(p.Token)) +
 		`, updated_at = ` + sqliteStamp)
 	b.WriteString(` WHERE id IN (SELECT id FROM ` + tbl + ` INDEXED BY ` + quoteIdent(t.Index("claim"), '"') + ` WHERE ` + sqliteEligible(a, p) +
-		` ORDER BY created_at, id LIMIT ` + a.add(p.Limit) + `)`)
+		sqliteOrdered(t, p) + ` ORDER BY created_at, id LIMIT ` + a.add(p.Limit) + `)`)
 	b.WriteString(` AND ` + sqliteEligible(a, p)) // the guard: eligibility holds at write time
 	b.WriteString(` RETURNING ` + selectList(claimColumns, "", nil))
 	return queryClaimed(ctx, q, p, b.String(), a.vals...)

@@ -24,6 +24,11 @@
 //     [outbox.ErrLeaseLost] and change nothing; extension keeps a row.
 //  7. Concurrency: many claimers never share a row; claims racing enqueues lose nothing.
 //  8. Migrations: up, down, up with a custom table name.
+//  9. Ordered: ordered claims per partition key take only each key's head; a retried or
+//     dead head holds its key back (dead: unless skipped), a replayed one is delivered
+//     first; blocked keys are reported; eight publishers with failures deliver every key in
+//     enqueue order, one message of a key at a time. Skipped for a dialect without
+//     [outbox.OrderedClaimer].
 //
 // The suite reads row counts with plain SELECT COUNT(*) on the table, so the table must be
 // an ordinary table of that name. Timing uses short leases and polling with deadlines,
@@ -57,6 +62,10 @@ type Harness struct {
 	Up func(ctx context.Context, db *sql.DB, table string) error
 	// Down drops the outbox table named table. Default: the migrations package.
 	Down func(ctx context.Context, db *sql.DB, table string) error
+	// Reopen, when set, returns another pool on the database of db, one that OpenDB
+	// returned, as a second process would open it, and arranges its cleanup. Tests that
+	// model publishers in separate processes use it; without it they share db.
+	Reopen func(t testing.TB, db *sql.DB) *sql.DB
 }
 
 func (h *Harness) up(ctx context.Context, db *sql.DB, table string) error {
@@ -89,6 +98,7 @@ func Run(t *testing.T, h Harness) {
 		{"Settle", settleTests},
 		{"Lease", leaseTests},
 		{"Concurrency", concurrencyTests},
+		{"Ordered", orderedTests},
 		{"Migrations", migrationTests},
 	}
 	for _, a := range areas {
