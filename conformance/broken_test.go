@@ -56,7 +56,21 @@ func (d scopeBlindDialect) Bury(ctx context.Context, q outbox.DBTX, t outbox.Tab
 	return d.Dialect.Bury(ctx, q, t, p)
 }
 
+// orderBlindDialect says it claims in order but ignores the order: it claims every due
+// row, whatever its partition key.
+type orderBlindDialect struct{ outbox.Dialect }
+
+func (d orderBlindDialect) Claim(ctx context.Context, db *sql.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Record, error) {
+	p.Ordered, p.OrderedSkipDead = false, false
+	return d.Dialect.Claim(ctx, db, t, p)
+}
+
+func (d orderBlindDialect) BlockedKeys(ctx context.Context, q outbox.DBTX, t outbox.Table, p outbox.BlockedKeysParams) ([]outbox.BlockedKey, error) {
+	return d.Dialect.(outbox.OrderedClaimer).BlockedKeys(ctx, q, t, p)
+}
+
 var broken = map[string]outbox.Dialect{
+	"order-blind": orderBlindDialect{outbox.SQLite()},
 	"lease-blind": leaseBlindDialect{outbox.SQLite()},
 	"token-blind": tokenBlindDialect{outbox.SQLite()},
 	"scope-blind": scopeBlindDialect{outbox.SQLite()},
@@ -84,6 +98,7 @@ func TestSuiteCatchesBrokenDialects(t *testing.T) {
 		{"lease-blind", []string{"Concurrency/NoDoubleClaim", "Lease/ExtendKeepsTheRow", "Claim/Fields"}},
 		{"token-blind", []string{"Lease/ExpiredLeaseIsReclaimed", "Settle/AckReportsOnlyLostRows"}},
 		{"scope-blind", []string{"Claim/BuryRespectsScope"}},
+		{"order-blind", []string{"Ordered/HeadOnly", "Ordered/RetryHoldsKey", "Ordered/DeadHeadBlocks", "Ordered/SkipDead", "Ordered/Publishers"}},
 	}
 	for _, c := range cases {
 		t.Run(c.dialect, func(t *testing.T) {

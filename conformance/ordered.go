@@ -282,7 +282,7 @@ func testOrderedPublishers(t *testing.T, h Harness) {
 		store, err := outbox.New(db, h.Dialect, outbox.Options{Table: e.table})
 		require.NoError(t, err)
 		p, err := outbox.NewPublisher(store, outbox.TransportFunc(run.publish), outbox.PublisherOptions{
-			Scope: outbox.Scope{Namespace: "orders"}, Ordered: true, BatchSize: 50,
+			Scope: outbox.Scope{Namespace: "orders"}, Ordered: true, BatchSize: 10,
 			Lease: 3 * time.Second, PollInterval: 5 * time.Millisecond, IdleBackoffMax: 20 * time.Millisecond,
 			Retry:    outbox.RetryPolicy{BaseDelay: time.Millisecond, MaxDelay: 5 * time.Millisecond, MaxAttempts: 1000},
 			WorkerID: fmt.Sprintf("publisher-%d", i), Logger: slog.New(slog.DiscardHandler),
