@@ -15,7 +15,9 @@
 //     and the database commits per delivered message;
 //  4. latency: commit-to-publish p50 and p99 under a steady producer at half the burn-down
 //     rate;
-//  5. growth: burn-down next to a million retained delivered rows against an empty table.
+//  5. growth: burn-down next to a million retained delivered rows against an empty table;
+//  6. ordered: burn-down of rows spread over 1,000 partition keys by a Publisher with
+//     PublisherOptions.Ordered against the same Publisher unordered.
 //
 // It prints a table, then every ratio as one JSON object per line, and writes the full
 // results (JSON, Markdown) and a throughput-against-batch-size plot (SVG) to -out.
@@ -146,7 +148,7 @@ func main() {
 		burnN    = flag.Int("n", 0, "rows per burn-down (default: 10000 quick, 100000 full)")
 		rounds   = flag.Int("burn-rounds", 0, "alternating library/raw pairs of the headline burn-down (default: 3 quick, 10 full)")
 		retained = flag.Int("retained", 0, "retained delivered rows in the growth scenario (default: 100000 quick, 1000000 full)")
-		only     = flag.String("only", "", "run only these scenarios (comma list of enqueue, batch, burndown, breakdown, latency, growth; latency needs burndown)")
+		only     = flag.String("only", "", "run only these scenarios (comma list of enqueue, batch, burndown, breakdown, latency, growth, ordered; latency needs burndown)")
 		cpuprof  = flag.String("cpuprofile", "", "write a CPU profile of the bench process (library and raw alike) to this file")
 		from     = flag.String("from", "", "measure nothing: re-render the table, JSON lines, Markdown and plot of an earlier results.json")
 	)
@@ -276,6 +278,7 @@ func runBackend(ctx context.Context, cfg config, b backend, res *backendResult) 
 		{"burn-down breakdown", "breakdown", runBreakdown},
 		{"latency", "latency", runLatency},
 		{"growth", "growth", runGrowth},
+		{"ordered burn-down", "ordered", runOrdered},
 	}
 	for _, s := range steps {
 		if !cfg.runs(s.key) {

@@ -54,6 +54,7 @@ type backendResult struct {
 	Breakdown  []breakdownResult  `json:"burndown_breakdown,omitempty"`
 	Latency    []latencyResult    `json:"latency,omitempty"`
 	Growth     *growthResult      `json:"growth,omitempty"`
+	Ordered    *orderedResult     `json:"burndown_ordered,omitempty"`
 }
 
 func describeMachine() machine {
@@ -143,6 +144,7 @@ var targets = []target{
 	{"latency_p50_ms_poll10ms", "(PollInterval 10ms)", nil},
 	{"latency_p99_ms_poll10ms", "(PollInterval 10ms)", nil},
 	{"burndown_retained_vs_empty", ">= 0.90", func(v float64) bool { return v >= 0.90 }},
+	{"burndown_ordered_vs_unordered", ">= 0.70", func(v float64) bool { return v >= 0.70 }},
 }
 
 // metrics returns the JSON lines of one backend, in the order of targets.
@@ -185,6 +187,9 @@ func (r *backendResult) metrics(cfg config) []metric {
 	}
 	if g := r.Growth; g != nil {
 		add("burndown_retained_vs_empty", g.Ratio)
+	}
+	if o := r.Ordered; o != nil {
+		add("burndown_ordered_vs_unordered", o.Ratio)
 	}
 	return out
 }
