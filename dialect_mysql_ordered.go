@@ -46,33 +46,14 @@ func mysqlOrdered(t Table, p ClaimParams) string {
 // mysqlClaimHeads locks up to n due pending rows that are their key's head (or have no
 // key), oldest first, on tx.
 func mysqlClaimHeads(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, n int) ([]Record, int64, error) {
-	tbl := mysqlTable(t)
-	a := &args{}
 	// Twice n: concurrent claimers read the same heads and skip each other's locks, so a
 	// margin keeps their batches full.
-	ids, err := queryIDs(ctx, tx, `SELECT id FROM `+tbl+` FORCE INDEX (`+quoteIdent(t.Index("claim"), '`')+`)`+
-		` WHERE `+mysqlDue+` AND attempts < `+a.add(p.MaxAttempts)+scopeSQL(a, p.Scope, "", uuidBytes)+mysqlOrdered(t, p)+
-		` ORDER BY created_at, id LIMIT `+a.add(2*n), a.vals...)
-	if err != nil || len(ids) == 0 {
-		return nil, 0, err
-	}
-	a = &args{}
-	var b strings.Builder
-	b.WriteString(`SELECT ` + mysqlClaimColumns + ` FROM ` + tbl +
-		` FORCE INDEX (PRIMARY) WHERE id IN ` + a.list(len(ids), func(i int) any { return uuidBytes(ids[i]) }))
-	// The predicate again, under the row lock: the plain read saw the last committed state.
-	b.WriteString(` AND ` + mysqlDue + ` AND attempts < ` + a.add(p.MaxAttempts) + ` FOR UPDATE SKIP LOCKED`)
-	recs, now, err := mysqlLockRecords(ctx, tx, b.String(), a.vals)
+	recs, now, err := mysqlFindThenLock(ctx, tx, t, p, mysqlDue, 2*n)
 	if err != nil {
 		return nil, 0, err
 	}
 	// The rows locked beyond n stay untouched and are released at commit.
-	slices.SortFunc(recs, func(x, y Record) int {
-		if c := x.CreatedAt.Compare(y.CreatedAt); c != 0 {
-			return c
-		}
-		return strings.Compare(string(x.ID[:]), string(y.ID[:]))
-	})
+	sortClaimOrder(recs)
 	return recs[:min(n, len(recs))], now, nil
 }
 
@@ -81,4 +62,14 @@ func (mysqlDialect) BlockedKeys(ctx context.Context, q DBTX, t Table, p BlockedK
 	a := &args{}
 	query := blockedKeysQuery(mysqlTable(t), "order_key", ` FORCE INDEX (`+quoteIdent(t.Index("order"), '`')+`)`, a, p, uuidBytes)
 	return queryBlockedKeys(ctx, q, query, a.vals)
+}
+
+// sortClaimOrder sorts records in claim order, (created_at, id).
+func sortClaimOrder(recs []Record) {
+	slices.SortFunc(recs, func(x, y Record) int {
+		if c := x.CreatedAt.Compare(y.CreatedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(string(x.ID[:]), string(y.ID[:]))
+	})
 }

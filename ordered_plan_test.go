@@ -89,6 +89,25 @@ func timeOrderedClaim(ctx context.Context, t *testing.T, s *outbox.Store) []outb
 	return recs
 }
 
+// timeHeldBackClaim takes every remaining head, so that every key has a row in flight, and
+// logs how long an ordered claim then takes to find nothing: it walks the whole backlog (see
+// docs/ordering.md, What it costs). It is a measurement, not a limit.
+func timeHeldBackClaim(ctx context.Context, t *testing.T, s *outbox.Store, rows int) {
+	t.Helper()
+	for {
+		recs, err := s.Claim(ctx, orderedClaimOpts(outbox.MaxBatch))
+		require.NoError(t, err)
+		if len(recs) == 0 {
+			break
+		}
+	}
+	start := time.Now()
+	recs, err := s.Claim(ctx, orderedClaimOpts(100))
+	require.NoError(t, err)
+	require.Empty(t, recs)
+	t.Logf("ordered claim with every key in flight, %d rows: nothing, in %s", rows, time.Since(start))
+}
+
 func TestPostgresOrderedClaimPlan(t *testing.T) {
 	t.Parallel()
 	b := setupPostgres(t, "")
@@ -138,6 +157,8 @@ func TestPostgresOrderedClaimPlan(t *testing.T) {
 	// Half the keys are held back, so the walk passes about one row it may not take for
 	// each it takes, and checks each with one probe: far from the whole pending set.
 	require.Less(t, head.ActualLoops, 400, "rows the claim walked for 100, of %d pending", rows)
+	require.NoError(t, tx.Rollback())
+	timeHeldBackClaim(b.ctx, t, b.store, rows)
 }
 
 // orderedPlanNode is one node of EXPLAIN (ANALYZE, FORMAT JSON).
@@ -205,6 +226,7 @@ func TestMySQLOrderedClaimPlan(t *testing.T) {
 	plan := myExplain(t, e, locks[0])
 	t.Logf("EXPLAIN of the lock:\n%s", plan)
 	require.Equal(t, "PRIMARY", plan[0]["key"], "heads are locked by primary key")
+	timeHeldBackClaim(e.ctx, t, e.store, rows)
 }
 
 func TestSQLiteOrderedClaimPlan(t *testing.T) {
@@ -232,6 +254,7 @@ func TestSQLiteOrderedClaimPlan(t *testing.T) {
 	require.Contains(t, plan, `USING INDEX outbox_events_claim_idx`, "candidates come from the claim index")
 	require.Contains(t, plan, `USING INDEX outbox_events_order_idx (namespace=? AND partition_key=?)`, "the head check is one descent of the order index")
 	require.NotContains(t, plan, "TEMP B-TREE", "nothing is sorted")
+	timeHeldBackClaim(ctx, t, s, rows)
 }
 
 // sqlitePlan returns the EXPLAIN QUERY PLAN of query, one step a line.
