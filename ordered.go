@@ -52,6 +52,11 @@ type BlockedKey struct {
 	Waiting int64
 }
 
+// orderedWindow is how many rows of the claim index an ordered claim of limit rows walks
+// before it visits the keys instead (when it has a namespace to visit): enough to fill a
+// batch while up to three rows in four are held back.
+func orderedWindow(limit int) int { return 4*limit + 100 }
+
 // errOrderedUnsupported is the error for an ordered claim on a dialect without the ability.
 func errOrderedUnsupported(d Dialect) error {
 	return fmt.Errorf("outbox: dialect %s cannot claim in order per partition key: %w", d.Name(), errors.ErrUnsupported)

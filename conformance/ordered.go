@@ -24,6 +24,7 @@ var orderedTests = []test{
 	{"RetryHoldsKey", testOrderedRetryHoldsKey},
 	{"DeadHeadBlocks", testOrderedDeadHeadBlocks},
 	{"SkipDead", testOrderedSkipDead},
+	{"HeadsBeyondBacklog", testOrderedHeadsBeyondBacklog},
 	{"Publishers", testOrderedPublishers},
 }
 
@@ -43,6 +44,7 @@ func orderedSetup(t *testing.T, h Harness) *env {
 func orderedOpts(limit int) outbox.ClaimOptions {
 	o := claimOpts(limit, time.Minute)
 	o.Ordered = true
+	o.Namespace = "orders"
 	return o
 }
 
@@ -83,11 +85,31 @@ func testOrderedHeadOnly(t *testing.T, h Harness) {
 	require.NoError(t, e.store.Ack(e.ctx, first[0].Lease(), first[1].Lease()))
 	require.Equal(t, []uuid.UUID{a[2], b1}, ids(e.claim(t, orderedOpts(100))))
 
-	// Another namespace with the same key is another key.
+	// Another namespace with the same key is another key, and a claim without a namespace
+	// orders too.
 	other := keyed("a", 9)
 	other.Namespace = "billing"
 	oid := e.enqueue(t, other)[0].ID
-	require.Equal(t, []uuid.UUID{oid}, ids(e.claim(t, orderedOpts(100))))
+	all := orderedOpts(100)
+	all.Namespace = ""
+	require.Equal(t, []uuid.UUID{oid}, ids(e.claim(t, all)))
+	require.Empty(t, e.claim(t, all))
+}
+
+// A claim finds the heads of other keys however many rows of a key in flight come before
+// them.
+func testOrderedHeadsBeyondBacklog(t *testing.T, h Harness) {
+	e := orderedSetup(t, h)
+	hot := make([]outbox.Message, 500)
+	for i := range hot {
+		hot[i] = keyed("hot", i)
+	}
+	hotIDs := resultIDs(e.enqueue(t, hot...))
+	cold := resultIDs(e.enqueue(t, keyed("cold", 0), msg(1)))
+	require.Equal(t, []uuid.UUID{hotIDs[0], cold[0], cold[1]}, ids(e.claim(t, orderedOpts(10))))
+	more := resultIDs(e.enqueue(t, keyed("warm", 0), keyed("cold", 1)))
+	require.Equal(t, []uuid.UUID{more[0]}, ids(e.claim(t, orderedOpts(10))), "behind 499 held-back rows")
+	require.Empty(t, e.claim(t, orderedOpts(10)))
 }
 
 // A failed head goes back to pending and holds its key until it is delivered, even when
@@ -259,10 +281,14 @@ func testOrderedPublishers(t *testing.T, h Harness) {
 		publishers = 8
 	)
 	e := orderedSetup(t, h)
-	for seq := range perKey {
-		batch := make([]outbox.Message, keys)
-		for k := range keys {
-			batch[k] = keyed(fmt.Sprintf("key-%03d", k), seq)
+	// Key by key, ten keys per transaction: a claim that ignored the order would take
+	// several events of one key at once.
+	for k0 := 0; k0 < keys; k0 += 10 {
+		var batch []outbox.Message
+		for k := k0; k < k0+10; k++ {
+			for seq := range perKey {
+				batch = append(batch, keyed(fmt.Sprintf("key-%03d", k), seq))
+			}
 		}
 		e.enqueue(t, batch...)
 	}
@@ -284,7 +310,7 @@ func testOrderedPublishers(t *testing.T, h Harness) {
 		p, err := outbox.NewPublisher(store, outbox.TransportFunc(run.publish), outbox.PublisherOptions{
 			Scope: outbox.Scope{Namespace: "orders"}, Ordered: true, BatchSize: 10,
 			Lease: 3 * time.Second, PollInterval: 5 * time.Millisecond, IdleBackoffMax: 20 * time.Millisecond,
-			Retry:    outbox.RetryPolicy{BaseDelay: time.Millisecond, MaxDelay: 5 * time.Millisecond, MaxAttempts: 1000},
+			Retry:    outbox.RetryPolicy{BaseDelay: 5 * time.Millisecond, MaxDelay: 20 * time.Millisecond, MaxAttempts: 1000},
 			WorkerID: fmt.Sprintf("publisher-%d", i), Logger: slog.New(slog.DiscardHandler),
 		})
 		require.NoError(t, err)
