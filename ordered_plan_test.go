@@ -222,14 +222,17 @@ func TestMySQLOrderedClaimPlan(t *testing.T) {
 		require.NotContains(t, reads[i].query, "FOR UPDATE", "heads are found without locking")
 		plan := myExplain(t, e, reads[i])
 		t.Logf("EXPLAIN of the ordered %s, %d rows:\n%s", what, rows, plan)
-		require.Len(t, plan, 2)
 		require.Equal(t, e.table+"_claim_idx", plan[0]["key"], "the %s walks the claim index", what)
 		require.Contains(t, []string{"ref", "range"}, plan[0]["type"])
-		require.NotContains(t, plan[0]["Extra"], "filesort", "in index order, never sorted")
-		require.Equal(t, "DEPENDENT SUBQUERY", plan[1]["select_type"])
-		require.Equal(t, e.table+"_order_idx", plan[1]["key"], "the head check reads the order index")
-		require.Equal(t, "ref", plan[1]["type"])
-		require.NotContains(t, plan[1]["Extra"], "filesort", "the head is the first index entry of its key")
+		var head myPlanRow
+		for _, row := range plan {
+			require.NotContains(t, row["Extra"], "filesort", "in index order, never sorted")
+			if row["select_type"] == "DEPENDENT SUBQUERY" {
+				head = row
+			}
+		}
+		require.Equal(t, e.table+"_order_idx", head["key"], "the head check reads the order index")
+		require.Equal(t, "ref", head["type"])
 	}
 	locks := rec.matching("FORCE INDEX (PRIMARY) WHERE id IN")
 	require.Len(t, locks, 1)
