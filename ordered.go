@@ -54,8 +54,9 @@ type BlockedKey struct {
 
 // orderedWindow is how many rows of the claim index an ordered claim of limit rows walks
 // before it visits the keys instead (when it has a namespace to visit): enough to fill a
-// batch while up to three rows in four are held back.
-func orderedWindow(limit int) int { return 4*limit + 100 }
+// batch while up to half the rows are held back. The bound itself is a walk of that many
+// index entries, so it is kept near what a healthy claim walks anyway.
+func orderedWindow(limit int) int { return 2*limit + 50 }
 
 // errOrderedUnsupported is the error for an ordered claim on a dialect without the ability.
 func errOrderedUnsupported(d Dialect) error {
