@@ -192,6 +192,7 @@ func Postgres(t testing.TB, params ...string) *sql.DB {
 	}
 	opened.Store(db, opening{"pgx", u.String()})
 	t.Cleanup(func() {
+		opened.Delete(db)
 		_ = db.Close()
 		if _, err := adm.Exec(`DROP SCHEMA ` + schema + ` CASCADE`); err != nil {
 			t.Errorf("drop schema %s: %v", schema, err)
@@ -223,6 +224,7 @@ func MySQL(t testing.TB) *sql.DB {
 	}
 	opened.Store(db, opening{"mysql", c.FormatDSN()})
 	t.Cleanup(func() {
+		opened.Delete(db)
 		_ = db.Close()
 		if _, err := adm.Exec(`DROP DATABASE ` + name); err != nil {
 			t.Errorf("drop database %s: %v", name, err)
