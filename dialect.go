@@ -112,6 +112,14 @@ type ClaimParams struct {
 	WorkerID    string
 	// Token is written to lease_token on every claimed row; Complete and Extend present it.
 	Token uuid.UUID
+	// Ordered claims a row that has a partition key only while it is the head of its key:
+	// no earlier row (by created_at, id) of the same namespace and partition key is pending,
+	// processing or, unless OrderedSkipDead, dead. Rows without a partition key are claimed
+	// as usual. A dialect that cannot must return [errors.ErrUnsupported]; the engine calls
+	// it with Ordered only when it implements [OrderedClaimer].
+	Ordered bool
+	// OrderedSkipDead, with Ordered, lets a dead row stop holding back the rows after it.
+	OrderedSkipDead bool
 }
 
 // Lease names one claimed row and the token of the claim that holds it.

@@ -458,11 +458,19 @@ func (mysqlDialect) claim(ctx context.Context, db *sql.DB, t Table, p ClaimParam
 		return nil, err
 	}
 	if len(recs) < p.Limit {
-		a := &args{}
-		more, now2, err := mysqlLockRecords(ctx, tx, `SELECT `+mysqlClaimColumns+
-			` FROM `+mysqlTable(t)+` FORCE INDEX (`+quoteIdent(t.Index("claim"), '`')+`)`+
-			` WHERE `+mysqlDue+` AND attempts < `+a.add(p.MaxAttempts)+scopeSQL(a, p.Scope, "", uuidBytes)+
-			` ORDER BY created_at, id LIMIT `+a.add(p.Limit-len(recs))+` FOR UPDATE SKIP LOCKED`, a.vals)
+		var (
+			more []Record
+			now2 int64
+		)
+		if p.Ordered {
+			more, now2, err = mysqlClaimHeads(ctx, tx, t, p, p.Limit-len(recs))
+		} else {
+			a := &args{}
+			more, now2, err = mysqlLockRecords(ctx, tx, `SELECT `+mysqlClaimColumns+
+				` FROM `+mysqlTable(t)+` FORCE INDEX (`+quoteIdent(t.Index("claim"), '`')+`)`+
+				` WHERE `+mysqlDue+` AND attempts < `+a.add(p.MaxAttempts)+scopeSQL(a, p.Scope, "", uuidBytes)+
+				` ORDER BY created_at, id LIMIT `+a.add(p.Limit-len(recs))+` FOR UPDATE SKIP LOCKED`, a.vals)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -517,11 +525,18 @@ func (mysqlDialect) claim(ctx context.Context, db *sql.DB, t Table, p ClaimParam
 // primary key, the opposite order of the acks that settle them (primary key, then index
 // entry), and deadlock with them; usually there is nothing expired and no lock at all.
 func mysqlReclaim(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams) ([]Record, int64, error) {
+	return mysqlFindThenLock(ctx, tx, t, p, mysqlExpired, p.Limit)
+}
+
+// mysqlFindThenLock finds up to limit rows in scope matching pred (one of mysqlExpired and
+// mysqlDue) with a plain read of the claim index in claim order, then locks those that
+// still match by primary key, FOR UPDATE SKIP LOCKED, and returns them with the clock.
+func mysqlFindThenLock(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, pred string, limit int) ([]Record, int64, error) {
 	tbl := mysqlTable(t)
 	a := &args{}
 	ids, err := queryIDs(ctx, tx, `SELECT id FROM `+tbl+` FORCE INDEX (`+quoteIdent(t.Index("claim"), '`')+`)`+
-		` WHERE `+mysqlExpired+` AND attempts < `+a.add(p.MaxAttempts)+scopeSQL(a, p.Scope, "", uuidBytes)+
-		` ORDER BY created_at, id LIMIT `+a.add(p.Limit), a.vals...)
+		` WHERE `+pred+` AND attempts < `+a.add(p.MaxAttempts)+scopeSQL(a, p.Scope, "", uuidBytes)+mysqlOrdered(t, p)+
+		` ORDER BY created_at, id LIMIT `+a.add(limit), a.vals...)
 	if err != nil || len(ids) == 0 {
 		return nil, 0, err
 	}
@@ -531,7 +546,7 @@ func mysqlReclaim(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams) ([]Re
 		` FORCE INDEX (PRIMARY) WHERE id IN ` + a.list(len(ids), func(i int) any { return uuidBytes(ids[i]) }))
 	// The predicate again: the plain read saw the last committed state, the locking read
 	// sees the current one.
-	b.WriteString(` AND ` + mysqlExpired + ` AND attempts < ` + a.add(p.MaxAttempts) + ` FOR UPDATE SKIP LOCKED`)
+	b.WriteString(` AND ` + pred + ` AND attempts < ` + a.add(p.MaxAttempts) + ` FOR UPDATE SKIP LOCKED`)
 	return mysqlLockRecords(ctx, tx, b.String(), a.vals)
 }
 

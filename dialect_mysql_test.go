@@ -31,6 +31,7 @@ func TestMySQLConformance(t *testing.T) {
 	conformance.Run(t, conformance.Harness{
 		Dialect: outbox.MySQL(),
 		OpenDB:  func(t testing.TB) *sql.DB { return testdb.MySQL(t) },
+		Reopen:  testdb.Reopen,
 	})
 }
 

@@ -356,11 +356,21 @@ func pgEligible(a *args, p ClaimParams) string {
 }
 
 func (*postgresDialect) Claim(ctx context.Context, db *sql.DB, t Table, p ClaimParams) ([]Record, error) {
+	if p.Ordered && p.Namespace != "" {
+		return pgClaimOrdered(ctx, db, t, p)
+	}
 	tbl := quoteIdent(t.Name(), '"')
 	a := &args{dollar: true}
+	return pgLease(ctx, db, t, p, a, `WITH c AS MATERIALIZED (SELECT id FROM `+tbl+` WHERE `+pgEligible(a, p)+pgOrdered(tbl, p)+
+		` ORDER BY created_at, id LIMIT `+a.add(p.Limit)+`::bigint FOR UPDATE SKIP LOCKED)`)
+}
+
+// pgLease runs a claim: with, a WITH clause whose last query c returns the locked ids
+// (its arguments already in a), followed by the UPDATE that leases them.
+func pgLease(ctx context.Context, db *sql.DB, t Table, p ClaimParams, a *args, with string) ([]Record, error) {
+	tbl := quoteIdent(t.Name(), '"')
 	var b strings.Builder
-	b.WriteString(`WITH c AS MATERIALIZED (SELECT id FROM ` + tbl + ` WHERE ` + pgEligible(a, p) +
-		` ORDER BY created_at, id LIMIT ` + a.add(p.Limit) + `::bigint FOR UPDATE SKIP LOCKED)`)
+	b.WriteString(with)
 	b.WriteString(` UPDATE ` + tbl + ` AS t SET status = 'processing', attempts = t.attempts + 1, locked_by = ` + a.add(p.WorkerID) +
 		`, locked_until = now() + ` + pgMicros(a.add(micros(p.Lease))+`::bigint`) + `, lease_token = ` + a.add(pgUUID(p.Token)) +
 		`, updated_at = now() FROM c WHERE t.id = c.id RETURNING ` + selectList(claimColumns, "t.", nil))

@@ -27,6 +27,7 @@ func TestPostgresConformance(t *testing.T) {
 	conformance.Run(t, conformance.Harness{
 		Dialect: outbox.Postgres(),
 		OpenDB:  func(t testing.TB) *sql.DB { return testdb.Postgres(t) },
+		Reopen:  testdb.Reopen,
 	})
 }
 

@@ -195,6 +195,9 @@ func sqliteEligible(a *args, p ClaimParams) string {
 }
 
 func (d sqliteDialect) Claim(ctx context.Context, db *sql.DB, t Table, p ClaimParams) (recs []Record, err error) {
+	if p.Ordered && p.Namespace != "" {
+		return d.claimOrdered(ctx, db, t, p)
+	}
 	// Probe first, without the write lock (in WAL mode readers never wait): idle publishers
 	// polling an empty outbox must not queue for the one write lock that producers need.
 	// While the previous claim of the same scope came back full there is a backlog, and the
@@ -205,7 +208,7 @@ func (d sqliteDialect) Claim(ctx context.Context, db *sql.DB, t Table, p ClaimPa
 	// (stmtCache): their text depends only on the table and the scope's shape.
 	a := &args{}
 	probe := `SELECT 1 FROM ` + quoteIdent(t.Name(), '"') + ` INDEXED BY ` + quoteIdent(t.Index("claim"), '"') +
-		` WHERE ` + sqliteEligible(a, p) + ` LIMIT 1`
+		` WHERE ` + sqliteEligible(a, p) + sqliteOrdered(t, p) + ` LIMIT 1`
 	backlog := d.backlog.of(db, probe, a.vals)
 	if backlog == nil || !backlog.Load() {
 		var one int
@@ -262,13 +265,22 @@ func (b *sqliteBacklog) of(db *sql.DB, probe string, vals []any) *atomic.Bool {
 // can give UpdatedAt as LockedUntil - Lease.
 func sqliteClaim(ctx context.Context, q DBTX, t Table, p ClaimParams) ([]Record, error) {
 	tbl := quoteIdent(t.Name(), '"')
+	return sqliteLease(ctx, q, t, p, func(a *args) string {
+		return `SELECT id FROM ` + tbl + ` INDEXED BY ` + quoteIdent(t.Index("claim"), '"') + ` WHERE ` + sqliteEligible(a, p) +
+			sqliteOrdered(t, p) + ` ORDER BY created_at, id LIMIT ` + a.add(p.Limit)
+	})
+}
+
+// sqliteLease leases the rows that the query rendered by candidates selects (with the
+// eligibility guard), in one UPDATE ... RETURNING.
+func sqliteLease(ctx context.Context, q DBTX, t Table, p ClaimParams, candidates func(a *args) string) ([]Record, error) {
+	tbl := quoteIdent(t.Name(), '"')
 	a := &args{}
 	var b strings.Builder
 	b.WriteString(`UPDATE ` + tbl + ` SET status = 'processing', attempts = attempts + 1, locked_by = ` + a.add(p.WorkerID) +
 		`, locked_until = ` + sqliteStamp + ` + ` + a.add(micros(p.Lease)) + `, lease_token = ` + a.add(uuidBytes(p.Token)) +
 		`, updated_at = ` + sqliteStamp)
-	b.WriteString(` WHERE id IN (SELECT id FROM ` + tbl + ` INDEXED BY ` + quoteIdent(t.Index("claim"), '"') + ` WHERE ` + sqliteEligible(a, p) +
-		` ORDER BY created_at, id LIMIT ` + a.add(p.Limit) + `)`)
+	b.WriteString(` WHERE id IN (` + candidates(a) + `)`)
 	b.WriteString(` AND ` + sqliteEligible(a, p)) // the guard: eligibility holds at write time
 	b.WriteString(` RETURNING ` + selectList(claimColumns, "", nil))
 	return queryClaimed(ctx, q, p, b.String(), a.vals...)

@@ -128,8 +128,12 @@ type Message struct {
 	DedupeKey string
 	// PartitionKey names the entity the event belongs to (an order id, say). It is stored
 	// and passed to the transport, which may use it as the broker's key (a Kafka record
-	// key, for instance). The publisher does not order deliveries by it: retries and
-	// concurrent claims can deliver a key's events out of enqueue order. Empty means none.
+	// key, for instance). A [Publisher] with [PublisherOptions.Ordered] delivers the events
+	// of one namespace and partition key one at a time, in enqueue order ((created_at, id)
+	// at insert), across all its publishers and through retries; without it, retries and
+	// concurrent claims can deliver a key's events out of order. Producers writing one key
+	// from concurrent transactions must serialise on the entity themselves (docs/ordering.md).
+	// Empty means none: such events are never held back.
 	PartitionKey string
 	// Headers carry metadata such as trace context and content type.
 	Headers Headers
@@ -358,11 +362,25 @@ type ClaimOptions struct {
 	MaxAttempts int
 	// WorkerID is recorded in locked_by (1..128 bytes).
 	WorkerID string
+	// Ordered claims in order per partition key: a row with a partition key is claimed only
+	// when no earlier row (by created_at, id) of its namespace and key is pending, processing
+	// or dead, so one row per key is in flight at a time, and a row waiting for a retry holds
+	// back the rows after it. Rows without a partition key are claimed as usual. It needs a
+	// dialect that implements [OrderedClaimer]; with another, Claim returns an error
+	// matching [errors.ErrUnsupported]. See [PublisherOptions.Ordered].
+	Ordered bool
+	// OrderedSkipDead, with Ordered, lets the rows after a dead row of their key be claimed:
+	// a dead row no longer holds its key back. By default it does, until it is replayed or
+	// discarded.
+	OrderedSkipDead bool
 }
 
 func (o *ClaimOptions) validate() error {
 	if err := validateScope(o.Scope); err != nil {
 		return err
+	}
+	if o.OrderedSkipDead && !o.Ordered {
+		return invalid("OrderedSkipDead", "applies to ordered claims only; set Ordered too")
 	}
 	switch {
 	case o.Limit < 1 || o.Limit > MaxBatch:
@@ -405,9 +423,14 @@ func (s *Store) Claim(ctx context.Context, o ClaimOptions) ([]Record, error) {
 	if err := o.validate(); err != nil {
 		return nil, err
 	}
+	if o.Ordered {
+		if _, err := s.orderedClaimer(); err != nil {
+			return nil, err
+		}
+	}
 	recs, err := s.dialect.Claim(ctx, s.db, s.table, ClaimParams{
 		Scope: o.Scope, Limit: o.Limit, Lease: o.Lease, MaxAttempts: o.MaxAttempts,
-		WorkerID: o.WorkerID, Token: uuid.New(),
+		WorkerID: o.WorkerID, Token: uuid.New(), Ordered: o.Ordered, OrderedSkipDead: o.OrderedSkipDead,
 	})
 	if err != nil {
 		return nil, s.sqlError("claim", err)

@@ -154,6 +154,24 @@ type PublisherOptions struct {
 
 	// idleDefault records that IdleBackoffMax was left to its default.
 	idleDefault bool
+
+	// Ordered delivers the events of each namespace and partition key one at a time, in
+	// enqueue order ((created_at, id) at insert), across every publisher of the table and
+	// through retries: a row is claimed only when every earlier row of its key was
+	// delivered, so a row waiting for its retry holds back the rows after it. Events without
+	// a partition key are not held back. Head of line: a row of the key that went dead holds
+	// the key back too, until an operator replays or discards it ([Store.BlockedKeys] lists
+	// such keys); set OrderedSkipDead to pass over dead rows instead. Every publisher that
+	// serves the same rows must set it alike: an unordered publisher ignores the order.
+	// It needs a dialect that implements [OrderedClaimer] and its order index (migrations
+	// version 3); [NewPublisher] refuses another dialect with an error matching
+	// [errors.ErrUnsupported]. See docs/ordering.md for what the order means and costs.
+	Ordered bool
+
+	// OrderedSkipDead, with Ordered, stops a dead row from holding back the rows of its key
+	// that follow it; they are delivered as if it had been delivered. A dead row that is
+	// replayed later is then delivered after them, out of order.
+	OrderedSkipDead bool
 }
 
 // validate applies the defaults and checks the settings.
@@ -225,6 +243,9 @@ func (o *PublisherOptions) validate() error {
 	}
 	if err := o.Retention.validate(); err != nil {
 		return err
+	}
+	if o.OrderedSkipDead && !o.Ordered {
+		return invalid("OrderedSkipDead", "applies to ordered publishers only; set Ordered too")
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -302,6 +323,11 @@ func NewPublisher(store *Store, tr Transport, opts PublisherOptions) (*Publisher
 	}
 	if err := opts.Retention.check(store); err != nil {
 		return nil, err
+	}
+	if opts.Ordered {
+		if _, err := store.orderedClaimer(); err != nil {
+			return nil, err
+		}
 	}
 	return &Publisher{
 		store: store,
@@ -513,7 +539,8 @@ func sleep(ctx context.Context, d time.Duration) bool {
 
 func (r *run) claimLoop(w waker) {
 	p := r.p
-	o := ClaimOptions{Scope: p.opts.Scope, Limit: p.opts.BatchSize, Lease: p.opts.Lease, MaxAttempts: p.opts.Retry.MaxAttempts, WorkerID: p.opts.WorkerID}
+	o := ClaimOptions{Scope: p.opts.Scope, Limit: p.opts.BatchSize, Lease: p.opts.Lease, MaxAttempts: p.opts.Retry.MaxAttempts, WorkerID: p.opts.WorkerID,
+		Ordered: p.opts.Ordered, OrderedSkipDead: p.opts.OrderedSkipDead}
 	idle := p.opts.PollInterval
 	errDelay := p.opts.PollInterval
 	chase := len(chaseDelays) // position in chaseDelays; at the end when not chasing

@@ -119,7 +119,21 @@ func (d cursorBlindDialect) ListDead(ctx context.Context, q outbox.DBTX, t outbo
 	return d.withAbilities.ListDead(ctx, q, t, p)
 }
 
+// orderBlindDialect says it claims in order but ignores the order: it claims every due
+// row, whatever its partition key.
+type orderBlindDialect struct{ outbox.Dialect }
+
+func (d orderBlindDialect) Claim(ctx context.Context, db *sql.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Record, error) {
+	p.Ordered, p.OrderedSkipDead = false, false
+	return d.Dialect.Claim(ctx, db, t, p)
+}
+
+func (d orderBlindDialect) BlockedKeys(ctx context.Context, q outbox.DBTX, t outbox.Table, p outbox.BlockedKeysParams) ([]outbox.BlockedKey, error) {
+	return d.Dialect.(outbox.OrderedClaimer).BlockedKeys(ctx, q, t, p)
+}
+
 var broken = map[string]outbox.Dialect{
+	"order-blind":  orderBlindDialect{outbox.SQLite()},
 	"lease-blind":  leaseBlindDialect{outbox.SQLite()},
 	"token-blind":  tokenBlindDialect{outbox.SQLite()},
 	"scope-blind":  scopeBlindDialect{outbox.SQLite()},
@@ -153,6 +167,7 @@ func TestSuiteCatchesBrokenDialects(t *testing.T) {
 		{"purge-all", []string{"Retention/PurgeNeverTouchesLiveRows", "Retention/PurgeInBatches", "Retention/PurgeConcurrently"}},
 		{"replay-any", []string{"Admin/ReplayOnlyDeadRows", "Admin/ReplayedRowIsDelivered"}},
 		{"cursor-blind", []string{"Admin/ListDeadPages"}},
+		{"order-blind", []string{"Ordered/HeadOnly", "Ordered/RetryHoldsKey", "Ordered/DeadHeadBlocks", "Ordered/SkipDead", "Ordered/Publishers"}},
 	}
 	for _, c := range cases {
 		t.Run(c.dialect, func(t *testing.T) {

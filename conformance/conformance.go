@@ -30,6 +30,11 @@
 //  10. Retention ([outbox.RetentionDialect]): purge never touches pending or processing
 //     rows, frees dedupe keys, runs in batches, and purgers may run at once. Skipped, saying
 //     so, for a dialect without the ability.
+//  11. Ordered: ordered claims per partition key take only each key's head; a retried or
+//     dead head holds its key back (dead: unless skipped), a replayed one is delivered
+//     first; blocked keys are reported; eight publishers with failures deliver every key in
+//     enqueue order, one message of a key at a time. Skipped for a dialect without
+//     [outbox.OrderedClaimer].
 //
 // The suite reads row counts with plain SELECT COUNT(*) on the table, so the table must be
 // an ordinary table of that name. Timing uses short leases and polling with deadlines,
@@ -63,6 +68,10 @@ type Harness struct {
 	Up func(ctx context.Context, db *sql.DB, table string) error
 	// Down drops the outbox table named table. Default: the migrations package.
 	Down func(ctx context.Context, db *sql.DB, table string) error
+	// Reopen, when set, returns another pool on the database of db, one that OpenDB
+	// returned, as a second process would open it, and arranges its cleanup. Tests that
+	// model publishers in separate processes use it; without it they share db.
+	Reopen func(t testing.TB, db *sql.DB) *sql.DB
 }
 
 func (h *Harness) up(ctx context.Context, db *sql.DB, table string) error {
@@ -95,6 +104,7 @@ func Run(t *testing.T, h Harness) {
 		{"Settle", settleTests},
 		{"Lease", leaseTests},
 		{"Concurrency", concurrencyTests},
+		{"Ordered", orderedTests},
 		{"Migrations", migrationTests},
 		{"Admin", adminTests},
 		{"Retention", retentionTests},

@@ -115,7 +115,7 @@ func burn(ctx context.Context, b backend, kind, table string, n, batch, workers 
 	timeout := time.Duration(max(120, n/200)) * time.Second
 	var elapsed time.Duration
 	if kind == "library" {
-		elapsed, run.Stats, err = burnLibrary(ctx, b, db, table, n, batch, workers, timeout)
+		elapsed, run.Stats, err = burnLibrary(ctx, b, db, table, n, batch, workers, timeout, false)
 	} else {
 		var step func(ctx context.Context, worker string) (int, error)
 		if step, err = stepFor(kind, b, db, table, batch); err == nil {
@@ -142,7 +142,9 @@ func burn(ctx context.Context, b backend, kind, table string, n, batch, workers 
 	return run, nil
 }
 
-func burnLibrary(ctx context.Context, b backend, db *sql.DB, table string, n, batch, workers int, timeout time.Duration) (time.Duration, *outbox.PublisherStats, error) {
+// burnLibrary drains n rows of table with a Publisher, in order per partition key when
+// ordered is set.
+func burnLibrary(ctx context.Context, b backend, db *sql.DB, table string, n, batch, workers int, timeout time.Duration, ordered bool) (time.Duration, *outbox.PublisherStats, error) {
 	store, err := outbox.New(db, b.dialect(), outbox.Options{Table: table})
 	if err != nil {
 		return 0, nil, err
@@ -165,7 +167,7 @@ func burnLibrary(ctx context.Context, b backend, db *sql.DB, table string, n, ba
 	})
 	pub, err := outbox.NewPublisher(store, noop, outbox.PublisherOptions{
 		Scope:     outbox.Scope{Namespace: benchNamespace},
-		BatchSize: batch, Concurrency: workers, Logger: discard,
+		BatchSize: batch, Concurrency: workers, Logger: discard, Ordered: ordered,
 	})
 	if err != nil {
 		return 0, nil, err

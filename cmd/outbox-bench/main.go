@@ -20,6 +20,8 @@
 //     exact COUNT(*) of the delivered rows;
 //  7. purge: the Publisher's burn-down while its Retention purges up to 100 000 day-old
 //     delivered rows, against the same burn-down with retention off.
+//  8. ordered: burn-down of rows spread over 1,000 partition keys by a Publisher with
+//     PublisherOptions.Ordered against the same Publisher unordered.
 //
 // It prints a table, then every ratio as one JSON object per line, and writes the full
 // results (JSON, Markdown) and a throughput-against-batch-size plot (SVG) to -out.
@@ -152,7 +154,7 @@ func main() {
 		burnN    = flag.Int("n", 0, "rows per burn-down (default: 10000 quick, 100000 full)")
 		rounds   = flag.Int("burn-rounds", 0, "alternating library/raw pairs of the headline burn-down (default: 3 quick, 10 full)")
 		retained = flag.Int("retained", 0, "retained delivered rows in the growth scenario (default: 100000 quick, 1000000 full)")
-		only     = flag.String("only", "", "run only these scenarios (comma list of enqueue, batch, burndown, breakdown, latency, growth, stats, purge; latency needs burndown)")
+		only     = flag.String("only", "", "run only these scenarios (comma list of enqueue, batch, burndown, breakdown, latency, growth, stats, purge, ordered; latency needs burndown)")
 		cpuprof  = flag.String("cpuprofile", "", "write a CPU profile of the bench process (library and raw alike) to this file")
 		from     = flag.String("from", "", "measure nothing: re-render the table, JSON lines, Markdown and plot of an earlier results.json")
 	)
@@ -284,6 +286,7 @@ func runBackend(ctx context.Context, cfg config, b backend, res *backendResult) 
 		{"growth", "growth", runGrowth},
 		{"stats", "stats", runStats},
 		{"purge during burn-down", "purge", runPurgeBurn},
+		{"ordered burn-down", "ordered", runOrdered},
 	}
 	for _, s := range steps {
 		if !cfg.runs(s.key) {

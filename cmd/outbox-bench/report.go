@@ -59,6 +59,7 @@ type backendResult struct {
 	Growth     *growthResult      `json:"growth,omitempty"`
 	Stats      *statsResult       `json:"stats,omitempty"`
 	PurgeBurn  *purgeBurnResult   `json:"purge_burndown,omitempty"`
+	Ordered    *orderedResult     `json:"burndown_ordered,omitempty"`
 }
 
 func describeMachine() machine {
@@ -159,6 +160,7 @@ var targets = []target{
 	{"saturated_latency_p50_ms_poll10ms", "(same, PollInterval 10ms)", nil},
 	{"saturated_latency_p99_ms_poll10ms", "(same, PollInterval 10ms)", nil},
 	{"burndown_retained_vs_empty", ">= 0.90", func(v float64) bool { return v >= 0.90 }},
+	{"burndown_ordered_vs_unordered", ">= 0.70", func(v float64) bool { return v >= 0.70 }},
 }
 
 // metrics returns the JSON lines of one backend, in the order of targets.
@@ -220,6 +222,9 @@ func (r *backendResult) metrics(cfg config) []metric {
 	}
 	if g := r.Growth; g != nil {
 		add("burndown_retained_vs_empty", g.Ratio)
+	}
+	if o := r.Ordered; o != nil {
+		add("burndown_ordered_vs_unordered", o.Ratio)
 	}
 	return out
 }

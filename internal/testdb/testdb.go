@@ -190,7 +190,9 @@ func Postgres(t testing.TB, params ...string) *sql.DB {
 	if err != nil {
 		t.Fatal(err)
 	}
+	opened.Store(db, opening{"pgx", u.String()})
 	t.Cleanup(func() {
+		opened.Delete(db)
 		_ = db.Close()
 		if _, err := adm.Exec(`DROP SCHEMA ` + schema + ` CASCADE`); err != nil {
 			t.Errorf("drop schema %s: %v", schema, err)
@@ -220,7 +222,9 @@ func MySQL(t testing.TB) *sql.DB {
 	if err != nil {
 		t.Fatal(err)
 	}
+	opened.Store(db, opening{"mysql", c.FormatDSN()})
 	t.Cleanup(func() {
+		opened.Delete(db)
 		_ = db.Close()
 		if _, err := adm.Exec(`DROP DATABASE ` + name); err != nil {
 			t.Errorf("drop database %s: %v", name, err)
@@ -298,4 +302,27 @@ func Rebind(backend, query string) string {
 		b.WriteRune(c)
 	}
 	return b.String()
+}
+
+// opening is how a pool returned by Postgres or MySQL was opened.
+type opening struct{ driver, dsn string }
+
+// opened maps each pool returned by Postgres and MySQL to its opening, for Reopen.
+var opened sync.Map // *sql.DB → opening
+
+// Reopen returns another pool on the database of db, which Postgres or MySQL returned, as a
+// second process would open it; it is closed after the test (before db's database is
+// dropped, since cleanups run last in, first out).
+func Reopen(t testing.TB, db *sql.DB) *sql.DB {
+	t.Helper()
+	o, ok := opened.Load(db)
+	if !ok {
+		t.Fatal("testdb: Reopen needs a pool from testdb.Postgres or testdb.MySQL")
+	}
+	again, err := sql.Open(o.(opening).driver, o.(opening).dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = again.Close() })
+	return again
 }

@@ -1,0 +1,108 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+)
+
+// Ordered claims on SQLite add one term to the claim's candidate read and to its probe
+// (sqliteOrdered): the row has no partition key, or it is the first entry of its namespace
+// and key in the partial order index (namespace, partition_key, created_at, id) WHERE
+// partition_key IS NOT NULL AND status IN ('pending', 'processing', 'dead'), read with one
+// descent (INDEXED BY, so a planner with stale statistics cannot walk the table instead).
+//
+// SQLite has one writer: the claim's UPDATE ... WHERE id IN (SELECT ...) reads and writes
+// under the write lock, so no other claim runs between the head check and the lease, and
+// within one claim a later row of a key sees the earlier one pending and is not taken.
+
+// sqliteOrdered renders the ordered claim's extra term, or "" for an unordered claim.
+func sqliteOrdered(t Table, p ClaimParams) string {
+	if !p.Ordered {
+		return ""
+	}
+	tbl := quoteIdent(t.Name(), '"')
+	return ` AND ` + orderedHead(tbl, tbl, "partition_key", ` INDEXED BY `+quoteIdent(t.Index("order"), '"'), orderedLive(p.OrderedSkipDead))
+}
+
+// claimOrdered claims in order within a namespace, as pgClaimOrdered does: a walk of the
+// claim index bounded to orderedWindow rows, then, when that found less than a batch, a
+// visit of the keys (sqliteHeadsByKey). Both are probed first without the write lock, so
+// that idle publishers leave the lock to producers; an ordered claim always probes.
+func (d sqliteDialect) claimOrdered(ctx context.Context, db *sql.DB, t Table, p ClaimParams) (recs []Record, err error) {
+	tbl := quoteIdent(t.Name(), '"')
+	walk := func(p ClaimParams) func(a *args) string {
+		return func(a *args) string {
+			return `SELECT id FROM ` + tbl + ` INDEXED BY ` + quoteIdent(t.Index("claim"), '"') + ` WHERE ` + sqliteEligible(a, p) +
+				sqliteOrdered(t, p) + sqliteWindow(t, a, p) + ` ORDER BY created_at, id LIMIT ` + a.add(p.Limit)
+		}
+	}
+	byKey := func(p ClaimParams) func(a *args) string {
+		return func(a *args) string { return sqliteHeadsByKey(t, a, p) }
+	}
+	found := func(candidates func(a *args) string) (bool, error) {
+		a := &args{}
+		var one int
+		switch err := d.stmts.on(db).QueryRowContext(ctx, `SELECT 1 FROM (`+candidates(a)+`) LIMIT 1`, a.vals...).Scan(&one); {
+		case err == sql.ErrNoRows:
+			return false, nil
+		case err != nil:
+			return false, err
+		}
+		return true, nil
+	}
+	inWindow, err := found(walk(p))
+	if err != nil {
+		return nil, err
+	}
+	if !inWindow {
+		if beyond, err := found(byKey(p)); err != nil || !beyond {
+			return nil, err
+		}
+	}
+	err = d.write(ctx, db, func(q, _ DBTX) error {
+		if inWindow {
+			if recs, err = sqliteLease(ctx, q, t, p, walk(p)); err != nil || len(recs) == p.Limit {
+				return err
+			}
+		}
+		rest := p
+		rest.Limit -= len(recs)
+		more, err := sqliteLease(ctx, q, t, rest, byKey(rest))
+		recs = append(recs, more...)
+		return err
+	})
+	return recs, err
+}
+
+// sqliteWindow bounds the ordered claim's walk to orderedWindow rows in scope.
+func sqliteWindow(t Table, a *args, p ClaimParams) string {
+	return ` AND created_at <= coalesce((SELECT w.created_at FROM ` + quoteIdent(t.Name(), '"') + ` w INDEXED BY ` +
+		quoteIdent(t.Index("claim"), '"') + ` WHERE w.status IN ('pending', 'processing')` + scopeSQL(a, p.Scope, "w.", uuidBytes) +
+		` ORDER BY w.created_at, w.id LIMIT 1 OFFSET ` + a.add(orderedWindow(p.Limit)) + `), 9223372036854775807)`
+}
+
+// sqliteHeadsByKey renders the candidates of a claim that visits the keys of p.Namespace:
+// a skip scan of the order index lists the keys, one descent per key, the key's first row
+// that holds it back is its head; the unkeyed index gives the oldest rows without a key; and
+// the oldest eligible of both are chosen.
+func sqliteHeadsByKey(t Table, a *args, p ClaimParams) string {
+	tbl := quoteIdent(t.Name(), '"')
+	e := tbl + ` e INDEXED BY ` + quoteIdent(t.Index("order"), '"')
+	keyed := ` AND e.status IN ('pending', 'processing', 'dead') ORDER BY e.partition_key LIMIT 1`
+	return `WITH RECURSIVE k(pk) AS (SELECT (SELECT e.partition_key FROM ` + e + ` WHERE e.namespace = ` + a.add(p.Namespace) +
+		` AND e.partition_key IS NOT NULL` + keyed + `)` +
+		` UNION ALL SELECT (SELECT e.partition_key FROM ` + e + ` WHERE e.namespace = ` + a.add(p.Namespace) + ` AND e.partition_key > k.pk` +
+		keyed + `) FROM k WHERE k.pk IS NOT NULL)` +
+		` SELECT id FROM ` + tbl + ` WHERE id IN (SELECT (SELECT e.id FROM ` + e + ` WHERE e.namespace = ` + a.add(p.Namespace) +
+		` AND e.partition_key = k.pk AND ` + orderedLive(p.OrderedSkipDead) + ` ORDER BY e.created_at, e.id LIMIT 1) FROM k WHERE k.pk IS NOT NULL` +
+		` UNION ALL SELECT * FROM (SELECT id FROM ` + tbl + ` INDEXED BY ` + quoteIdent(t.Index("unkeyed"), '"') +
+		` WHERE partition_key IS NULL AND ` + sqliteEligible(a, p) + ` ORDER BY created_at, id LIMIT ` + a.add(p.Limit) + `))` +
+		` AND ` + sqliteEligible(a, p) + ` ORDER BY created_at, id LIMIT ` + a.add(p.Limit)
+}
+
+// BlockedKeys implements [OrderedClaimer].
+func (sqliteDialect) BlockedKeys(ctx context.Context, q DBTX, t Table, p BlockedKeysParams) ([]BlockedKey, error) {
+	a := &args{}
+	query := blockedKeysQuery(quoteIdent(t.Name(), '"'), "partition_key", ` INDEXED BY `+quoteIdent(t.Index("order"), '"'), a, p, uuidBytes)
+	return queryBlockedKeys(ctx, q, query, a.vals)
+}

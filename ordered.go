@@ -1,0 +1,166 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/google/uuid"
+)
+
+// OrderedClaimer is the optional ability of a [Dialect] to claim in order per partition key
+// ([ClaimParams.Ordered]) and to list the keys a dead row holds back. The engine finds it by
+// type assertion: [Store.Claim] with [ClaimOptions.Ordered], [Store.BlockedKeys] and a
+// [Publisher] with [PublisherOptions.Ordered] return an error matching
+// [errors.ErrUnsupported] for a dialect without it, instead of claiming out of order. The
+// built-in dialects implement it; their tables need the migrations' order index
+// (migrations version 3).
+//
+// An implementation's Claim, given p.Ordered, returns a row with a partition key only when
+// it is the head of its key: the first row, by (created_at, id), among the rows of its
+// namespace and partition key that are pending, processing or (unless p.OrderedSkipDead)
+// dead. Two concurrent claims must never return two rows of one key. A dialect that can
+// claim in order only in some configurations returns [errors.ErrUnsupported] from Claim in
+// the others. The conformance suite's Ordered section is the checklist.
+type OrderedClaimer interface {
+	Dialect
+	// BlockedKeys lists up to p.Limit partition keys in p.Scope whose head is dead while
+	// rows wait behind it, oldest head first.
+	BlockedKeys(ctx context.Context, q DBTX, t Table, p BlockedKeysParams) ([]BlockedKey, error)
+}
+
+// BlockedKeysParams are the arguments of [OrderedClaimer.BlockedKeys].
+type BlockedKeysParams struct {
+	// Scope filters on the dead head row.
+	Scope
+	Limit int
+}
+
+// BlockedKey is a partition key whose head row is dead, as [Store.BlockedKeys] reports it.
+// Ordered publishers with the default head-of-line policy deliver nothing more of the key
+// until an operator replays the head (it goes back to pending and is delivered first) or
+// discards it (the next row becomes the head).
+type BlockedKey struct {
+	Namespace    string
+	PartitionKey string
+	// HeadID is the dead row at the head of the key.
+	HeadID uuid.UUID
+	// Topic and LastError are the dead row's topic and why it died.
+	Topic     string
+	LastError string
+	// Waiting is how many rows of the key are pending or processing behind the head.
+	Waiting int64
+}
+
+// orderedWindow is how many rows of the claim index an ordered claim of limit rows walks
+// before it visits the keys instead (when it has a namespace to visit): enough to fill a
+// batch while up to half the rows are held back. The bound itself is a walk of that many
+// index entries, so it is kept near what a healthy claim walks anyway.
+func orderedWindow(limit int) int { return 2*limit + 50 }
+
+// errOrderedUnsupported is the error for an ordered claim on a dialect without the ability.
+func errOrderedUnsupported(d Dialect) error {
+	return fmt.Errorf("outbox: dialect %s cannot claim in order per partition key: %w", d.Name(), errors.ErrUnsupported)
+}
+
+// orderedClaimer returns the store's dialect as an [OrderedClaimer], or the error to report.
+func (s *Store) orderedClaimer() (OrderedClaimer, error) {
+	oc, ok := s.dialect.(OrderedClaimer)
+	if !ok {
+		return nil, errOrderedUnsupported(s.dialect)
+	}
+	return oc, nil
+}
+
+// BlockedKeys lists up to limit (1..[MaxBatch]) partition keys in scope whose head row is
+// dead while at least one later row of the key is pending or processing, oldest head
+// first: the keys that ordered publishers with the default head-of-line policy hold back.
+// Replay or discard the head to release a key. A dialect without the ordered ability
+// ([OrderedClaimer]) returns an error matching [errors.ErrUnsupported].
+//
+// It reads every dead row in scope (through the retention index), so it is an operator's
+// query, not one to poll many times a second.
+func (s *Store) BlockedKeys(ctx context.Context, scope Scope, limit int) ([]BlockedKey, error) {
+	if err := validateScope(scope); err != nil {
+		return nil, err
+	}
+	if limit < 1 || limit > MaxBatch {
+		return nil, invalid("Limit", "must be between 1 and %d, got %d", MaxBatch, limit)
+	}
+	oc, err := s.orderedClaimer()
+	if err != nil {
+		return nil, err
+	}
+	keys, err := oc.BlockedKeys(ctx, s.db, s.table, BlockedKeysParams{Scope: scope, Limit: limit})
+	if err != nil {
+		return nil, s.sqlError("blocked keys", err)
+	}
+	return keys, nil
+}
+
+// orderedHead renders the condition under which the row of the enclosing query, named
+// outer (the quoted table name or its alias), may be claimed in order: it has no partition
+// key, or it is the first row of its key among those that hold the key back. keyCol is the
+// column the index keeps the key in for such rows (partition_key, or MySQL's order_key),
+// live the status terms that make a row hold the key back, matching the order index's
+// predicate, and index an index hint placed after the inner table's alias ("" for none).
+// The inner read is one descent of the order index: its first entry for the key.
+func orderedHead(tbl, outer, keyCol, index, live string) string {
+	return `(` + outer + `.partition_key IS NULL OR ` + outer + `.id = (SELECT e.id FROM ` + tbl + ` e` + index +
+		` WHERE e.namespace = ` + outer + `.namespace AND e.` + keyCol + ` = ` + outer + `.partition_key AND ` + live +
+		` ORDER BY e.created_at, e.id LIMIT 1))`
+}
+
+// orderedLive returns the status terms of the rows that hold a key back: pending,
+// processing and, unless skipDead, dead. The first term is the order index's own predicate,
+// written the same way, so that every database sees that the index applies.
+func orderedLive(skipDead bool) string {
+	live := `e.status IN ('pending', 'processing', 'dead')`
+	if skipDead {
+		live += ` AND e.status <> 'dead'`
+	}
+	return live
+}
+
+// blockedKeysQuery renders the query of BlockedKeys for the built-in dialects: dead rows
+// that are their key's head, with the count of pending and processing rows of the key,
+// where at least one waits. keyCol is as for orderedHead; a renders placeholders; enc binds
+// the scope's tenant.
+func blockedKeysQuery(tbl, keyCol, index string, a *args, p BlockedKeysParams, enc func(uuid.UUID) any) string {
+	waiting := `(SELECT COUNT(*) FROM ` + tbl + ` w` + index + ` WHERE w.namespace = h.namespace AND w.` + keyCol +
+		` = h.partition_key AND w.status IN ('pending', 'processing', 'dead') AND w.status <> 'dead')`
+	return `SELECT h.namespace, h.partition_key, h.id, h.topic, h.last_error, ` + waiting + ` AS waiting FROM ` + tbl + ` h` +
+		` WHERE h.status = 'dead' AND h.partition_key IS NOT NULL` + scopeSQL(a, p.Scope, "h.", enc) +
+		` AND ` + orderedHead(tbl, "h", keyCol, index, orderedLive(false)) +
+		` AND ` + waiting + ` > 0 ORDER BY h.created_at, h.id LIMIT ` + a.add(p.Limit)
+}
+
+// queryBlockedKeys runs a query rendered by blockedKeysQuery.
+func queryBlockedKeys(ctx context.Context, q DBTX, query string, vals []any) ([]BlockedKey, error) {
+	return queryAll(ctx, q, query, vals, func(s rowScanner) (BlockedKey, error) {
+		var (
+			k       BlockedKey
+			lastErr nullString
+		)
+		err := s.Scan(&k.Namespace, &k.PartitionKey, &k.HeadID, &k.Topic, &lastErr, &k.Waiting)
+		k.LastError = string(lastErr)
+		return k, err
+	})
+}
+
+// nullString scans a nullable text or binary column as a string ("" for NULL).
+type nullString string
+
+func (n *nullString) Scan(src any) error {
+	switch v := src.(type) {
+	case nil:
+		*n = ""
+	case string:
+		*n = nullString(v)
+	case []byte:
+		*n = nullString(v)
+	default:
+		return fmt.Errorf("outbox: cannot scan %T into a string", src)
+	}
+	return nil
+}
