@@ -40,7 +40,7 @@ bench-quick: ## Every benchmark metric on every backend in a few minutes
 	$(GO) run ./cmd/outbox-bench -mode quick
 
 .PHONY: bench-transports
-bench-transports: ## NATS, Kafka (in-process) and Redis transports against their clients alone, PostgreSQL burn-down included
+bench-transports: ## NATS, Kafka (in-process), Redis, RabbitMQ and webhook transports against their clients alone, PostgreSQL burn-down included
 	mkdir -p bench-results && cd cmd/outbox-bench-transports && $(GO) run . -out ../../bench-results/transports.jsonl
 
 .PHONY: bench-micro

@@ -386,8 +386,12 @@ func run(ctx context.Context, cfg config) (*report, error) {
 			b, err = newKafka(ctx, ns)
 		case "redis":
 			b, err = newRedis(ctx, cfg.RedisAddr, ns)
+		case "amqp":
+			b, err = newAMQP(ctx, cfg.AMQPURL, ns)
+		case "webhook":
+			b, err = newWebhook(ctx)
 		default:
-			err = fmt.Errorf("unknown transport %q (nats, kafka, redis)", name)
+			err = fmt.Errorf("unknown transport %q (nats, kafka, redis, amqp, webhook)", name)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", name, err)

@@ -7,9 +7,12 @@ require (
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/nats-io/nats.go v1.55.0
 	github.com/outboxgo/outbox v0.0.0
+	github.com/outboxgo/outbox/transport/amqp v0.0.0
 	github.com/outboxgo/outbox/transport/kafka v0.0.0
 	github.com/outboxgo/outbox/transport/nats v0.0.0
 	github.com/outboxgo/outbox/transport/redis v0.0.0
+	github.com/outboxgo/outbox/transport/webhook v0.0.0
+	github.com/rabbitmq/amqp091-go v1.16.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/stretchr/testify v1.12.1
 	github.com/twmb/franz-go v1.22.3
@@ -51,7 +54,9 @@ require (
 
 replace (
 	github.com/outboxgo/outbox => ../..
+	github.com/outboxgo/outbox/transport/amqp => ../../transport/amqp
 	github.com/outboxgo/outbox/transport/kafka => ../../transport/kafka
 	github.com/outboxgo/outbox/transport/nats => ../../transport/nats
 	github.com/outboxgo/outbox/transport/redis => ../../transport/redis
+	github.com/outboxgo/outbox/transport/webhook => ../../transport/webhook
 )

@@ -2,7 +2,8 @@
 // broker clients used directly, on the same messages and batch sizes in the same run.
 //
 // For each transport (NATS JetStream, Kafka on franz-go's in-process kfake cluster, Redis
-// Streams) it alternates, for -rounds rounds:
+// Streams, RabbitMQ through AMQP 0-9-1, webhooks to an in-process HTTPS receiver) it
+// alternates, for -rounds rounds:
 //
 //   - client alone: the broker client publishing N messages in batches of -batch from
 //     -workers goroutines, with the same headers the transport sets, the way a hand-written
@@ -37,8 +38,9 @@
 //
 //	go run ./cmd/outbox-bench-transports            # make bench-transports
 //
-// PostgreSQL gets a database of its own, dropped at the end; NATS a stream, Redis a key and
-// kfake a cluster of their own, all deleted at the end.
+// PostgreSQL gets a database of its own, dropped at the end; NATS a stream, Redis a key,
+// RabbitMQ an exchange and a queue, kfake a cluster and the webhooks an httptest server of
+// their own, all deleted at the end.
 package main
 
 import (
@@ -68,6 +70,7 @@ type config struct {
 	PgDSN      string
 	NatsURL    string
 	RedisAddr  string
+	AMQPURL    string
 	Transports []string
 }
 
@@ -81,7 +84,8 @@ func main() {
 	flag.StringVar(&cfg.PgDSN, "pg-dsn", envOr("OUTBOX_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL server (the bench creates and drops its own database)")
 	flag.StringVar(&cfg.NatsURL, "nats-url", envOr("OUTBOX_NATS_URL", "nats://127.0.0.1:4222"), "NATS server with JetStream")
 	flag.StringVar(&cfg.RedisAddr, "redis-addr", envOr("OUTBOX_REDIS_ADDR", "127.0.0.1:6379"), "Redis server")
-	flag.StringVar(&transports, "transports", "nats,kafka,redis", "comma-separated transports to measure")
+	flag.StringVar(&cfg.AMQPURL, "amqp-url", envOr("OUTBOX_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ server (AMQP URI)")
+	flag.StringVar(&transports, "transports", "nats,kafka,redis,amqp,webhook", "comma-separated transports to measure")
 	flag.StringVar(&out, "out", "", "also write the JSON lines to this file")
 	flag.Parse()
 	cfg.Transports = strings.Split(transports, ",")

@@ -24,7 +24,8 @@ func TestRunReportsEveryMetric(t *testing.T) {
 		N: 400, Batch: 50, Workers: 2, Rounds: 1, PgDSN: testdb.PostgresDSN(),
 		NatsURL:    testdb.Service(t, "nats", "OUTBOX_NATS_URL", "nats://127.0.0.1:4222"),
 		RedisAddr:  testdb.Service(t, "redis", "OUTBOX_REDIS_ADDR", "127.0.0.1:6379"),
-		Transports: []string{"nats", "kafka", "redis"},
+		AMQPURL:    testdb.Service(t, "rabbitmq", "OUTBOX_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
+		Transports: []string{"nats", "kafka", "redis", "amqp", "webhook"},
 	}
 	rep, err := run(context.Background(), cfg)
 	require.NoError(t, err)
@@ -38,6 +39,8 @@ func TestRunReportsEveryMetric(t *testing.T) {
 		"e2e_nats_vs_client", "transport_nats_vs_client", "e2e_nats_vs_client_alone",
 		"e2e_kafka_vs_client", "transport_kafka_vs_client", "e2e_kafka_vs_client_alone",
 		"e2e_redis_vs_client", "transport_redis_vs_client", "e2e_redis_vs_client_alone",
+		"e2e_amqp_vs_client", "transport_amqp_vs_client", "e2e_amqp_vs_client_alone",
+		"e2e_webhook_vs_client", "transport_webhook_vs_client", "e2e_webhook_vs_client_alone",
 	}, names)
 	var table strings.Builder
 	rep.printTable(&table)
