@@ -1,10 +1,15 @@
 package outbox
 
 import (
+	"bytes"
+	"cmp"
 	"context"
 	"database/sql"
+	"errors"
 	"slices"
 	"strings"
+
+	"github.com/google/uuid"
 )
 
 // Ordered claims on MySQL and MariaDB find a key's head through the order index
@@ -44,15 +49,178 @@ func mysqlOrdered(t Table, p ClaimParams) string {
 }
 
 // mysqlClaimHeads locks up to n due pending rows that are their key's head (or have no
-// key), oldest first, on tx.
+// key), oldest first, on tx. With a namespace it runs in two steps, as the claims on the
+// other databases do: a walk of the claim index bounded to the first orderedWindow(n)
+// pending rows in scope, then, when that locked fewer than n rows and there are pending
+// rows beyond the window, a visit of the keys (mysqlHeadsByKey). Without a namespace the
+// walk has no bound.
 func mysqlClaimHeads(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, n int) ([]Record, int64, error) {
+	if p.Namespace == "" {
+		return mysqlWalkHeads(ctx, tx, t, p, n, nil)
+	}
+	edge, ok, err := mysqlWindowEdge(ctx, tx, t, p, orderedWindow(n))
+	if err != nil {
+		return nil, 0, err
+	}
+	if !ok {
+		// The whole pending set in scope is within the window: the walk sees all of it.
+		return mysqlWalkHeads(ctx, tx, t, p, n, nil)
+	}
+	recs, now, err := mysqlWalkHeads(ctx, tx, t, p, n, func(a *args) string {
+		return ` AND (created_at < ` + mysqlFromMicros(a.add(edge.at)) + ` OR (created_at = ` + mysqlFromMicros(a.add(edge.at)) +
+			` AND id <= ` + a.add(uuidBytes(edge.id)) + `))`
+	})
+	if err != nil || len(recs) == n {
+		return recs, now, err
+	}
+	more, now2, err := mysqlHeadsByKey(ctx, tx, t, p, n-len(recs), edge, recs)
+	if err != nil {
+		return nil, 0, err
+	}
+	recs = append(recs, more...)
+	sortClaimOrder(recs)
+	return recs, max(now, now2), nil
+}
+
+// mysqlWalkHeads is the walk: it finds up to 2n heads in the claim index, in claim order,
+// with a plain read (bound, when not nil, limits it to the window), locks them and returns
+// the first n it locked.
+func mysqlWalkHeads(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, n int, bound func(a *args) string) ([]Record, int64, error) {
 	// Twice n: concurrent claimers read the same heads and skip each other's locks, so a
 	// margin keeps their batches full.
-	recs, now, err := mysqlFindThenLock(ctx, tx, t, p, mysqlDue, 2*n)
+	recs, now, err := mysqlFindThenLock(ctx, tx, t, p, mysqlDue, 2*n, bound)
 	if err != nil {
 		return nil, 0, err
 	}
 	// The rows locked beyond n stay untouched and are released at commit.
+	sortClaimOrder(recs)
+	return recs[:min(n, len(recs))], now, nil
+}
+
+// mysqlPosition is a row's place in claim order: created_at in Unix microseconds, then id.
+type mysqlPosition struct {
+	at int64
+	id uuid.UUID
+}
+
+func (x mysqlPosition) compare(y mysqlPosition) int {
+	return cmp.Or(cmp.Compare(x.at, y.at), bytes.Compare(x.id[:], y.id[:]))
+}
+
+// mysqlWindowEdge returns the position of the pending row in scope just past the first
+// window ones, and false when there are no more than window: one walk of the claim index.
+func mysqlWindowEdge(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, window int) (mysqlPosition, bool, error) {
+	a := &args{}
+	var edge mysqlPosition
+	err := tx.QueryRowContext(ctx, `SELECT `+mysqlMicros(`created_at`)+`, id FROM `+mysqlTable(t)+
+		` FORCE INDEX (`+quoteIdent(t.Index("claim"), '`')+`) WHERE status = 'pending'`+scopeSQL(a, p.Scope, "", uuidBytes)+
+		` ORDER BY created_at, id LIMIT 1 OFFSET `+a.add(window), a.vals...).Scan(&edge.at, &edge.id)
+	if errors.Is(err, sql.ErrNoRows) {
+		return edge, false, nil
+	}
+	return edge, err == nil, err
+}
+
+// mysqlHeadsByKey is the key visit. It lists the keys of p.Namespace in key order with a
+// skip scan of the order index, one range read per key that starts at the key after the
+// last one, and takes each key's first entry as its head; it stops once it has 2n heads
+// that are due. It adds the rows without a key beyond the window (past edge), read from
+// the order index's NULL part, locks the oldest 2n of all those that are not among taken,
+// checks again, under the locks, that each is still its key's head, and returns the first
+// n that are. It reads a few index entries per key visited, and the entries past the edge
+// without a key, however many rows wait behind the heads.
+func mysqlHeadsByKey(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, n int, edge mysqlPosition, taken []Record) ([]Record, int64, error) {
+	tbl := mysqlTable(t)
+	order := tbl + ` e FORCE INDEX (` + quoteIdent(t.Index("order"), '`') + `)`
+	// One statement per key, with the key before it bound: neither server skips through
+	// an index on a virtual column by itself (MariaDB 10.11 takes no loose index scan for
+	// GROUP BY order_key), and in a recursive query the lookup of the next key, which
+	// depends on the row before it, reads the order index from the namespace's first
+	// entry each time, a full pass per key.
+	a := &args{}
+	next, err := tx.PrepareContext(ctx, `SELECT k.order_key, h.id, `+mysqlMicros(`h.created_at`)+`, h.status = 'pending'`+
+		` AND h.next_attempt_at <= UTC_TIMESTAMP(6) AND h.attempts < `+a.add(p.MaxAttempts)+scopeSQL(a, p.Scope, "h.", uuidBytes)+
+		` FROM (SELECT e.order_key, (SELECT e2.id FROM `+tbl+` e2 FORCE INDEX (`+quoteIdent(t.Index("order"), '`')+`)`+
+		` WHERE e2.namespace = e.namespace AND e2.order_key = e.order_key AND `+strings.ReplaceAll(orderedLive(p.OrderedSkipDead), "e.", "e2.")+
+		` ORDER BY e2.created_at, e2.id LIMIT 1) AS hid FROM `+order+` WHERE e.namespace = ? AND e.order_key > ? ORDER BY e.order_key LIMIT 1) k`+
+		` LEFT JOIN `+tbl+` h FORCE INDEX (PRIMARY) ON h.id = k.hid`)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer next.Close()
+	var cands []mysqlPosition
+	// Partition keys are never empty (an empty key is no key), so every key sorts after "".
+	var after any = ""
+	for {
+		var (
+			pk       []byte
+			id       uuid.NullUUID
+			at       sql.NullInt64
+			eligible sql.NullBool
+		)
+		err := next.QueryRowContext(ctx, append(slices.Clone(a.vals), p.Namespace, after)...).Scan(&pk, &id, &at, &eligible)
+		if errors.Is(err, sql.ErrNoRows) {
+			break
+		}
+		if err != nil {
+			return nil, 0, err
+		}
+		if id.Valid && eligible.Bool {
+			cands = append(cands, mysqlPosition{at.Int64, id.UUID})
+			if len(cands) == 2*n {
+				break
+			}
+		}
+		after = pk
+	}
+
+	a = &args{}
+	unkeyed, err := queryAll(ctx, tx, `SELECT `+mysqlMicros(`e.created_at`)+`, e.id FROM `+order+
+		` WHERE e.namespace = `+a.add(p.Namespace)+` AND e.order_key IS NULL AND (e.created_at > `+mysqlFromMicros(a.add(edge.at))+
+		` OR (e.created_at = `+mysqlFromMicros(a.add(edge.at))+` AND e.id > `+a.add(uuidBytes(edge.id))+`))`+
+		` AND e.status = 'pending' AND e.next_attempt_at <= UTC_TIMESTAMP(6) AND e.partition_key IS NULL AND e.attempts < `+a.add(p.MaxAttempts)+
+		scopeSQL(a, p.Scope, "e.", uuidBytes)+` ORDER BY e.created_at, e.id LIMIT `+a.add(2*n), a.vals,
+		func(s rowScanner) (x mysqlPosition, err error) {
+			err = s.Scan(&x.at, &x.id)
+			return x, err
+		})
+	if err != nil {
+		return nil, 0, err
+	}
+	cands = append(cands, unkeyed...)
+	slices.SortFunc(cands, mysqlPosition.compare)
+	held := make(map[uuid.UUID]bool, len(taken))
+	for _, r := range taken {
+		held[r.ID] = true
+	}
+	var ids []uuid.UUID
+	for _, c := range cands {
+		if len(ids) == 2*n {
+			break
+		}
+		if !held[c.id] {
+			held[c.id] = true
+			ids = append(ids, c.id)
+		}
+	}
+	recs, now, err := mysqlLock(ctx, tx, t, p, mysqlDue, ids)
+	if err != nil || len(recs) == 0 {
+		return nil, 0, err
+	}
+	// The heads were found in the snapshot of the visit; check them again in a snapshot
+	// taken after they were locked. A row that is still its key's head then stays so until
+	// this claim commits: the rows before it are gone for good, and no one else can take it.
+	a = &args{}
+	heads, err := queryIDs(ctx, tx, `SELECT id FROM `+tbl+` FORCE INDEX (PRIMARY) WHERE id IN `+
+		a.list(len(recs), func(i int) any { return uuidBytes(recs[i].ID) })+mysqlOrdered(t, p), a.vals...)
+	if err != nil {
+		return nil, 0, err
+	}
+	still := make(map[uuid.UUID]bool, len(heads))
+	for _, id := range heads {
+		still[id] = true
+	}
+	recs = slices.DeleteFunc(recs, func(r Record) bool { return !still[r.ID] })
 	sortClaimOrder(recs)
 	return recs[:min(n, len(recs))], now, nil
 }
