@@ -30,7 +30,9 @@ import (
 // read does not lock the rows its subqueries read, and how each server treats a subquery
 // inside a SKIP LOCKED read is not something to build a guarantee on; a plain read is a
 // consistent snapshot on both. Expired leases are found by the same plain read as for an
-// unordered claim, with the head check added, and locked the same way.
+// unordered claim, with the head check added, and locked the same way. With a namespace,
+// the plain read of pending rows is bounded to a window, and the heads beyond it are found
+// by visiting the keys (mysqlHeadsByKey), whose heads are checked again after locking.
 //
 // Why two claimers never hold two rows of one key: the plain read is one snapshot, and a
 // row stops holding its key back only by becoming delivered (terminal) or being deleted.
