@@ -1,12 +1,11 @@
 package outbox
 
 import (
-	"bytes"
-	"cmp"
 	"context"
 	"database/sql"
 	"errors"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/google/uuid"
@@ -105,10 +104,6 @@ type mysqlPosition struct {
 	id uuid.UUID
 }
 
-func (x mysqlPosition) compare(y mysqlPosition) int {
-	return cmp.Or(cmp.Compare(x.at, y.at), bytes.Compare(x.id[:], y.id[:]))
-}
-
 // mysqlWindowEdge returns the position of the pending row in scope just past the first
 // window ones, and false when there are no more than window: one walk of the claim index.
 func mysqlWindowEdge(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, window int) (mysqlPosition, bool, error) {
@@ -123,6 +118,9 @@ func mysqlWindowEdge(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, wi
 	return edge, err == nil, err
 }
 
+// mysqlVisitStep is how many order-index entries one statement of the key visit reads.
+const mysqlVisitStep = 32
+
 // mysqlHeadsByKey is the key visit. It lists the keys of p.Namespace in key order with a
 // skip scan of the order index, one range read per key that starts at the key after the
 // last one, and takes each key's first entry as its head; it stops once it has 2n heads
@@ -134,75 +132,69 @@ func mysqlWindowEdge(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, wi
 func mysqlHeadsByKey(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, n int, edge mysqlPosition, taken []Record) ([]Record, int64, error) {
 	tbl := mysqlTable(t)
 	order := tbl + ` e FORCE INDEX (` + quoteIdent(t.Index("order"), '`') + `)`
-	// One statement per key, with the key before it bound: neither server skips through
-	// an index on a virtual column by itself (MariaDB 10.11 takes no loose index scan for
-	// GROUP BY order_key), and in a recursive query the lookup of the next key, which
-	// depends on the row before it, reads the order index from the namespace's first
-	// entry each time, a full pass per key.
+	// One statement per step, with the last key of the step before it bound: neither
+	// server skips through an index on a virtual column by itself (MariaDB 10.11 takes no
+	// loose index scan for GROUP BY order_key), and in a recursive query the lookup of the
+	// next key, which depends on the key before it, reads the order index from the
+	// namespace's first entry each time, a full pass per key. A step reads the next
+	// mysqlVisitStep entries of the order index and looks up the head of each key among
+	// them: one key per step when keys have many rows waiting, many when they have few.
 	a := &args{}
-	next, err := tx.PrepareContext(ctx, `SELECT k.order_key, h.id, `+mysqlMicros(`h.created_at`)+`, h.status = 'pending'`+
-		` AND h.next_attempt_at <= UTC_TIMESTAMP(6) AND h.attempts < `+a.add(p.MaxAttempts)+scopeSQL(a, p.Scope, "h.", uuidBytes)+
-		` FROM (SELECT e.order_key, (SELECT e2.id FROM `+tbl+` e2 FORCE INDEX (`+quoteIdent(t.Index("order"), '`')+`)`+
-		` WHERE e2.namespace = e.namespace AND e2.order_key = e.order_key AND `+strings.ReplaceAll(orderedLive(p.OrderedSkipDead), "e.", "e2.")+
-		` ORDER BY e2.created_at, e2.id LIMIT 1) AS hid FROM `+order+` WHERE e.namespace = ? AND e.order_key > ? ORDER BY e.order_key LIMIT 1) k`+
-		` LEFT JOIN `+tbl+` h FORCE INDEX (PRIMARY) ON h.id = k.hid`)
+	next, err := tx.PrepareContext(ctx, `SELECT d.pk, (SELECT h.id FROM `+tbl+` h FORCE INDEX (PRIMARY) WHERE h.id = (SELECT e.id FROM `+order+
+		` WHERE e.namespace = `+a.add(p.Namespace)+` AND e.order_key = d.pk AND `+orderedLive(p.OrderedSkipDead)+` ORDER BY e.created_at, e.id LIMIT 1)`+
+		` AND h.status = 'pending' AND h.next_attempt_at <= UTC_TIMESTAMP(6) AND h.attempts < `+a.add(p.MaxAttempts)+scopeSQL(a, p.Scope, "h.", uuidBytes)+
+		`) FROM (SELECT DISTINCT s.order_key AS pk FROM (SELECT e.order_key FROM `+order+` WHERE e.namespace = `+a.add(p.Namespace)+
+		` AND e.order_key > ? ORDER BY e.order_key LIMIT `+strconv.Itoa(mysqlVisitStep)+`) s) d ORDER BY d.pk`)
 	if err != nil {
 		return nil, 0, err
 	}
 	defer next.Close()
-	var cands []mysqlPosition
+	var keyed []uuid.UUID // due heads, in key order
 	// Partition keys are never empty (an empty key is no key), so every key sorts after "".
-	var after any = ""
-	for {
-		var (
-			pk       []byte
-			id       uuid.NullUUID
-			at       sql.NullInt64
-			eligible sql.NullBool
-		)
-		err := next.QueryRowContext(ctx, append(slices.Clone(a.vals), p.Namespace, after)...).Scan(&pk, &id, &at, &eligible)
-		if errors.Is(err, sql.ErrNoRows) {
-			break
-		}
+	for after := any(""); after != nil && len(keyed) < 2*n; {
+		rows, err := next.QueryContext(ctx, append(slices.Clone(a.vals), after)...)
 		if err != nil {
 			return nil, 0, err
 		}
-		if id.Valid && eligible.Bool {
-			cands = append(cands, mysqlPosition{at.Int64, id.UUID})
-			if len(cands) == 2*n {
-				break
+		after = nil
+		for rows.Next() {
+			var (
+				pk []byte
+				id uuid.NullUUID
+			)
+			if err := rows.Scan(&pk, &id); err != nil {
+				rows.Close()
+				return nil, 0, err
 			}
+			if id.Valid {
+				keyed = append(keyed, id.UUID)
+			}
+			after = pk
 		}
-		after = pk
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, 0, err
+		}
 	}
 
 	a = &args{}
-	unkeyed, err := queryAll(ctx, tx, `SELECT `+mysqlMicros(`e.created_at`)+`, e.id FROM `+order+
+	unkeyed, err := queryIDs(ctx, tx, `SELECT e.id FROM `+order+
 		` WHERE e.namespace = `+a.add(p.Namespace)+` AND e.order_key IS NULL AND (e.created_at > `+mysqlFromMicros(a.add(edge.at))+
 		` OR (e.created_at = `+mysqlFromMicros(a.add(edge.at))+` AND e.id > `+a.add(uuidBytes(edge.id))+`))`+
 		` AND e.status = 'pending' AND e.next_attempt_at <= UTC_TIMESTAMP(6) AND e.partition_key IS NULL AND e.attempts < `+a.add(p.MaxAttempts)+
-		scopeSQL(a, p.Scope, "e.", uuidBytes)+` ORDER BY e.created_at, e.id LIMIT `+a.add(2*n), a.vals,
-		func(s rowScanner) (x mysqlPosition, err error) {
-			err = s.Scan(&x.at, &x.id)
-			return x, err
-		})
+		scopeSQL(a, p.Scope, "e.", uuidBytes)+` ORDER BY e.created_at, e.id LIMIT `+a.add(2*n), a.vals...)
 	if err != nil {
 		return nil, 0, err
 	}
-	cands = append(cands, unkeyed...)
-	slices.SortFunc(cands, mysqlPosition.compare)
 	held := make(map[uuid.UUID]bool, len(taken))
 	for _, r := range taken {
 		held[r.ID] = true
 	}
 	var ids []uuid.UUID
-	for _, c := range cands {
-		if len(ids) == 2*n {
-			break
-		}
-		if !held[c.id] {
-			held[c.id] = true
-			ids = append(ids, c.id)
+	for _, id := range slices.Concat(keyed, unkeyed) {
+		if !held[id] {
+			held[id] = true
+			ids = append(ids, id)
 		}
 	}
 	recs, now, err := mysqlLock(ctx, tx, t, p, mysqlDue, ids)
