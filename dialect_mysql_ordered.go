@@ -121,14 +121,15 @@ func mysqlWindowEdge(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, wi
 // mysqlVisitStep is how many order-index entries one statement of the key visit reads.
 const mysqlVisitStep = 32
 
-// mysqlHeadsByKey is the key visit. It lists the keys of p.Namespace in key order with a
-// skip scan of the order index, one range read per key that starts at the key after the
-// last one, and takes each key's first entry as its head; it stops once it has 2n heads
-// that are due. It adds the rows without a key beyond the window (past edge), read from
-// the order index's NULL part, locks the oldest 2n of all those that are not among taken,
-// checks again, under the locks, that each is still its key's head, and returns the first
-// n that are. It reads a few index entries per key visited, and the entries past the edge
-// without a key, however many rows wait behind the heads.
+// mysqlHeadsByKey is the key visit. It goes through the keys of p.Namespace in key order,
+// a step of mysqlVisitStep order-index entries per statement starting after the last key
+// of the step before, and looks up each key's first entry, its head; it stops once it has
+// 2n heads that are due. It adds the oldest 2n rows without a key beyond the window (past
+// edge), read from the order index's NULL part, locks those of all these that are not
+// among taken, checks again, under the locks, that each is still its key's head, and
+// returns the oldest n that are. It reads at most mysqlVisitStep index entries and a head
+// per key visited, and the entries past the edge without a key, however many rows wait
+// behind the heads.
 func mysqlHeadsByKey(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, n int, edge mysqlPosition, taken []Record) ([]Record, int64, error) {
 	tbl := mysqlTable(t)
 	order := tbl + ` e FORCE INDEX (` + quoteIdent(t.Index("order"), '`') + `)`
