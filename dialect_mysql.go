@@ -525,22 +525,35 @@ func (mysqlDialect) claim(ctx context.Context, db *sql.DB, t Table, p ClaimParam
 // primary key, the opposite order of the acks that settle them (primary key, then index
 // entry), and deadlock with them; usually there is nothing expired and no lock at all.
 func mysqlReclaim(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams) ([]Record, int64, error) {
-	return mysqlFindThenLock(ctx, tx, t, p, mysqlExpired, p.Limit)
+	return mysqlFindThenLock(ctx, tx, t, p, mysqlExpired, p.Limit, nil)
 }
 
 // mysqlFindThenLock finds up to limit rows in scope matching pred (one of mysqlExpired and
 // mysqlDue) with a plain read of the claim index in claim order, then locks those that
 // still match by primary key, FOR UPDATE SKIP LOCKED, and returns them with the clock.
-func mysqlFindThenLock(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, pred string, limit int) ([]Record, int64, error) {
-	tbl := mysqlTable(t)
+// bound, when not nil, renders one more term of the plain read.
+func mysqlFindThenLock(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, pred string, limit int, bound func(a *args) string) ([]Record, int64, error) {
 	a := &args{}
-	ids, err := queryIDs(ctx, tx, `SELECT id FROM `+tbl+` FORCE INDEX (`+quoteIdent(t.Index("claim"), '`')+`)`+
-		` WHERE `+pred+` AND attempts < `+a.add(p.MaxAttempts)+scopeSQL(a, p.Scope, "", uuidBytes)+mysqlOrdered(t, p)+
-		` ORDER BY created_at, id LIMIT `+a.add(limit), a.vals...)
-	if err != nil || len(ids) == 0 {
+	where := pred + ` AND attempts < ` + a.add(p.MaxAttempts) + scopeSQL(a, p.Scope, "", uuidBytes) + mysqlOrdered(t, p)
+	if bound != nil {
+		where += bound(a)
+	}
+	ids, err := queryIDs(ctx, tx, `SELECT id FROM `+mysqlTable(t)+` FORCE INDEX (`+quoteIdent(t.Index("claim"), '`')+`)`+
+		` WHERE `+where+` ORDER BY created_at, id LIMIT `+a.add(limit), a.vals...)
+	if err != nil {
 		return nil, 0, err
 	}
-	a = &args{}
+	return mysqlLock(ctx, tx, t, p, pred, ids)
+}
+
+// mysqlLock locks the rows of ids that still match pred by primary key, FOR UPDATE SKIP
+// LOCKED, and returns them with the clock.
+func mysqlLock(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, pred string, ids []uuid.UUID) ([]Record, int64, error) {
+	if len(ids) == 0 {
+		return nil, 0, nil
+	}
+	tbl := mysqlTable(t)
+	a := &args{}
 	var b strings.Builder
 	b.WriteString(`SELECT ` + mysqlClaimColumns + ` FROM ` + tbl +
 		` FORCE INDEX (PRIMARY) WHERE id IN ` + a.list(len(ids), func(i int) any { return uuidBytes(ids[i]) }))

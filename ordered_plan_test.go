@@ -98,8 +98,9 @@ func timeOrderedClaim(ctx context.Context, t *testing.T, s *outbox.Store) []outb
 }
 
 // timeHeldBackClaim takes every remaining head, so that every key has a row in flight, and
-// logs how long an ordered claim then takes to find nothing: it walks the whole backlog (see
-// docs/ordering.md, What it costs). It is a measurement, not a limit.
+// logs how long an ordered claim then takes to find nothing: the walk passes only held-back
+// rows, and the key visit finds no due head (see docs/ordering.md, What it costs). It is a
+// measurement, not a limit.
 func timeHeldBackClaim(ctx context.Context, t *testing.T, s *outbox.Store, rows int) {
 	t.Helper()
 	for {
@@ -283,4 +284,72 @@ func sqlitePlan(ctx context.Context, t *testing.T, db *sql.DB, query string, arg
 	}
 	require.NoError(t, rows.Err())
 	return b.String()
+}
+
+// On MariaDB, an ordered claim on a backlog where every key has its head in flight finds
+// nothing after reading a number of index entries that follows the batch size and the
+// number of keys, not the backlog: the walk stops at its window and the key visit reads a
+// few entries per key. The server's handler counters, read on the claim's own session,
+// count every index entry and row it read.
+func TestMySQLOrderedClaimBounded(t *testing.T) {
+	t.Parallel()
+	const (
+		keys   = 50
+		perKey = 600
+	)
+	e := setupMySQL(t, "")
+	for k0 := 0; k0 < keys; k0 += 5 {
+		var msgs []outbox.Message
+		for k := k0; k < k0+5; k++ {
+			for seq := range perKey {
+				msgs = append(msgs, outbox.Message{Namespace: "orders", Topic: "order.changed",
+					PartitionKey: fmt.Sprintf("order-%03d", k), Payload: json.RawMessage(fmt.Sprintf(`{"seq":%d}`, seq))})
+			}
+		}
+		_, err := e.store.EnqueueStandalone(e.ctx, msgs...)
+		require.NoError(t, err)
+	}
+	heads, err := e.store.Claim(e.ctx, orderedClaimOpts(outbox.MaxBatch))
+	require.NoError(t, err)
+	require.Len(t, heads, keys, "one head per key")
+
+	// One connection, so that the counters are the claim's session's.
+	db := reopenMySQL(t, e.db, nil, nil)
+	db.SetMaxOpenConns(1)
+	s := e.storeOn(t, db)
+	reads := func() int64 {
+		rows, err := db.QueryContext(e.ctx, `SHOW SESSION STATUS LIKE 'Handler_read%'`)
+		require.NoError(t, err)
+		defer rows.Close()
+		var sum int64
+		for rows.Next() {
+			var name string
+			var v int64
+			require.NoError(t, rows.Scan(&name, &v))
+			sum += v
+		}
+		require.NoError(t, rows.Err())
+		return sum
+	}
+	// SHOW STATUS counts reads of its own: subtract them.
+	before := reads()
+	show := reads() - before
+	for _, limit := range []int{1, 10, 100} {
+		before := reads()
+		recs, err := s.Claim(e.ctx, orderedClaimOpts(limit))
+		require.NoError(t, err)
+		require.Empty(t, recs, "every key's head is in flight")
+		n := reads() - before - show
+		t.Logf("ordered claim of %d with every key in flight, %d rows in %d keys: %d handler reads", limit, keys*perKey, keys, n)
+		// The visit reads at most 32 order-index entries and a head per key; the walk a
+		// window of 2 × limit + 50 rows and a head check each.
+		require.Less(t, n, int64(100*keys+10*limit+500), "reads follow the keys and the batch, not the %d rows", keys*perKey)
+	}
+
+	// Once a head is delivered, the key's next row is found beyond the window.
+	require.NoError(t, e.store.Ack(e.ctx, heads[keys-1].Lease()))
+	recs, err := s.Claim(e.ctx, orderedClaimOpts(10))
+	require.NoError(t, err)
+	require.Len(t, recs, 1)
+	require.Equal(t, heads[keys-1].PartitionKey, recs[0].PartitionKey)
 }
