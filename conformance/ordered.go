@@ -271,6 +271,11 @@ func (r *orderedRun) publish(ctx context.Context, batch []outbox.Delivery) []err
 	return errs
 }
 
+// orderedDeadline bounds the eight publishers' run. It takes seconds; the race detector
+// slows SQLite's pure-Go engine some thirty times (a minute), and CI runs it beside every
+// other test.
+const orderedDeadline = 5 * time.Minute
+
 // Eight publishers on separate pools (when the harness can open them) deliver 200 keys × 20
 // events with random failures and fast retries: every key's first successful deliveries
 // are in enqueue order, and no two messages of one key are ever published at once.
@@ -301,12 +306,16 @@ func testOrderedPublishers(t *testing.T, h Harness) {
 	var wg sync.WaitGroup
 	errs := make(chan error, publishers)
 	for i := range publishers {
-		db := e.db
+		// Separate pools, each with its Store, where the harness can open them; otherwise
+		// the publishers share the one pool through one Store, as a single-writer database
+		// such as SQLite wants (one Store per pool, so its writers take turns in the process
+		// instead of in the database's busy handler).
+		store := e.store
 		if h.Reopen != nil {
-			db = h.Reopen(t, e.db)
+			var err error
+			store, err = outbox.New(h.Reopen(t, e.db), h.Dialect, outbox.Options{Table: e.table})
+			require.NoError(t, err)
 		}
-		store, err := outbox.New(db, h.Dialect, outbox.Options{Table: e.table})
-		require.NoError(t, err)
 		p, err := outbox.NewPublisher(store, outbox.TransportFunc(run.publish), outbox.PublisherOptions{
 			Scope: outbox.Scope{Namespace: "orders"}, Ordered: true, BatchSize: 10,
 			Lease: 3 * time.Second, PollInterval: 5 * time.Millisecond, IdleBackoffMax: 20 * time.Millisecond,
@@ -318,11 +327,11 @@ func testOrderedPublishers(t *testing.T, h Harness) {
 	}
 	select {
 	case <-run.done:
-	case <-time.After(90 * time.Second):
+	case <-time.After(orderedDeadline):
 		run.mu.Lock()
 		n := len(run.seen)
 		run.mu.Unlock()
-		t.Errorf("only %d of %d messages delivered in 90s", n, keys*perKey)
+		t.Errorf("only %d of %d messages delivered in %s", n, keys*perKey, orderedDeadline)
 	}
 	cancel()
 	wg.Wait()
