@@ -94,8 +94,9 @@ func (r *run) retentionLoop() {
 // batch it pauses retentionShare-1 times as long as the batch took. A backlog of old rows
 // (retention just turned on) then costs the burn-down about that share of the database
 // at worst: at half, a SQLite burn-down ran at 0.45 of its rate, since every batch holds
-// the one write lock (BENCHMARKS.md, purge during burn-down).
-const retentionShare = 10
+// the one write lock, at a tenth 0.88, at a twentieth 0.95 (BENCHMARKS.md, purge during
+// burn-down).
+const retentionShare = 20
 
 // purge deletes what the retention allows, one batch at a time, pausing after each batch
 // so that it takes at most 1/retentionShare of one connection's time. That still purges
