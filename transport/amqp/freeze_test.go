@@ -105,20 +105,27 @@ func (f *freezer) close() {
 	f.wg.Wait()
 }
 
-// TestPublishFrozenBroker: a broker that stops answering mid-publish, without closing the
-// connection, cannot hold Publish past its context, even with writes blocked on a full
-// socket; the next Publish dials again instead of reusing the hung connection.
-func TestPublishFrozenBroker(t *testing.T) {
-	t.Parallel()
+// frozenSetup returns a broker fixture, a freezer in front of it, and a transport that
+// publishes through the freezer, after one message went through.
+func frozenSetup(t *testing.T) (*broker, *freezer, *amqp.Transport) {
+	t.Helper()
 	b := setup(t, "#", nil)
 	u, err := url.Parse(b.url)
 	require.NoError(t, err)
 	f := newFreezer(t, u.Host)
 	u.Host = f.ln.Addr().String()
 	tr := newTransport(t, amqp.Options{URL: u.String()})
-
 	require.Empty(t, nonNil(tr.Publish(context.Background(), []outbox.Delivery{delivery(b.exchange, "t", `{"n":0}`)})))
 	b.waitFor(t, 1, 10*time.Second)
+	return b, f, tr
+}
+
+// TestPublishFrozenBroker: a broker that stops answering mid-publish, without closing the
+// connection, cannot hold Publish past its context, even with writes blocked on a full
+// socket; the next Publish dials again instead of reusing the hung connection.
+func TestPublishFrozenBroker(t *testing.T) {
+	t.Parallel()
+	b, f, tr := frozenSetup(t)
 
 	f.freeze()
 	big := `"` + strings.Repeat("x", 1<<20) + `"`
@@ -147,7 +154,7 @@ func TestPublishFrozenBroker(t *testing.T) {
 	ctx2, cancel2 := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel2()
 	start := time.Now()
-	err = tr.Publish(ctx2, []outbox.Delivery{delivery(b.exchange, "t", `{}`)})[0]
+	err := tr.Publish(ctx2, []outbox.Delivery{delivery(b.exchange, "t", `{}`)})[0]
 	require.Less(t, time.Since(start), 5*time.Second)
 	require.ErrorIs(t, err, amqp.ErrNotConnected)
 }
@@ -156,13 +163,7 @@ func TestPublishFrozenBroker(t *testing.T) {
 // that an exchange exists cannot hold Publish past its context either.
 func TestPublishFrozenExchangeCheck(t *testing.T) {
 	t.Parallel()
-	b := setup(t, "#", nil)
-	u, err := url.Parse(b.url)
-	require.NoError(t, err)
-	f := newFreezer(t, u.Host)
-	u.Host = f.ln.Addr().String()
-	tr := newTransport(t, amqp.Options{URL: u.String()})
-	require.Empty(t, nonNil(tr.Publish(context.Background(), []outbox.Delivery{delivery(b.exchange, "t", `{"n":0}`)})))
+	_, f, tr := frozenSetup(t)
 
 	f.freeze()
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
