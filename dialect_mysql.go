@@ -423,25 +423,36 @@ func (d mysqlDialect) Claim(ctx context.Context, db *sql.DB, t Table, p ClaimPar
 	if p.Limit <= 0 {
 		return nil, nil
 	}
+	_, recs, err := d.CompleteAndClaim(ctx, db, t, nil, p)
+	return recs, err
+}
+
+// CompleteAndClaim implements [SettleClaimer]: Complete's statement runs first in the
+// claim's transaction, so the claim sees the settled rows as they now are (an ordered
+// claim sees the keys they released) and both commit at once. The settle locks only rows
+// this worker holds, by primary key; the claim's locking reads skip locked rows and never
+// wait, so the longer hold adds no lock wait to anyone's claim. A deadlock or lock wait
+// timeout retries the whole transaction, settle included, as it does a claim.
+func (d mysqlDialect) CompleteAndClaim(ctx context.Context, db *sql.DB, t Table, outcomes []Outcome, p ClaimParams) ([]uuid.UUID, []Record, error) {
 	for try := 1; ; try++ {
-		recs, err := d.claim(ctx, db, t, p)
+		lost, recs, err := d.claim(ctx, db, t, outcomes, p)
 		if err == nil || try == mysqlTries || !mysqlRetryable(err) {
 			if err != nil && try > 1 {
 				err = fmt.Errorf("after %d tries: %w", try, err)
 			}
-			return recs, err
+			return lost, recs, err
 		}
 		if err := mysqlPause(ctx, try); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 }
 
-// claim runs one claim transaction.
-func (mysqlDialect) claim(ctx context.Context, db *sql.DB, t Table, p ClaimParams) ([]Record, error) {
+// claim runs one claim transaction, which settles outcomes first.
+func (d mysqlDialect) claim(ctx context.Context, db *sql.DB, t Table, outcomes []Outcome, p ClaimParams) (lost []uuid.UUID, _ []Record, _ error) {
 	tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	// Whatever happens below, the transaction ends here. sql.Tx.Rollback takes no context,
 	// so a cancelled caller cannot stop it; database/sql also rolls back by itself when
@@ -453,9 +464,14 @@ func (mysqlDialect) claim(ctx context.Context, db *sql.DB, t Table, p ClaimParam
 			_ = tx.Rollback()
 		}
 	}()
+	if len(outcomes) > 0 {
+		if lost, err = d.Complete(ctx, tx, t, outcomes); err != nil {
+			return nil, nil, err
+		}
+	}
 	recs, now, err := mysqlReclaim(ctx, tx, t, p)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if len(recs) < p.Limit {
 		var (
@@ -472,12 +488,19 @@ func (mysqlDialect) claim(ctx context.Context, db *sql.DB, t Table, p ClaimParam
 				` ORDER BY created_at, id LIMIT `+a.add(p.Limit-len(recs))+` FOR UPDATE SKIP LOCKED`, a.vals)
 		}
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		recs, now = append(recs, more...), max(now, now2)
 	}
 	if len(recs) == 0 {
-		return nil, nil // the deferred rollback ends the empty transaction
+		if len(outcomes) == 0 {
+			return nil, nil, nil // the deferred rollback ends the empty transaction
+		}
+		if err := tx.Commit(); err != nil {
+			return nil, nil, err
+		}
+		committed = true
+		return lost, nil, nil
 	}
 
 	until := now + micros(p.Lease)
@@ -489,17 +512,17 @@ func (mysqlDialect) claim(ctx context.Context, db *sql.DB, t Table, p ClaimParam
 		` WHERE id IN ` + a.list(len(recs), func(i int) any { return uuidBytes(recs[i].ID) }))
 	res, err := tx.ExecContext(ctx, b.String(), a.vals...)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	// Every locked row changes (status or attempts), so the count is exact with or
 	// without clientFoundRows.
 	if n, err := res.RowsAffected(); err != nil {
-		return nil, err
+		return nil, nil, err
 	} else if n != int64(len(recs)) {
-		return nil, fmt.Errorf("claim updated %d of the %d rows it locked", n, len(recs))
+		return nil, nil, fmt.Errorf("claim updated %d of the %d rows it locked", n, len(recs))
 	}
 	if err := tx.Commit(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	committed = true
 
@@ -515,7 +538,7 @@ func (mysqlDialect) claim(ctx context.Context, db *sql.DB, t Table, p ClaimParam
 		}
 		return strings.Compare(string(x.ID[:]), string(y.ID[:]))
 	})
-	return recs, nil
+	return lost, recs, nil
 }
 
 // mysqlReclaim locks the rows of expired leases, oldest first, that the claim may take

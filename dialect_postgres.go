@@ -356,53 +356,62 @@ func pgEligible(a *args, p ClaimParams) string {
 }
 
 func (*postgresDialect) Claim(ctx context.Context, db *sql.DB, t Table, p ClaimParams) ([]Record, error) {
+	return pgClaim(ctx, db, t, p)
+}
+
+// pgClaim claims on q: a *sql.DB (the statement is its own transaction) or a transaction.
+func pgClaim(ctx context.Context, q DBTX, t Table, p ClaimParams) ([]Record, error) {
 	if p.Ordered && p.Namespace != "" {
-		return pgClaimOrdered(ctx, db, t, p)
+		return pgClaimOrdered(ctx, q, t, p)
 	}
 	tbl := quoteIdent(t.Name(), '"')
 	a := &args{dollar: true}
-	return pgLease(ctx, db, t, p, a, `WITH c AS MATERIALIZED (SELECT id FROM `+tbl+` WHERE `+pgEligible(a, p)+pgOrdered(tbl, p)+
+	return pgLease(ctx, q, t, p, a, `WITH c AS MATERIALIZED (SELECT id FROM `+tbl+` WHERE `+pgEligible(a, p)+pgOrdered(tbl, p)+
 		` ORDER BY created_at, id LIMIT `+a.add(p.Limit)+`::bigint FOR UPDATE SKIP LOCKED)`)
 }
 
 // pgLease runs a claim: with, a WITH clause whose last query c returns the locked ids
 // (its arguments already in a), followed by the UPDATE that leases them.
-func pgLease(ctx context.Context, db *sql.DB, t Table, p ClaimParams, a *args, with string) ([]Record, error) {
-	tbl := quoteIdent(t.Name(), '"')
-	var b strings.Builder
-	b.WriteString(with)
-	b.WriteString(` UPDATE ` + tbl + ` AS t SET status = 'processing', attempts = t.attempts + 1, locked_by = ` + a.add(p.WorkerID) +
+func pgLease(ctx context.Context, q DBTX, t Table, p ClaimParams, a *args, with string) ([]Record, error) {
+	return queryClaimed(ctx, q, p, with+pgLeaseUpdate(quoteIdent(t.Name(), '"'), a, p), a.vals...)
+}
+
+// pgLeaseUpdate renders the UPDATE that leases the rows of c and returns claimColumns.
+func pgLeaseUpdate(tbl string, a *args, p ClaimParams) string {
+	return ` UPDATE ` + tbl + ` AS t SET status = 'processing', attempts = t.attempts + 1, locked_by = ` + a.add(p.WorkerID) +
 		`, locked_until = now() + ` + pgMicros(a.add(micros(p.Lease))+`::bigint`) + `, lease_token = ` + a.add(pgUUID(p.Token)) +
-		`, updated_at = now() FROM c WHERE t.id = c.id RETURNING ` + selectList(claimColumns, "t.", nil))
-	return queryClaimed(ctx, db, p, b.String(), a.vals...)
+		`, updated_at = now() FROM c WHERE t.id = c.id RETURNING ` + selectList(claimColumns, "t.", nil)
 }
 
 func (d *postgresDialect) Complete(ctx context.Context, q DBTX, t Table, outcomes []Outcome) ([]uuid.UUID, error) {
 	if len(outcomes) == 0 {
 		return nil, nil
 	}
+	query, vals := d.settle(t, outcomes)
+	got, err := queryIDs(ctx, q, query, vals...)
+	if err != nil {
+		return nil, err
+	}
+	return missing(leasesOf(outcomes), got), nil
+}
+
+// settle returns the statement that applies outcomes, returning the ids it applied, and
+// its arguments: the ack when every outcome acks under one token, the join otherwise. The
+// first argument is the array of the outcomes' ids in both.
+func (d *postgresDialect) settle(t Table, outcomes []Outcome) (string, []any) {
 	n := len(outcomes)
+	ids := pgUUIDArray(n, func(i int) uuid.UUID { return outcomes[i].ID })
 	if token, ok := uniformAck(outcomes); ok {
-		ids := pgUUIDArray(n, func(i int) uuid.UUID { return outcomes[i].ID })
-		got, err := queryIDs(ctx, q, d.statements(t).ack, ids, token.String())
-		if err != nil {
-			return nil, err
-		}
-		return missing(leasesOf(outcomes), got), nil
+		return d.statements(t).ack, []any{ids, token.String()}
 	}
 	// A uuid.Nil token binds as the all-zero UUID rather than NULL: either way it matches
 	// no row, since claims store random tokens.
-	ids := pgUUIDArray(n, func(i int) uuid.UUID { return outcomes[i].ID })
 	tokens := pgUUIDArray(n, func(i int) uuid.UUID { return outcomes[i].Token })
 	statuses, errs, delays := make([]string, n), make([]string, n), make([]int64, n)
 	for i, o := range outcomes {
 		statuses[i], delays[i], errs[i] = string(o.Status), micros(o.Delay), o.Error
 	}
-	got, err := queryIDs(ctx, q, d.statements(t).complete, ids, tokens, statuses, delays, errs)
-	if err != nil {
-		return nil, err
-	}
-	return missing(leasesOf(outcomes), got), nil
+	return d.statements(t).complete, []any{ids, tokens, statuses, delays, errs}
 }
 
 func (d *postgresDialect) Extend(ctx context.Context, q DBTX, t Table, p ExtendParams) ([]uuid.UUID, error) {
@@ -435,4 +444,75 @@ func (*postgresDialect) Bury(ctx context.Context, q DBTX, t Table, p BuryParams)
 
 func (d *postgresDialect) Get(ctx context.Context, q DBTX, t Table, id uuid.UUID) (Record, error) {
 	return getRecord(q.QueryRowContext(ctx, d.statements(t).get, pgUUID(id)))
+}
+
+// CompleteAndClaim implements [SettleClaimer]. An unordered claim is one statement: the
+// settle (Complete's statement) and the claim (Claim's) as data-modifying CTEs, which run
+// once, on one snapshot, and commit together:
+//
+//	WITH s AS (UPDATE ... (Complete) ... RETURNING t.id),
+//	c AS MATERIALIZED (SELECT id FROM "outbox_events" WHERE (Claim's predicate)
+//	    ORDER BY created_at, id LIMIT $n FOR UPDATE SKIP LOCKED),
+//	l AS (UPDATE ... (Claim's lease) ... FROM c WHERE t.id = c.id RETURNING (claimColumns))
+//	SELECT * FROM l UNION ALL SELECT s.id, '', '', NULL, ..., 0 AS attempts, ... FROM s
+//
+// The claim keeps the settled ids out: both CTEs read the snapshot from before the
+// statement, where a settled row whose lease just expired is still claimable, and a
+// statement must not update a row twice. The settled ids come back as rows with attempts
+// 0, which no claimed row has (a claim counts its attempt). An ordered claim must see the
+// keys the outcomes release, which a statement's snapshot cannot, so it runs after
+// Complete in one transaction instead.
+func (d *postgresDialect) CompleteAndClaim(ctx context.Context, db *sql.DB, t Table, outcomes []Outcome, p ClaimParams) ([]uuid.UUID, []Record, error) {
+	if p.Ordered {
+		return pgCompleteThenClaimOrdered(ctx, d, db, t, outcomes, p)
+	}
+	tbl := quoteIdent(t.Name(), '"')
+	settle, vals := d.settle(t, outcomes)
+	a := &args{dollar: true, vals: vals}
+	var b strings.Builder
+	b.WriteString(`WITH s AS (` + settle + `), c AS MATERIALIZED (SELECT id FROM ` + tbl + ` WHERE ` + pgEligible(a, p) + pgOrdered(tbl, p) +
+		` AND NOT (id = ANY($1::uuid[])) ORDER BY created_at, id LIMIT ` + a.add(p.Limit) + `::bigint FOR UPDATE SKIP LOCKED),`)
+	b.WriteString(` l AS (` + pgLeaseUpdate(tbl, a, p) + `) SELECT * FROM l UNION ALL SELECT s.id`)
+	for _, c := range claimColumns[1:] {
+		switch c {
+		case "namespace", "topic":
+			b.WriteString(`, ''`)
+		case "attempts":
+			b.WriteString(`, 0`)
+		default:
+			b.WriteString(`, NULL`)
+		}
+	}
+	b.WriteString(` FROM s`)
+	rows, err := queryAll(ctx, db, b.String(), a.vals, scanClaimed)
+	if err != nil {
+		return nil, nil, err
+	}
+	var settled []uuid.UUID
+	recs := rows[:0]
+	for _, r := range rows {
+		if r.Attempts == 0 {
+			settled = append(settled, r.ID)
+		} else {
+			recs = append(recs, r)
+		}
+	}
+	stampClaimed(recs, p)
+	return missing(leasesOf(outcomes), settled), recs, nil
+}
+
+// pgCompleteThenClaimOrdered settles and then claims in order in one transaction: one
+// commit, and the claim sees the keys the settle released.
+func pgCompleteThenClaimOrdered(ctx context.Context, d *postgresDialect, db *sql.DB, t Table, outcomes []Outcome, p ClaimParams) (lost []uuid.UUID, recs []Record, err error) {
+	err = inTx(ctx, db, nil, func(tx *sql.Tx) error {
+		if lost, err = d.Complete(ctx, tx, t, outcomes); err != nil {
+			return err
+		}
+		recs, err = pgClaim(ctx, tx, t, p)
+		return err
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return lost, recs, nil
 }

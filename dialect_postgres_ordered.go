@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"database/sql"
 )
 
 // Ordered claims on PostgreSQL add one term to the claim's candidate read (pgOrdered):
@@ -47,20 +46,20 @@ func pgOrdered(tbl string, p ClaimParams) string {
 // orderedWindow rows, then, when that found less than a batch, by visiting the keys
 // (pgHeadsByKey). The window keeps the walk from passing a whole backlog of rows held back
 // by heads in flight; the visit finds the heads beyond it.
-func pgClaimOrdered(ctx context.Context, db *sql.DB, t Table, p ClaimParams) ([]Record, error) {
+func pgClaimOrdered(ctx context.Context, q DBTX, t Table, p ClaimParams) ([]Record, error) {
 	tbl := quoteIdent(t.Name(), '"')
 	a := &args{dollar: true}
 	window := ` AND created_at <= COALESCE((SELECT w.created_at FROM ` + tbl + ` w WHERE w.status IN ('pending', 'processing')` +
 		scopeSQL(a, p.Scope, "w.", pgUUID) + ` ORDER BY w.created_at, w.id OFFSET ` + a.add(orderedWindow(p.Limit)) + `::bigint LIMIT 1), 'infinity')`
-	recs, err := pgLease(ctx, db, t, p, a, `WITH c AS MATERIALIZED (SELECT id FROM `+tbl+` WHERE `+pgEligible(a, p)+pgOrdered(tbl, p)+window+
+	recs, err := pgLease(ctx, q, t, p, a, `WITH c AS MATERIALIZED (SELECT id FROM `+tbl+` WHERE `+pgEligible(a, p)+pgOrdered(tbl, p)+window+
 		` ORDER BY created_at, id LIMIT `+a.add(p.Limit)+`::bigint FOR UPDATE SKIP LOCKED)`)
 	if err != nil || len(recs) == p.Limit {
 		return recs, err
 	}
-	q := p
-	q.Limit -= len(recs)
+	rest := p
+	rest.Limit -= len(recs)
 	a = &args{dollar: true}
-	more, err := pgLease(ctx, db, t, q, a, pgHeadsByKey(tbl, a, q))
+	more, err := pgLease(ctx, q, t, rest, a, pgHeadsByKey(tbl, a, rest))
 	return append(recs, more...), err
 }
 

@@ -320,8 +320,7 @@ func sqliteAckListLen(n int, prepared bool) int {
 func sqliteComplete(ctx context.Context, q, prep DBTX, t Table, outcomes []Outcome) ([]uuid.UUID, error) {
 	a := &args{}
 	if token, ok := uniformAck(outcomes); ok {
-		_, prepared := prep.(preparedDBTX)
-		prepared = prepared && len(outcomes) <= MaxBatch
+		prepared := isPrepared(prep) && len(outcomes) <= MaxBatch
 		n := sqliteAckListLen(len(outcomes), prepared)
 		query := `UPDATE ` + quoteIdent(t.Name(), '"') + ` SET status = 'delivered', delivered_at = ` + sqliteStamp +
 			`, locked_by = NULL, locked_until = NULL, updated_at = ` + sqliteStamp +
@@ -479,4 +478,33 @@ func sqliteGateOf(db *sql.DB) chan struct{} {
 		runtime.AddCleanup(db, func(k weak.Pointer[sql.DB]) { sqliteGates.Delete(k) }, key)
 	}
 	return g.(chan struct{})
+}
+
+// CompleteAndClaim implements [SettleClaimer]: Complete's statement and the claim run in one
+// transaction, in one turn of the pool's writes (sqliteTurn), so they take the write lock
+// and commit once. The transaction's first statement writes, so it takes the write lock
+// before it reads, as an autocommit write does. The claim sees the settled rows as they now
+// are; a retry without delay can be claimed again at once, as by any claim.
+func (d sqliteDialect) CompleteAndClaim(ctx context.Context, db *sql.DB, t Table, outcomes []Outcome, p ClaimParams) (lost []uuid.UUID, recs []Record, err error) {
+	release, err := sqliteTurn(ctx, db)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer release()
+	err = inTx(ctx, db, nil, func(tx *sql.Tx) error {
+		prep := d.stmts.inTx(db, tx)
+		if lost, err = sqliteComplete(ctx, tx, prep, t, outcomes); err != nil {
+			return err
+		}
+		if p.Ordered && p.Namespace != "" {
+			recs, err = sqliteLeaseOrdered(ctx, tx, t, p, true)
+		} else {
+			recs, err = sqliteClaim(ctx, prep, t, p)
+		}
+		return err
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return lost, recs, nil
 }

@@ -29,13 +29,6 @@ func sqliteOrdered(t Table, p ClaimParams) string {
 // visit of the keys (sqliteHeadsByKey). Both are probed first without the write lock, so
 // that idle publishers leave the lock to producers; an ordered claim always probes.
 func (d sqliteDialect) claimOrdered(ctx context.Context, db *sql.DB, t Table, p ClaimParams) (recs []Record, err error) {
-	tbl := quoteIdent(t.Name(), '"')
-	walk := func(p ClaimParams) func(a *args) string {
-		return func(a *args) string {
-			return `SELECT id FROM ` + tbl + ` INDEXED BY ` + quoteIdent(t.Index("claim"), '"') + ` WHERE ` + sqliteEligible(a, p) +
-				sqliteOrdered(t, p) + sqliteWindow(t, a, p) + ` ORDER BY created_at, id LIMIT ` + a.add(p.Limit)
-		}
-	}
 	byKey := func(p ClaimParams) func(a *args) string {
 		return func(a *args) string { return sqliteHeadsByKey(t, a, p) }
 	}
@@ -50,7 +43,7 @@ func (d sqliteDialect) claimOrdered(ctx context.Context, db *sql.DB, t Table, p 
 		}
 		return true, nil
 	}
-	inWindow, err := found(walk(p))
+	inWindow, err := found(sqliteWalk(t, p))
 	if err != nil {
 		return nil, err
 	}
@@ -60,18 +53,33 @@ func (d sqliteDialect) claimOrdered(ctx context.Context, db *sql.DB, t Table, p 
 		}
 	}
 	err = d.write(ctx, db, func(q, _ DBTX) error {
-		if inWindow {
-			if recs, err = sqliteLease(ctx, q, t, p, walk(p)); err != nil || len(recs) == p.Limit {
-				return err
-			}
-		}
-		rest := p
-		rest.Limit -= len(recs)
-		more, err := sqliteLease(ctx, q, t, rest, byKey(rest))
-		recs = append(recs, more...)
+		recs, err = sqliteLeaseOrdered(ctx, q, t, p, inWindow)
 		return err
 	})
 	return recs, err
+}
+
+// sqliteLeaseOrdered leases in order on q, which must hold the write lock: from the walk of
+// the claim index when inWindow (a probe found a candidate there), then from the visit of
+// the keys for what the walk left of the batch.
+func sqliteLeaseOrdered(ctx context.Context, q DBTX, t Table, p ClaimParams, inWindow bool) (recs []Record, err error) {
+	if inWindow {
+		if recs, err = sqliteLease(ctx, q, t, p, sqliteWalk(t, p)); err != nil || len(recs) == p.Limit {
+			return recs, err
+		}
+	}
+	rest := p
+	rest.Limit -= len(recs)
+	more, err := sqliteLease(ctx, q, t, rest, func(a *args) string { return sqliteHeadsByKey(t, a, rest) })
+	return append(recs, more...), err
+}
+
+// sqliteWalk renders the candidates of an ordered claim's bounded walk of the claim index.
+func sqliteWalk(t Table, p ClaimParams) func(a *args) string {
+	return func(a *args) string {
+		return `SELECT id FROM ` + quoteIdent(t.Name(), '"') + ` INDEXED BY ` + quoteIdent(t.Index("claim"), '"') + ` WHERE ` + sqliteEligible(a, p) +
+			sqliteOrdered(t, p) + sqliteWindow(t, a, p) + ` ORDER BY created_at, id LIMIT ` + a.add(p.Limit)
+	}
 }
 
 // sqliteWindow bounds the ordered claim's walk to orderedWindow rows in scope.

@@ -420,28 +420,43 @@ func validateScope(sc Scope) error {
 // leased, unreturned, until the lease expires, as after a crash, and are claimed again. A
 // [Publisher] claims on a context that ends only at its shutdown deadline for this reason.
 func (s *Store) Claim(ctx context.Context, o ClaimOptions) ([]Record, error) {
-	if err := o.validate(); err != nil {
+	p, err := s.claimParams(o)
+	if err != nil {
 		return nil, err
 	}
-	if o.Ordered {
-		if _, err := s.orderedClaimer(); err != nil {
-			return nil, err
-		}
-	}
-	recs, err := s.dialect.Claim(ctx, s.db, s.table, ClaimParams{
-		Scope: o.Scope, Limit: o.Limit, Lease: o.Lease, MaxAttempts: o.MaxAttempts,
-		WorkerID: o.WorkerID, Token: uuid.New(), Ordered: o.Ordered, OrderedSkipDead: o.OrderedSkipDead,
-	})
+	recs, err := s.dialect.Claim(ctx, s.db, s.table, p)
 	if err != nil {
 		return nil, s.sqlError("claim", err)
 	}
+	sortClaimed(recs)
+	return recs, nil
+}
+
+// claimParams validates o and turns it into the dialect's arguments, with a fresh token.
+func (s *Store) claimParams(o ClaimOptions) (ClaimParams, error) {
+	if err := o.validate(); err != nil {
+		return ClaimParams{}, err
+	}
+	if o.Ordered {
+		if _, err := s.orderedClaimer(); err != nil {
+			return ClaimParams{}, err
+		}
+	}
+	return ClaimParams{
+		Scope: o.Scope, Limit: o.Limit, Lease: o.Lease, MaxAttempts: o.MaxAttempts,
+		WorkerID: o.WorkerID, Token: uuid.New(), Ordered: o.Ordered, OrderedSkipDead: o.OrderedSkipDead,
+	}, nil
+}
+
+// sortClaimed puts claimed records in (created_at, id) order, whatever order the dialect
+// returned them in.
+func sortClaimed(recs []Record) {
 	slices.SortFunc(recs, func(a, b Record) int {
 		if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
 			return c
 		}
 		return strings.Compare(string(a.ID[:]), string(b.ID[:]))
 	})
-	return recs, nil
 }
 
 // Ack marks claimed rows delivered. Rows whose lease was lost are left unchanged and
@@ -481,19 +496,9 @@ func (s *Store) Nack(ctx context.Context, policy RetryPolicy, failures ...Failur
 // Complete applies outcomes in one statement per [MaxBatch] rows. It is the primitive under
 // Ack and Nack; a publisher settles a mixed batch with it in a single round trip.
 func (s *Store) Complete(ctx context.Context, outcomes ...Outcome) error {
-	outcomes = slices.Clone(outcomes) // bounded below; the caller's slice stays as it was
-	for i := range outcomes {
-		o := &outcomes[i]
-		switch o.Status {
-		case StatusDelivered, StatusDead:
-		case StatusPending:
-			if o.Delay < 0 {
-				return invalid("Delay", "is negative (%s)", o.Delay)
-			}
-		default:
-			return invalid("Status", "outcome must be delivered, pending or dead, got %q", o.Status)
-		}
-		o.Error = truncateUTF8(o.Error, MaxLastErrorBytes)
+	outcomes, err := checkOutcomes(outcomes)
+	if err != nil {
+		return err
 	}
 	var lost []uuid.UUID
 	for chunk := range slices.Chunk(outcomes, MaxBatch) {
@@ -507,6 +512,26 @@ func (s *Store) Complete(ctx context.Context, outcomes ...Outcome) error {
 		return &LeaseLostError{IDs: lost}
 	}
 	return nil
+}
+
+// checkOutcomes validates outcomes and returns a copy with every error bounded to
+// MaxLastErrorBytes; the caller's slice stays as it was.
+func checkOutcomes(outcomes []Outcome) ([]Outcome, error) {
+	outcomes = slices.Clone(outcomes)
+	for i := range outcomes {
+		o := &outcomes[i]
+		switch o.Status {
+		case StatusDelivered, StatusDead:
+		case StatusPending:
+			if o.Delay < 0 {
+				return nil, invalid("Delay", "is negative (%s)", o.Delay)
+			}
+		default:
+			return nil, invalid("Status", "outcome must be delivered, pending or dead, got %q", o.Status)
+		}
+		o.Error = truncateUTF8(o.Error, MaxLastErrorBytes)
+	}
+	return outcomes, nil
 }
 
 // Extend renews the leases for another d, measured from now on the database clock. Rows

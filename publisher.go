@@ -290,8 +290,8 @@ type PublisherStats struct {
 
 // Publisher is the background worker that delivers committed outbox rows through a
 // [Transport]: it claims batches from a [Store], checks each payload against its hash,
-// publishes, and records every outcome of a batch in one [Store.Complete] call: delivered,
-// rescheduled under its [RetryPolicy], or dead. Leases of in-flight batches are renewed, rows
+// publishes, and records every outcome of a batch at once: delivered, rescheduled under its
+// [RetryPolicy], or dead. Leases of in-flight batches are renewed, rows
 // that exhausted their attempts are swept to dead, and database errors are logged and
 // retried with backoff. Delivery is at least once.
 //
@@ -371,8 +371,11 @@ func (p *Publisher) Wake() {
 //
 // It starts [PublisherOptions.Concurrency] claim loops and a sweeper. A claim loop claims a
 // batch, dead-letters rows whose payload fails its hash check, publishes the rest while
-// renewing their leases every Lease/3, and records all outcomes with one [Store.Complete].
-// After a full batch it claims again at once; after a partial one it waits PollInterval;
+// renewing their leases every Lease/3, and records all outcomes in one statement. After a
+// full batch it records them together with the next claim, in one transaction
+// ([Store.CompleteAndClaim], where the dialect is a [SettleClaimer]: every built-in one), so
+// that a backlog drains at one commit per batch; after a partial batch it records them
+// alone ([Store.Complete]) and waits PollInterval;
 // while claims come back empty it waits longer each time, up to IdleBackoffMax. Database
 // errors are logged, counted and retried after a backoff; they never stop Run.
 //
@@ -541,6 +544,7 @@ func (r *run) claimLoop(w waker) {
 	p := r.p
 	o := ClaimOptions{Scope: p.opts.Scope, Limit: p.opts.BatchSize, Lease: p.opts.Lease, MaxAttempts: p.opts.Retry.MaxAttempts, WorkerID: p.opts.WorkerID,
 		Ordered: p.opts.Ordered, OrderedSkipDead: p.opts.OrderedSkipDead}
+	_, fold := p.store.dialect.(SettleClaimer)
 	idle := p.opts.PollInterval
 	errDelay := p.opts.PollInterval
 	chase := len(chaseDelays) // position in chaseDelays; at the end when not chasing
@@ -555,11 +559,28 @@ func (r *run) claimLoop(w waker) {
 			chase, idle = 0, p.opts.PollInterval
 		}
 	}
+	// prev is a full batch published but not yet settled: its outcomes ride with the next
+	// claim (SettleClaimer), one commit for both.
+	var prev *outcomes
+	defer func() {
+		if prev != nil { // stopped after a full batch: settle it alone
+			r.settle(prev, false)
+		}
+	}()
 	for r.ctx.Err() == nil {
 		// The claim runs on the work context so that a shutdown cannot cut it off after the
 		// database leased rows but before this loop learned which; the rows it returns are
 		// published like any in-flight batch.
-		recs, err := p.store.Claim(r.work, o)
+		var (
+			recs []Record
+			err  error
+		)
+		if prev != nil {
+			recs, err = r.settleAndClaim(prev, o)
+			prev = nil
+		} else {
+			recs, err = p.store.Claim(r.work, o)
+		}
 		if err != nil {
 			if r.work.Err() != nil {
 				return
@@ -579,11 +600,47 @@ func (r *run) claimLoop(w waker) {
 		}
 		idle = p.opts.PollInterval
 		p.claimed.Add(int64(len(recs)))
-		r.process(recs)
+		out := r.publishBatch(recs)
+		if out == nil {
+			continue // the shutdown deadline passed: the rows keep their lease
+		}
+		if len(recs) == p.opts.BatchSize && fold {
+			prev = out // more is likely waiting: settle with the next claim
+			continue
+		}
+		r.settle(out, false)
 		if len(recs) < p.opts.BatchSize {
 			pause(p.opts.PollInterval)
 		}
 	}
+}
+
+// outcomes are the fates of one published batch, waiting to be recorded.
+type outcomes struct {
+	items []settlement
+	// lost marks the rows whose lease was lost while the batch was published.
+	lost map[uuid.UUID]bool
+}
+
+// settleAndClaim records prev's outcomes and claims the next batch in one transaction
+// (Store.CompleteAndClaim). When that fails, it records them alone, as settle does, and
+// returns the error for the claim loop to back off.
+func (r *run) settleAndClaim(prev *outcomes, o ClaimOptions) ([]Record, error) {
+	outs := prev.pending()
+	if len(outs) == 0 {
+		return r.p.store.Claim(r.work, o)
+	}
+	recs, lost, err := r.p.store.CompleteAndClaim(r.work, outs, o)
+	if err != nil {
+		if r.work.Err() == nil {
+			// The transaction may have committed with its reply lost: settle knows.
+			r.settle(prev, true)
+		}
+		return nil, err
+	}
+	r.lostLeases(lost, prev.lost, "settling")
+	r.report(prev)
+	return recs, nil
 }
 
 // settlement is the fate of one claimed row.
@@ -594,8 +651,9 @@ type settlement struct {
 	cause error
 }
 
-// process publishes one claimed batch and records its outcomes.
-func (r *run) process(recs []Record) {
+// publishBatch publishes one claimed batch and returns its outcomes, or nil when the
+// shutdown deadline passed first (the batch must then be left to its lease).
+func (r *run) publishBatch(recs []Record) *outcomes {
 	p := r.p
 	items := make([]settlement, len(recs))
 	batch := make([]Delivery, 0, len(recs))
@@ -620,7 +678,7 @@ func (r *run) process(recs []Record) {
 		if !ok {
 			p.log.Warn("outbox publisher: shutdown deadline passed before the batch was settled; its rows keep their lease until it expires",
 				idsAttr(leases), "count", len(leases))
-			return
+			return nil
 		}
 		for j, err := range results {
 			i := idx[j]
@@ -636,7 +694,18 @@ func (r *run) process(recs []Record) {
 			}
 		}
 	}
-	r.settle(items, lost)
+	return &outcomes{items: items, lost: lost}
+}
+
+// pending returns the outcomes still to record: those of rows whose lease was not lost.
+func (b *outcomes) pending() []Outcome {
+	outs := make([]Outcome, 0, len(b.items))
+	for _, it := range b.items {
+		if !b.lost[it.out.ID] {
+			outs = append(outs, it.out)
+		}
+	}
+	return outs
 }
 
 // publish hands the batch to the transport and renews the leases until it returns. It
@@ -796,15 +865,11 @@ func (r *run) lostLeases(ids []uuid.UUID, lost map[uuid.UUID]bool, while string)
 }
 
 // settle records the outcomes of a batch in one Complete call, retrying database errors a
-// few times. Rows whose lease was lost are left to their new owner.
-func (r *run) settle(items []settlement, lost map[uuid.UUID]bool) {
+// few times, and reports them. Rows whose lease was lost are left to their new owner.
+// maybeApplied says an earlier call may have recorded them already (its reply was lost).
+func (r *run) settle(b *outcomes, maybeApplied bool) {
 	p := r.p
-	outs := make([]Outcome, 0, len(items))
-	for _, it := range items {
-		if !lost[it.out.ID] {
-			outs = append(outs, it.out)
-		}
-	}
+	outs := b.pending()
 	if len(outs) == 0 {
 		return
 	}
@@ -833,20 +898,27 @@ func (r *run) settle(items []settlement, lost map[uuid.UUID]bool) {
 	case err == nil:
 	case errors.As(err, &lle):
 		ids := lle.IDs
-		if attempt > 1 {
+		if attempt > 1 || maybeApplied {
 			ids = r.settledEarlier(outs, ids)
 		}
-		r.lostLeases(ids, lost, "settling")
+		r.lostLeases(ids, b.lost, "settling")
 	default: // the shutdown deadline passed
 		p.log.Warn("outbox publisher: shutdown deadline passed before the batch was settled; its rows keep their lease until it expires",
 			idsAttr(leasesOf(outs)), "count", len(outs))
 		return
 	}
+	r.report(b)
+}
+
+// report counts and logs the outcomes of a settled batch and hands its dead letters to
+// OnDead. Rows whose lease was lost are not counted here (lostLeases counted them).
+func (r *run) report(b *outcomes) {
+	p := r.p
 	var retried []*settlement
 	var dead []DeadLetter
-	for i := range items {
-		it := &items[i]
-		if lost[it.out.ID] {
+	for i := range b.items {
+		it := &b.items[i]
+		if b.lost[it.out.ID] {
 			continue
 		}
 		switch it.out.Status {

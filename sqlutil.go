@@ -348,3 +348,26 @@ func uniformAck(outcomes []Outcome) (uuid.UUID, bool) {
 	}
 	return token, true
 }
+
+// inTx runs fn in a transaction on db and commits it. An error of fn, of the commit, or a
+// panic rolls it back, so no transaction outlives the call.
+func inTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(tx *sql.Tx) error) error {
+	tx, err := db.BeginTx(ctx, opts)
+	if err != nil {
+		return err
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			_ = tx.Rollback()
+		}
+	}()
+	if err := fn(tx); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return err
+	}
+	committed = true
+	return nil
+}

@@ -133,3 +133,57 @@ func (p preparedDBTX) QueryRowContext(ctx context.Context, query string, args ..
 	}
 	return s.QueryRowContext(ctx, args...)
 }
+
+// inTx returns a DBTX that runs each query in tx, as c's prepared statement when db is c's
+// pool (database/sql reuses the statement's preparation on the transaction's connection),
+// and as it is otherwise.
+func (c *stmtCache) inTx(db *sql.DB, tx *sql.Tx) DBTX {
+	if c == nil || db != c.db {
+		return tx
+	}
+	return txPrepared{c, tx}
+}
+
+type txPrepared struct {
+	c  *stmtCache
+	tx *sql.Tx
+}
+
+// stmt returns query's statement bound to the transaction, or nil to run it unprepared.
+func (p txPrepared) stmt(ctx context.Context, query string) *sql.Stmt {
+	s, err := p.c.prepare(ctx, query)
+	if s == nil || err != nil {
+		return nil
+	}
+	return p.tx.StmtContext(ctx, s)
+}
+
+func (p txPrepared) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	if s := p.stmt(ctx, query); s != nil {
+		return s.ExecContext(ctx, args...)
+	}
+	return p.tx.ExecContext(ctx, query, args...)
+}
+
+func (p txPrepared) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	if s := p.stmt(ctx, query); s != nil {
+		return s.QueryContext(ctx, args...)
+	}
+	return p.tx.QueryContext(ctx, query, args...)
+}
+
+func (p txPrepared) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	if s := p.stmt(ctx, query); s != nil {
+		return s.QueryRowContext(ctx, args...)
+	}
+	return p.tx.QueryRowContext(ctx, query, args...)
+}
+
+// isPrepared reports whether q runs its queries as prepared statements (stmtCache).
+func isPrepared(q DBTX) bool {
+	switch q.(type) {
+	case preparedDBTX, txPrepared:
+		return true
+	}
+	return false
+}

@@ -140,6 +140,7 @@ var broken = map[string]outbox.Dialect{
 	"purge-all":    purgeAllDialect{withAbilities{outbox.SQLite()}},
 	"replay-any":   replayAnyDialect{withAbilities{outbox.SQLite()}},
 	"cursor-blind": cursorBlindDialect{withAbilities{outbox.SQLite()}},
+	"claim-first":  claimFirstDialect{outbox.SQLite()},
 }
 
 // TestBrokenDialectChild runs the suite against one broken dialect; it does something
@@ -167,6 +168,7 @@ func TestSuiteCatchesBrokenDialects(t *testing.T) {
 		{"purge-all", []string{"Retention/PurgeNeverTouchesLiveRows", "Retention/PurgeInBatches", "Retention/PurgeConcurrently"}},
 		{"replay-any", []string{"Admin/ReplayOnlyDeadRows", "Admin/ReplayedRowIsDelivered"}},
 		{"cursor-blind", []string{"Admin/ListDeadPages"}},
+		{"claim-first", []string{"SettleAndClaim/ExpiredLeaseNotReclaimed"}},
 		{"order-blind", []string{"Ordered/HeadOnly", "Ordered/RetryHoldsKey", "Ordered/DeadHeadBlocks", "Ordered/SkipDead", "Ordered/Publishers"}},
 	}
 	for _, c := range cases {
@@ -193,4 +195,18 @@ func TestSuiteCatchesBrokenDialects(t *testing.T) {
 			}
 		})
 	}
+}
+
+// claimFirstDialect settles and claims in one call the naive way: claim, then settle. Rows
+// whose lease expired while they were being published are claimed again by their holder,
+// and its settle then finds them under another token.
+type claimFirstDialect struct{ outbox.Dialect }
+
+func (d claimFirstDialect) CompleteAndClaim(ctx context.Context, db *sql.DB, t outbox.Table, outcomes []outbox.Outcome, p outbox.ClaimParams) ([]uuid.UUID, []outbox.Record, error) {
+	recs, err := d.Claim(ctx, db, t, p)
+	if err != nil {
+		return nil, nil, err
+	}
+	lost, err := d.Complete(ctx, db, t, outcomes)
+	return lost, recs, err
 }

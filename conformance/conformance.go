@@ -20,6 +20,10 @@
 //     attempt limit and burying exhausted rows.
 //  5. Settle: ack, nack with jittered backoff inside its bounds, retry-after, permanent
 //     errors, the attempt limit, terminal states that never move, updated_at advancing.
+//     SettleAndClaim ([outbox.SettleClaimer]): outcomes recorded and the next rows claimed
+//     in one call, lost leases reported, settled rows never claimed again by the same call,
+//     an ordered claim seeing the keys the outcomes released. Skipped, saying so, for a
+//     dialect without the ability.
 //  6. Leases: an expired lease is reclaimed, the stale holder's ack/nack/extend fail with
 //     [outbox.ErrLeaseLost] and change nothing; extension keeps a row.
 //  7. Concurrency: many claimers never share a row; claims racing enqueues lose nothing.
@@ -102,6 +106,7 @@ func Run(t *testing.T, h Harness) {
 		{"Dedupe", dedupeTests},
 		{"Claim", claimTests},
 		{"Settle", settleTests},
+		{"SettleAndClaim", settleClaimTests},
 		{"Lease", leaseTests},
 		{"Concurrency", concurrencyTests},
 		{"Ordered", orderedTests},

@@ -1,0 +1,162 @@
+package conformance
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxgo/outbox"
+)
+
+// settleClaimTests check [outbox.SettleClaimer] through Store.CompleteAndClaim; each is
+// skipped, saying so, for a dialect without the ability.
+var settleClaimTests = []test{
+	{"SettlesAndClaimsNext", testCompleteAndClaim},
+	{"MixedOutcomes", testCompleteAndClaimMixed},
+	{"ExpiredLeaseNotReclaimed", testCompleteAndClaimExpired},
+	{"NothingLeftToClaim", testCompleteAndClaimNothingLeft},
+	{"OrderedSeesReleasedKeys", testCompleteAndClaimOrdered},
+}
+
+func needSettleClaimer(t *testing.T, e *env) {
+	t.Helper()
+	if _, ok := e.h.Dialect.(outbox.SettleClaimer); !ok {
+		_, _, err := e.store.CompleteAndClaim(e.ctx, nil, claimOpts(1, time.Minute))
+		require.ErrorIs(t, err, errors.ErrUnsupported)
+		t.Skipf("dialect %s does not implement outbox.SettleClaimer", e.h.Dialect.Name())
+	}
+}
+
+func acks(recs []outbox.Record) []outbox.Outcome {
+	out := make([]outbox.Outcome, len(recs))
+	for i, r := range recs {
+		out[i] = outbox.Outcome{Lease: r.Lease(), Status: outbox.StatusDelivered}
+	}
+	return out
+}
+
+// testCompleteAndClaim: the outcomes are recorded, a forged lease is reported lost and
+// changes nothing, and the next rows are claimed in order under a new token.
+func testCompleteAndClaim(t *testing.T, h Harness) {
+	e := setup(t, h)
+	needSettleClaimer(t, e)
+	all := e.enqueueN(t, 5)
+	first := e.claim(t, claimOpts(2, time.Minute))
+	require.Equal(t, all[:2], ids(first))
+	outs := acks(first)
+	outs[1].Token = uuid.New()
+
+	next, lost, err := e.store.CompleteAndClaim(e.ctx, outs, claimOpts(2, time.Minute))
+	require.NoError(t, err)
+	require.Equal(t, []uuid.UUID{all[1]}, lost, "the forged lease is reported lost")
+	require.Equal(t, all[2:4], ids(next), "the next rows, in order")
+	for _, r := range next {
+		require.Equal(t, outbox.StatusProcessing, r.Status)
+		require.Equal(t, 1, r.Attempts)
+		require.NotEqual(t, first[0].LeaseToken, r.LeaseToken, "a new claim, a new token")
+		got := e.get(t, r.ID)
+		require.Equal(t, r.LeaseToken, got.LeaseToken)
+		require.Equal(t, outbox.StatusProcessing, got.Status)
+	}
+	require.Equal(t, outbox.StatusDelivered, e.get(t, all[0]).Status)
+	kept := e.get(t, all[1])
+	require.Equal(t, outbox.StatusProcessing, kept.Status, "a wrong token changes nothing")
+	require.Equal(t, first[1].LeaseToken, kept.LeaseToken)
+	require.Equal(t, outbox.StatusPending, e.get(t, all[4]).Status)
+	require.NoError(t, e.store.Ack(e.ctx, next[0].Lease(), next[1].Lease()), "the claimed leases are valid")
+}
+
+// testCompleteAndClaimMixed: a retry, a dead letter and an ack in one call, applied as
+// Complete applies them; the retried row is not claimed again before it is due.
+func testCompleteAndClaimMixed(t *testing.T, h Harness) {
+	e := setup(t, h)
+	needSettleClaimer(t, e)
+	all := e.enqueueN(t, 4)
+	first := e.claim(t, claimOpts(3, time.Minute))
+	outs := []outbox.Outcome{
+		{Lease: first[0].Lease(), Status: outbox.StatusDelivered},
+		{Lease: first[1].Lease(), Status: outbox.StatusPending, Delay: time.Hour, Error: "broker down"},
+		{Lease: first[2].Lease(), Status: outbox.StatusDead, Error: "rejected"},
+	}
+	next, lost, err := e.store.CompleteAndClaim(e.ctx, outs, claimOpts(10, time.Minute))
+	require.NoError(t, err)
+	require.Empty(t, lost)
+	require.Equal(t, all[3:], ids(next), "only the untouched row is claimed")
+	require.Equal(t, outbox.StatusDelivered, e.get(t, all[0]).Status)
+	retried := e.get(t, all[1])
+	require.Equal(t, outbox.StatusPending, retried.Status)
+	require.Equal(t, "broker down", retried.LastError)
+	require.True(t, retried.NextAttemptAt.After(retried.UpdatedAt.Add(59*time.Minute)), "due in an hour")
+	dead := e.get(t, all[2])
+	require.Equal(t, outbox.StatusDead, dead.Status)
+	require.Equal(t, "rejected", dead.LastError)
+}
+
+// testCompleteAndClaimExpired: rows whose lease expired while they were being published
+// are settled by their holder (the token still matches), never handed out again by the
+// claim of the same call.
+func testCompleteAndClaimExpired(t *testing.T, h Harness) {
+	e := setup(t, h)
+	needSettleClaimer(t, e)
+	all := e.enqueueN(t, 3)
+	first := e.claim(t, claimOpts(2, 20*time.Millisecond))
+	require.Len(t, first, 2)
+	until := first[0].LockedUntil
+	eventually(t, 10*time.Second, "the lease to expire", func() bool { return time.Now().After(until.Add(50 * time.Millisecond)) })
+
+	next, lost, err := e.store.CompleteAndClaim(e.ctx, acks(first), claimOpts(10, time.Minute))
+	require.NoError(t, err)
+	require.Empty(t, lost, "nobody took the rows over, so their holder settles them")
+	require.Equal(t, all[2:], ids(next), "the settled rows are not claimed again")
+	for _, id := range all[:2] {
+		r := e.get(t, id)
+		require.Equal(t, outbox.StatusDelivered, r.Status)
+		require.Equal(t, 1, r.Attempts)
+	}
+}
+
+// testCompleteAndClaimNothingLeft: with nothing to claim, the outcomes are still recorded.
+func testCompleteAndClaimNothingLeft(t *testing.T, h Harness) {
+	e := setup(t, h)
+	needSettleClaimer(t, e)
+	e.enqueueN(t, 2)
+	first := e.claim(t, claimOpts(2, time.Minute))
+	next, lost, err := e.store.CompleteAndClaim(e.ctx, acks(first), claimOpts(2, time.Minute))
+	require.NoError(t, err)
+	require.Empty(t, lost)
+	require.Empty(t, next)
+	require.Equal(t, 2, e.count(t, outbox.StatusDelivered), "committed though nothing was claimed")
+
+	_, _, err = e.store.CompleteAndClaim(e.ctx, []outbox.Outcome{{Status: "lost"}}, claimOpts(2, time.Minute))
+	require.ErrorIs(t, err, outbox.ErrInvalid)
+	_, _, err = e.store.CompleteAndClaim(e.ctx, nil, claimOpts(0, time.Minute))
+	require.ErrorIs(t, err, outbox.ErrInvalid)
+}
+
+// testCompleteAndClaimOrdered: an ordered claim in the same call sees the keys that the
+// outcomes released: the next row of a delivered head is claimed at once.
+func testCompleteAndClaimOrdered(t *testing.T, h Harness) {
+	e := setup(t, h)
+	needSettleClaimer(t, e)
+	if _, ok := e.h.Dialect.(outbox.OrderedClaimer); !ok {
+		t.Skipf("dialect %s does not implement outbox.OrderedClaimer", e.h.Dialect.Name())
+	}
+	var all []uuid.UUID
+	for i := range 4 {
+		m := msg(i)
+		m.PartitionKey = []string{"a", "b"}[i%2]
+		all = append(all, e.enqueue(t, m)[0].ID)
+	}
+	o := claimOpts(10, time.Minute)
+	o.Namespace, o.Ordered = "orders", true
+	heads := e.claim(t, o)
+	require.Equal(t, all[:2], ids(heads), "one row per key")
+
+	next, lost, err := e.store.CompleteAndClaim(e.ctx, acks(heads), o)
+	require.NoError(t, err)
+	require.Empty(t, lost)
+	require.Equal(t, all[2:], ids(next), "the delivered heads released their keys")
+}

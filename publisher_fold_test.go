@@ -1,0 +1,241 @@
+package outbox_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxgo/outbox"
+)
+
+// foldingDialect wraps a built-in dialect, keeping its SettleClaimer ability, and counts
+// how the publisher settles: folded into the next claim or alone.
+type foldingDialect struct {
+	outbox.SettleClaimer
+	folds, foldLost, completes atomic.Int64
+	skipExtend                 atomic.Bool
+	// hang makes CompleteAndClaim announce itself on stdout and wait for its context.
+	hang bool
+}
+
+func newFoldingDialect(backend string) *foldingDialect {
+	return &foldingDialect{SettleClaimer: pubDialect(backend).(outbox.SettleClaimer)}
+}
+
+func (d *foldingDialect) CompleteAndClaim(ctx context.Context, db *sql.DB, t outbox.Table, o []outbox.Outcome, p outbox.ClaimParams) ([]uuid.UUID, []outbox.Record, error) {
+	d.folds.Add(1)
+	if d.hang {
+		fmt.Println("folding")
+		<-ctx.Done()
+		return nil, nil, ctx.Err()
+	}
+	lost, recs, err := d.SettleClaimer.CompleteAndClaim(ctx, db, t, o, p)
+	d.foldLost.Add(int64(len(lost)))
+	return lost, recs, err
+}
+
+func (d *foldingDialect) Complete(ctx context.Context, q outbox.DBTX, t outbox.Table, o []outbox.Outcome) ([]uuid.UUID, error) {
+	d.completes.Add(1)
+	return d.SettleClaimer.Complete(ctx, q, t, o)
+}
+
+func (d *foldingDialect) Extend(ctx context.Context, q outbox.DBTX, t outbox.Table, p outbox.ExtendParams) ([]uuid.UUID, error) {
+	if d.skipExtend.Load() {
+		return nil, nil
+	}
+	return d.SettleClaimer.Extend(ctx, q, t, p)
+}
+
+// TestPublisherFoldsSettleIntoClaim: after a full batch the publisher records its outcomes
+// with the next claim, one transaction for both; every message is delivered once.
+func TestPublisherFoldsSettleIntoClaim(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, e *pubEnv) {
+		ids := e.enqueue(t, "fold", 50)
+		d := newFoldingDialect(e.backend)
+		rec := newRecorder(nil)
+		o := fastOptions(t, "fold")
+		o.BatchSize = 10
+		p, err := outbox.NewPublisher(e.newStore(t, e.db, d), rec.transport("p"), o)
+		require.NoError(t, err)
+		stop := start(t, p)
+		e.waitCounts(t, 30*time.Second, func(m map[outbox.Status]int) bool { return m[outbox.StatusDelivered] == 50 })
+		require.Eventually(t, func() bool { return p.Stats().Delivered == 50 }, 10*time.Second, 5*time.Millisecond)
+		stop()
+		for _, id := range ids {
+			require.Equal(t, []int{1}, rec.seen(id))
+		}
+		// Five full batches: each settled by the claim after it (the fifth by a claim that
+		// found nothing), none alone.
+		require.EqualValues(t, 5, d.folds.Load())
+		require.Zero(t, d.completes.Load(), "no batch was settled alone")
+		require.Equal(t, outbox.PublisherStats{Claimed: 50, Delivered: 50}, p.Stats())
+	})
+}
+
+// TestPublisherLeaseLostOnFoldedSettle: a full batch whose lease ran out while it was
+// published, and which another worker delivered meanwhile, is reported lost by the folded
+// settle, which overwrites nothing; the next batch is claimed and delivered all the same.
+func TestPublisherLeaseLostOnFoldedSettle(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, e *pubEnv) {
+		ids := e.enqueue(t, "foldlost", 4)
+		d := newFoldingDialect(e.backend)
+		d.skipExtend.Store(true)
+		taken := make(chan struct{})
+		var calls atomic.Int64
+		seen := make(chan []uuid.UUID, 4)
+		tr := outbox.TransportFunc(func(ctx context.Context, batch []outbox.Delivery) []error {
+			got := make([]uuid.UUID, len(batch))
+			for i, m := range batch {
+				got[i] = m.ID
+			}
+			seen <- got
+			if calls.Add(1) == 1 {
+				select { // hold the first batch until a rival has delivered it
+				case <-taken:
+				case <-ctx.Done():
+				}
+			}
+			return nil
+		})
+		o := fastOptions(t, "foldlost")
+		o.BatchSize = 2
+		o.Lease = 300 * time.Millisecond
+		o.PollInterval = 50 * time.Millisecond
+		o.Logger = slog.New(slog.DiscardHandler) // lost leases are logged as warnings
+		stale, err := outbox.NewPublisher(e.newStore(t, e.db, d), tr, o)
+		require.NoError(t, err)
+		stop := start(t, stale)
+		require.Equal(t, ids[:2], <-seen)
+
+		// The rival takes the first batch over once its lease has expired (the rows come
+		// before the two pending ones), and delivers it.
+		until := e.get(t, ids[0]).LockedUntil
+		require.Eventually(t, func() bool { return time.Now().After(until.Add(50 * time.Millisecond)) }, 10*time.Second, 10*time.Millisecond)
+		rival := e.newStore(t, e.openPool(t), pubDialect(e.backend))
+		took, err := rival.Claim(context.Background(), outbox.ClaimOptions{Scope: outbox.Scope{Namespace: "foldlost"},
+			Limit: 2, Lease: time.Minute, MaxAttempts: 10, WorkerID: "rival"})
+		require.NoError(t, err)
+		require.Equal(t, ids[:2], []uuid.UUID{took[0].ID, took[1].ID})
+		require.NoError(t, rival.Ack(context.Background(), took[0].Lease(), took[1].Lease()))
+		close(taken)
+
+		require.Equal(t, ids[2:], <-seen, "the claim folded with the lost settle still claims")
+		require.Eventually(t, func() bool { return stale.Stats().Delivered == 2 }, 10*time.Second, 5*time.Millisecond)
+		stop()
+		require.EqualValues(t, 2, d.foldLost.Load(), "the folded settle found the first batch lost")
+		require.Equal(t, outbox.PublisherStats{Claimed: 4, Delivered: 2, LeaseLost: 2}, stale.Stats())
+		for _, id := range ids[:2] {
+			r := e.get(t, id)
+			require.Equal(t, outbox.StatusDelivered, r.Status)
+			require.Equal(t, 2, r.Attempts)
+		}
+	})
+}
+
+const helperFoldEnv = "OUTBOX_PUBLISHER_HELPER_FOLD"
+
+// TestFoldHelperProcess is not a test: it is the child process of
+// TestPublisherCrashBetweenPublishAndFoldedSettle, and returns at once in a normal run. It
+// publishes one full batch and hangs in the settle that rides with the next claim.
+func TestFoldHelperProcess(t *testing.T) {
+	if os.Getenv(helperFoldEnv) != "1" {
+		return
+	}
+	backend := os.Getenv(helperBackendEnv)
+	db, err := sql.Open(pubDriver(backend), os.Getenv(helperDSNEnv))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	d := newFoldingDialect(backend)
+	d.hang = true
+	store, err := outbox.New(db, d, outbox.Options{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	ok := outbox.TransportFunc(func(context.Context, []outbox.Delivery) []error { return nil })
+	p, err := outbox.NewPublisher(store, ok, outbox.PublisherOptions{
+		Scope: outbox.Scope{Namespace: "foldcrash"}, WorkerID: "doomed", BatchSize: 5,
+		Lease: crashLease, PollInterval: 50 * time.Millisecond,
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	_ = p.Run(context.Background())
+	os.Exit(3) // unreachable: Run only returns when its context is cancelled
+}
+
+// TestPublisherCrashBetweenPublishAndFoldedSettle: a publisher killed after publishing a
+// batch, before the settle that rides with its next claim commits, loses nothing: the
+// published rows keep their lease, and a survivor delivers them again after it expires,
+// along with every row never claimed.
+func TestPublisherCrashBetweenPublishAndFoldedSettle(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, e *pubEnv) {
+		const n = 12
+		ids := e.enqueue(t, "foldcrash", n)
+
+		var out syncBuffer
+		cmd := exec.Command(os.Args[0], "-test.run=^TestFoldHelperProcess$", "-test.count=1")
+		cmd.Env = append(os.Environ(), helperFoldEnv+"=1", helperBackendEnv+"="+e.backend, helperDSNEnv+"="+e.dsn)
+		cmd.Stdout, cmd.Stderr = &out, &out
+		require.NoError(t, cmd.Start())
+		exited := make(chan error, 1)
+		go func() { exited <- cmd.Wait() }()
+		t.Cleanup(func() { _ = cmd.Process.Kill() })
+		deadline := time.Now().Add(30 * time.Second)
+		for !strings.Contains(out.String(), "folding") {
+			select {
+			case err := <-exited:
+				t.Fatalf("child exited early (%v): %s", err, out.String())
+			default:
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("child did not reach the folded settle: %s", out.String())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		require.NoError(t, cmd.Process.Kill()) // SIGKILL between the publish and its settle
+		<-exited
+
+		published := map[uuid.UUID]bool{}
+		for _, id := range ids {
+			if r := e.get(t, id); r.Status == outbox.StatusProcessing {
+				require.Equal(t, "doomed", r.LockedBy)
+				published[id] = true
+			} else {
+				require.Equal(t, outbox.StatusPending, r.Status)
+			}
+		}
+		require.Len(t, published, 5, "the first batch was published and left unsettled")
+
+		rec := newRecorder(nil)
+		o := fastOptions(t, "foldcrash")
+		o.WorkerID = "survivor"
+		p, err := outbox.NewPublisher(e.store, rec.transport("survivor"), o)
+		require.NoError(t, err)
+		start(t, p)
+		e.waitCounts(t, 30*time.Second, func(m map[outbox.Status]int) bool { return m[outbox.StatusDelivered] == n })
+		for _, id := range ids {
+			want := []int{1}
+			if published[id] {
+				want = []int{2} // its first attempt reached the broker in the killed process
+			}
+			require.Equal(t, want, rec.seen(id))
+		}
+	})
+}

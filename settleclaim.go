@@ -1,0 +1,65 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+
+	"github.com/google/uuid"
+)
+
+// SettleClaimer is the optional ability of a [Dialect] to record the outcomes of one batch
+// and claim the next in a single round trip or transaction: one commit where
+// [Dialect.Complete] and [Dialect.Claim] take two. A [Publisher] uses it after every full
+// batch; [Store.CompleteAndClaim] exposes it to relays of one's own. The built-in dialects
+// implement it.
+//
+// CompleteAndClaim applies outcomes exactly as Complete does and claims exactly as Claim
+// does, atomically: when it returns an error, neither took effect, or (the reply was lost)
+// both did. The claim must not return a row of outcomes, even one whose lease expired while
+// it was being settled. It reports the settled ids whose lease was lost, as Complete does.
+// The conformance suite's Settle section checks it when the dialect has it.
+type SettleClaimer interface {
+	Dialect
+	CompleteAndClaim(ctx context.Context, db *sql.DB, t Table, outcomes []Outcome, p ClaimParams) (lost []uuid.UUID, claimed []Record, err error)
+}
+
+// CompleteAndClaim records outcomes, as [Store.Complete] does, and claims the next batch, as
+// [Store.Claim] does, in one transaction, so that a relay of one's own pays one commit per
+// batch instead of two. A [Publisher] does this by itself after every full batch.
+//
+// It returns the claimed records, in (created_at, id) order, and the ids of outcomes whose
+// lease was lost (left unchanged, as Complete reports with a [*LeaseLostError]). On an error
+// nothing was claimed for the caller and the outcomes may or may not have been recorded
+// (the transaction's end can race a lost connection, as for any write): settle them again
+// with Complete, and count a lost lease on a row that already carries the outcome as
+// settled. At most [MaxBatch] outcomes. A dialect without the ability ([SettleClaimer])
+// returns an error matching [errors.ErrUnsupported]; call Complete, then Claim.
+func (s *Store) CompleteAndClaim(ctx context.Context, outcomes []Outcome, o ClaimOptions) (claimed []Record, lost []uuid.UUID, err error) {
+	sc, ok := s.dialect.(SettleClaimer)
+	if !ok {
+		return nil, nil, fmt.Errorf("outbox: dialect %s cannot settle and claim in one transaction: %w", s.dialect.Name(), errors.ErrUnsupported)
+	}
+	if len(outcomes) > MaxBatch {
+		return nil, nil, invalid("outcomes", "are %d, more than the limit of %d", len(outcomes), MaxBatch)
+	}
+	outcomes, err = checkOutcomes(outcomes)
+	if err != nil {
+		return nil, nil, err
+	}
+	p, err := s.claimParams(o)
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(outcomes) == 0 {
+		claimed, err = s.dialect.Claim(ctx, s.db, s.table, p)
+	} else {
+		lost, claimed, err = sc.CompleteAndClaim(ctx, s.db, s.table, outcomes, p)
+	}
+	if err != nil {
+		return nil, nil, s.sqlError("complete and claim", err)
+	}
+	sortClaimed(claimed)
+	return claimed, lost, nil
+}
