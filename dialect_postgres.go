@@ -44,7 +44,7 @@ func Postgres() Dialect { return &postgresDialect{} }
 //	UPDATE "outbox_events" AS t SET status = 'processing', attempts = t.attempts + 1,
 //	    locked_by = $3, locked_until = now() + $4::bigint * interval '1 microsecond',
 //	    lease_token = $5, updated_at = now()
-//	FROM c WHERE t.id = c.id
+//	WHERE t.id = ANY(ARRAY(SELECT id FROM c))
 //	RETURNING t.id, t.namespace, ... (every column)
 //
 // FOR UPDATE SKIP LOCKED lets concurrent claimers pass over each other's candidates
@@ -377,10 +377,16 @@ func pgLease(ctx context.Context, q DBTX, t Table, p ClaimParams, a *args, with 
 }
 
 // pgLeaseUpdate renders the UPDATE that leases the rows of c and returns claimColumns.
+//
+// It finds them as id = ANY(ARRAY(SELECT id FROM c)), one probe of the primary key per
+// row, whatever the table's size. Joined as FROM c WHERE t.id = c.id, the planner read a
+// table of a few thousand pages whole into a hash join (a sequential scan of 20 000 rows
+// for 100 ids: 9-19 ms against 2 ms, EXPLAIN ANALYZE on PostgreSQL 15), the common case of
+// an outbox whose retention keeps it small.
 func pgLeaseUpdate(tbl string, a *args, p ClaimParams) string {
 	return ` UPDATE ` + tbl + ` AS t SET status = 'processing', attempts = t.attempts + 1, locked_by = ` + a.add(p.WorkerID) +
 		`, locked_until = now() + ` + pgMicros(a.add(micros(p.Lease))+`::bigint`) + `, lease_token = ` + a.add(pgUUID(p.Token)) +
-		`, updated_at = now() FROM c WHERE t.id = c.id RETURNING ` + selectList(claimColumns, "t.", nil)
+		`, updated_at = now() WHERE t.id = ANY(ARRAY(SELECT id FROM c)) RETURNING ` + selectList(claimColumns, "t.", nil)
 }
 
 func (d *postgresDialect) Complete(ctx context.Context, q DBTX, t Table, outcomes []Outcome) ([]uuid.UUID, error) {
@@ -438,7 +444,7 @@ func (*postgresDialect) Bury(ctx context.Context, q DBTX, t Table, p BuryParams)
 		` ORDER BY created_at, id LIMIT ` + a.add(p.Limit) + `::bigint FOR UPDATE SKIP LOCKED)` +
 		` UPDATE ` + tbl + ` AS t SET status = 'dead', last_error = ` + a.add(p.Reason) +
 		`, locked_by = NULL, locked_until = NULL, lease_token = ` + a.add(pgUUID(p.Token)) +
-		`, updated_at = now() FROM c WHERE t.id = c.id RETURNING t.id`
+		`, updated_at = now() WHERE t.id = ANY(ARRAY(SELECT id FROM c)) RETURNING t.id`
 	return queryIDs(ctx, q, query, a.vals...)
 }
 
@@ -453,7 +459,7 @@ func (d *postgresDialect) Get(ctx context.Context, q DBTX, t Table, id uuid.UUID
 //	WITH s AS (UPDATE ... (Complete) ... RETURNING t.id),
 //	c AS MATERIALIZED (SELECT id FROM "outbox_events" WHERE (Claim's predicate)
 //	    ORDER BY created_at, id LIMIT $n FOR UPDATE SKIP LOCKED),
-//	l AS (UPDATE ... (Claim's lease) ... FROM c WHERE t.id = c.id RETURNING (claimColumns))
+//	l AS (UPDATE ... (Claim's lease) ... WHERE t.id = ANY(ARRAY(SELECT id FROM c)) RETURNING (claimColumns))
 //	SELECT * FROM l UNION ALL SELECT s.id, '', '', NULL, ..., 0 AS attempts, ... FROM s
 //
 // The claim keeps the settled ids out: both CTEs read the snapshot from before the

@@ -559,58 +559,131 @@ func (r *run) claimLoop(w waker) {
 			chase, idle = 0, p.opts.PollInterval
 		}
 	}
-	// prev is a full batch published but not yet settled: its outcomes ride with the next
-	// claim (SettleClaimer), one commit for both.
-	var prev *outcomes
+	// A claim loop pipelines: while a full batch is being published, it records the
+	// outcomes of the batch before (prev) and claims the next one, in one transaction where
+	// the dialect can (next). So the database's work overlaps the broker's, and a backlog
+	// drains at one commit per batch.
+	var (
+		prev    *outcomes // published, not yet recorded
+		cur     []Record  // claimed, to publish
+		curLost map[uuid.UUID]bool
+	)
 	defer func() {
-		if prev != nil { // stopped after a full batch: settle it alone
+		if prev != nil { // stopped with a batch published: record it alone
 			r.settle(prev, false)
 		}
 	}()
-	for r.ctx.Err() == nil {
-		// The claim runs on the work context so that a shutdown cannot cut it off after the
-		// database leased rows but before this loop learned which; the rows it returns are
-		// published like any in-flight batch.
-		var (
-			recs []Record
-			err  error
-		)
-		if prev != nil {
-			recs, err = r.settleAndClaim(prev, o)
-			prev = nil
-		} else {
-			recs, err = p.store.Claim(r.work, o)
-		}
-		if err != nil {
-			if r.work.Err() != nil {
+	for {
+		if cur == nil {
+			if r.ctx.Err() != nil {
 				return
 			}
+			// The claim runs on the work context so that a shutdown cannot cut it off after
+			// the database leased rows but before this loop learned which; the rows it
+			// returns are published like any in-flight batch.
+			recs, err := r.next(&prev, o, fold)
+			if err != nil {
+				if r.work.Err() != nil {
+					return
+				}
+				p.errs.Add(1)
+				p.log.Error("outbox publisher: claim failed", "err", err, "retry_in", errDelay)
+				sleep(r.ctx, errDelay)
+				errDelay = min(errDelay*2, p.opts.IdleBackoffMax)
+				continue
+			}
+			errDelay = p.opts.PollInterval
+			if len(recs) == 0 {
+				d := idle
+				idle = min(idle*2, r.idleCap())
+				pause(d) // a wake-up resets idle
+				continue
+			}
+			idle = p.opts.PollInterval
+			p.claimed.Add(int64(len(recs)))
+			cur, curLost = recs, map[uuid.UUID]bool{}
+		}
+
+		full := len(cur) == p.opts.BatchSize
+		published := make(chan *outcomes, 1)
+		go func(recs []Record, lost map[uuid.UUID]bool) { published <- r.publishBatch(recs, lost) }(cur, curLost)
+		var (
+			ahead    []Record
+			aheadErr error
+		)
+		if full && r.ctx.Err() == nil {
+			ahead, aheadErr = r.next(&prev, o, fold) // more is likely waiting
+		} else if prev != nil {
+			r.settle(prev, false)
+			prev = nil
+		}
+		aheadLost := map[uuid.UUID]bool{}
+		out := r.awaitPublish(published, ahead, aheadLost)
+		if out == nil {
+			return // the shutdown deadline passed: the rows keep their lease
+		}
+		switch {
+		case aheadErr != nil && r.work.Err() == nil:
 			p.errs.Add(1)
-			p.log.Error("outbox publisher: claim failed", "err", err, "retry_in", errDelay)
+			p.log.Error("outbox publisher: claim failed", "err", aheadErr, "retry_in", errDelay)
+		case len(ahead) > 0:
+			p.claimed.Add(int64(len(ahead)))
+		}
+		prev = out
+		cur, curLost = ahead, aheadLost
+		if len(cur) == 0 {
+			cur = nil
+		}
+		switch {
+		case !full:
+			r.settle(prev, false)
+			prev = nil
+			pause(p.opts.PollInterval)
+		case !fold && cur == nil:
+			r.settle(prev, false) // nothing to record it with
+			prev = nil
+		case aheadErr != nil:
 			sleep(r.ctx, errDelay)
 			errDelay = min(errDelay*2, p.opts.IdleBackoffMax)
-			continue
 		}
-		errDelay = p.opts.PollInterval
-		if len(recs) == 0 {
-			d := idle
-			idle = min(idle*2, r.idleCap())
-			pause(d) // a wake-up resets idle
-			continue
-		}
-		idle = p.opts.PollInterval
-		p.claimed.Add(int64(len(recs)))
-		out := r.publishBatch(recs)
-		if out == nil {
-			continue // the shutdown deadline passed: the rows keep their lease
-		}
-		if len(recs) == p.opts.BatchSize && fold {
-			prev = out // more is likely waiting: settle with the next claim
-			continue
-		}
-		r.settle(out, false)
-		if len(recs) < p.opts.BatchSize {
-			pause(p.opts.PollInterval)
+	}
+}
+
+// next records the outcomes of *prev, if any, and claims the next batch: in one
+// transaction when fold (the dialect is a SettleClaimer), one after the other otherwise.
+func (r *run) next(prev **outcomes, o ClaimOptions, fold bool) ([]Record, error) {
+	b := *prev
+	*prev = nil
+	switch {
+	case b == nil:
+		return r.p.store.Claim(r.work, o)
+	case fold:
+		return r.settleAndClaim(b, o)
+	}
+	r.settle(b, false)
+	return r.p.store.Claim(r.work, o)
+}
+
+// awaitPublish waits for a batch's publish and returns its outcomes, renewing meanwhile the
+// leases of ahead, the batch claimed during it, and marking those it lost in lost.
+func (r *run) awaitPublish(published <-chan *outcomes, ahead []Record, lost map[uuid.UUID]bool) *outcomes {
+	if len(ahead) == 0 {
+		return <-published
+	}
+	held := make([]Lease, len(ahead))
+	for i := range ahead {
+		held[i] = ahead[i].Lease()
+	}
+	renew := time.NewTimer(r.p.opts.Lease / 3)
+	defer renew.Stop()
+	for {
+		select {
+		case out := <-published:
+			return out
+		case <-renew.C:
+			var next time.Duration
+			held, next = r.extend(held, lost)
+			renew.Reset(next)
 		}
 	}
 }
@@ -652,17 +725,23 @@ type settlement struct {
 }
 
 // publishBatch publishes one claimed batch and returns its outcomes, or nil when the
-// shutdown deadline passed first (the batch must then be left to its lease).
-func (r *run) publishBatch(recs []Record) *outcomes {
+// shutdown deadline passed first (the batch must then be left to its lease). lost holds the
+// rows whose lease was lost before the publish began (the batch was claimed while the one
+// before it was published); they are left to their new owner.
+func (r *run) publishBatch(recs []Record, lost map[uuid.UUID]bool) *outcomes {
 	p := r.p
 	items := make([]settlement, len(recs))
 	batch := make([]Delivery, 0, len(recs))
 	idx := make([]int, 0, len(recs)) // batch position -> items position
-	leases := make([]Lease, len(recs))
+	leases := make([]Lease, 0, len(recs))
 	for i := range recs {
 		rec := &recs[i]
 		items[i].rec = rec
-		leases[i] = rec.Lease()
+		if lost[rec.ID] {
+			items[i].out.Lease = rec.Lease()
+			continue
+		}
+		leases = append(leases, rec.Lease())
 		if err := rec.Integrity(); err != nil {
 			items[i].out = Outcome{Lease: rec.Lease(), Status: StatusDead, Error: err.Error() + "; not published"}
 			items[i].cause = err
@@ -672,7 +751,6 @@ func (r *run) publishBatch(recs []Record) *outcomes {
 		idx = append(idx, i)
 	}
 
-	lost := map[uuid.UUID]bool{}
 	if len(batch) > 0 {
 		results, ok := r.publish(batch, leases, lost)
 		if !ok {

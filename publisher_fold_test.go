@@ -84,30 +84,28 @@ func TestPublisherFoldsSettleIntoClaim(t *testing.T) {
 }
 
 // TestPublisherLeaseLostOnFoldedSettle: a full batch whose lease ran out while it was
-// published, and which another worker delivered meanwhile, is reported lost by the folded
-// settle, which overwrites nothing; the next batch is claimed and delivered all the same.
+// published, and which another worker delivered meanwhile, is reported lost by the settle
+// folded into the next claim, which overwrites nothing; later rows are delivered as usual.
 func TestPublisherLeaseLostOnFoldedSettle(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, e *pubEnv) {
-		ids := e.enqueue(t, "foldlost", 4)
+		ids := e.enqueue(t, "foldlost", 2)
 		d := newFoldingDialect(e.backend)
 		d.skipExtend.Store(true)
 		taken := make(chan struct{})
 		var calls atomic.Int64
-		seen := make(chan []uuid.UUID, 4)
+		started := make(chan struct{}, 1)
+		rec := newRecorder(nil)
+		inner := rec.transport("stale")
 		tr := outbox.TransportFunc(func(ctx context.Context, batch []outbox.Delivery) []error {
-			got := make([]uuid.UUID, len(batch))
-			for i, m := range batch {
-				got[i] = m.ID
-			}
-			seen <- got
 			if calls.Add(1) == 1 {
+				started <- struct{}{}
 				select { // hold the first batch until a rival has delivered it
 				case <-taken:
 				case <-ctx.Done():
 				}
 			}
-			return nil
+			return inner.Publish(ctx, batch)
 		})
 		o := fastOptions(t, "foldlost")
 		o.BatchSize = 2
@@ -117,30 +115,35 @@ func TestPublisherLeaseLostOnFoldedSettle(t *testing.T) {
 		stale, err := outbox.NewPublisher(e.newStore(t, e.db, d), tr, o)
 		require.NoError(t, err)
 		stop := start(t, stale)
-		require.Equal(t, ids[:2], <-seen)
+		<-started
 
-		// The rival takes the first batch over once its lease has expired (the rows come
-		// before the two pending ones), and delivers it.
+		// The rival takes the batch over once its lease has expired, and delivers it.
 		until := e.get(t, ids[0]).LockedUntil
 		require.Eventually(t, func() bool { return time.Now().After(until.Add(50 * time.Millisecond)) }, 10*time.Second, 10*time.Millisecond)
 		rival := e.newStore(t, e.openPool(t), pubDialect(e.backend))
 		took, err := rival.Claim(context.Background(), outbox.ClaimOptions{Scope: outbox.Scope{Namespace: "foldlost"},
 			Limit: 2, Lease: time.Minute, MaxAttempts: 10, WorkerID: "rival"})
 		require.NoError(t, err)
-		require.Equal(t, ids[:2], []uuid.UUID{took[0].ID, took[1].ID})
+		require.Len(t, took, 2)
 		require.NoError(t, rival.Ack(context.Background(), took[0].Lease(), took[1].Lease()))
 		close(taken)
 
-		require.Equal(t, ids[2:], <-seen, "the claim folded with the lost settle still claims")
-		require.Eventually(t, func() bool { return stale.Stats().Delivered == 2 }, 10*time.Second, 5*time.Millisecond)
-		stop()
-		require.EqualValues(t, 2, d.foldLost.Load(), "the folded settle found the first batch lost")
-		require.Equal(t, outbox.PublisherStats{Claimed: 4, Delivered: 2, LeaseLost: 2}, stale.Stats())
-		for _, id := range ids[:2] {
+		require.Eventually(t, func() bool { return stale.Stats().LeaseLost == 2 }, 10*time.Second, 5*time.Millisecond)
+		require.EqualValues(t, 2, d.foldLost.Load(), "the folded settle found the batch lost")
+		require.Zero(t, d.completes.Load(), "the batch was settled with the next claim, not alone")
+		for _, id := range ids {
 			r := e.get(t, id)
-			require.Equal(t, outbox.StatusDelivered, r.Status)
+			require.Equal(t, outbox.StatusDelivered, r.Status, "the stale worker overwrites nothing")
 			require.Equal(t, 2, r.Attempts)
 		}
+
+		later := e.enqueue(t, "foldlost", 2)
+		require.Eventually(t, func() bool { return stale.Stats().Delivered == 2 }, 10*time.Second, 5*time.Millisecond)
+		stop()
+		for _, id := range later {
+			require.Equal(t, []int{1}, rec.seen(id))
+		}
+		require.Equal(t, outbox.PublisherStats{Claimed: 4, Delivered: 2, LeaseLost: 2}, stale.Stats())
 	})
 }
 
@@ -212,16 +215,18 @@ func TestPublisherCrashBetweenPublishAndFoldedSettle(t *testing.T) {
 		require.NoError(t, cmd.Process.Kill()) // SIGKILL between the publish and its settle
 		<-exited
 
-		published := map[uuid.UUID]bool{}
+		// The first batch was published, and the second claimed while it was; the settle of
+		// the first, riding with the claim of a third, never committed.
+		held := map[uuid.UUID]bool{}
 		for _, id := range ids {
 			if r := e.get(t, id); r.Status == outbox.StatusProcessing {
 				require.Equal(t, "doomed", r.LockedBy)
-				published[id] = true
+				held[id] = true
 			} else {
 				require.Equal(t, outbox.StatusPending, r.Status)
 			}
 		}
-		require.Len(t, published, 5, "the first batch was published and left unsettled")
+		require.Len(t, held, 10, "two batches held, none settled")
 
 		rec := newRecorder(nil)
 		o := fastOptions(t, "foldcrash")
@@ -232,10 +237,50 @@ func TestPublisherCrashBetweenPublishAndFoldedSettle(t *testing.T) {
 		e.waitCounts(t, 30*time.Second, func(m map[outbox.Status]int) bool { return m[outbox.StatusDelivered] == n })
 		for _, id := range ids {
 			want := []int{1}
-			if published[id] {
-				want = []int{2} // its first attempt reached the broker in the killed process
+			if held[id] {
+				want = []int{2} // its first attempt was made by the killed process
 			}
 			require.Equal(t, want, rec.seen(id))
 		}
+	})
+}
+
+// TestPublisherClaimsWhilePublishing: while a full batch is in the transport, the claim loop
+// already holds the next one (and records the batch before it), so the database's work
+// overlaps the broker's. Every message is still delivered once, in batches that never
+// share a row.
+func TestPublisherClaimsWhilePublishing(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, e *pubEnv) {
+		const batch = 5
+		ids := e.enqueue(t, "overlap", 3*batch)
+		var calls atomic.Int64
+		overlapped := make(chan bool, 1)
+		rec := newRecorder(nil)
+		inner := rec.transport("p")
+		tr := outbox.TransportFunc(func(ctx context.Context, ds []outbox.Delivery) []error {
+			if calls.Add(1) == 1 {
+				// Hold the first batch until the second is claimed, or give up.
+				deadline := time.Now().Add(10 * time.Second)
+				for e.counts(t)[outbox.StatusProcessing] < 2*batch && time.Now().Before(deadline) {
+					time.Sleep(10 * time.Millisecond)
+				}
+				overlapped <- e.counts(t)[outbox.StatusProcessing] == 2*batch
+			}
+			return inner.Publish(ctx, ds)
+		})
+		o := fastOptions(t, "overlap")
+		o.BatchSize = batch
+		p, err := outbox.NewPublisher(e.store, tr, o)
+		require.NoError(t, err)
+		stop := start(t, p)
+		require.True(t, <-overlapped, "the next batch was claimed while the first was published")
+		e.waitCounts(t, 30*time.Second, func(m map[outbox.Status]int) bool { return m[outbox.StatusDelivered] == 3*batch })
+		require.Eventually(t, func() bool { return p.Stats().Delivered == 3*batch }, 10*time.Second, 5*time.Millisecond)
+		stop()
+		for _, id := range ids {
+			require.Equal(t, []int{1}, rec.seen(id))
+		}
+		require.Equal(t, outbox.PublisherStats{Claimed: 3 * batch, Delivered: 3 * batch}, p.Stats())
 	})
 }
