@@ -5,8 +5,6 @@ import (
 	"database/sql"
 	"fmt"
 	"log/slog"
-	"os"
-	"os/exec"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -18,18 +16,18 @@ import (
 	"github.com/outboxgo/outbox"
 )
 
-// foldingDialect wraps a built-in dialect, keeping its SettleClaimer ability, and counts
-// how the publisher settles: folded into the next claim or alone.
+// foldingDialect is a faultyDialect that keeps the SettleClaimer ability of the built-in
+// dialect it wraps, and counts how the publisher settles: folded into the next claim
+// (folds) or alone (completes).
 type foldingDialect struct {
-	outbox.SettleClaimer
-	folds, foldLost, completes atomic.Int64
-	skipExtend                 atomic.Bool
+	*faultyDialect
+	folds, foldLost atomic.Int64
 	// hang makes CompleteAndClaim announce itself on stdout and wait for its context.
 	hang bool
 }
 
 func newFoldingDialect(backend string) *foldingDialect {
-	return &foldingDialect{SettleClaimer: pubDialect(backend).(outbox.SettleClaimer)}
+	return &foldingDialect{faultyDialect: &faultyDialect{Dialect: pubDialect(backend)}}
 }
 
 func (d *foldingDialect) CompleteAndClaim(ctx context.Context, db *sql.DB, t outbox.Table, o []outbox.Outcome, p outbox.ClaimParams) ([]uuid.UUID, []outbox.Record, error) {
@@ -39,21 +37,9 @@ func (d *foldingDialect) CompleteAndClaim(ctx context.Context, db *sql.DB, t out
 		<-ctx.Done()
 		return nil, nil, ctx.Err()
 	}
-	lost, recs, err := d.SettleClaimer.CompleteAndClaim(ctx, db, t, o, p)
+	lost, recs, err := d.Dialect.(outbox.SettleClaimer).CompleteAndClaim(ctx, db, t, o, p)
 	d.foldLost.Add(int64(len(lost)))
 	return lost, recs, err
-}
-
-func (d *foldingDialect) Complete(ctx context.Context, q outbox.DBTX, t outbox.Table, o []outbox.Outcome) ([]uuid.UUID, error) {
-	d.completes.Add(1)
-	return d.SettleClaimer.Complete(ctx, q, t, o)
-}
-
-func (d *foldingDialect) Extend(ctx context.Context, q outbox.DBTX, t outbox.Table, p outbox.ExtendParams) ([]uuid.UUID, error) {
-	if d.skipExtend.Load() {
-		return nil, nil
-	}
-	return d.SettleClaimer.Extend(ctx, q, t, p)
 }
 
 // TestPublisherFoldsSettleIntoClaim: after a full batch the publisher records its outcomes
@@ -147,41 +133,6 @@ func TestPublisherLeaseLostOnFoldedSettle(t *testing.T) {
 	})
 }
 
-const helperFoldEnv = "OUTBOX_PUBLISHER_HELPER_FOLD"
-
-// TestFoldHelperProcess is not a test: it is the child process of
-// TestPublisherCrashBetweenPublishAndFoldedSettle, and returns at once in a normal run. It
-// publishes one full batch and hangs in the settle that rides with the next claim.
-func TestFoldHelperProcess(t *testing.T) {
-	if os.Getenv(helperFoldEnv) != "1" {
-		return
-	}
-	backend := os.Getenv(helperBackendEnv)
-	db, err := sql.Open(pubDriver(backend), os.Getenv(helperDSNEnv))
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
-	d := newFoldingDialect(backend)
-	d.hang = true
-	store, err := outbox.New(db, d, outbox.Options{})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
-	ok := outbox.TransportFunc(func(context.Context, []outbox.Delivery) []error { return nil })
-	p, err := outbox.NewPublisher(store, ok, outbox.PublisherOptions{
-		Scope: outbox.Scope{Namespace: "foldcrash"}, WorkerID: "doomed", BatchSize: 5,
-		Lease: crashLease, PollInterval: 50 * time.Millisecond,
-	})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
-	_ = p.Run(context.Background())
-	os.Exit(3) // unreachable: Run only returns when its context is cancelled
-}
-
 // TestPublisherCrashBetweenPublishAndFoldedSettle: a publisher killed after publishing a
 // batch, before the settle that rides with its next claim commits, loses nothing: the
 // published rows keep their lease, and a survivor delivers them again after it expires,
@@ -192,28 +143,8 @@ func TestPublisherCrashBetweenPublishAndFoldedSettle(t *testing.T) {
 		const n = 12
 		ids := e.enqueue(t, "foldcrash", n)
 
-		var out syncBuffer
-		cmd := exec.Command(os.Args[0], "-test.run=^TestFoldHelperProcess$", "-test.count=1")
-		cmd.Env = append(os.Environ(), helperFoldEnv+"=1", helperBackendEnv+"="+e.backend, helperDSNEnv+"="+e.dsn)
-		cmd.Stdout, cmd.Stderr = &out, &out
-		require.NoError(t, cmd.Start())
-		exited := make(chan error, 1)
-		go func() { exited <- cmd.Wait() }()
-		t.Cleanup(func() { _ = cmd.Process.Kill() })
-		deadline := time.Now().Add(30 * time.Second)
-		for !strings.Contains(out.String(), "folding") {
-			select {
-			case err := <-exited:
-				t.Fatalf("child exited early (%v): %s", err, out.String())
-			default:
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("child did not reach the folded settle: %s", out.String())
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-		require.NoError(t, cmd.Process.Kill()) // SIGKILL between the publish and its settle
-		<-exited
+		// SIGKILL between the publish and its settle.
+		killHelper(t, e, "reach the folded settle", func(out string) bool { return strings.Contains(out, "folding") }, helperFoldEnv+"=1")
 
 		// The first batch was published, and the second claimed while it was; the settle of
 		// the first, riding with the claim of a third, never committed.

@@ -373,6 +373,7 @@ const (
 	helperEnv        = "OUTBOX_PUBLISHER_HELPER"
 	helperBackendEnv = "OUTBOX_PUBLISHER_HELPER_BACKEND"
 	helperDSNEnv     = "OUTBOX_PUBLISHER_HELPER_DSN"
+	helperFoldEnv    = "OUTBOX_PUBLISHER_HELPER_FOLD"
 	crashLease       = time.Second
 )
 
@@ -388,20 +389,29 @@ func TestPublisherHelperProcess(t *testing.T) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
-	store, err := outbox.New(db, pubDialect(backend), outbox.Options{})
+	dialect := pubDialect(backend)
+	// The transport never returns: the process is killed with the batch in flight.
+	tr := outbox.TransportFunc(func(ctx context.Context, batch []outbox.Delivery) []error {
+		<-ctx.Done()
+		return nil
+	})
+	o := outbox.PublisherOptions{Scope: outbox.Scope{Namespace: "crash"}, WorkerID: "doomed", BatchSize: 100,
+		Lease: crashLease, PollInterval: 50 * time.Millisecond}
+	if os.Getenv(helperFoldEnv) == "1" {
+		// Batches of five are published, and the settle that rides with the next claim
+		// never returns: the process is killed between a publish and its settle.
+		d := newFoldingDialect(backend)
+		d.hang = true
+		dialect = d
+		tr = func(context.Context, []outbox.Delivery) []error { return nil }
+		o.Namespace, o.BatchSize = "foldcrash", 5
+	}
+	store, err := outbox.New(db, dialect, outbox.Options{})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
-	// The transport never returns: the process is killed with the batch in flight.
-	block := outbox.TransportFunc(func(ctx context.Context, batch []outbox.Delivery) []error {
-		<-ctx.Done()
-		return nil
-	})
-	p, err := outbox.NewPublisher(store, block, outbox.PublisherOptions{
-		Scope: outbox.Scope{Namespace: "crash"}, WorkerID: "doomed", BatchSize: 100,
-		Lease: crashLease, PollInterval: 50 * time.Millisecond,
-	})
+	p, err := outbox.NewPublisher(store, tr, o)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
@@ -428,36 +438,42 @@ func (b *syncBuffer) String() string {
 	return b.buf.String()
 }
 
+// killHelper starts TestPublisherHelperProcess on e's database with env added, waits until
+// ready (given the child's output so far) holds, and kills it with SIGKILL.
+func killHelper(t *testing.T, e *pubEnv, what string, ready func(out string) bool, env ...string) {
+	t.Helper()
+	var out syncBuffer
+	cmd := exec.Command(os.Args[0], "-test.run=^TestPublisherHelperProcess$", "-test.count=1")
+	cmd.Env = append(append(os.Environ(), helperEnv+"=1", helperBackendEnv+"="+e.backend, helperDSNEnv+"="+e.dsn), env...)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	deadline := time.Now().Add(30 * time.Second)
+	for !ready(out.String()) {
+		select {
+		case err := <-exited:
+			t.Fatalf("child exited early (%v): %s", err, out.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("child did not %s: %s", what, out.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	require.NoError(t, cmd.Process.Kill())
+	<-exited
+}
+
 func TestPublisherCrashRecovery(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, e *pubEnv) {
 		const n = 25
 		ids := e.enqueue(t, "crash", n)
 
-		var out syncBuffer
-		cmd := exec.Command(os.Args[0], "-test.run=^TestPublisherHelperProcess$", "-test.count=1")
-		cmd.Env = append(os.Environ(), helperEnv+"=1", helperBackendEnv+"="+e.backend, helperDSNEnv+"="+e.dsn)
-		cmd.Stdout, cmd.Stderr = &out, &out
-		require.NoError(t, cmd.Start())
-		exited := make(chan error, 1)
-		go func() { exited <- cmd.Wait() }()
-		t.Cleanup(func() { _ = cmd.Process.Kill() })
-
-		// Wait until the child holds every row.
-		deadline := time.Now().Add(30 * time.Second)
-		for e.counts(t)[outbox.StatusProcessing] < n {
-			select {
-			case err := <-exited:
-				t.Fatalf("child exited early (%v): %s", err, out.String())
-			default:
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("child did not claim the rows: %s", out.String())
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		require.NoError(t, cmd.Process.Kill()) // SIGKILL: no shutdown, no cleanup
-		<-exited
+		// Kill the child (SIGKILL: no shutdown, no cleanup) once it holds every row.
+		killHelper(t, e, "claim the rows", func(string) bool { return e.counts(t)[outbox.StatusProcessing] >= n })
 
 		var until time.Time
 		for _, id := range ids {
