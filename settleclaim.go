@@ -17,9 +17,11 @@ import (
 //
 // CompleteAndClaim applies outcomes exactly as Complete does and claims exactly as Claim
 // does, atomically: when it returns an error, neither took effect, or (the reply was lost)
-// both did. The claim must not return a row of outcomes, even one whose lease expired while
-// it was being settled. It reports the settled ids whose lease was lost, as Complete does.
-// The conformance suite's Settle section checks it when the dialect has it.
+// both did. The claim sees the outcomes applied: a settled row is claimable again only if
+// its outcome made it so (a retry without delay), never because its old lease expired
+// while it was being published, and an ordered claim sees the keys the outcomes released.
+// It reports the outcomes' ids whose lease was lost, as Complete does. The conformance
+// suite's SettleAndClaim section checks it when the dialect has it.
 type SettleClaimer interface {
 	Dialect
 	CompleteAndClaim(ctx context.Context, db *sql.DB, t Table, outcomes []Outcome, p ClaimParams) (lost []uuid.UUID, claimed []Record, err error)
