@@ -140,6 +140,7 @@ func (rep *report) markdown(w *strings.Builder) {
 			fmt.Fprintf(w, "| | empty rows/s | retained rows/s | retained ÷ empty |\n|---|---:|---:|---:|\n")
 			fmt.Fprintf(w, "| library | %.0f | %.0f | %.3f |\n| raw | %.0f | %.0f | %.3f |\n", g.LibEmpty.Median, g.LibRetained.Median, g.Ratio, g.RawEmpty.Median, g.RawRetained.Median, g.RawRatio)
 		}
+		rep.markdownCosts(w, b)
 	}
 }
 
@@ -150,4 +151,47 @@ var breakdownLabel = map[string]string{
 	kindLibAckOnly:   "raw claim + library Store.Ack",
 	kindStore:        "library Store.Claim + Store.Ack, no Publisher",
 	"library":        "library Publisher",
+}
+
+// markdownCosts writes the short drains, the drain-cost fit and the table cost of one
+// backend.
+func (rep *report) markdownCosts(w *strings.Builder, b *backendResult) {
+	cfg := rep.Config
+	if len(b.ShortDrain) > 0 {
+		fmt.Fprintf(w, "\nShort drains: %d freshly loaded rows of 200-byte payloads, Publisher with default options against the raw loop, %d alternating pairs per configuration after one warm-up pair:\n\n",
+			b.ShortDrain[0].N, cfg.ShortRounds)
+		fmt.Fprintf(w, "| batch | loops | library rows/s | raw rows/s | library ÷ raw | pairs | commits per batch, library / raw |\n|---:|---:|---:|---:|---:|---|---|\n")
+		for _, s := range b.ShortDrain {
+			fmt.Fprintf(w, "| %d | %d | %.0f | %.0f | %.3f | %s | %.2f / %.2f |\n", s.Batch, s.Workers, s.Library.Median, s.Raw.Median, s.Ratio,
+				pairRatios(s.Library.All, s.Raw.All), s.LibraryCommitsPerBatch, s.RawCommitsPerBatch)
+		}
+	}
+	if c := b.Costs; c != nil {
+		fmt.Fprintf(w, "\nDrain costs, one claim loop: drains of %s rows at batch %s, library and raw alternating, %d round(s), fitted to time = fixed + per batch × batches + per row × rows (least squares on relative error):\n\n",
+			joinInts(cfg.CostNs), joinInts(cfg.CostBatches), cfg.CostRounds)
+		fmt.Fprintf(w, "| loop | fixed ms | µs per batch | µs per row | worst point off |\n|---|---:|---:|---:|---:|\n")
+		for _, k := range []struct {
+			name string
+			f    costFit
+		}{{"library Publisher", c.Library}, {"raw loop", c.Raw}} {
+			fmt.Fprintf(w, "| %s | %.1f | %.0f | %.2f | %.0f %% |\n", k.name, k.f.FixedMs, k.f.PerBatchUs, k.f.PerRowUs, 100*k.f.MaxResidual)
+		}
+		fmt.Fprintf(w, "| library − raw | %.1f | %.0f | %.2f | |\n", c.Library.FixedMs-c.Raw.FixedMs, c.Library.PerBatchUs-c.Raw.PerBatchUs, c.Library.PerRowUs-c.Raw.PerRowUs)
+		if n := cfg.ShortN; n > 0 {
+			fmt.Fprintf(w, "\nWhat the fit gives for one loop draining %d rows:\n\n| batch | library ms | raw ms | library ÷ raw (rate) | extra: fixed | per batch | per row |\n|---:|---:|---:|---:|---:|---:|---:|\n", n)
+			for _, batch := range cfg.ShortBatches {
+				l, r := c.Library.predict(n, batch), c.Raw.predict(n, batch)
+				f, pb, pr := c.costShares(n, batch)
+				fmt.Fprintf(w, "| %d | %.0f | %.0f | %.3f | %.0f ms | %.0f ms | %.0f ms |\n", batch, 1e3*l, 1e3*r, r/l, 1e3*f, 1e3*pb, 1e3*pr)
+			}
+		}
+	}
+}
+
+func joinInts(xs []int) string {
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = strconv.Itoa(x)
+	}
+	return strings.Join(s, ", ")
 }

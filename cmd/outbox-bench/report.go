@@ -60,6 +60,8 @@ type backendResult struct {
 	Stats      *statsResult       `json:"stats,omitempty"`
 	PurgeBurn  *purgeBurnResult   `json:"purge_burndown,omitempty"`
 	Ordered    *orderedResult     `json:"burndown_ordered,omitempty"`
+	ShortDrain []shortDrainResult `json:"short_drain,omitempty"`
+	Costs      *costResult        `json:"drain_costs,omitempty"`
 }
 
 func describeMachine() machine {
@@ -161,6 +163,16 @@ var targets = []target{
 	{"saturated_latency_p99_ms_poll10ms", "(same, PollInterval 10ms)", nil},
 	{"burndown_retained_vs_empty", ">= 0.90", func(v float64) bool { return v >= 0.90 }},
 	{"burndown_ordered_vs_unordered", ">= 0.70", func(v float64) bool { return v >= 0.70 }},
+	{"short_drain_b100_w1_vs_raw", "(20 000 fresh rows, 200-byte payloads)", nil},
+	{"short_drain_b100_w2_vs_raw", "(same, 2 loops)", nil},
+	{"short_drain_b500_w1_vs_raw", "(same, batch 500)", nil},
+	{"short_drain_b500_w2_vs_raw", "(same, batch 500, 2 loops)", nil},
+	{"drain_fixed_ms_library", "(fit, 1 loop: per drain)", nil},
+	{"drain_fixed_ms_raw", "(fit, 1 loop: per drain)", nil},
+	{"drain_batch_us_library", "(fit, 1 loop: per batch)", nil},
+	{"drain_batch_us_raw", "(fit, 1 loop: per batch)", nil},
+	{"drain_row_us_library", "(fit, 1 loop: per row)", nil},
+	{"drain_row_us_raw", "(fit, 1 loop: per row)", nil},
 }
 
 // metrics returns the JSON lines of one backend, in the order of targets.
@@ -226,6 +238,17 @@ func (r *backendResult) metrics(cfg config) []metric {
 	if o := r.Ordered; o != nil {
 		add("burndown_ordered_vs_unordered", o.Ratio)
 	}
+	for i := range r.ShortDrain {
+		add(r.ShortDrain[i].metricName(), r.ShortDrain[i].Ratio)
+	}
+	if c := r.Costs; c != nil {
+		add("drain_fixed_ms_library", c.Library.FixedMs)
+		add("drain_fixed_ms_raw", c.Raw.FixedMs)
+		add("drain_batch_us_library", c.Library.PerBatchUs)
+		add("drain_batch_us_raw", c.Raw.PerBatchUs)
+		add("drain_row_us_library", c.Library.PerRowUs)
+		add("drain_row_us_raw", c.Raw.PerRowUs)
+	}
 	return out
 }
 
@@ -289,6 +312,16 @@ func (rep *report) printTable(w io.Writer) {
 				fmt.Fprintf(tw, "%s %.0f (%.2f)\t", k, br.Rates[k].Median, br.VsRaw[k])
 			}
 			fmt.Fprintln(tw, "\t")
+		}
+		if len(b.ShortDrain) > 0 {
+			fmt.Fprintln(tw, "short drain rows/s\tbatch\tworkers\tlibrary\traw\tlibrary/raw\tn\t\t")
+			for _, s := range b.ShortDrain {
+				fmt.Fprintf(tw, "\t%d\t%d\t%.0f\t%.0f\t%.3f\t%d\t\t\n", s.Batch, s.Workers, s.Library.Median, s.Raw.Median, s.Ratio, s.N)
+			}
+		}
+		if c := b.Costs; c != nil {
+			fmt.Fprintf(tw, "drain costs (1 loop)\tlibrary\t%s\t\t\t\t\t\t\n", c.Library.describe())
+			fmt.Fprintf(tw, "\traw\t%s\t\t\t\t\t\t\n", c.Raw.describe())
 		}
 		if h := b.Burndown; h != nil {
 			fmt.Fprintf(tw, "commits\tper batch\tlibrary %.2f\traw %.2f\tper message\tlibrary %.4f\t\t\t\n", h.CommitsPerBatch, h.RawCommitsPerBatch, h.CommitsPerMessage)
