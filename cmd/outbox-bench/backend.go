@@ -43,6 +43,13 @@ type backend interface {
 	raw(table string) rawOps
 	// loadRetained bulk-loads n delivered rows into table, server-side where possible.
 	loadRetained(ctx context.Context, table string, n int) error
+	// dropIndex drops one secondary index of the library's table (after migrate): "dedupe",
+	// "retention" or "order" (the indexes of migration 3, and on MySQL its virtual column).
+	// An index the backend does not have on the outbox table returns errors.ErrUnsupported.
+	dropIndex(ctx context.Context, table, index string) error
+	// createLean creates table in the lean shape of the table-cost scenario (tablecost.go)
+	// and returns its hand-written SQL.
+	createLean(ctx context.Context, table string) (relay, error)
 }
 
 // relay is the hand-written SQL of one table's hot path: what a producer and a relay loop

@@ -392,3 +392,115 @@ func (r *pgRaw) idArg(id uuid.UUID) any { return id.String() }
 func (r *pgRaw) leaseOf(id any, token uuid.UUID) outbox.Lease {
 	return outbox.Lease{ID: uuid.MustParse(id.(string)), Token: token}
 }
+
+func (b *pgBackend) dropIndex(ctx context.Context, table, index string) error {
+	var names []string
+	switch index {
+	case "dedupe", "retention":
+		names = []string{table + "_" + index + "_idx"}
+	case "order":
+		names = []string{table + "_order_idx", table + "_unkeyed_idx"}
+	default:
+		return fmt.Errorf("unknown index %q", index)
+	}
+	for _, n := range names {
+		if _, err := b.db.ExecContext(ctx, `DROP INDEX "`+n+`"`); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// createLean creates the lean table: nine columns and the claim index. available_at is both
+// when a pending row may be sent and when a processing row's lease ends.
+func (b *pgBackend) createLean(ctx context.Context, table string) (relay, error) {
+	t := `"` + table + `"`
+	for _, q := range []string{
+		`CREATE TABLE ` + t + ` (
+			id           uuid        PRIMARY KEY,
+			topic        text        NOT NULL,
+			payload      json        NOT NULL,
+			status       text        NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'processing', 'delivered', 'dead')),
+			attempts     integer     NOT NULL DEFAULT 0,
+			available_at timestamptz NOT NULL DEFAULT now(),
+			lease_token  uuid,
+			created_at   timestamptz NOT NULL DEFAULT now(),
+			delivered_at timestamptz)`,
+		`CREATE INDEX "` + table + `_claim_idx" ON ` + t + ` (created_at, id) WHERE status IN ('pending', 'processing')`,
+	} {
+		if _, err := b.db.ExecContext(ctx, q); err != nil {
+			return nil, err
+		}
+	}
+	return &pgLean{
+		insertSQL:  `INSERT INTO ` + t + ` (id, topic, payload) VALUES ($1, $2, $3)`,
+		valuesHead: `INSERT INTO ` + t + ` (id, topic, payload) VALUES `,
+		claimSQL: `WITH c AS MATERIALIZED (SELECT id FROM ` + t + ` WHERE status IN ('pending', 'processing')` +
+			` AND available_at <= now() AND attempts < $1 ORDER BY created_at, id LIMIT $2 FOR UPDATE SKIP LOCKED)` +
+			` UPDATE ` + t + ` AS t SET status = 'processing', attempts = t.attempts + 1,` +
+			` available_at = now() + interval '30 seconds', lease_token = $3` +
+			` FROM c WHERE t.id = c.id RETURNING t.id, t.topic, t.payload, t.attempts`,
+		ackSQL: `UPDATE ` + t + ` SET status = 'delivered', delivered_at = now() WHERE id = ANY($1::uuid[])`,
+	}, nil
+}
+
+// pgLean is the hand-written SQL of the lean table: the raw loop's statements without the
+// columns the table lacks.
+type pgLean struct {
+	insertSQL, valuesHead, claimSQL, ackSQL string
+	values                                  sync.Map // rows -> statement
+}
+
+func (r *pgLean) insertOne(ctx context.Context, tx *sql.Tx, row *rawRow) error {
+	_, err := tx.ExecContext(ctx, r.insertSQL, row.id.String(), row.topic, string(row.payload))
+	return err
+}
+
+func (r *pgLean) insertForms() []insertForm { return []insertForm{{"values", false}} }
+
+func (r *pgLean) insertMany(ctx context.Context, q outbox.DBTX, _ string, rows []rawRow) error {
+	query, ok := r.values.Load(len(rows))
+	if !ok {
+		var b strings.Builder
+		b.WriteString(r.valuesHead)
+		for i := range rows {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			p := 3 * i
+			b.WriteString("($" + strconv.Itoa(p+1) + ", $" + strconv.Itoa(p+2) + ", $" + strconv.Itoa(p+3) + ")")
+		}
+		query, _ = r.values.LoadOrStore(len(rows), b.String())
+	}
+	args := make([]any, 0, 3*len(rows))
+	for i := range rows {
+		args = append(args, rows[i].id.String(), rows[i].topic, string(rows[i].payload))
+	}
+	_, err := q.ExecContext(ctx, query.(string), args...)
+	return err
+}
+
+func (r *pgLean) claim(ctx context.Context, db *sql.DB, limit int, _ string) (rawClaim, error) {
+	c := rawClaim{token: uuid.New(), msgs: make([]rawMsg, 0, limit), ids: make([]any, 0, limit)}
+	rows, err := db.QueryContext(ctx, r.claimSQL, maxAttempts, limit, c.token.String())
+	if err != nil {
+		return c, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			m  rawMsg
+			id string
+		)
+		if err := rows.Scan(&id, &m.topic, &m.payload, &m.attempts); err != nil {
+			return c, err
+		}
+		c.msgs, c.ids = append(c.msgs, m), append(c.ids, id)
+	}
+	return c, rows.Err()
+}
+
+func (r *pgLean) ack(ctx context.Context, db *sql.DB, ids []any) error {
+	_, err := db.ExecContext(ctx, r.ackSQL, uuidArray(ids))
+	return err
+}

@@ -326,6 +326,7 @@ func runBackend(ctx context.Context, cfg config, b backend, res *backendResult) 
 		{"ordered burn-down", "ordered", runOrdered},
 		{"short drains", "shortdrain", runShortDrain},
 		{"drain costs", "costs", runCosts},
+		{"table cost", "tablecost", runTableCost},
 	}
 	for _, s := range steps {
 		if !cfg.runs(s.key) {

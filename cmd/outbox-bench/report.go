@@ -62,6 +62,7 @@ type backendResult struct {
 	Ordered    *orderedResult     `json:"burndown_ordered,omitempty"`
 	ShortDrain []shortDrainResult `json:"short_drain,omitempty"`
 	Costs      *costResult        `json:"drain_costs,omitempty"`
+	TableCost  *tableCostResult   `json:"table_cost,omitempty"`
 }
 
 func describeMachine() machine {
@@ -249,6 +250,9 @@ func (r *backendResult) metrics(cfg config) []metric {
 		add("drain_row_us_library", c.Library.PerRowUs)
 		add("drain_row_us_raw", c.Raw.PerRowUs)
 	}
+	if t := r.TableCost; t != nil {
+		t.metrics(add)
+	}
 	return out
 }
 
@@ -322,6 +326,12 @@ func (rep *report) printTable(w io.Writer) {
 		if c := b.Costs; c != nil {
 			fmt.Fprintf(tw, "drain costs (1 loop)\tlibrary\t%s\t\t\t\t\t\t\n", c.Library.describe())
 			fmt.Fprintf(tw, "\traw\t%s\t\t\t\t\t\t\n", c.Raw.describe())
+		}
+		if t := b.TableCost; t != nil {
+			fmt.Fprintf(tw, "table cost (÷ ours)\ttable\tdrain rows/s\t\tenqueue c=%d tx/s\t\tbatch %d rows/s\t\t\n", t.EnqueueConc, t.InsertBatch)
+			for _, v := range t.Variants {
+				fmt.Fprintf(tw, "\t%s\t%.0f\t(%.3f)\t%.0f\t(%.3f)\t%.0f\t(%.3f)\t\n", v.Name, v.Drain.Median, v.DrainVsOurs, v.Enqueue.Median, v.EnqueueVsOurs, v.Batch.Median, v.BatchVsOurs)
+			}
 		}
 		if h := b.Burndown; h != nil {
 			fmt.Fprintf(tw, "commits\tper batch\tlibrary %.2f\traw %.2f\tper message\tlibrary %.4f\t\t\t\n", h.CommitsPerBatch, h.RawCommitsPerBatch, h.CommitsPerMessage)
