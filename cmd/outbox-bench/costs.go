@@ -7,22 +7,24 @@ import (
 	"strings"
 )
 
-// costPoint is one drain of the cost fit.
+// costPoint is one drain of the cost fit, or for the library's extra cost the difference
+// of one library/raw pair (Seconds) and the raw drain's time (RawSeconds).
 type costPoint struct {
-	Batch   int     `json:"batch"`
-	N       int     `json:"n"`
-	Batches int     `json:"batches"`
-	Seconds float64 `json:"seconds"`
+	Batch      int     `json:"batch"`
+	N          int     `json:"n"`
+	Batches    int     `json:"batches"`
+	Seconds    float64 `json:"seconds"`
+	RawSeconds float64 `json:"raw_seconds,omitempty"`
 }
 
-// costFit is time = Fixed + PerBatch × batches + PerRow × rows, fitted to one loop's drains.
+// costFit is time = Fixed + PerBatch × batches + PerRow × rows, fitted to drains.
 type costFit struct {
 	FixedMs    float64 `json:"fixed_ms"`
 	PerBatchUs float64 `json:"per_batch_us"`
 	PerRowUs   float64 `json:"per_row_us"`
-	// MaxResidual is the largest |measured − fitted| ÷ measured over the points (medians
-	// of each batch size and row count): how well a line in batches and rows describes the
-	// drains.
+	// MaxResidual is the largest |measured − fitted| over the points (medians of each batch
+	// size and row count), as a share of the drain's time (the raw drain's for the extra
+	// cost): how well a line in batches and rows describes the drains.
 	MaxResidual float64     `json:"max_relative_residual"`
 	Points      []costPoint `json:"points"`
 }
@@ -37,72 +39,103 @@ type costResult struct {
 	Workers int     `json:"workers"`
 	Library costFit `json:"library"`
 	Raw     costFit `json:"raw"`
+	// Extra is the library's time over the raw loop's, fitted to the differences of the
+	// pairs, in which the machine's drift cancels: the library's own fixed, per-batch and
+	// per-row costs.
+	Extra costFit `json:"library_extra"`
 }
 
-// runCosts drains every combination of CostBatches and CostNs with one claim loop, library
-// and raw in alternation, and fits each loop's times to fixed + per-batch + per-row costs.
+// runCosts drains every combination of CostNs and CostBatches with one claim loop, as
+// library/raw pairs back to back (which runs first alternates), CostRounds rounds, and fits
+// each loop's times, and the pairs' differences, to fixed + per-batch + per-row costs.
 func runCosts(ctx context.Context, cfg config, b backend, res *backendResult) error {
 	const workers = 1
-	var vs []variant
-	points := map[string][]costPoint{}
-	for _, n := range cfg.CostNs {
-		for _, batch := range cfg.CostBatches {
-			for _, kind := range []string{kindRaw, "library"} {
-				vs = append(vs, variant{name: fmt.Sprintf("%s b=%d n=%d", kind, batch, n), run: func(ctx context.Context) (float64, error) {
-					r, err := drain(ctx, b, drainSpec{kind: kind, table: mainTable, n: n, batch: batch, workers: workers, payloads: payloads200})
-					points[kind] = append(points[kind], costPoint{Batch: batch, N: n, Batches: (n + batch - 1) / batch, Seconds: r.Seconds})
-					return r.Rate, err
-				}})
+	var lib, raw, extra []costPoint
+	one := func(ctx context.Context, kind string, n, batch int) (float64, error) {
+		r, err := drain(ctx, b, drainSpec{kind: kind, table: mainTable, n: n, batch: batch, workers: workers, payloads: payloads200})
+		return r.Seconds, err
+	}
+	i := 0
+	for r := range cfg.CostRounds {
+		for _, n := range cfg.CostNs {
+			for _, batch := range cfg.CostBatches {
+				kinds := []string{kindRaw, "library"}
+				if (r+i)%2 == 1 {
+					kinds[0], kinds[1] = kinds[1], kinds[0]
+				}
+				i++
+				t := map[string]float64{}
+				for _, kind := range kinds {
+					s, err := one(ctx, kind, n, batch)
+					if err != nil {
+						return fmt.Errorf("%s b=%d n=%d: %w", kind, batch, n, err)
+					}
+					t[kind] = s
+				}
+				p := costPoint{Batch: batch, N: n, Batches: (n + batch - 1) / batch}
+				p.Seconds = t["library"]
+				lib = append(lib, p)
+				p.Seconds = t[kindRaw]
+				raw = append(raw, p)
+				p.Seconds, p.RawSeconds = t["library"]-t[kindRaw], t[kindRaw]
+				extra = append(extra, p)
 			}
 		}
 	}
-	if _, err := alternate(ctx, cfg.CostRounds, vs); err != nil {
-		return err
-	}
 	c := &costResult{Workers: workers}
 	var err error
-	if c.Library, err = fitCosts(points["library"]); err != nil {
+	if c.Library, err = fitCosts(lib); err != nil {
 		return err
 	}
-	if c.Raw, err = fitCosts(points[kindRaw]); err != nil {
+	if c.Raw, err = fitCosts(raw); err != nil {
+		return err
+	}
+	if c.Extra, err = fitCosts(extra); err != nil {
 		return err
 	}
 	for _, k := range []struct {
 		name string
 		f    costFit
-	}{{"library", c.Library}, {"raw", c.Raw}} {
-		logf("%s: drain costs, %s, 1 loop: %.1f ms fixed + %.0f µs per batch + %.2f µs per row (worst point off by %.0f%%)",
-			b.name(), k.name, k.f.FixedMs, k.f.PerBatchUs, k.f.PerRowUs, 100*k.f.MaxResidual)
+	}{{"library", c.Library}, {"raw", c.Raw}, {"library − raw (pairs)", c.Extra}} {
+		logf("%s: drain costs, %s, 1 loop: %s", b.name(), k.name, k.f.describe())
 	}
 	res.Costs = c
 	return nil
 }
 
 // fitCosts fits seconds = c + a·batches + b·rows by least squares on relative errors (each
-// point weighted by 1/seconds), so that short drains count as much as long ones. Repeated
-// drains of one batch size and row count enter as their median, so that one drain slowed
-// by the machine's other work does not bend the line.
+// point weighted by 1/seconds, or 1/raw seconds for differences), so that short drains
+// count as much as long ones. Repeated drains of one batch size and row count enter as
+// their median, so that one drain slowed by the machine's other work does not bend the
+// line.
 func fitCosts(ps []costPoint) (costFit, error) {
 	type key struct{ batch, n int }
-	times := map[key][]float64{}
+	times, scales := map[key][]float64{}, map[key][]float64{}
 	var keys []key
 	for _, p := range ps {
 		k := key{p.Batch, p.N}
 		if _, ok := times[k]; !ok {
 			keys = append(keys, k)
 		}
-		times[k] = append(times[k], p.Seconds)
+		scale := p.RawSeconds
+		if scale == 0 {
+			scale = p.Seconds
+		}
+		times[k], scales[k] = append(times[k], p.Seconds), append(scales[k], scale)
 	}
-	var med []costPoint
+	type point struct {
+		costPoint
+		scale float64
+	}
+	var med []point
 	for _, k := range keys {
-		med = append(med, costPoint{Batch: k.batch, N: k.n, Batches: (k.n + k.batch - 1) / k.batch, Seconds: median(times[k])})
+		if sc := median(scales[k]); sc > 0 {
+			med = append(med, point{costPoint{Batch: k.batch, N: k.n, Batches: (k.n + k.batch - 1) / k.batch, Seconds: median(times[k])}, sc})
+		}
 	}
 	var m [3][4]float64 // normal equations, augmented
 	for _, p := range med {
-		if p.Seconds <= 0 {
-			continue
-		}
-		w := 1 / p.Seconds
+		w := 1 / p.scale
 		x := [3]float64{w, w * float64(p.Batches), w * float64(p.N)}
 		y := w * p.Seconds
 		for i := range 3 {
@@ -118,7 +151,7 @@ func fitCosts(ps []costPoint) (costFit, error) {
 	}
 	f := costFit{FixedMs: sol[0] * 1e3, PerBatchUs: sol[1] * 1e6, PerRowUs: sol[2] * 1e6, Points: ps}
 	for _, p := range med {
-		f.MaxResidual = max(f.MaxResidual, math.Abs(p.Seconds-f.predict(p.N, p.Batch))/p.Seconds)
+		f.MaxResidual = max(f.MaxResidual, math.Abs(p.Seconds-f.predict(p.N, p.Batch))/p.scale)
 	}
 	return f, nil
 }
@@ -153,9 +186,8 @@ func solve3(m [3][4]float64) ([3]float64, bool) {
 // costShares splits the library's fitted extra time over the raw loop, for a drain of n
 // rows in batches of batch, into its fixed, per-batch and per-row parts (seconds).
 func (c *costResult) costShares(n, batch int) (fixed, perBatch, perRow float64) {
-	k := float64((n + batch - 1) / batch)
-	return (c.Library.FixedMs - c.Raw.FixedMs) / 1e3, (c.Library.PerBatchUs - c.Raw.PerBatchUs) * k / 1e6,
-		(c.Library.PerRowUs - c.Raw.PerRowUs) * float64(n) / 1e6
+	e := c.Extra
+	return e.FixedMs / 1e3, e.PerBatchUs * float64((n+batch-1)/batch) / 1e6, e.PerRowUs * float64(n) / 1e6
 }
 
 // describe renders the fit for the logs and the table.

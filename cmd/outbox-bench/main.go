@@ -167,7 +167,7 @@ func modeConfig(mode string) (config, error) {
 			LatencyDur: 20 * time.Second, IdleWait: 30 * time.Second,
 			Retained: 1_000_000, GrowthN: 100_000, GrowthRounds: 2,
 			ShortN: 20_000, ShortBatches: []int{100, 500}, ShortWorkers: []int{1, 2}, ShortRounds: 6,
-			CostNs: []int{5_000, 20_000}, CostBatches: []int{20, 50, 100, 250, 500}, CostRounds: 3,
+			CostNs: []int{1_000, 5_000, 20_000}, CostBatches: []int{20, 50, 100, 250, 500}, CostRounds: 3,
 			TableN: 20_000, TableRounds: 6, TableEnqueueDur: 3 * time.Second,
 		}, nil
 	}
