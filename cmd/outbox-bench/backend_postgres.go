@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"fmt"
 	"net/url"
 	"strconv"
@@ -305,6 +306,13 @@ func (r *pgRaw) insertMany(ctx context.Context, q outbox.DBTX, form string, rows
 		_, err := q.ExecContext(ctx, r.unnestSQL, ids, ns, topics, pkeys, payloads, hashes)
 		return err
 	}
+	query, args := r.insertStmt(rows)
+	_, err := q.ExecContext(ctx, query, args...)
+	return err
+}
+
+// insertStmt is the multi-row VALUES insert of rows with its arguments.
+func (r *pgRaw) insertStmt(rows []rawRow) (string, []any) {
 	query, ok := r.values.Load(len(rows))
 	if !ok {
 		var b strings.Builder
@@ -324,13 +332,20 @@ func (r *pgRaw) insertMany(ctx context.Context, q outbox.DBTX, form string, rows
 		row := &rows[i]
 		args = append(args, row.id.String(), row.namespace, row.topic, row.pkey, string(row.payload), row.hash)
 	}
-	_, err := q.ExecContext(ctx, query.(string), args...)
-	return err
+	return query.(string), args
 }
+
+// claimStmt and ackStmt are claim's and ack's statements with their arguments.
+func (r *pgRaw) claimStmt(limit int, worker string, token uuid.UUID) (string, []any) {
+	return r.claimSQL, []any{maxAttempts, benchNamespace, limit, worker, token.String()}
+}
+
+func (r *pgRaw) ackStmt(ids []any) (string, []any) { return r.ackSQL, []any{uuidArray(ids)} }
 
 func (r *pgRaw) claim(ctx context.Context, db *sql.DB, limit int, worker string) (rawClaim, error) {
 	c := rawClaim{token: uuid.New(), msgs: make([]rawMsg, 0, limit), ids: make([]any, 0, limit)}
-	rows, err := db.QueryContext(ctx, r.claimSQL, maxAttempts, benchNamespace, limit, worker, c.token.String())
+	query, args := r.claimStmt(limit, worker, c.token)
+	rows, err := db.QueryContext(ctx, query, args...)
 	if err != nil {
 		return c, err
 	}
@@ -366,7 +381,8 @@ func uuidArray(ids []any) string {
 }
 
 func (r *pgRaw) ack(ctx context.Context, db *sql.DB, ids []any) error {
-	_, err := db.ExecContext(ctx, r.ackSQL, uuidArray(ids))
+	query, args := r.ackStmt(ids)
+	_, err := db.ExecContext(ctx, query, args...)
 	return err
 }
 
@@ -459,6 +475,13 @@ func (r *pgLean) insertOne(ctx context.Context, tx *sql.Tx, row *rawRow) error {
 func (r *pgLean) insertForms() []insertForm { return []insertForm{{"values", false}} }
 
 func (r *pgLean) insertMany(ctx context.Context, q outbox.DBTX, _ string, rows []rawRow) error {
+	query, args := r.insertStmt(rows)
+	_, err := q.ExecContext(ctx, query, args...)
+	return err
+}
+
+// insertStmt is the multi-row VALUES insert of rows with its arguments.
+func (r *pgLean) insertStmt(rows []rawRow) (string, []any) {
 	query, ok := r.values.Load(len(rows))
 	if !ok {
 		var b strings.Builder
@@ -476,13 +499,20 @@ func (r *pgLean) insertMany(ctx context.Context, q outbox.DBTX, _ string, rows [
 	for i := range rows {
 		args = append(args, rows[i].id.String(), rows[i].topic, string(rows[i].payload))
 	}
-	_, err := q.ExecContext(ctx, query.(string), args...)
-	return err
+	return query.(string), args
 }
 
-func (r *pgLean) claim(ctx context.Context, db *sql.DB, limit int, _ string) (rawClaim, error) {
+// claimStmt and ackStmt are claim's and ack's statements with their arguments.
+func (r *pgLean) claimStmt(limit int, _ string, token uuid.UUID) (string, []any) {
+	return r.claimSQL, []any{maxAttempts, limit, token.String()}
+}
+
+func (r *pgLean) ackStmt(ids []any) (string, []any) { return r.ackSQL, []any{uuidArray(ids)} }
+
+func (r *pgLean) claim(ctx context.Context, db *sql.DB, limit int, worker string) (rawClaim, error) {
 	c := rawClaim{token: uuid.New(), msgs: make([]rawMsg, 0, limit), ids: make([]any, 0, limit)}
-	rows, err := db.QueryContext(ctx, r.claimSQL, maxAttempts, limit, c.token.String())
+	query, args := r.claimStmt(limit, worker, c.token)
+	rows, err := db.QueryContext(ctx, query, args...)
 	if err != nil {
 		return c, err
 	}
@@ -501,6 +531,113 @@ func (r *pgLean) claim(ctx context.Context, db *sql.DB, limit int, _ string) (ra
 }
 
 func (r *pgLean) ack(ctx context.Context, db *sql.DB, ids []any) error {
-	_, err := db.ExecContext(ctx, r.ackSQL, uuidArray(ids))
+	query, args := r.ackStmt(ids)
+	_, err := db.ExecContext(ctx, query, args...)
 	return err
+}
+
+// pgStatements is a PostgreSQL relay's statements with their arguments.
+type pgStatements interface {
+	insertStmt(rows []rawRow) (string, []any)
+	claimStmt(limit int, worker string, token uuid.UUID) (string, []any)
+	ackStmt(ids []any) (string, []any)
+}
+
+// statementWork implements workMeter: it loads n pending rows into table, then runs
+// repeats claims of batch rows, the ack of each, and repeats inserts of batch rows, each
+// under EXPLAIN (ANALYZE, BUFFERS, WAL), on one connection, and sums what the server
+// reports. It counts the work of the statements themselves, not of their commits.
+func (b *pgBackend) statementWork(ctx context.Context, table string, r relay, n, batch, repeats int) (*tableWork, error) {
+	st, ok := r.(pgStatements)
+	if !ok {
+		return nil, fmt.Errorf("%T cannot show its statements", r)
+	}
+	if err := b.reset(ctx, table); err != nil {
+		return nil, err
+	}
+	if err := preloadRows(ctx, b.db, r, n, payloads200); err != nil {
+		return nil, err
+	}
+	if err := b.maintain(ctx, table); err != nil {
+		return nil, err
+	}
+	conn, err := b.db.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	explain := func(into *stmtWork, rows int, query string, args ...any) error {
+		var out string
+		if err := conn.QueryRowContext(ctx, `EXPLAIN (ANALYZE, BUFFERS, WAL, TIMING OFF, FORMAT JSON) `+query, args...).Scan(&out); err != nil {
+			return err
+		}
+		var plans []struct {
+			Plan struct {
+				WALRecords    float64 `json:"WAL Records"`
+				WALBytes      float64 `json:"WAL Bytes"`
+				WALFPI        float64 `json:"WAL FPI"`
+				SharedHit     float64 `json:"Shared Hit Blocks"`
+				SharedRead    float64 `json:"Shared Read Blocks"`
+				SharedDirtied float64 `json:"Shared Dirtied Blocks"`
+			} `json:"Plan"`
+			ExecutionTime float64 `json:"Execution Time"`
+		}
+		if err := json.Unmarshal([]byte(out), &plans); err != nil || len(plans) != 1 {
+			return fmt.Errorf("EXPLAIN output: %v", err)
+		}
+		p := plans[0].Plan
+		into.Statements++
+		into.Rows += rows
+		into.WALRecords += p.WALRecords
+		into.WALBytes += p.WALBytes
+		into.WALFPI += p.WALFPI
+		into.Buffers += p.SharedHit + p.SharedRead
+		into.Dirtied += p.SharedDirtied
+		into.ExecMs += plans[0].ExecutionTime
+		return nil
+	}
+	w := &tableWork{}
+	for range repeats {
+		token := uuid.New()
+		query, args := st.claimStmt(batch, "work", token)
+		if err := explain(&w.Claim, batch, query, args...); err != nil {
+			return nil, fmt.Errorf("claim: %w", err)
+		}
+		ids, err := queryStrings(ctx, conn, `SELECT id::text FROM "`+table+`" WHERE lease_token = $1`, token.String())
+		if err != nil {
+			return nil, err
+		}
+		if len(ids) != batch {
+			return nil, fmt.Errorf("claim leased %d rows, want %d", len(ids), batch)
+		}
+		query, args = st.ackStmt(ids)
+		if err := explain(&w.Ack, batch, query, args...); err != nil {
+			return nil, fmt.Errorf("ack: %w", err)
+		}
+	}
+	for i := range repeats {
+		query, args := st.insertStmt(rawRowsOf(n+i*batch, batch, payloads200))
+		if err := explain(&w.Insert, batch, query, args...); err != nil {
+			return nil, fmt.Errorf("insert: %w", err)
+		}
+	}
+	return w, nil
+}
+
+// queryStrings returns the one text column of query's rows, as ids in claim's form.
+func queryStrings(ctx context.Context, conn *sql.Conn, query string, args ...any) ([]any, error) {
+	rows, err := conn.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []any
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	return out, rows.Err()
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -418,4 +419,82 @@ func (l *liteLean) ack(ctx context.Context, db *sql.DB, ids []any) error {
 	args = append(append(args, time.Now().UnixMicro()), ids...)
 	_, err := db.ExecContext(ctx, l.r.render("ack", len(ids), l.ackHead, "?", ")"), args...)
 	return err
+}
+
+// statementWork implements workMeter: it loads n pending rows into table, then runs
+// repeats claims of batch rows, the ack of each, and repeats inserts of batch rows through
+// r, each its own transaction, on one connection that never checkpoints, and counts the
+// pages each commit appended to the WAL (from the WAL file's growth) and its time.
+func (b *liteBackend) statementWork(ctx context.Context, table string, r relay, n, batch, repeats int) (*tableWork, error) {
+	if err := b.reset(ctx, table); err != nil {
+		return nil, err
+	}
+	if err := preloadRows(ctx, b.db, r, n, payloads200); err != nil {
+		return nil, err
+	}
+	if err := b.maintain(ctx, table); err != nil {
+		return nil, err
+	}
+	db, err := sql.Open("sqlite", b.dsn+"&_pragma=wal_autocheckpoint(0)")
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(1)
+	var pageSize int64
+	if err := db.QueryRowContext(ctx, `PRAGMA page_size`).Scan(&pageSize); err != nil {
+		return nil, err
+	}
+	walFile := filepath.Join(b.dir, "bench.db-wal")
+	walSize := func() (int64, error) {
+		st, err := os.Stat(walFile)
+		if errors.Is(err, os.ErrNotExist) {
+			return 0, nil
+		}
+		if err != nil {
+			return 0, err
+		}
+		return st.Size(), nil
+	}
+	measure := func(into *stmtWork, rows int, run func() error) error {
+		before, err := walSize()
+		if err != nil {
+			return err
+		}
+		start := time.Now()
+		if err := run(); err != nil {
+			return err
+		}
+		into.ExecMs += float64(time.Since(start).Microseconds()) / 1e3
+		after, err := walSize()
+		if err != nil {
+			return err
+		}
+		frames := float64(after-before) / float64(pageSize+24) // a frame is a 24-byte header and a page
+		into.Statements++
+		into.Rows += rows
+		into.WALRecords += frames
+		into.WALBytes += float64(after - before)
+		return nil
+	}
+	w := &tableWork{}
+	for range repeats {
+		var c rawClaim
+		if err := measure(&w.Claim, batch, func() (err error) { c, err = r.claim(ctx, db, batch, "work"); return err }); err != nil {
+			return nil, fmt.Errorf("claim: %w", err)
+		}
+		if len(c.ids) != batch {
+			return nil, fmt.Errorf("claim leased %d rows, want %d", len(c.ids), batch)
+		}
+		if err := measure(&w.Ack, batch, func() error { return r.ack(ctx, db, c.ids) }); err != nil {
+			return nil, fmt.Errorf("ack: %w", err)
+		}
+	}
+	for i := range repeats {
+		rows := rawRowsOf(n+i*batch, batch, payloads200)
+		if err := measure(&w.Insert, batch, func() error { return r.insertMany(ctx, db, "values", rows) }); err != nil {
+			return nil, fmt.Errorf("insert: %w", err)
+		}
+	}
+	return w, nil
 }

@@ -199,6 +199,46 @@ func (rep *report) markdownCosts(w *strings.Builder, b *backendResult) {
 				v.Enqueue.Median, v.EnqueueVsOurs, 100*costShare(v.EnqueueVsOurs),
 				v.Batch.Median, v.BatchVsOurs, 100*costShare(v.BatchVsOurs))
 		}
+		var ours *tableWork
+		for _, v := range t.Variants {
+			if v.Name == "ours" {
+				ours = v.Work
+			}
+		}
+		if ours != nil {
+			pg := b.Backend == "postgres"
+			unit, how := "WAL pages", fmt.Sprintf("the WAL pages each commit appended (the WAL file's growth, on one connection that never checkpoints) and the time of each statement, client included, of %d claims of %d rows out of %d pending, the ack of each, and %d inserts of %d rows, each its own transaction",
+				workRepeats, t.Batch, t.N, workRepeats, t.Batch)
+			if pg {
+				unit, how = "WAL records", fmt.Sprintf("EXPLAIN (ANALYZE, BUFFERS, WAL) of %d claims of %d rows out of %d pending, the ack of each, and %d inserts of %d rows "+
+					"(the statements only, not their commits; WAL bytes include full-page images, which depend on when the last checkpoint ran)",
+					workRepeats, t.Batch, t.N, workRepeats, t.Batch)
+			}
+			fmt.Fprintf(w, "\nWork per row, from %s:\n\n", how)
+			if pg {
+				fmt.Fprintf(w, "| table | insert: %s | WAL bytes | buffers | µs | claim + ack: %s | WAL bytes | buffers | dirtied | µs |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n", unit, unit)
+			} else {
+				fmt.Fprintf(w, "| table | insert: %s | WAL bytes | µs | claim + ack: %s | WAL bytes | µs |\n|---|---:|---:|---:|---:|---:|---:|\n", unit, unit)
+			}
+			for _, v := range t.Variants {
+				x := v.Work
+				if x == nil {
+					continue
+				}
+				in := x.Insert
+				per := func(f func(stmtWork) float64) float64 { return x.drainPerRow(f) }
+				rec, byt := per(func(s stmtWork) float64 { return s.WALRecords }), per(func(s stmtWork) float64 { return s.WALBytes })
+				us := per(func(s stmtWork) float64 { return 1e3 * s.ExecMs })
+				if pg {
+					fmt.Fprintf(w, "| %s | %.2f | %.0f | %.2f | %.1f | %.2f | %.0f | %.2f | %.2f | %.1f |\n", v.Label,
+						in.perRow(in.WALRecords), in.perRow(in.WALBytes), in.perRow(in.Buffers), in.perRow(1e3*in.ExecMs),
+						rec, byt, per(func(s stmtWork) float64 { return s.Buffers }), per(func(s stmtWork) float64 { return s.Dirtied }), us)
+				} else {
+					fmt.Fprintf(w, "| %s | %.2f | %.0f | %.1f | %.2f | %.0f | %.1f |\n", v.Label,
+						in.perRow(in.WALRecords), in.perRow(in.WALBytes), in.perRow(1e3*in.ExecMs), rec, byt, us)
+				}
+			}
+		}
 	}
 }
 

@@ -48,7 +48,54 @@ type tableCostVariant struct {
 	DrainVsOurs   float64 `json:"drain_vs_ours"`
 	EnqueueVsOurs float64 `json:"enqueue_vs_ours"`
 	BatchVsOurs   float64 `json:"batch_enqueue_vs_ours"`
+	// Work is what the server reports doing for the statements, where it can tell
+	// (workMeter): unlike the rates, it does not depend on the machine's other load.
+	Work *tableWork `json:"work,omitempty"`
 }
+
+// workMeter is a backend that can count the server's work for single statements.
+type workMeter interface {
+	// statementWork loads n pending rows into table and measures repeats claims of batch
+	// rows, the ack of each, and repeats inserts of batch rows, through r.
+	statementWork(ctx context.Context, table string, r relay, n, batch, repeats int) (*tableWork, error)
+}
+
+// stmtWork sums what the server did for one kind of statement.
+type stmtWork struct {
+	Statements int `json:"statements"`
+	Rows       int `json:"rows"`
+	// WALRecords counts WAL records on PostgreSQL, and on SQLite the pages (frames) the
+	// commits appended to the WAL.
+	WALRecords float64 `json:"wal_records"`
+	WALBytes   float64 `json:"wal_bytes"`
+	// WALFPI counts PostgreSQL's full-page images, which depend on when the last checkpoint
+	// ran: the bytes vary with them, the records do not.
+	WALFPI float64 `json:"wal_fpi"`
+	// Buffers is PostgreSQL's shared buffers read or hit, Dirtied those the statements
+	// dirtied.
+	Buffers float64 `json:"buffers"`
+	Dirtied float64 `json:"dirtied"`
+	// ExecMs is PostgreSQL's execution time, and on SQLite the statements' time, client
+	// included.
+	ExecMs float64 `json:"exec_ms"`
+}
+
+// perRow divides x by the rows.
+func (w stmtWork) perRow(x float64) float64 { return x / float64(max(1, w.Rows)) }
+
+// tableWork is the server's work for the hot path's statements on one table.
+type tableWork struct {
+	Insert stmtWork `json:"insert"`
+	Claim  stmtWork `json:"claim"`
+	Ack    stmtWork `json:"ack"`
+}
+
+// drainPerRow is claim plus ack of f (a field of stmtWork) per row.
+func (w *tableWork) drainPerRow(f func(stmtWork) float64) float64 {
+	return w.Claim.perRow(f(w.Claim)) + w.Ack.perRow(f(w.Ack))
+}
+
+const workRepeats = 20
 
 // tableCostResult is the table-cost scenario on one backend.
 type tableCostResult struct {
@@ -185,6 +232,18 @@ func runTableCost(ctx context.Context, cfg config, b backend, res *backendResult
 	bat, err := measure(1, true)
 	if err != nil {
 		return err
+	}
+	if m, ok := b.(workMeter); ok {
+		for _, t := range tables {
+			if t.v.Work, err = m.statementWork(ctx, t.v.Table, t.relay, cfg.TableN, cfg.Batch, workRepeats); err != nil {
+				return fmt.Errorf("%s: statement work: %w", t.v.Name, err)
+			}
+			w := t.v.Work
+			logf("%s: table cost %-12s per row: insert %.1f WAL records %.0f bytes %.1f buffers; claim + ack %.1f WAL records %.0f bytes %.1f buffers",
+				b.name(), t.v.Name, w.Insert.perRow(w.Insert.WALRecords), w.Insert.perRow(w.Insert.WALBytes), w.Insert.perRow(w.Insert.Buffers),
+				w.drainPerRow(func(s stmtWork) float64 { return s.WALRecords }), w.drainPerRow(func(s stmtWork) float64 { return s.WALBytes }),
+				w.drainPerRow(func(s stmtWork) float64 { return s.Buffers }))
+		}
 	}
 	for _, t := range tables {
 		v := t.v
