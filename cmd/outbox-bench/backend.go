@@ -5,8 +5,8 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
-
 	"fmt"
+
 	"github.com/google/uuid"
 
 	"github.com/outboxgo/outbox"
@@ -43,12 +43,19 @@ type backend interface {
 	raw(table string) rawOps
 	// loadRetained bulk-loads n delivered rows into table, server-side where possible.
 	loadRetained(ctx context.Context, table string, n int) error
+	// dropIndex drops one secondary index of the library's table (after migrate): "dedupe",
+	// "retention" or "order" (the indexes of migration 3, and on MySQL its virtual column).
+	// An index the backend does not have on the outbox table returns errors.ErrUnsupported.
+	dropIndex(ctx context.Context, table, index string) error
+	// createLean creates table in the lean shape of the table-cost scenario (tablecost.go)
+	// and returns its hand-written SQL.
+	createLean(ctx context.Context, table string) (relay, error)
 }
 
-// rawOps is the hand-written SQL of the baselines for one table.
-type rawOps interface {
-	// insertBusiness inserts the i-th business row (also used by library runs).
-	insertBusiness(ctx context.Context, tx *sql.Tx, i int) error
+// relay is the hand-written SQL of one table's hot path: what a producer and a relay loop
+// send. The library's table has it (rawOps), and so has the lean table of the table-cost
+// scenario.
+type relay interface {
 	// insertOne inserts one outbox row, as a careful hand-written producer would.
 	insertOne(ctx context.Context, tx *sql.Tx, r *rawRow) error
 	// insertForms names the multi-row insert forms: hand-written ones, the fastest of which
@@ -62,6 +69,13 @@ type rawOps interface {
 	// ack marks claimed rows delivered with one statement; ids are in the form claim
 	// returns.
 	ack(ctx context.Context, db *sql.DB, ids []any) error
+}
+
+// rawOps is the hand-written SQL of the baselines for one table of the library's shape.
+type rawOps interface {
+	relay
+	// insertBusiness inserts the i-th business row (also used by library runs).
+	insertBusiness(ctx context.Context, tx *sql.Tx, i int) error
 	// ackGuarded is ack with the library's safety: only rows still processing under the
 	// claim's token change, and it reports how many did. It is what a library fast path for
 	// a batch of one outcome and one token could send.
@@ -85,7 +99,7 @@ type rawClaim struct {
 }
 
 // claimAck is one step of the raw relay: claim, a no-op publish, one batched ack.
-func claimAck(ctx context.Context, r rawOps, db *sql.DB, limit int, worker string) (int, error) {
+func claimAck(ctx context.Context, r relay, db *sql.DB, limit int, worker string) (int, error) {
 	c, err := r.claim(ctx, db, limit, worker)
 	if err != nil || len(c.ids) == 0 {
 		return 0, err
@@ -94,7 +108,7 @@ func claimAck(ctx context.Context, r rawOps, db *sql.DB, limit int, worker strin
 }
 
 // bestForms returns the names of the non-diagnostic forms.
-func bestForms(r rawOps) []string {
+func bestForms(r relay) []string {
 	var out []string
 	for _, f := range r.insertForms() {
 		if !f.diagnostic {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -376,4 +377,123 @@ func (r *myRaw) idArg(id uuid.UUID) any { return id[:] }
 
 func (r *myRaw) leaseOf(id any, token uuid.UUID) outbox.Lease {
 	return outbox.Lease{ID: uuid.UUID(id.([]byte)), Token: token}
+}
+
+// dropIndex: MySQL's dedupe keys live in a table of their own (the outbox table has no
+// dedupe index), written only for rows that carry a key.
+func (b *myBackend) dropIndex(ctx context.Context, table, index string) error {
+	var q string
+	switch index {
+	case "dedupe":
+		return errors.ErrUnsupported
+	case "retention":
+		q = "ALTER TABLE `" + table + "` DROP KEY `" + table + "_retention_idx`"
+	case "order":
+		q = "ALTER TABLE `" + table + "` DROP KEY `" + table + "_order_idx`, DROP COLUMN order_key"
+	default:
+		return fmt.Errorf("unknown index %q", index)
+	}
+	_, err := b.db.ExecContext(ctx, q)
+	return err
+}
+
+// createLean creates the lean table: nine columns and the claim index (MySQL has no partial
+// index; the claim index leads with status, as the library's does). available_at is both
+// when a pending row may be sent and when a processing row's lease ends.
+func (b *myBackend) createLean(ctx context.Context, table string) (relay, error) {
+	t := "`" + table + "`"
+	_, err := b.db.ExecContext(ctx, "CREATE TABLE "+t+` (
+		id           BINARY(16)     NOT NULL,
+		topic        VARBINARY(255) NOT NULL,
+		payload      LONGBLOB       NOT NULL,
+		status       ENUM('pending', 'processing', 'delivered', 'dead') NOT NULL DEFAULT 'pending',
+		attempts     INT            NOT NULL DEFAULT 0,
+		available_at DATETIME(6)    NOT NULL,
+		lease_token  BINARY(16)     NULL,
+		created_at   DATETIME(6)    NOT NULL,
+		delivered_at DATETIME(6)    NULL,
+		PRIMARY KEY (id),
+		KEY `+"`"+table+"_claim_idx`"+` (status, created_at, id)
+	) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin`)
+	if err != nil {
+		return nil, err
+	}
+	return &myLean{
+		insertSQL: "INSERT INTO " + t + myLeanCols + " VALUES " + myLeanRow,
+		head:      "INSERT INTO " + t + myLeanCols + " VALUES ",
+		claimSQL: "SELECT id, topic, payload, attempts FROM " + t +
+			" WHERE status = 'pending' AND available_at <= UTC_TIMESTAMP(6) AND attempts < ?" +
+			" ORDER BY created_at, id LIMIT ? FOR UPDATE SKIP LOCKED",
+		leaseHead: "UPDATE " + t + " SET status = 'processing', attempts = attempts + 1," +
+			" available_at = UTC_TIMESTAMP(6) + INTERVAL 30 SECOND, lease_token = ? WHERE id IN ",
+		ackHead: "UPDATE " + t + " SET status = 'delivered', delivered_at = UTC_TIMESTAMP(6) WHERE id IN ",
+	}, nil
+}
+
+const (
+	myLeanCols = " (id, topic, payload, status, attempts, available_at, created_at)"
+	myLeanRow  = "(?, ?, ?, 'pending', 0, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))"
+)
+
+// myLean is the hand-written SQL of the lean table: the raw loop's statements without the
+// columns the table lacks.
+type myLean struct {
+	insertSQL, head, claimSQL, leaseHead, ackHead string
+	r                                             myRaw // its statement cache
+}
+
+func (l *myLean) insertOne(ctx context.Context, tx *sql.Tx, row *rawRow) error {
+	_, err := tx.ExecContext(ctx, l.insertSQL, row.id[:], row.topic, row.payload)
+	return err
+}
+
+func (l *myLean) insertForms() []insertForm { return []insertForm{{"values", false}} }
+
+func (l *myLean) insertMany(ctx context.Context, q outbox.DBTX, _ string, rows []rawRow) error {
+	args := make([]any, 0, 3*len(rows))
+	for i := range rows {
+		args = append(args, rows[i].id[:], rows[i].topic, rows[i].payload)
+	}
+	_, err := q.ExecContext(ctx, l.r.render("values", len(rows), l.head, myLeanRow), args...)
+	return err
+}
+
+func (l *myLean) claim(ctx context.Context, db *sql.DB, limit int, _ string) (rawClaim, error) {
+	c := rawClaim{token: uuid.New(), msgs: make([]rawMsg, 0, limit), ids: make([]any, 0, limit)}
+	tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return c, err
+	}
+	defer tx.Rollback()
+	rows, err := tx.QueryContext(ctx, l.claimSQL, maxAttempts, limit)
+	if err != nil {
+		return c, err
+	}
+	args := make([]any, 1, limit+1)
+	args[0] = c.token[:]
+	for rows.Next() {
+		var (
+			m  rawMsg
+			id []byte
+		)
+		if err := rows.Scan(&id, &m.topic, &m.payload, &m.attempts); err != nil {
+			rows.Close()
+			return c, err
+		}
+		c.msgs, c.ids, args = append(c.msgs, m), append(c.ids, id), append(args, id)
+	}
+	if err := rows.Err(); err != nil {
+		return c, err
+	}
+	if len(c.ids) > 0 {
+		if _, err := tx.ExecContext(ctx, l.r.inList(len(c.ids), l.leaseHead, "lease"), args...); err != nil {
+			return c, err
+		}
+	}
+	return c, tx.Commit()
+}
+
+func (l *myLean) ack(ctx context.Context, db *sql.DB, ids []any) error {
+	_, err := db.ExecContext(ctx, l.r.inList(len(ids), l.ackHead, "ack"), ids...)
+	return err
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"fmt"
 	"net/url"
 	"strconv"
@@ -305,6 +306,13 @@ func (r *pgRaw) insertMany(ctx context.Context, q outbox.DBTX, form string, rows
 		_, err := q.ExecContext(ctx, r.unnestSQL, ids, ns, topics, pkeys, payloads, hashes)
 		return err
 	}
+	query, args := r.insertStmt(rows)
+	_, err := q.ExecContext(ctx, query, args...)
+	return err
+}
+
+// insertStmt is the multi-row VALUES insert of rows with its arguments.
+func (r *pgRaw) insertStmt(rows []rawRow) (string, []any) {
 	query, ok := r.values.Load(len(rows))
 	if !ok {
 		var b strings.Builder
@@ -324,13 +332,20 @@ func (r *pgRaw) insertMany(ctx context.Context, q outbox.DBTX, form string, rows
 		row := &rows[i]
 		args = append(args, row.id.String(), row.namespace, row.topic, row.pkey, string(row.payload), row.hash)
 	}
-	_, err := q.ExecContext(ctx, query.(string), args...)
-	return err
+	return query.(string), args
 }
+
+// claimStmt and ackStmt are claim's and ack's statements with their arguments.
+func (r *pgRaw) claimStmt(limit int, worker string, token uuid.UUID) (string, []any) {
+	return r.claimSQL, []any{maxAttempts, benchNamespace, limit, worker, token.String()}
+}
+
+func (r *pgRaw) ackStmt(ids []any) (string, []any) { return r.ackSQL, []any{uuidArray(ids)} }
 
 func (r *pgRaw) claim(ctx context.Context, db *sql.DB, limit int, worker string) (rawClaim, error) {
 	c := rawClaim{token: uuid.New(), msgs: make([]rawMsg, 0, limit), ids: make([]any, 0, limit)}
-	rows, err := db.QueryContext(ctx, r.claimSQL, maxAttempts, benchNamespace, limit, worker, c.token.String())
+	query, args := r.claimStmt(limit, worker, c.token)
+	rows, err := db.QueryContext(ctx, query, args...)
 	if err != nil {
 		return c, err
 	}
@@ -366,7 +381,8 @@ func uuidArray(ids []any) string {
 }
 
 func (r *pgRaw) ack(ctx context.Context, db *sql.DB, ids []any) error {
-	_, err := db.ExecContext(ctx, r.ackSQL, uuidArray(ids))
+	query, args := r.ackStmt(ids)
+	_, err := db.ExecContext(ctx, query, args...)
 	return err
 }
 
@@ -391,4 +407,237 @@ func (r *pgRaw) idArg(id uuid.UUID) any { return id.String() }
 
 func (r *pgRaw) leaseOf(id any, token uuid.UUID) outbox.Lease {
 	return outbox.Lease{ID: uuid.MustParse(id.(string)), Token: token}
+}
+
+func (b *pgBackend) dropIndex(ctx context.Context, table, index string) error {
+	var names []string
+	switch index {
+	case "dedupe", "retention":
+		names = []string{table + "_" + index + "_idx"}
+	case "order":
+		names = []string{table + "_order_idx", table + "_unkeyed_idx"}
+	default:
+		return fmt.Errorf("unknown index %q", index)
+	}
+	for _, n := range names {
+		if _, err := b.db.ExecContext(ctx, `DROP INDEX "`+n+`"`); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// createLean creates the lean table: nine columns and the claim index. available_at is both
+// when a pending row may be sent and when a processing row's lease ends.
+func (b *pgBackend) createLean(ctx context.Context, table string) (relay, error) {
+	t := `"` + table + `"`
+	for _, q := range []string{
+		`CREATE TABLE ` + t + ` (
+			id           uuid        PRIMARY KEY,
+			topic        text        NOT NULL,
+			payload      json        NOT NULL,
+			status       text        NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'processing', 'delivered', 'dead')),
+			attempts     integer     NOT NULL DEFAULT 0,
+			available_at timestamptz NOT NULL DEFAULT now(),
+			lease_token  uuid,
+			created_at   timestamptz NOT NULL DEFAULT now(),
+			delivered_at timestamptz)`,
+		`CREATE INDEX "` + table + `_claim_idx" ON ` + t + ` (created_at, id) WHERE status IN ('pending', 'processing')`,
+	} {
+		if _, err := b.db.ExecContext(ctx, q); err != nil {
+			return nil, err
+		}
+	}
+	return &pgLean{
+		insertSQL:  `INSERT INTO ` + t + ` (id, topic, payload) VALUES ($1, $2, $3)`,
+		valuesHead: `INSERT INTO ` + t + ` (id, topic, payload) VALUES `,
+		claimSQL: `WITH c AS MATERIALIZED (SELECT id FROM ` + t + ` WHERE status IN ('pending', 'processing')` +
+			` AND available_at <= now() AND attempts < $1 ORDER BY created_at, id LIMIT $2 FOR UPDATE SKIP LOCKED)` +
+			` UPDATE ` + t + ` AS t SET status = 'processing', attempts = t.attempts + 1,` +
+			` available_at = now() + interval '30 seconds', lease_token = $3` +
+			` FROM c WHERE t.id = c.id RETURNING t.id, t.topic, t.payload, t.attempts`,
+		ackSQL: `UPDATE ` + t + ` SET status = 'delivered', delivered_at = now() WHERE id = ANY($1::uuid[])`,
+	}, nil
+}
+
+// pgLean is the hand-written SQL of the lean table: the raw loop's statements without the
+// columns the table lacks.
+type pgLean struct {
+	insertSQL, valuesHead, claimSQL, ackSQL string
+	values                                  sync.Map // rows -> statement
+}
+
+func (r *pgLean) insertOne(ctx context.Context, tx *sql.Tx, row *rawRow) error {
+	_, err := tx.ExecContext(ctx, r.insertSQL, row.id.String(), row.topic, string(row.payload))
+	return err
+}
+
+func (r *pgLean) insertForms() []insertForm { return []insertForm{{"values", false}} }
+
+func (r *pgLean) insertMany(ctx context.Context, q outbox.DBTX, _ string, rows []rawRow) error {
+	query, args := r.insertStmt(rows)
+	_, err := q.ExecContext(ctx, query, args...)
+	return err
+}
+
+// insertStmt is the multi-row VALUES insert of rows with its arguments.
+func (r *pgLean) insertStmt(rows []rawRow) (string, []any) {
+	query, ok := r.values.Load(len(rows))
+	if !ok {
+		var b strings.Builder
+		b.WriteString(r.valuesHead)
+		for i := range rows {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			p := 3 * i
+			b.WriteString("($" + strconv.Itoa(p+1) + ", $" + strconv.Itoa(p+2) + ", $" + strconv.Itoa(p+3) + ")")
+		}
+		query, _ = r.values.LoadOrStore(len(rows), b.String())
+	}
+	args := make([]any, 0, 3*len(rows))
+	for i := range rows {
+		args = append(args, rows[i].id.String(), rows[i].topic, string(rows[i].payload))
+	}
+	return query.(string), args
+}
+
+// claimStmt and ackStmt are claim's and ack's statements with their arguments.
+func (r *pgLean) claimStmt(limit int, _ string, token uuid.UUID) (string, []any) {
+	return r.claimSQL, []any{maxAttempts, limit, token.String()}
+}
+
+func (r *pgLean) ackStmt(ids []any) (string, []any) { return r.ackSQL, []any{uuidArray(ids)} }
+
+func (r *pgLean) claim(ctx context.Context, db *sql.DB, limit int, worker string) (rawClaim, error) {
+	c := rawClaim{token: uuid.New(), msgs: make([]rawMsg, 0, limit), ids: make([]any, 0, limit)}
+	query, args := r.claimStmt(limit, worker, c.token)
+	rows, err := db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return c, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			m  rawMsg
+			id string
+		)
+		if err := rows.Scan(&id, &m.topic, &m.payload, &m.attempts); err != nil {
+			return c, err
+		}
+		c.msgs, c.ids = append(c.msgs, m), append(c.ids, id)
+	}
+	return c, rows.Err()
+}
+
+func (r *pgLean) ack(ctx context.Context, db *sql.DB, ids []any) error {
+	query, args := r.ackStmt(ids)
+	_, err := db.ExecContext(ctx, query, args...)
+	return err
+}
+
+// pgStatements is a PostgreSQL relay's statements with their arguments.
+type pgStatements interface {
+	insertStmt(rows []rawRow) (string, []any)
+	claimStmt(limit int, worker string, token uuid.UUID) (string, []any)
+	ackStmt(ids []any) (string, []any)
+}
+
+// statementWork implements workMeter: it loads n pending rows into table, then runs
+// repeats claims of batch rows, the ack of each, and repeats inserts of batch rows, each
+// under EXPLAIN (ANALYZE, BUFFERS, WAL), on one connection, and sums what the server
+// reports. It counts the work of the statements themselves, not of their commits.
+func (b *pgBackend) statementWork(ctx context.Context, table string, r relay, n, batch, repeats int) (*tableWork, error) {
+	st, ok := r.(pgStatements)
+	if !ok {
+		return nil, fmt.Errorf("%T cannot show its statements", r)
+	}
+	if err := b.reset(ctx, table); err != nil {
+		return nil, err
+	}
+	if err := preloadRows(ctx, b.db, r, n, payloads200); err != nil {
+		return nil, err
+	}
+	if err := b.maintain(ctx, table); err != nil {
+		return nil, err
+	}
+	conn, err := b.db.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	explain := func(into *stmtWork, rows int, query string, args ...any) error {
+		var out string
+		if err := conn.QueryRowContext(ctx, `EXPLAIN (ANALYZE, BUFFERS, WAL, TIMING OFF, FORMAT JSON) `+query, args...).Scan(&out); err != nil {
+			return err
+		}
+		var plans []struct {
+			Plan struct {
+				WALRecords    float64 `json:"WAL Records"`
+				WALBytes      float64 `json:"WAL Bytes"`
+				WALFPI        float64 `json:"WAL FPI"`
+				SharedHit     float64 `json:"Shared Hit Blocks"`
+				SharedRead    float64 `json:"Shared Read Blocks"`
+				SharedDirtied float64 `json:"Shared Dirtied Blocks"`
+			} `json:"Plan"`
+			ExecutionTime float64 `json:"Execution Time"`
+		}
+		if err := json.Unmarshal([]byte(out), &plans); err != nil || len(plans) != 1 {
+			return fmt.Errorf("EXPLAIN output: %v", err)
+		}
+		p := plans[0].Plan
+		into.Statements++
+		into.Rows += rows
+		into.WALRecords += p.WALRecords
+		into.WALBytes += p.WALBytes
+		into.WALFPI += p.WALFPI
+		into.Buffers += p.SharedHit + p.SharedRead
+		into.Dirtied += p.SharedDirtied
+		into.ExecMs += plans[0].ExecutionTime
+		return nil
+	}
+	w := &tableWork{}
+	for range repeats {
+		token := uuid.New()
+		query, args := st.claimStmt(batch, "work", token)
+		if err := explain(&w.Claim, batch, query, args...); err != nil {
+			return nil, fmt.Errorf("claim: %w", err)
+		}
+		ids, err := queryStrings(ctx, conn, `SELECT id::text FROM "`+table+`" WHERE lease_token = $1`, token.String())
+		if err != nil {
+			return nil, err
+		}
+		if len(ids) != batch {
+			return nil, fmt.Errorf("claim leased %d rows, want %d", len(ids), batch)
+		}
+		query, args = st.ackStmt(ids)
+		if err := explain(&w.Ack, batch, query, args...); err != nil {
+			return nil, fmt.Errorf("ack: %w", err)
+		}
+	}
+	for i := range repeats {
+		query, args := st.insertStmt(rawRowsOf(n+i*batch, batch, payloads200))
+		if err := explain(&w.Insert, batch, query, args...); err != nil {
+			return nil, fmt.Errorf("insert: %w", err)
+		}
+	}
+	return w, nil
+}
+
+// queryStrings returns the one text column of query's rows, as ids in claim's form.
+func queryStrings(ctx context.Context, conn *sql.Conn, query string, args ...any) ([]any, error) {
+	rows, err := conn.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []any
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	return out, rows.Err()
 }

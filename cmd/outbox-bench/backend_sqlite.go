@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -311,4 +312,189 @@ func (r *liteRaw) idArg(id uuid.UUID) any { return id[:] }
 
 func (r *liteRaw) leaseOf(id any, token uuid.UUID) outbox.Lease {
 	return outbox.Lease{ID: uuid.UUID(id.([]byte)), Token: token}
+}
+
+func (b *liteBackend) dropIndex(ctx context.Context, table, index string) error {
+	var names []string
+	switch index {
+	case "dedupe", "retention":
+		names = []string{table + "_" + index + "_idx"}
+	case "order":
+		names = []string{table + "_order_idx", table + "_unkeyed_idx"}
+	default:
+		return fmt.Errorf("unknown index %q", index)
+	}
+	for _, n := range names {
+		if _, err := b.db.ExecContext(ctx, `DROP INDEX "`+n+`"`); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// createLean creates the lean table: nine columns and the claim index. available_at is both
+// when a pending row may be sent and when a processing row's lease ends.
+func (b *liteBackend) createLean(ctx context.Context, table string) (relay, error) {
+	t := `"` + table + `"`
+	for _, q := range []string{
+		`CREATE TABLE ` + t + ` (
+			id           BLOB    NOT NULL PRIMARY KEY,
+			topic        TEXT    NOT NULL,
+			payload      TEXT    NOT NULL,
+			status       TEXT    NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'processing', 'delivered', 'dead')),
+			attempts     INTEGER NOT NULL DEFAULT 0,
+			available_at INTEGER NOT NULL,
+			lease_token  BLOB,
+			created_at   INTEGER NOT NULL,
+			delivered_at INTEGER)`,
+		`CREATE INDEX "` + table + `_claim_idx" ON ` + t + ` (created_at, id) WHERE status IN ('pending', 'processing')`,
+	} {
+		if _, err := b.db.ExecContext(ctx, q); err != nil {
+			return nil, err
+		}
+	}
+	return &liteLean{
+		insertSQL: `INSERT INTO ` + t + liteLeanCols + ` VALUES ` + liteLeanRow,
+		head:      `INSERT INTO ` + t + liteLeanCols + ` VALUES `,
+		claimSQL: `UPDATE ` + t + ` SET status = 'processing', attempts = attempts + 1, available_at = ?, lease_token = ?` +
+			` WHERE id IN (SELECT id FROM ` + t + ` WHERE status IN ('pending', 'processing') AND available_at <= ? AND attempts < ?` +
+			` ORDER BY created_at, id LIMIT ?) RETURNING id, topic, payload, attempts`,
+		ackHead: `UPDATE ` + t + ` SET status = 'delivered', delivered_at = ? WHERE id IN (`,
+	}, nil
+}
+
+const (
+	liteLeanCols = ` (id, topic, payload, status, attempts, available_at, created_at)`
+	liteLeanRow  = `(?, ?, ?, 'pending', 0, ?, ?)`
+)
+
+// liteLean is the hand-written SQL of the lean table: the raw loop's statements without the
+// columns the table lacks.
+type liteLean struct {
+	insertSQL, head, claimSQL, ackHead string
+	r                                  liteRaw // its statement cache
+}
+
+func (l *liteLean) insertOne(ctx context.Context, tx *sql.Tx, row *rawRow) error {
+	now := time.Now().UnixMicro()
+	_, err := tx.ExecContext(ctx, l.insertSQL, row.id[:], row.topic, string(row.payload), now, now)
+	return err
+}
+
+func (l *liteLean) insertForms() []insertForm { return []insertForm{{"values", false}} }
+
+func (l *liteLean) insertMany(ctx context.Context, q outbox.DBTX, _ string, rows []rawRow) error {
+	now := time.Now().UnixMicro()
+	args := make([]any, 0, 5*len(rows))
+	for i := range rows {
+		args = append(args, rows[i].id[:], rows[i].topic, string(rows[i].payload), now, now)
+	}
+	_, err := q.ExecContext(ctx, l.r.render("values", len(rows), l.head, liteLeanRow, ""), args...)
+	return err
+}
+
+func (l *liteLean) claim(ctx context.Context, db *sql.DB, limit int, _ string) (rawClaim, error) {
+	c := rawClaim{token: uuid.New(), msgs: make([]rawMsg, 0, limit), ids: make([]any, 0, limit)}
+	now := time.Now().UnixMicro()
+	rows, err := db.QueryContext(ctx, l.claimSQL, now+30_000_000, c.token[:], now, maxAttempts, limit)
+	if err != nil {
+		return c, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			m  rawMsg
+			id []byte
+		)
+		if err := rows.Scan(&id, &m.topic, &m.payload, &m.attempts); err != nil {
+			return c, err
+		}
+		c.msgs, c.ids = append(c.msgs, m), append(c.ids, id)
+	}
+	return c, rows.Err()
+}
+
+func (l *liteLean) ack(ctx context.Context, db *sql.DB, ids []any) error {
+	args := make([]any, 0, len(ids)+1)
+	args = append(append(args, time.Now().UnixMicro()), ids...)
+	_, err := db.ExecContext(ctx, l.r.render("ack", len(ids), l.ackHead, "?", ")"), args...)
+	return err
+}
+
+// statementWork implements workMeter: it loads n pending rows into table, then runs
+// repeats claims of batch rows, the ack of each, and repeats inserts of batch rows through
+// r, each its own transaction, on one connection that never checkpoints, and counts the
+// pages each commit appended to the WAL (from the WAL file's growth) and its time.
+func (b *liteBackend) statementWork(ctx context.Context, table string, r relay, n, batch, repeats int) (*tableWork, error) {
+	if err := b.reset(ctx, table); err != nil {
+		return nil, err
+	}
+	if err := preloadRows(ctx, b.db, r, n, payloads200); err != nil {
+		return nil, err
+	}
+	if err := b.maintain(ctx, table); err != nil {
+		return nil, err
+	}
+	db, err := sql.Open("sqlite", b.dsn+"&_pragma=wal_autocheckpoint(0)")
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(1)
+	var pageSize int64
+	if err := db.QueryRowContext(ctx, `PRAGMA page_size`).Scan(&pageSize); err != nil {
+		return nil, err
+	}
+	walFile := filepath.Join(b.dir, "bench.db-wal")
+	walSize := func() (int64, error) {
+		st, err := os.Stat(walFile)
+		if errors.Is(err, os.ErrNotExist) {
+			return 0, nil
+		}
+		if err != nil {
+			return 0, err
+		}
+		return st.Size(), nil
+	}
+	measure := func(into *stmtWork, rows int, run func() error) error {
+		before, err := walSize()
+		if err != nil {
+			return err
+		}
+		start := time.Now()
+		if err := run(); err != nil {
+			return err
+		}
+		into.ExecMs += float64(time.Since(start).Microseconds()) / 1e3
+		after, err := walSize()
+		if err != nil {
+			return err
+		}
+		frames := float64(after-before) / float64(pageSize+24) // a frame is a 24-byte header and a page
+		into.Statements++
+		into.Rows += rows
+		into.WALRecords += frames
+		into.WALBytes += float64(after - before)
+		return nil
+	}
+	w := &tableWork{}
+	for range repeats {
+		var c rawClaim
+		if err := measure(&w.Claim, batch, func() (err error) { c, err = r.claim(ctx, db, batch, "work"); return err }); err != nil {
+			return nil, fmt.Errorf("claim: %w", err)
+		}
+		if len(c.ids) != batch {
+			return nil, fmt.Errorf("claim leased %d rows, want %d", len(c.ids), batch)
+		}
+		if err := measure(&w.Ack, batch, func() error { return r.ack(ctx, db, c.ids) }); err != nil {
+			return nil, fmt.Errorf("ack: %w", err)
+		}
+	}
+	for i := range repeats {
+		rows := rawRowsOf(n+i*batch, batch, payloads200)
+		if err := measure(&w.Insert, batch, func() error { return r.insertMany(ctx, db, "values", rows) }); err != nil {
+			return nil, fmt.Errorf("insert: %w", err)
+		}
+	}
+	return w, nil
 }

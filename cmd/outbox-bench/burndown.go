@@ -59,15 +59,19 @@ type sweepPoint struct {
 
 // preload inserts n pending rows into table with the fastest raw form, in chunks.
 func preload(ctx context.Context, b backend, table string, n int) error {
-	r := b.raw(table)
+	return preloadRows(ctx, b.admin(), b.raw(table), n, payloads)
+}
+
+// preloadRows inserts n pending rows with payloads from set through r's fastest form, in
+// chunks.
+func preloadRows(ctx context.Context, db *sql.DB, r relay, n int, set [][]byte) error {
 	forms := bestForms(r)
 	form, chunk := forms[len(forms)-1], 1000
 	if form == "unnest" {
 		chunk = 5000
 	}
-	db := b.admin()
 	for lo := 0; lo < n; lo += chunk {
-		rows := newRawRows(lo, min(chunk, n-lo))
+		rows := rawRowsOf(lo, min(chunk, n-lo), set)
 		tx, err := db.BeginTx(ctx, nil)
 		if err != nil {
 			return err
@@ -90,11 +94,37 @@ var discard = slog.New(slog.DiscardHandler)
 // workers goroutines. The clock runs from the start of the drain until the n-th row is
 // acknowledged; the commits are counted over the whole life of the run's pool.
 func burn(ctx context.Context, b backend, kind, table string, n, batch, workers int) (burnRun, error) {
+	return drain(ctx, b, drainSpec{kind: kind, table: table, n: n, batch: batch, workers: workers})
+}
+
+// drainSpec is one drain of burn's kind, with the rows and the table's SQL made explicit.
+type drainSpec struct {
+	kind, table       string
+	n, batch, workers int
+	// payloads are the preloaded rows' payloads; nil means the standard ones (payloads).
+	payloads [][]byte
+	// relay, when set, is the table's SQL for the preload and the raw loop: a table of
+	// another shape than the library's. Only kind "raw" drains such a table.
+	relay relay
+}
+
+// drain is burn with the rows and the table's SQL of s.
+func drain(ctx context.Context, b backend, s drainSpec) (burnRun, error) {
+	kind, table, n, batch, workers := s.kind, s.table, s.n, s.batch, s.workers
 	run := burnRun{Kind: kind, Table: table, Batch: batch, Workers: workers, N: n}
+	set, r := s.payloads, s.relay
+	if set == nil {
+		set = payloads
+	}
+	if r == nil {
+		r = b.raw(table)
+	} else if kind != kindRaw {
+		return run, fmt.Errorf("a %s drain needs the library's table", kind)
+	}
 	if err := b.reset(ctx, table); err != nil {
 		return run, err
 	}
-	if err := preload(ctx, b, table, n); err != nil {
+	if err := preloadRows(ctx, b.admin(), r, n, set); err != nil {
 		return run, fmt.Errorf("preload: %w", err)
 	}
 	if err := b.maintain(ctx, table); err != nil {
@@ -118,7 +148,14 @@ func burn(ctx context.Context, b backend, kind, table string, n, batch, workers 
 		elapsed, run.Stats, err = burnLibrary(ctx, b, db, table, n, batch, workers, timeout, false)
 	} else {
 		var step func(ctx context.Context, worker string) (int, error)
-		if step, err = stepFor(kind, b, db, table, batch); err == nil {
+		if s.relay != nil {
+			step = func(ctx context.Context, worker string) (int, error) {
+				return claimAck(ctx, s.relay, db, batch, worker)
+			}
+		} else {
+			step, err = stepFor(kind, b, db, table, batch)
+		}
+		if err == nil {
 			elapsed, run.Claims, run.Acks, err = burnLoop(ctx, n, workers, timeout, step)
 		}
 	}

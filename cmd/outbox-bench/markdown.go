@@ -140,6 +140,7 @@ func (rep *report) markdown(w *strings.Builder) {
 			fmt.Fprintf(w, "| | empty rows/s | retained rows/s | retained ÷ empty |\n|---|---:|---:|---:|\n")
 			fmt.Fprintf(w, "| library | %.0f | %.0f | %.3f |\n| raw | %.0f | %.0f | %.3f |\n", g.LibEmpty.Median, g.LibRetained.Median, g.Ratio, g.RawEmpty.Median, g.RawRetained.Median, g.RawRatio)
 		}
+		rep.markdownCosts(w, b)
 	}
 }
 
@@ -150,4 +151,101 @@ var breakdownLabel = map[string]string{
 	kindLibAckOnly:   "raw claim + library Store.Ack",
 	kindStore:        "library Store.Claim + Store.Ack, no Publisher",
 	"library":        "library Publisher",
+}
+
+// markdownCosts writes the short drains, the drain-cost fit and the table cost of one
+// backend.
+func (rep *report) markdownCosts(w *strings.Builder, b *backendResult) {
+	cfg := rep.Config
+	if len(b.ShortDrain) > 0 {
+		fmt.Fprintf(w, "\nShort drains: %d freshly loaded rows of 200-byte payloads, Publisher with default options against the raw loop, %d alternating pairs per configuration after one warm-up pair:\n\n",
+			b.ShortDrain[0].N, cfg.ShortRounds)
+		fmt.Fprintf(w, "| batch | loops | library rows/s | raw rows/s | library ÷ raw | pairs | commits per batch, library / raw |\n|---:|---:|---:|---:|---:|---|---|\n")
+		for _, s := range b.ShortDrain {
+			fmt.Fprintf(w, "| %d | %d | %.0f | %.0f | %.3f | %s | %.2f / %.2f |\n", s.Batch, s.Workers, s.Library.Median, s.Raw.Median, s.Ratio,
+				pairRatios(s.Library.All, s.Raw.All), s.LibraryCommitsPerBatch, s.RawCommitsPerBatch)
+		}
+	}
+	if c := b.Costs; c != nil {
+		fmt.Fprintf(w, "\nDrain costs, one claim loop: drains of %s rows at batch %s, library and raw back to back, %d round(s), fitted to time = fixed + per batch × batches + per row × rows (least squares on relative error, medians of each size); the last row fits the pairs' differences:\n\n",
+			joinInts(cfg.CostNs), joinInts(cfg.CostBatches), cfg.CostRounds)
+		fmt.Fprintf(w, "| loop | fixed ms | µs per batch | µs per row | worst point off |\n|---|---:|---:|---:|---:|\n")
+		for _, k := range []struct {
+			name string
+			f    costFit
+		}{{"library Publisher", c.Library}, {"raw loop", c.Raw}} {
+			fmt.Fprintf(w, "| %s | %.1f | %.0f | %.2f | %.0f %% |\n", k.name, k.f.FixedMs, k.f.PerBatchUs, k.f.PerRowUs, 100*k.f.MaxResidual)
+		}
+		fmt.Fprintf(w, "| library − raw, pairs | %.1f | %.0f | %.2f | %.0f %% |\n", c.Extra.FixedMs, c.Extra.PerBatchUs, c.Extra.PerRowUs, 100*c.Extra.MaxResidual)
+		if n := cfg.ShortN; n > 0 {
+			fmt.Fprintf(w, "\nWhat the fit gives for one loop draining %d rows:\n\n| batch | library ms | raw ms | library ÷ raw (rate) | extra: fixed | per batch | per row |\n|---:|---:|---:|---:|---:|---:|---:|\n", n)
+			for _, batch := range cfg.ShortBatches {
+				r := c.Raw.predict(n, batch)
+				l := r + c.Extra.predict(n, batch)
+				f, pb, pr := c.costShares(n, batch)
+				fmt.Fprintf(w, "| %d | %.0f | %.0f | %.3f | %.0f ms | %.0f ms | %.0f ms |\n", batch, 1e3*l, 1e3*r, r/l, 1e3*f, 1e3*pb, 1e3*pr)
+			}
+		}
+	}
+	if t := b.TableCost; t != nil {
+		fmt.Fprintf(w, "\nTable cost, rows of 200-byte payloads, %d alternating rounds: the raw loop draining %d rows (batch %d, %d loops), "+
+			"transactions of a business row plus one raw outbox insert (%d producers, %s windows), and %d-row raw inserts (one producer). "+
+			"Each figure ÷ the library's table, paired by round; the cost is the share of the library table's time that the difference accounts for (1 − 1/ratio):\n\n",
+			t.Rounds, t.N, t.Batch, t.Workers, t.EnqueueConc, t.EnqueueDur, t.InsertBatch)
+		fmt.Fprintf(w, "| table | drain rows/s | ÷ ours | cost | enqueue tx/s | ÷ ours | cost | batch insert rows/s | ÷ ours | cost |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, v := range t.Variants {
+			fmt.Fprintf(w, "| %s | %.0f | %.3f | %.1f %% | %.0f | %.3f | %.1f %% | %.0f | %.3f | %.1f %% |\n", v.Label,
+				v.Drain.Median, v.DrainVsOurs, 100*costShare(v.DrainVsOurs),
+				v.Enqueue.Median, v.EnqueueVsOurs, 100*costShare(v.EnqueueVsOurs),
+				v.Batch.Median, v.BatchVsOurs, 100*costShare(v.BatchVsOurs))
+		}
+		var ours *tableWork
+		for _, v := range t.Variants {
+			if v.Name == "ours" {
+				ours = v.Work
+			}
+		}
+		if ours != nil {
+			pg := b.Backend == "postgres"
+			unit, how := "WAL pages", fmt.Sprintf("the WAL pages each commit appended (the WAL file's growth, on one connection that never checkpoints) and the time of each statement, client included, of %d claims of %d rows out of %d pending, the ack of each, and %d inserts of %d rows, each its own transaction",
+				workRepeats, t.Batch, t.N, workRepeats, t.Batch)
+			if pg {
+				unit, how = "WAL records", fmt.Sprintf("EXPLAIN (ANALYZE, BUFFERS, WAL) of %d claims of %d rows out of %d pending, the ack of each, and %d inserts of %d rows "+
+					"(the statements only, not their commits; WAL bytes include full-page images, which depend on when the last checkpoint ran)",
+					workRepeats, t.Batch, t.N, workRepeats, t.Batch)
+			}
+			fmt.Fprintf(w, "\nWork per row, from %s:\n\n", how)
+			if pg {
+				fmt.Fprintf(w, "| table | insert: %s | WAL bytes | buffers | µs | claim + ack: %s | WAL bytes | full-page images (all) | buffers | dirtied | µs |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n", unit, unit)
+			} else {
+				fmt.Fprintf(w, "| table | insert: %s | WAL bytes | µs | claim + ack: %s | WAL bytes | µs |\n|---|---:|---:|---:|---:|---:|---:|\n", unit, unit)
+			}
+			for _, v := range t.Variants {
+				x := v.Work
+				if x == nil {
+					continue
+				}
+				in := x.Insert
+				per := func(f func(stmtWork) float64) float64 { return x.drainPerRow(f) }
+				rec, byt := per(func(s stmtWork) float64 { return s.WALRecords }), per(func(s stmtWork) float64 { return s.WALBytes })
+				us := per(func(s stmtWork) float64 { return 1e3 * s.ExecMs })
+				if pg {
+					fmt.Fprintf(w, "| %s | %.2f | %.0f | %.2f | %.1f | %.2f | %.0f | %.0f | %.2f | %.2f | %.1f |\n", v.Label,
+						in.perRow(in.WALRecords), in.perRow(in.WALBytes), in.perRow(in.Buffers), in.perRow(1e3*in.ExecMs),
+						rec, byt, x.Claim.WALFPI+x.Ack.WALFPI, per(func(s stmtWork) float64 { return s.Buffers }), per(func(s stmtWork) float64 { return s.Dirtied }), us)
+				} else {
+					fmt.Fprintf(w, "| %s | %.2f | %.0f | %.1f | %.2f | %.0f | %.1f |\n", v.Label,
+						in.perRow(in.WALRecords), in.perRow(in.WALBytes), in.perRow(1e3*in.ExecMs), rec, byt, us)
+				}
+			}
+		}
+	}
+}
+
+func joinInts(xs []int) string {
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = strconv.Itoa(x)
+	}
+	return strings.Join(s, ", ")
 }

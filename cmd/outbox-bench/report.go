@@ -60,6 +60,9 @@ type backendResult struct {
 	Stats      *statsResult       `json:"stats,omitempty"`
 	PurgeBurn  *purgeBurnResult   `json:"purge_burndown,omitempty"`
 	Ordered    *orderedResult     `json:"burndown_ordered,omitempty"`
+	ShortDrain []shortDrainResult `json:"short_drain,omitempty"`
+	Costs      *costResult        `json:"drain_costs,omitempty"`
+	TableCost  *tableCostResult   `json:"table_cost,omitempty"`
 }
 
 func describeMachine() machine {
@@ -161,6 +164,16 @@ var targets = []target{
 	{"saturated_latency_p99_ms_poll10ms", "(same, PollInterval 10ms)", nil},
 	{"burndown_retained_vs_empty", ">= 0.90", func(v float64) bool { return v >= 0.90 }},
 	{"burndown_ordered_vs_unordered", ">= 0.70", func(v float64) bool { return v >= 0.70 }},
+	{"short_drain_b100_w1_vs_raw", "(20 000 fresh rows, 200-byte payloads)", nil},
+	{"short_drain_b100_w2_vs_raw", "(same, 2 loops)", nil},
+	{"short_drain_b500_w1_vs_raw", "(same, batch 500)", nil},
+	{"short_drain_b500_w2_vs_raw", "(same, batch 500, 2 loops)", nil},
+	{"drain_raw_fixed_ms", "(fit, 1 loop: per drain)", nil},
+	{"drain_raw_batch_us", "(fit, 1 loop: per batch)", nil},
+	{"drain_raw_row_us", "(fit, 1 loop: per row)", nil},
+	{"drain_library_extra_fixed_ms", "(fit of library − raw pairs: per drain)", nil},
+	{"drain_library_extra_batch_us", "(same: per batch)", nil},
+	{"drain_library_extra_row_us", "(same: per row)", nil},
 }
 
 // metrics returns the JSON lines of one backend, in the order of targets.
@@ -226,6 +239,20 @@ func (r *backendResult) metrics(cfg config) []metric {
 	if o := r.Ordered; o != nil {
 		add("burndown_ordered_vs_unordered", o.Ratio)
 	}
+	for i := range r.ShortDrain {
+		add(r.ShortDrain[i].metricName(), r.ShortDrain[i].Ratio)
+	}
+	if c := r.Costs; c != nil {
+		add("drain_raw_fixed_ms", c.Raw.FixedMs)
+		add("drain_raw_batch_us", c.Raw.PerBatchUs)
+		add("drain_raw_row_us", c.Raw.PerRowUs)
+		add("drain_library_extra_fixed_ms", c.Extra.FixedMs)
+		add("drain_library_extra_batch_us", c.Extra.PerBatchUs)
+		add("drain_library_extra_row_us", c.Extra.PerRowUs)
+	}
+	if t := r.TableCost; t != nil {
+		t.metrics(add)
+	}
 	return out
 }
 
@@ -289,6 +316,23 @@ func (rep *report) printTable(w io.Writer) {
 				fmt.Fprintf(tw, "%s %.0f (%.2f)\t", k, br.Rates[k].Median, br.VsRaw[k])
 			}
 			fmt.Fprintln(tw, "\t")
+		}
+		if len(b.ShortDrain) > 0 {
+			fmt.Fprintln(tw, "short drain rows/s\tbatch\tworkers\tlibrary\traw\tlibrary/raw\tn\t\t")
+			for _, s := range b.ShortDrain {
+				fmt.Fprintf(tw, "\t%d\t%d\t%.0f\t%.0f\t%.3f\t%d\t\t\n", s.Batch, s.Workers, s.Library.Median, s.Raw.Median, s.Ratio, s.N)
+			}
+		}
+		if c := b.Costs; c != nil {
+			fmt.Fprintf(tw, "drain costs (1 loop)\tlibrary\t%s\t\t\t\t\t\t\n", c.Library.describe())
+			fmt.Fprintf(tw, "\traw\t%s\t\t\t\t\t\t\n", c.Raw.describe())
+			fmt.Fprintf(tw, "\tlibrary − raw\t%s\t\t\t\t\t\t\n", c.Extra.describe())
+		}
+		if t := b.TableCost; t != nil {
+			fmt.Fprintf(tw, "table cost (÷ ours)\ttable\tdrain rows/s\t\tenqueue c=%d tx/s\t\tbatch %d rows/s\t\t\n", t.EnqueueConc, t.InsertBatch)
+			for _, v := range t.Variants {
+				fmt.Fprintf(tw, "\t%s\t%.0f\t(%.3f)\t%.0f\t(%.3f)\t%.0f\t(%.3f)\t\n", v.Name, v.Drain.Median, v.DrainVsOurs, v.Enqueue.Median, v.EnqueueVsOurs, v.Batch.Median, v.BatchVsOurs)
+			}
 		}
 		if h := b.Burndown; h != nil {
 			fmt.Fprintf(tw, "commits\tper batch\tlibrary %.2f\traw %.2f\tper message\tlibrary %.4f\t\t\t\n", h.CommitsPerBatch, h.RawCommitsPerBatch, h.CommitsPerMessage)

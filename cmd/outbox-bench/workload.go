@@ -23,11 +23,18 @@ const (
 )
 
 // payloads are 64 deterministic order events of 200 to 500 bytes.
-var payloads = func() [][]byte {
+var payloads = orderEvents(func(r *rand.Rand) int { return 200 + r.IntN(301) })
+
+// payloads200 are 64 deterministic order events of exactly 200 bytes: the rows of the short
+// drains and the table-cost scenario.
+var payloads200 = orderEvents(func(*rand.Rand) int { return 200 })
+
+// orderEvents returns 64 deterministic JSON order events of size bytes each.
+func orderEvents(size func(r *rand.Rand) int) [][]byte {
 	r := rand.New(rand.NewPCG(1, 2))
 	out := make([][]byte, 64)
 	for i := range out {
-		size := 200 + r.IntN(301)
+		size := size(r)
 		var b strings.Builder
 		fmt.Fprintf(&b, `{"order_id":%d,"customer_id":%d,"status":"paid","amount_cents":%d,"currency":"EUR","items":[`,
 			100000+i, r.IntN(1_000_000), r.IntN(100_000))
@@ -45,7 +52,7 @@ var payloads = func() [][]byte {
 		out[i] = []byte(b.String())
 	}
 	return out
-}()
+}
 
 // payloadBytes is the mean payload size, for the report.
 func payloadBytes() (lo, hi, mean int) {
@@ -79,8 +86,13 @@ type rawRow struct {
 	hash      []byte
 }
 
-func newRawRow(i int) rawRow {
-	p := payloads[i%len(payloads)]
+func newRawRow(i int) rawRow { return rawRowOf(i, payloads) }
+
+func newRawRows(start, n int) []rawRow { return rawRowsOf(start, n, payloads) }
+
+// rawRowOf is the i-th event with its payload from set.
+func rawRowOf(i int, set [][]byte) rawRow {
+	p := set[i%len(set)]
 	sum := sha256.Sum256(p)
 	return rawRow{
 		id: uuid.Must(uuid.NewV7()), namespace: benchNamespace, topic: benchTopic,
@@ -88,10 +100,10 @@ func newRawRow(i int) rawRow {
 	}
 }
 
-func newRawRows(start, n int) []rawRow {
+func rawRowsOf(start, n int, set [][]byte) []rawRow {
 	rows := make([]rawRow, n)
 	for i := range rows {
-		rows[i] = newRawRow(start + i)
+		rows[i] = rawRowOf(start+i, set)
 	}
 	return rows
 }
