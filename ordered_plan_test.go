@@ -234,6 +234,7 @@ func TestMySQLOrderedClaimPlan(t *testing.T) {
 		}
 		require.Equal(t, e.table+"_order_idx", head["key"], "the head check reads the order index")
 		require.Equal(t, "ref", head["type"])
+		require.Contains(t, head["Extra"], "Using index", "the head check reads the order index alone, not the rows")
 	}
 	locks := rec.matching("FORCE INDEX (PRIMARY) WHERE id IN")
 	require.Len(t, locks, 1)
