@@ -12,9 +12,10 @@ import (
 
 // Ordered claims on MySQL and MariaDB find a key's head through the order index
 // (namespace, order_key, created_at, id), where order_key is a virtual column holding the
-// partition key while the row is pending, processing or dead and NULL otherwise: the
-// stand-in for a partial index. The head check (mysqlHead) is one descent of it, which
-// reads the index alone:
+// partition key while a row with a key is pending, processing or dead, the empty string
+// (never a partition key) while a row without a key is pending or processing, and NULL
+// otherwise: the stand-in for two partial indexes. The head check (mysqlHead) is one
+// descent of it, which reads the index alone:
 //
 //	(`outbox_events`.partition_key IS NULL OR `outbox_events`.id = (
 //	    SELECT e.id FROM `outbox_events` e FORCE INDEX (`outbox_events_order_idx`)
@@ -50,11 +51,11 @@ func mysqlOrdered(t Table, p ClaimParams) string {
 }
 
 // mysqlHead renders the condition under which the row named outer may be claimed in order
-// (see orderedHead). An order-index entry with a key is a row that holds its key back:
-// order_key is not NULL only while the row is pending, processing or dead. So the default
-// check needs no status term and reads the order index alone, without a lookup of the
-// entry's row (about a tenth of the pages per check); with skipDead the status of the
-// key's first entries is read from their rows.
+// (see orderedHead). An order-index entry under a partition key is a row that holds its
+// key back: order_key is the row's partition key only while it is pending, processing or
+// dead. So the default check needs no status term and reads the order index alone, without
+// a lookup of the entry's row (about a tenth of the pages per check); with skipDead the
+// status of the key's first entries is read from their rows.
 func mysqlHead(t Table, outer string, skipDead bool) string {
 	return `(` + outer + `.partition_key IS NULL OR ` + outer + `.id = (SELECT e.id FROM ` + mysqlTable(t) + ` e FORCE INDEX (` +
 		quoteIdent(t.Index("order"), '`') + `) WHERE e.namespace = ` + outer + `.namespace AND e.order_key = ` + outer + `.partition_key` +
@@ -163,11 +164,11 @@ const mysqlVisitStep = 32
 // a step of mysqlVisitStep order-index entries per statement starting after the last key
 // of the step before, and looks up each key's first entry, its head; it stops once it has
 // 2n heads that are due. It adds the oldest 2n rows without a key beyond the window (past
-// edge), read from the order index's NULL part, locks those of all these that are not
-// among taken, checks again, under the locks, that each is still its key's head, and
-// returns the oldest n that are. It reads at most mysqlVisitStep index entries and a head
-// per key visited, and the entries past the edge without a key, however many rows wait
-// behind the heads.
+// edge), read from the order index's entries under the empty key, locks those of all these
+// that are not among taken, checks again, under the locks, that each is still its key's
+// head, and returns the oldest n that are. It reads at most mysqlVisitStep index entries
+// and a head per key visited, and the live rows without a key past the edge, however many
+// rows wait behind the heads.
 func mysqlHeadsByKey(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, n int, edge mysqlPosition, taken []Record) ([]Record, int64, error) {
 	tbl := mysqlTable(t)
 	order := tbl + ` e FORCE INDEX (` + quoteIdent(t.Index("order"), '`') + `)`
@@ -218,7 +219,7 @@ func mysqlHeadsByKey(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, n 
 
 	a = &args{}
 	unkeyed, err := queryIDs(ctx, tx, `SELECT e.id FROM `+order+
-		` WHERE e.namespace = `+a.add(p.Namespace)+` AND e.order_key IS NULL AND (e.created_at > `+mysqlFromMicros(a.add(edge.at))+
+		` WHERE e.namespace = `+a.add(p.Namespace)+` AND e.order_key = '' AND (e.created_at > `+mysqlFromMicros(a.add(edge.at))+
 		` OR (e.created_at = `+mysqlFromMicros(a.add(edge.at))+` AND e.id > `+a.add(uuidBytes(edge.id))+`))`+
 		` AND e.status = 'pending' AND e.next_attempt_at <= UTC_TIMESTAMP(6) AND e.partition_key IS NULL AND e.attempts < `+a.add(p.MaxAttempts)+
 		scopeSQL(a, p.Scope, "e.", uuidBytes)+` ORDER BY e.created_at, e.id LIMIT `+a.add(2*n), a.vals...)
