@@ -26,10 +26,12 @@ import (
 // COMMITTED writes cannot be logged as statements; do not set clientFoundRows=true in the
 // DSN, which would make a duplicate dedupe key look enqueued; interpolateParams=true saves
 // a round trip per statement.
-func MySQL() Dialect { return mysqlDialect{} }
+func MySQL() Dialect { return mysqlDialect{visits: &mysqlVisits{}} }
 
-// mysqlDialect is stateless: statements depend on the batch size, so they are rendered per
-// call, and the parts that never change are package constants.
+// mysqlDialect renders its statements per call (they depend on the batch size), and the
+// parts that never change are package constants. Its one state is where the ordered
+// claims' key visits stopped (mysqlVisits), a hint shared by the stores that use the value
+// MySQL returned.
 //
 // # Claim
 //
@@ -141,7 +143,9 @@ func MySQL() Dialect { return mysqlDialect{} }
 // statements. Do not set clientFoundRows=true in the DSN: it makes a skipped dedupe key
 // count as one affected row, like a reserved one, so Insert would report a duplicate as
 // enqueued.
-type mysqlDialect struct{}
+type mysqlDialect struct {
+	visits *mysqlVisits // nil: every key visit starts at the first key
+}
 
 func (mysqlDialect) Name() string { return "mysql" }
 
@@ -438,7 +442,7 @@ func (d mysqlDialect) Claim(ctx context.Context, db *sql.DB, t Table, p ClaimPar
 }
 
 // claim runs one claim transaction.
-func (mysqlDialect) claim(ctx context.Context, db *sql.DB, t Table, p ClaimParams) ([]Record, error) {
+func (d mysqlDialect) claim(ctx context.Context, db *sql.DB, t Table, p ClaimParams) ([]Record, error) {
 	tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
 		return nil, err
@@ -463,7 +467,7 @@ func (mysqlDialect) claim(ctx context.Context, db *sql.DB, t Table, p ClaimParam
 			now2 int64
 		)
 		if p.Ordered {
-			more, now2, err = mysqlClaimHeads(ctx, tx, t, p, p.Limit-len(recs))
+			more, now2, err = mysqlClaimHeads(ctx, tx, t, p, p.Limit-len(recs), d.visits)
 		} else {
 			a := &args{}
 			more, now2, err = mysqlLockRecords(ctx, tx, `SELECT `+mysqlClaimColumns+

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/google/uuid"
 )
@@ -33,7 +34,8 @@ import (
 // the same plain read as for an unordered claim, with the head check added, and locked the
 // same way. With a namespace, the plain read of pending rows is bounded to a window
 // (mysqlWindow), and the heads beyond it are found by visiting the keys (mysqlHeadsByKey),
-// whose heads are checked again after locking.
+// whose heads are checked again after locking. The visits take the keys in turn: each
+// starts after the last key the one before it dealt with (mysqlVisits).
 //
 // Why two claimers never hold two rows of one key: the plain read is one snapshot, and a
 // row stops holding its key back only by becoming delivered (terminal) or being deleted.
@@ -77,7 +79,7 @@ func mysqlSkipDead(skipDead bool) string {
 // pending rows in scope (mysqlWindow), then, when that locked fewer than n rows and there
 // are pending rows beyond the window, a visit of the keys (mysqlHeadsByKey). Without a
 // namespace the walk has no bound.
-func mysqlClaimHeads(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, n int) ([]Record, int64, error) {
+func mysqlClaimHeads(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, n int, visits *mysqlVisits) ([]Record, int64, error) {
 	if p.Namespace == "" {
 		// Twice n: concurrent claimers read the same heads and skip each other's locks, so
 		// a margin keeps their batches full.
@@ -95,7 +97,7 @@ func mysqlClaimHeads(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, n 
 	if err != nil || len(recs) == n || !beyond {
 		return recs, now, err
 	}
-	more, now2, err := mysqlHeadsByKey(ctx, tx, t, p, n-len(recs), edge, recs)
+	more, now2, err := mysqlHeadsByKey(ctx, tx, t, p, n-len(recs), edge, recs, visits)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -161,15 +163,16 @@ type mysqlPosition struct {
 const mysqlVisitStep = 32
 
 // mysqlHeadsByKey is the key visit. It goes through the keys of p.Namespace in key order,
-// a step of mysqlVisitStep order-index entries per statement starting after the last key
-// of the step before, and looks up each key's first entry, its head; it stops once it has
-// 2n heads that are due. It adds the oldest 2n rows without a key beyond the window (past
-// edge), read from the order index's entries under the empty key, locks those of all these
-// that are not among taken, checks again, under the locks, that each is still its key's
-// head, and returns the oldest n that are. It reads at most mysqlVisitStep index entries
-// and a head per key visited, and the live rows without a key past the edge, however many
-// rows wait behind the heads.
-func mysqlHeadsByKey(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, n int, edge mysqlPosition, taken []Record) ([]Record, int64, error) {
+// from where the visit before it stopped (visits) to the last key and round from the
+// first, a step of mysqlVisitStep order-index entries per statement starting after the
+// last key of the step before, and looks up each key's first entry, its head; it stops
+// once it has somewhat more than n heads that are due. It adds as many of the oldest rows
+// without a key beyond the window (past edge), read from the order index's entries under
+// the empty key, locks those of all these that are not among taken, checks again, under
+// the locks, that each is still its key's head, and returns the oldest n that are. It
+// reads at most mysqlVisitStep index entries and a head per key visited, and the live
+// rows without a key past the edge, however many rows wait behind the heads.
+func mysqlHeadsByKey(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, n int, edge mysqlPosition, taken []Record, visits *mysqlVisits) ([]Record, int64, error) {
 	tbl := mysqlTable(t)
 	order := tbl + ` e FORCE INDEX (` + quoteIdent(t.Index("order"), '`') + `)`
 	// One statement per step, with the last key of the step before it bound: neither
@@ -189,15 +192,26 @@ func mysqlHeadsByKey(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, n 
 		return nil, 0, err
 	}
 	defer next.Close()
-	var keyed []uuid.UUID // due heads, in key order
+	// want leaves a margin for the heads concurrent claimers lock first.
+	want := n + n/4 + 1
+	cursor := mysqlVisitAt{t.Name(), p.Namespace}
+	start := visits.load(cursor)
+	type visited struct {
+		key  string
+		head uuid.UUID // uuid.Nil when the key's head is not due or in flight
+	}
+	var (
+		seen  []visited   // in visit order
+		keyed []uuid.UUID // due heads, in visit order
+	)
 	// Partition keys are never empty (an empty key is no key), so every key sorts after "".
-	for after := any(""); after != nil && len(keyed) < 2*n; {
+	for after, wrapped := start, false; len(keyed) < want; {
 		rows, err := next.QueryContext(ctx, append(slices.Clone(a.vals), after)...)
 		if err != nil {
 			return nil, 0, err
 		}
-		after = nil
-		for rows.Next() {
+		last, round := "", false
+		for rows.Next() && len(keyed) < want {
 			var (
 				pk []byte
 				id uuid.NullUUID
@@ -206,15 +220,31 @@ func mysqlHeadsByKey(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, n 
 				rows.Close()
 				return nil, 0, err
 			}
+			if wrapped && string(pk) > start {
+				round = true // back where the visit started
+				break
+			}
+			seen = append(seen, visited{string(pk), id.UUID})
 			if id.Valid {
 				keyed = append(keyed, id.UUID)
 			}
-			after = pk
+			last = string(pk)
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
 			return nil, 0, err
 		}
+		if round || wrapped && last == start {
+			break
+		}
+		if last == "" {
+			// Past the last key: go round, unless the visit started at the first key.
+			if wrapped || start == "" {
+				break
+			}
+			last, wrapped = "", true
+		}
+		after = last
 	}
 
 	a = &args{}
@@ -222,7 +252,7 @@ func mysqlHeadsByKey(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, n 
 		` WHERE e.namespace = `+a.add(p.Namespace)+` AND e.order_key = '' AND (e.created_at > `+mysqlFromMicros(a.add(edge.at))+
 		` OR (e.created_at = `+mysqlFromMicros(a.add(edge.at))+` AND e.id > `+a.add(uuidBytes(edge.id))+`))`+
 		` AND e.status = 'pending' AND e.next_attempt_at <= UTC_TIMESTAMP(6) AND e.partition_key IS NULL AND e.attempts < `+a.add(p.MaxAttempts)+
-		scopeSQL(a, p.Scope, "e.", uuidBytes)+` ORDER BY e.created_at, e.id LIMIT `+a.add(2*n), a.vals...)
+		scopeSQL(a, p.Scope, "e.", uuidBytes)+` ORDER BY e.created_at, e.id LIMIT `+a.add(want), a.vals...)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -238,25 +268,52 @@ func mysqlHeadsByKey(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, n 
 		}
 	}
 	recs, now, err := mysqlLock(ctx, tx, t, p, mysqlDue, ids, 0)
-	if err != nil || len(recs) == 0 {
-		return nil, 0, err
-	}
-	// The heads were found in the snapshot of the visit; check them again in a snapshot
-	// taken after they were locked. A row that is still its key's head then stays so until
-	// this claim commits: the rows before it are gone for good, and no one else can take it.
-	a = &args{}
-	heads, err := queryIDs(ctx, tx, `SELECT id FROM `+tbl+` FORCE INDEX (PRIMARY) WHERE id IN `+
-		a.list(len(recs), func(i int) any { return uuidBytes(recs[i].ID) })+mysqlOrdered(t, p), a.vals...)
 	if err != nil {
 		return nil, 0, err
+	}
+	if recs, err = mysqlStillHeads(ctx, tx, t, p, recs); err != nil {
+		return nil, 0, err
+	}
+	sortClaimOrder(recs)
+	recs = recs[:min(n, len(recs))]
+	// The next visit starts after the keys this one has dealt with: those without a due
+	// head and those whose head it takes, up to the first key whose head it leaves, which
+	// the next visit considers again. Keys are taken in turn, and none is passed over.
+	got := make(map[uuid.UUID]bool, len(recs))
+	for _, r := range recs {
+		got[r.ID] = true
+	}
+	resume := start
+	for _, v := range seen {
+		if v.head != uuid.Nil && !got[v.head] {
+			break
+		}
+		resume = v.key
+	}
+	visits.store(cursor, resume)
+	return recs, now, nil
+}
+
+// mysqlStillHeads returns the records of recs, rows this claim has locked, that are still
+// their key's head. The key visit found them in snapshots taken before they were locked;
+// the check runs in a snapshot taken after. A row that is still its key's head then stays
+// so until the claim commits: the rows before it are gone for good, and no one else can
+// take it.
+func mysqlStillHeads(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, recs []Record) ([]Record, error) {
+	if len(recs) == 0 {
+		return nil, nil
+	}
+	a := &args{}
+	heads, err := queryIDs(ctx, tx, `SELECT id FROM `+mysqlTable(t)+` FORCE INDEX (PRIMARY) WHERE id IN `+
+		a.list(len(recs), func(i int) any { return uuidBytes(recs[i].ID) })+mysqlOrdered(t, p), a.vals...)
+	if err != nil {
+		return nil, err
 	}
 	still := make(map[uuid.UUID]bool, len(heads))
 	for _, id := range heads {
 		still[id] = true
 	}
-	recs = slices.DeleteFunc(recs, func(r Record) bool { return !still[r.ID] })
-	sortClaimOrder(recs)
-	return recs[:min(n, len(recs))], now, nil
+	return slices.DeleteFunc(recs, func(r Record) bool { return !still[r.ID] }), nil
 }
 
 // BlockedKeys implements [OrderedClaimer].
@@ -274,4 +331,45 @@ func sortClaimOrder(recs []Record) {
 		}
 		return strings.Compare(string(x.ID[:]), string(y.ID[:]))
 	})
+}
+
+// mysqlVisits remembers, per table and namespace, the key after which the next key visit
+// of an ordered claim starts: the last of the keys the visit before it dealt with, in
+// turn, those without a due head and those whose head it took. A key whose head a visit
+// found but left (it had older candidates) is the next visit's first, so that the keys are
+// taken in turn and none is passed over. It is a hint, not a guarantee: a visit that
+// starts anywhere goes round all the keys before it gives up, and the heads it finds are
+// checked under their locks. Concurrent visits from one starting key find the same heads
+// and skip each other's locks.
+type mysqlVisits struct {
+	mu sync.Mutex
+	at map[mysqlVisitAt]string
+}
+
+// mysqlVisitAt names the keys a visit goes through: a table's name and a namespace.
+type mysqlVisitAt struct{ table, namespace string }
+
+// mysqlMaxVisits bounds how many table and namespace pairs mysqlVisits remembers; past it,
+// it forgets them all (and the next visits start at the first key).
+const mysqlMaxVisits = 1024
+
+func (v *mysqlVisits) load(at mysqlVisitAt) string {
+	if v == nil {
+		return ""
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.at[at]
+}
+
+func (v *mysqlVisits) store(at mysqlVisitAt, key string) {
+	if v == nil {
+		return
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if _, ok := v.at[at]; !ok && len(v.at) >= mysqlMaxVisits || v.at == nil {
+		v.at = make(map[mysqlVisitAt]string)
+	}
+	v.at[at] = key
 }
