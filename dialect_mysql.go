@@ -26,10 +26,12 @@ import (
 // COMMITTED writes cannot be logged as statements; do not set clientFoundRows=true in the
 // DSN, which would make a duplicate dedupe key look enqueued; interpolateParams=true saves
 // a round trip per statement.
-func MySQL() Dialect { return mysqlDialect{} }
+func MySQL() Dialect { return mysqlDialect{visits: &mysqlVisits{}} }
 
-// mysqlDialect is stateless: statements depend on the batch size, so they are rendered per
-// call, and the parts that never change are package constants.
+// mysqlDialect renders its statements per call (they depend on the batch size), and the
+// parts that never change are package constants. Its one state is where the ordered
+// claims' key visits stopped (mysqlVisits), a hint shared by the stores that use the value
+// MySQL returned.
 //
 // # Claim
 //
@@ -141,7 +143,9 @@ func MySQL() Dialect { return mysqlDialect{} }
 // statements. Do not set clientFoundRows=true in the DSN: it makes a skipped dedupe key
 // count as one affected row, like a reserved one, so Insert would report a duplicate as
 // enqueued.
-type mysqlDialect struct{}
+type mysqlDialect struct {
+	visits *mysqlVisits // nil: every key visit starts at the first key
+}
 
 func (mysqlDialect) Name() string { return "mysql" }
 
@@ -479,7 +483,7 @@ func (d mysqlDialect) claim(ctx context.Context, db *sql.DB, t Table, outcomes [
 			now2 int64
 		)
 		if p.Ordered {
-			more, now2, err = mysqlClaimHeads(ctx, tx, t, p, p.Limit-len(recs))
+			more, now2, err = mysqlClaimHeads(ctx, tx, t, p, p.Limit-len(recs), d.visits)
 		} else {
 			a := &args{}
 			more, now2, err = mysqlLockRecords(ctx, tx, `SELECT `+mysqlClaimColumns+
@@ -548,30 +552,39 @@ func (d mysqlDialect) claim(ctx context.Context, db *sql.DB, t Table, outcomes [
 // primary key, the opposite order of the acks that settle them (primary key, then index
 // entry), and deadlock with them; usually there is nothing expired and no lock at all.
 func mysqlReclaim(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams) ([]Record, int64, error) {
-	return mysqlFindThenLock(ctx, tx, t, p, mysqlExpired, p.Limit, nil)
+	return mysqlFindThenLock(ctx, tx, t, p, mysqlExpired, p.Limit)
 }
 
 // mysqlFindThenLock finds up to limit rows in scope matching pred (one of mysqlExpired and
-// mysqlDue) with a plain read of the claim index in claim order, then locks those that
-// still match by primary key, FOR UPDATE SKIP LOCKED, and returns them with the clock.
-// bound, when not nil, renders one more term of the plain read.
-func mysqlFindThenLock(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, pred string, limit int, bound func(a *args) string) ([]Record, int64, error) {
+// mysqlDue) with a plain read of the claim index in claim order (mysqlFind), then locks
+// those that still match by primary key, FOR UPDATE SKIP LOCKED, and returns them with the
+// clock.
+func mysqlFindThenLock(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, pred string, limit int) ([]Record, int64, error) {
+	ids, err := mysqlFind(ctx, tx, t, p, pred, limit, nil)
+	if err != nil {
+		return nil, 0, err
+	}
+	return mysqlLock(ctx, tx, t, p, pred, ids, 0)
+}
+
+// mysqlFind returns the ids of up to limit rows in scope matching pred, in claim order,
+// read from the claim index without locking. bound, when not nil, renders one more term of
+// the read.
+func mysqlFind(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, pred string, limit int, bound func(a *args) string) ([]uuid.UUID, error) {
 	a := &args{}
 	where := pred + ` AND attempts < ` + a.add(p.MaxAttempts) + scopeSQL(a, p.Scope, "", uuidBytes) + mysqlOrdered(t, p)
 	if bound != nil {
 		where += bound(a)
 	}
-	ids, err := queryIDs(ctx, tx, `SELECT id FROM `+mysqlTable(t)+` FORCE INDEX (`+quoteIdent(t.Index("claim"), '`')+`)`+
+	return queryIDs(ctx, tx, `SELECT id FROM `+mysqlTable(t)+` FORCE INDEX (`+quoteIdent(t.Index("claim"), '`')+`)`+
 		` WHERE `+where+` ORDER BY created_at, id LIMIT `+a.add(limit), a.vals...)
-	if err != nil {
-		return nil, 0, err
-	}
-	return mysqlLock(ctx, tx, t, p, pred, ids)
 }
 
 // mysqlLock locks the rows of ids that still match pred by primary key, FOR UPDATE SKIP
-// LOCKED, and returns them with the clock.
-func mysqlLock(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, pred string, ids []uuid.UUID) ([]Record, int64, error) {
+// LOCKED, and returns them with the clock. With limit > 0 it locks at most limit of them,
+// the first by id: the read goes through the primary key in id order and stops there, so
+// it locks no more.
+func mysqlLock(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, pred string, ids []uuid.UUID, limit int) ([]Record, int64, error) {
 	if len(ids) == 0 {
 		return nil, 0, nil
 	}
@@ -582,7 +595,11 @@ func mysqlLock(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, pred str
 		` FORCE INDEX (PRIMARY) WHERE id IN ` + a.list(len(ids), func(i int) any { return uuidBytes(ids[i]) }))
 	// The predicate again: the plain read saw the last committed state, the locking read
 	// sees the current one.
-	b.WriteString(` AND ` + pred + ` AND attempts < ` + a.add(p.MaxAttempts) + ` FOR UPDATE SKIP LOCKED`)
+	b.WriteString(` AND ` + pred + ` AND attempts < ` + a.add(p.MaxAttempts))
+	if limit > 0 && limit < len(ids) {
+		b.WriteString(` ORDER BY id LIMIT ` + a.add(limit))
+	}
+	b.WriteString(` FOR UPDATE SKIP LOCKED`)
 	return mysqlLockRecords(ctx, tx, b.String(), a.vals)
 }
 

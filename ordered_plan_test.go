@@ -234,6 +234,7 @@ func TestMySQLOrderedClaimPlan(t *testing.T) {
 		}
 		require.Equal(t, e.table+"_order_idx", head["key"], "the head check reads the order index")
 		require.Equal(t, "ref", head["type"])
+		require.Contains(t, head["Extra"], "Using index", "the head check reads the order index alone, not the rows")
 	}
 	locks := rec.matching("FORCE INDEX (PRIMARY) WHERE id IN")
 	require.Len(t, locks, 1)
@@ -352,4 +353,56 @@ func TestMySQLOrderedClaimBounded(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, recs, 1)
 	require.Equal(t, heads[keys-1].PartitionKey, recs[0].PartitionKey)
+}
+
+// On MariaDB, the ordered claims' key visits take the keys in turn: each starts after the
+// last key the visit before it dealt with and goes round from the first key at the end.
+// Behind a key whose head is in flight and whose rows fill the walk's window, twenty keys
+// of five rows each: claims of one row take the next key each time, not the first keys
+// again whenever their next row is due after an ack, nor every other key; and every row is
+// claimed, none left behind the visit's starting point.
+func TestMySQLOrderedVisitGoesRound(t *testing.T) {
+	t.Parallel()
+	const (
+		keys   = 20
+		perKey = 5
+	)
+	e := setupMySQL(t, "")
+	hot := make([]outbox.Message, 300)
+	for i := range hot {
+		hot[i] = outbox.Message{Namespace: "orders", Topic: "order.changed", PartitionKey: "a-hot", Payload: json.RawMessage(`{}`)}
+	}
+	_, err := e.store.EnqueueStandalone(e.ctx, hot...)
+	require.NoError(t, err)
+	var msgs []outbox.Message
+	for k := range keys {
+		for seq := range perKey {
+			msgs = append(msgs, outbox.Message{Namespace: "orders", Topic: "order.changed",
+				PartitionKey: fmt.Sprintf("k%02d", k), Payload: json.RawMessage(fmt.Sprintf(`{"seq":%d}`, seq))})
+		}
+	}
+	_, err = e.store.EnqueueStandalone(e.ctx, msgs...)
+	require.NoError(t, err)
+	head, err := e.store.Claim(e.ctx, orderedClaimOpts(1))
+	require.NoError(t, err)
+	require.Len(t, head, 1)
+	require.Equal(t, "a-hot", head[0].PartitionKey, "the hot key's head stays in flight")
+
+	seen := map[string]int{}
+	for i := range keys * perKey {
+		recs, err := e.store.Claim(e.ctx, orderedClaimOpts(1))
+		require.NoError(t, err)
+		require.Len(t, recs, 1, "claim %d of %d: a due head is left", i+1, keys*perKey)
+		seen[recs[0].PartitionKey]++
+		if i < keys*3/4 {
+			require.Len(t, seen, i+1, "each of the first claims takes the next key, not the first keys again nor every other key: %v", seen)
+		}
+		require.NoError(t, e.store.Ack(e.ctx, recs[0].Lease()))
+	}
+	for k := range keys {
+		require.Equal(t, perKey, seen[fmt.Sprintf("k%02d", k)])
+	}
+	recs, err := e.store.Claim(e.ctx, orderedClaimOpts(1))
+	require.NoError(t, err)
+	require.Empty(t, recs)
 }

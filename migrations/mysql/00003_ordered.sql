@@ -2,18 +2,21 @@
 -- claim checks, for each candidate row with a partition key, that it is the first row of its
 -- namespace and key that is pending, processing or dead: one descent of this index.
 --
--- MySQL and MariaDB have no partial indexes. order_key, a virtual column, stands in for one:
--- it is the partition key while the row is pending, processing or dead and NULL otherwise,
--- so a lookup by (namespace, order_key) meets only the rows that hold a key back, never the
--- delivered ones however many are retained. The column is computed, not stored; the index
--- costs every enqueued row one more entry (rows without a key too, under a NULL key), and
--- an ack of a row with a key moves its entry to NULL.
+-- MySQL and MariaDB have no partial indexes. order_key, a virtual column, stands in for two:
+-- it is the partition key while a row with a key is pending, processing or dead, '' (never
+-- a partition key) while a row without a key is pending or processing, and NULL otherwise.
+-- So a lookup by (namespace, order_key) meets only the rows that hold a key back, and one
+-- by (namespace, '') only the live rows without a key, which an ordered claim that visits
+-- the keys reads in claim order; neither meets the delivered rows, however many are
+-- retained. The column is computed, not stored; the index costs every enqueued row one more
+-- entry, and a delivered row's entry moves to NULL.
 
 -- +goose Up
 -- +goose ENVSUB ON
 ALTER TABLE `${OUTBOX_TABLE:-outbox_events}`
     ADD COLUMN order_key VARBINARY(255)
-        AS (CASE WHEN status IN ('pending', 'processing', 'dead') THEN partition_key END) VIRTUAL,
+        AS (CASE WHEN partition_key IS NULL THEN CASE WHEN status IN ('pending', 'processing') THEN '' END
+                 WHEN status IN ('pending', 'processing', 'dead') THEN partition_key END) VIRTUAL,
     ADD KEY `${OUTBOX_TABLE:-outbox_events}_order_idx` (namespace, order_key, created_at, id);
 
 -- +goose Down
