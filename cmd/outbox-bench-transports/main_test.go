@@ -21,7 +21,10 @@ func TestMain(m *testing.M) {
 func TestRunReportsEveryMetric(t *testing.T) {
 	testdb.Postgres(t) // fails or skips, as configured, when PostgreSQL is down
 	cfg := config{
-		N: 400, Batch: 50, Workers: 2, Rounds: 1, PgDSN: testdb.PostgresDSN(),
+		// Enough rows that neither side of a race drains its namespace before the other has
+		// published a batch: with 400 (eight batches a side, a pipelined publisher taking two
+		// per loop at once) one side once finished first and the ratio came out 0.
+		N: 2000, Batch: 50, Workers: 2, Rounds: 1, PgDSN: testdb.PostgresDSN(),
 		NatsURL:    testdb.Service(t, "nats", "OUTBOX_NATS_URL", "nats://127.0.0.1:4222"),
 		RedisAddr:  testdb.Service(t, "redis", "OUTBOX_REDIS_ADDR", "127.0.0.1:6379"),
 		AMQPURL:    testdb.Service(t, "rabbitmq", "OUTBOX_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
