@@ -410,21 +410,7 @@ func (r *pgRaw) leaseOf(id any, token uuid.UUID) outbox.Lease {
 }
 
 func (b *pgBackend) dropIndex(ctx context.Context, table, index string) error {
-	var names []string
-	switch index {
-	case "dedupe", "retention":
-		names = []string{table + "_" + index + "_idx"}
-	case "order":
-		names = []string{table + "_order_idx", table + "_unkeyed_idx"}
-	default:
-		return fmt.Errorf("unknown index %q", index)
-	}
-	for _, n := range names {
-		if _, err := b.db.ExecContext(ctx, `DROP INDEX "`+n+`"`); err != nil {
-			return err
-		}
-	}
-	return nil
+	return dropPartialIndexes(ctx, b.db, table, index)
 }
 
 // createLean creates the lean table: nine columns and the claim index. available_at is both

@@ -273,3 +273,23 @@ func (r *tableCostResult) metrics(add func(string, float64)) {
 		add("table_"+v.Name+"_batch_enqueue_vs_ours", v.BatchVsOurs)
 	}
 }
+
+// dropPartialIndexes drops one of the outbox table's secondary indexes where they are partial
+// (PostgreSQL and SQLite share their names): "order" is the order index and the unkeyed one.
+func dropPartialIndexes(ctx context.Context, db *sql.DB, table, index string) error {
+	var names []string
+	switch index {
+	case "dedupe", "retention":
+		names = []string{table + "_" + index + "_idx"}
+	case "order":
+		names = []string{table + "_order_idx", table + "_unkeyed_idx"}
+	default:
+		return fmt.Errorf("unknown index %q", index)
+	}
+	for _, n := range names {
+		if _, err := db.ExecContext(ctx, `DROP INDEX "`+n+`"`); err != nil {
+			return err
+		}
+	}
+	return nil
+}
