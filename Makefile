@@ -25,11 +25,11 @@ demo: ## Run the demo: an order service and a publisher on embedded SQLite
 
 .PHONY: test
 test: ## Run every test of every module on every backend and broker (all required; see README)
-	@$(call each,$(GO) test -count=1 ./...)
+	@$(call each,$(GO) test -count=1 -timeout 30m ./...)
 
 .PHONY: test-race
 test-race: ## Run every test with the race detector
-	@$(call each,$(GO) test -race -count=1 ./...)
+	@$(call each,$(GO) test -race -count=1 -timeout 30m ./...)
 
 .PHONY: bench
 bench: ## Full benchmarks against raw SQL on every backend (writes BENCHMARKS data)
