@@ -593,10 +593,7 @@ func (r *run) claimLoop(w waker) {
 				if r.work.Err() != nil {
 					return
 				}
-				p.errs.Add(1)
-				p.log.Error("outbox publisher: claim failed", "err", err, "retry_in", errDelay)
-				sleep(r.ctx, errDelay)
-				errDelay = min(errDelay*2, p.opts.IdleBackoffMax)
+				r.claimFailed(err, &errDelay)
 				continue
 			}
 			errDelay = p.opts.PollInterval
@@ -629,11 +626,7 @@ func (r *run) claimLoop(w waker) {
 		if out == nil {
 			return // the shutdown deadline passed: the rows keep their lease
 		}
-		switch {
-		case aheadErr != nil && r.work.Err() == nil:
-			p.errs.Add(1)
-			p.log.Error("outbox publisher: claim failed", "err", aheadErr, "retry_in", errDelay)
-		case len(ahead) > 0:
+		if len(ahead) > 0 {
 			p.claimed.Add(int64(len(ahead)))
 		}
 		prev = out
@@ -648,14 +641,22 @@ func (r *run) claimLoop(w waker) {
 			if !full {
 				pause(p.opts.PollInterval)
 			}
+		case aheadErr != nil && r.work.Err() == nil:
+			r.claimFailed(aheadErr, &errDelay) // prev is recorded with the next claim
 		case !fold && cur == nil:
 			r.settle(prev, false) // nothing to record it with
 			prev = nil
-		case aheadErr != nil:
-			sleep(r.ctx, errDelay)
-			errDelay = min(errDelay*2, p.opts.IdleBackoffMax)
 		}
 	}
+}
+
+// claimFailed counts and logs a failed claim, waits *delay, and doubles it up to
+// IdleBackoffMax.
+func (r *run) claimFailed(err error, delay *time.Duration) {
+	r.p.errs.Add(1)
+	r.p.log.Error("outbox publisher: claim failed", "err", err, "retry_in", *delay)
+	sleep(r.ctx, *delay)
+	*delay = min(*delay*2, r.p.opts.IdleBackoffMax)
 }
 
 // next records the outcomes of *prev, if any, and claims the next batch: in one
