@@ -460,14 +460,17 @@ func (d *postgresDialect) Get(ctx context.Context, q DBTX, t Table, id uuid.UUID
 //	c AS MATERIALIZED (SELECT id FROM "outbox_events" WHERE (Claim's predicate)
 //	    ORDER BY created_at, id LIMIT $n FOR UPDATE SKIP LOCKED),
 //	l AS (UPDATE ... (Claim's lease) ... WHERE t.id = ANY(ARRAY(SELECT id FROM c)) RETURNING (claimColumns))
-//	SELECT * FROM l UNION ALL SELECT s.id, '', '', NULL, ..., 0 AS attempts, ... FROM s
+//	SELECT * FROM l UNION ALL SELECT x.id, '', '', NULL, ..., 0 AS attempts, ...
+//	    FROM (SELECT unnest($1::uuid[]) EXCEPT SELECT id FROM s) AS x(id)
 //
 // The claim keeps the settled ids out: both CTEs read the snapshot from before the
 // statement, where a settled row whose lease just expired is still claimable, and a
-// statement must not update a row twice. The settled ids come back as rows with attempts
-// 0, which no claimed row has (a claim counts its attempt). An ordered claim must see the
-// keys the outcomes release, which a statement's snapshot cannot, so it runs after
-// Complete in one transaction instead.
+// statement must not update a row twice. The ids of outcomes that were not applied (their
+// lease was lost) come back as rows with attempts 0, which no claimed row has (a claim
+// counts its attempt); usually there are none, so the statement returns only the claimed
+// rows (returning every settled id instead cost a scan of a batch of rows more per call).
+// An ordered claim must see the keys the outcomes release, which a statement's snapshot
+// cannot, so it runs after Complete in one transaction instead.
 func (d *postgresDialect) CompleteAndClaim(ctx context.Context, db *sql.DB, t Table, outcomes []Outcome, p ClaimParams) ([]uuid.UUID, []Record, error) {
 	if p.Ordered {
 		return pgCompleteThenClaimOrdered(ctx, d, db, t, outcomes, p)
@@ -478,7 +481,7 @@ func (d *postgresDialect) CompleteAndClaim(ctx context.Context, db *sql.DB, t Ta
 	var b strings.Builder
 	b.WriteString(`WITH s AS (` + settle + `), c AS MATERIALIZED (SELECT id FROM ` + tbl + ` WHERE ` + pgEligible(a, p) + pgOrdered(tbl, p) +
 		` AND NOT (id = ANY($1::uuid[])) ORDER BY created_at, id LIMIT ` + a.add(p.Limit) + `::bigint FOR UPDATE SKIP LOCKED),`)
-	b.WriteString(` l AS (` + pgLeaseUpdate(tbl, a, p) + `) SELECT * FROM l UNION ALL SELECT s.id`)
+	b.WriteString(` l AS (` + pgLeaseUpdate(tbl, a, p) + `) SELECT * FROM l UNION ALL SELECT x.id`)
 	for _, c := range claimColumns[1:] {
 		switch c {
 		case "namespace", "topic":
@@ -489,22 +492,23 @@ func (d *postgresDialect) CompleteAndClaim(ctx context.Context, db *sql.DB, t Ta
 			b.WriteString(`, NULL`)
 		}
 	}
-	b.WriteString(` FROM s`)
+	// $1 is the outcomes' ids in both of settle's statements.
+	b.WriteString(` FROM (SELECT unnest($1::uuid[]) EXCEPT SELECT id FROM s) AS x(id)`)
 	rows, err := queryAll(ctx, db, b.String(), a.vals, scanClaimed)
 	if err != nil {
 		return nil, nil, err
 	}
-	var settled []uuid.UUID
+	var lost []uuid.UUID
 	recs := rows[:0]
 	for _, r := range rows {
 		if r.Attempts == 0 {
-			settled = append(settled, r.ID)
+			lost = append(lost, r.ID)
 		} else {
 			recs = append(recs, r)
 		}
 	}
 	stampClaimed(recs, p)
-	return missing(leasesOf(outcomes), settled), recs, nil
+	return lost, recs, nil
 }
 
 // pgCompleteThenClaimOrdered settles and then claims in order in one transaction: one
