@@ -68,7 +68,11 @@ func MySQL() Dialect { return mysqlDialect{visits: &mysqlVisits{}} }
 //
 // Expired leases are reclaimed before pending rows are taken, each set in (created_at, id)
 // order. Each read is an equality on the first column of the claim index (status,
-// created_at, id), so it walks the index in claim order: a predicate spanning both status
+// created_at, id, locked_until), so it walks the index in claim order; the search for
+// expired leases tests locked_until on the index entries (index condition pushdown) and
+// reads from the table only the rows whose lease ran out, none in the usual case, where
+// testing it on each row in flight read every one of them at every claim (1,803 pages for
+// 600 rows in flight, against 3, on MariaDB 10.11): a predicate spanning both status
 // values could not, and the server would sort, and lock, the whole pending set, and two
 // claimers would deadlock over it. FORCE INDEX keeps the walk whatever the optimizer
 // thinks of a small or skewed table. SKIP LOCKED lets concurrent claimers pass over each
