@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -104,6 +105,17 @@ func claimAck(ctx context.Context, r relay, db *sql.DB, limit int, worker string
 	if err != nil || len(c.ids) == 0 {
 		return 0, err
 	}
+	return len(c.ids), r.ack(ctx, db, c.ids)
+}
+
+// claimPublishAck is claimAck with a publish that takes publish between the claim and the
+// ack, as a hand-written relay's call to its broker.
+func claimPublishAck(ctx context.Context, r relay, db *sql.DB, limit int, worker string, publish time.Duration) (int, error) {
+	c, err := r.claim(ctx, db, limit, worker)
+	if err != nil || len(c.ids) == 0 {
+		return 0, err
+	}
+	time.Sleep(publish)
 	return len(c.ids), r.ack(ctx, db, c.ids)
 }
 

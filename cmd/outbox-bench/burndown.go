@@ -106,6 +106,9 @@ type drainSpec struct {
 	// relay, when set, is the table's SQL for the preload and the raw loop: a table of
 	// another shape than the library's. Only kind "raw" drains such a table.
 	relay relay
+	// publish is how long publishing one batch takes (a broker's round trip): the
+	// library's transport and the raw loop, between its claim and its ack, wait that long.
+	publish time.Duration
 }
 
 // drain is burn with the rows and the table's SQL of s.
@@ -145,14 +148,19 @@ func drain(ctx context.Context, b backend, s drainSpec) (burnRun, error) {
 	timeout := time.Duration(max(120, n/200)) * time.Second
 	var elapsed time.Duration
 	if kind == "library" {
-		elapsed, run.Stats, err = burnLibrary(ctx, b, db, table, n, batch, workers, timeout, false)
+		elapsed, run.Stats, err = burnPublisher(ctx, b, db, table, n, batch, workers, timeout, false, s.publish)
 	} else {
 		var step func(ctx context.Context, worker string) (int, error)
-		if s.relay != nil {
+		switch {
+		case s.relay != nil:
 			step = func(ctx context.Context, worker string) (int, error) {
 				return claimAck(ctx, s.relay, db, batch, worker)
 			}
-		} else {
+		case s.publish > 0 && kind == kindRaw:
+			step = func(ctx context.Context, worker string) (int, error) {
+				return claimPublishAck(ctx, r, db, batch, worker, s.publish)
+			}
+		default:
 			step, err = stepFor(kind, b, db, table, batch)
 		}
 		if err == nil {
@@ -182,6 +190,11 @@ func drain(ctx context.Context, b backend, s drainSpec) (burnRun, error) {
 // burnLibrary drains n rows of table with a Publisher, in order per partition key when
 // ordered is set.
 func burnLibrary(ctx context.Context, b backend, db *sql.DB, table string, n, batch, workers int, timeout time.Duration, ordered bool) (time.Duration, *outbox.PublisherStats, error) {
+	return burnPublisher(ctx, b, db, table, n, batch, workers, timeout, ordered, 0)
+}
+
+// burnPublisher is burnLibrary with a transport that takes publish to publish a batch.
+func burnPublisher(ctx context.Context, b backend, db *sql.DB, table string, n, batch, workers int, timeout time.Duration, ordered bool, publish time.Duration) (time.Duration, *outbox.PublisherStats, error) {
 	store, err := outbox.New(db, b.dialect(), outbox.Options{Table: table})
 	if err != nil {
 		return 0, nil, err
@@ -197,6 +210,9 @@ func burnLibrary(ctx context.Context, b backend, db *sql.DB, table string, n, ba
 		once         sync.Once
 	)
 	noop := outbox.TransportFunc(func(_ context.Context, ds []outbox.Delivery) []error {
+		if publish > 0 {
+			time.Sleep(publish)
+		}
 		if published.Add(int64(len(ds))) >= int64(n) {
 			once.Do(func() { close(allPublished) })
 		}

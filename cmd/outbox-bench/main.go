@@ -22,11 +22,13 @@
 //     delivered rows, against the same burn-down with retention off.
 //  8. ordered: burn-down of rows spread over 1,000 partition keys by a Publisher with
 //     PublisherOptions.Ordered against the same Publisher unordered.
-//  9. short drains: 20,000 freshly loaded rows of 200-byte payloads drained by a Publisher
+//  9. broker latency: the burn-down with a publish that takes 1 ms per batch on both
+//     sides, as a broker's round trip would (the raw loop waits between claim and ack);
+//  10. short drains: 20,000 freshly loaded rows of 200-byte payloads drained by a Publisher
 //     (default options) against the raw loop, at batch 100 and 500 with 1 and 2 loops.
-//  10. drain costs: one-loop drains at several batch sizes and row counts, library and raw,
+//  11. drain costs: one-loop drains at several batch sizes and row counts, library and raw,
 //     each fitted to a fixed cost per drain, a cost per batch and a cost per row.
-//  11. table cost (only with -only tablecost): the raw loop's drain, single-event enqueue
+//  12. table cost (only with -only tablecost): the raw loop's drain, single-event enqueue
 //     and batch inserts on the library's table, on the same table without each secondary
 //     index in turn, and on a lean nine-column table with the claim index only.
 //
@@ -99,6 +101,11 @@ type config struct {
 	GrowthN      int `json:"growth_n"`
 	GrowthRounds int `json:"growth_rounds"`
 
+	// Broker latency: BrokerN rows drained with a publish of brokerPublish per batch,
+	// BrokerRounds library/raw pairs, at the headline batch size and loops.
+	BrokerN      int `json:"broker_n"`
+	BrokerRounds int `json:"broker_rounds"`
+
 	// Short drains (9): ShortN fresh rows per drain at every ShortBatches × ShortWorkers,
 	// ShortRounds library/raw pairs each. The scenario is 20,000 rows; quick mode halves it
 	// to stay short, which weighs the fixed costs of a drain twice as much.
@@ -151,6 +158,7 @@ func modeConfig(mode string) (config, error) {
 			BreakdownSizes: []int{100, 500}, BreakdownN: 5_000, BreakdownRounds: 1,
 			LatencyDur: 4 * time.Second, IdleWait: 3 * time.Second,
 			Retained: 100_000, GrowthN: 5_000, GrowthRounds: 2,
+			BrokerN: 10_000, BrokerRounds: 2,
 			ShortN: 10_000, ShortBatches: []int{100, 500}, ShortWorkers: []int{1, 2}, ShortRounds: 1,
 			CostNs: []int{1_000, 4_000}, CostBatches: []int{20, 100, 500}, CostRounds: 1,
 			TableN: 10_000, TableRounds: 3, TableEnqueueDur: 800 * time.Millisecond,
@@ -166,6 +174,7 @@ func modeConfig(mode string) (config, error) {
 			BreakdownSizes: []int{100, 500}, BreakdownN: 20_000, BreakdownRounds: 2,
 			LatencyDur: 20 * time.Second, IdleWait: 30 * time.Second,
 			Retained: 1_000_000, GrowthN: 100_000, GrowthRounds: 2,
+			BrokerN: 50_000, BrokerRounds: 6,
 			ShortN: 20_000, ShortBatches: []int{100, 500}, ShortWorkers: []int{1, 2}, ShortRounds: 6,
 			CostNs: []int{1_000, 5_000, 20_000}, CostBatches: []int{20, 50, 100, 250, 500}, CostRounds: 3,
 			TableN: 20_000, TableRounds: 6, TableEnqueueDur: 3 * time.Second,
@@ -191,7 +200,7 @@ func main() {
 		burnN    = flag.Int("n", 0, "rows per burn-down (default: 10000 quick, 100000 full)")
 		rounds   = flag.Int("burn-rounds", 0, "alternating library/raw pairs of the headline burn-down (default: 3 quick, 10 full)")
 		retained = flag.Int("retained", 0, "retained delivered rows in the growth scenario (default: 100000 quick, 1000000 full)")
-		only     = flag.String("only", "", "run only these scenarios (comma list of enqueue, batch, burndown, breakdown, latency, growth, stats, purge, ordered, shortdrain, costs, tablecost; latency needs burndown; tablecost runs only when named)")
+		only     = flag.String("only", "", "run only these scenarios (comma list of enqueue, batch, burndown, breakdown, latency, growth, stats, purge, ordered, broker, shortdrain, costs, tablecost; latency needs burndown; tablecost runs only when named)")
 		cpuprof  = flag.String("cpuprofile", "", "write a CPU profile of the bench process (library and raw alike) to this file")
 		from     = flag.String("from", "", "measure nothing: re-render the table, JSON lines, Markdown and plot of an earlier results.json")
 	)
@@ -324,6 +333,7 @@ func runBackend(ctx context.Context, cfg config, b backend, res *backendResult) 
 		{"stats", "stats", runStats},
 		{"purge during burn-down", "purge", runPurgeBurn},
 		{"ordered burn-down", "ordered", runOrdered},
+		{"broker-latency burn-down", "broker", runBroker},
 		{"short drains", "shortdrain", runShortDrain},
 		{"drain costs", "costs", runCosts},
 		{"table cost", "tablecost", runTableCost},

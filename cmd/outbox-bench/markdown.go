@@ -157,6 +157,10 @@ var breakdownLabel = map[string]string{
 // backend.
 func (rep *report) markdownCosts(w *strings.Builder, b *backendResult) {
 	cfg := rep.Config
+	if br := b.Broker; br != nil {
+		fmt.Fprintf(w, "\nBroker latency: the burn-down with a publish that takes %s per batch on both sides (the raw loop waits between its claim and its ack), %d alternating pairs after one warm-up pair: %s; pairs %s.\n",
+			br.Publish, cfg.BrokerRounds, br.describe(), pairRatios(br.Library.All, br.Raw.All))
+	}
 	if len(b.ShortDrain) > 0 {
 		fmt.Fprintf(w, "\nShort drains: %d freshly loaded rows of 200-byte payloads, Publisher with default options against the raw loop, %d alternating pairs per configuration after one warm-up pair:\n\n",
 			b.ShortDrain[0].N, cfg.ShortRounds)

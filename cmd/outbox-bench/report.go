@@ -61,6 +61,7 @@ type backendResult struct {
 	PurgeBurn  *purgeBurnResult   `json:"purge_burndown,omitempty"`
 	Ordered    *orderedResult     `json:"burndown_ordered,omitempty"`
 	ShortDrain []shortDrainResult `json:"short_drain,omitempty"`
+	Broker     *brokerResult      `json:"broker,omitempty"`
 	Costs      *costResult        `json:"drain_costs,omitempty"`
 	TableCost  *tableCostResult   `json:"table_cost,omitempty"`
 }
@@ -164,6 +165,7 @@ var targets = []target{
 	{"saturated_latency_p99_ms_poll10ms", "(same, PollInterval 10ms)", nil},
 	{"burndown_retained_vs_empty", ">= 0.90", func(v float64) bool { return v >= 0.90 }},
 	{"burndown_ordered_vs_unordered", ">= 0.70", func(v float64) bool { return v >= 0.70 }},
+	{brokerMetric, "(a broker's 1 ms per batch on both sides)", nil},
 	{"short_drain_b100_w1_vs_raw", "(20 000 fresh rows, 200-byte payloads)", nil},
 	{"short_drain_b100_w2_vs_raw", "(same, 2 loops)", nil},
 	{"short_drain_b500_w1_vs_raw", "(same, batch 500)", nil},
@@ -238,6 +240,9 @@ func (r *backendResult) metrics(cfg config) []metric {
 	}
 	if o := r.Ordered; o != nil {
 		add("burndown_ordered_vs_unordered", o.Ratio)
+	}
+	if br := r.Broker; br != nil {
+		add(brokerMetric, br.Ratio)
 	}
 	for i := range r.ShortDrain {
 		add(r.ShortDrain[i].metricName(), r.ShortDrain[i].Ratio)
@@ -316,6 +321,9 @@ func (rep *report) printTable(w io.Writer) {
 				fmt.Fprintf(tw, "%s %.0f (%.2f)\t", k, br.Rates[k].Median, br.VsRaw[k])
 			}
 			fmt.Fprintln(tw, "\t")
+		}
+		if br := b.Broker; br != nil {
+			fmt.Fprintf(tw, "broker burn-down\t%s\t\t\t\t\t\t\t\n", br.describe())
 		}
 		if len(b.ShortDrain) > 0 {
 			fmt.Fprintln(tw, "short drain rows/s\tbatch\tworkers\tlibrary\traw\tlibrary/raw\tn\t\t")
