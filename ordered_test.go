@@ -50,7 +50,7 @@ func TestOrderedOptionsValidate(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testdb.SQLite(t)
-	require.NoError(t, migrations.Up(ctx, db, "sqlite", migrations.Options{}))
+	require.NoError(t, migrations.Up(ctx, db, "sqlite", migrations.Options{Ordered: true}))
 	s, err := outbox.New(db, outbox.SQLite(), outbox.Options{})
 	require.NoError(t, err)
 	noop := outbox.TransportFunc(func(context.Context, []outbox.Delivery) []error { return nil })

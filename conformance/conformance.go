@@ -67,8 +67,10 @@ type Harness struct {
 	// OpenDB returns a fresh, empty database (or schema) isolated from every other call,
 	// and arranges its cleanup with t.Cleanup. Tests call it in parallel.
 	OpenDB func(t testing.TB) *sql.DB
-	// Up creates the outbox table named table. Default: the migrations package for
-	// Dialect.Name().
+	// Up creates the outbox table named table, with everything the dialect's abilities
+	// need: for a dialect that implements [outbox.OrderedClaimer], what ordered claims need
+	// too (the built-in dialects: the order index). Default: the migrations package for
+	// Dialect.Name(), with migrations.Options.Ordered.
 	Up func(ctx context.Context, db *sql.DB, table string) error
 	// Down drops the outbox table named table. Default: the migrations package.
 	Down func(ctx context.Context, db *sql.DB, table string) error
@@ -82,7 +84,7 @@ func (h *Harness) up(ctx context.Context, db *sql.DB, table string) error {
 	if h.Up != nil {
 		return h.Up(ctx, db, table)
 	}
-	return migrations.Up(ctx, db, h.Dialect.Name(), migrations.Options{Table: table})
+	return migrations.Up(ctx, db, h.Dialect.Name(), migrations.Options{Table: table, Ordered: true})
 }
 
 func (h *Harness) down(ctx context.Context, db *sql.DB, table string) error {
