@@ -230,6 +230,9 @@ func TestOrderedSetUpDown(t *testing.T) {
 
 			require.NoError(t, migrations.Up(ctx, db, backend, migrations.Options{}))
 			state("up", nil, []int64{1, 2}, nil)
+			err := claimOrdered()
+			require.ErrorIs(t, err, outbox.ErrMisconfigured)
+			require.ErrorContains(t, err, "outbox migrate up --ordered")
 			require.NoError(t, migrations.Down(ctx, db, backend, migrations.Options{}))
 			state("down without the ordered set", nil, []int64{}, nil)
 
@@ -243,6 +246,7 @@ func TestOrderedSetUpDown(t *testing.T) {
 			state("down", nil, []int64{}, []int64{})
 			require.NoError(t, migrations.Up(ctx, db, backend, migrations.Options{}))
 			state("down, then up without Ordered", nil, []int64{1, 2}, []int64{})
+			require.ErrorIs(t, claimOrdered(), outbox.ErrMisconfigured)
 
 			require.NoError(t, migrations.Up(ctx, db, backend, migrations.Options{Ordered: true}))
 			state("up with Ordered", want, []int64{1, 2}, []int64{1})
