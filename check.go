@@ -281,10 +281,14 @@ func (d *postgresDialect) CheckOrdered(ctx context.Context, db *sql.DB, t Table)
 	}
 	if len(invalid) > 0 {
 		slices.Sort(invalid)
+		rebuild := make([]string, len(invalid))
+		for i, n := range invalid {
+			rebuild[i] = "REINDEX INDEX CONCURRENTLY " + quoteIdent(n, '"')
+		}
 		return &CheckError{
 			Problem: fmt.Sprintf("index %s of table %q is invalid (a CREATE INDEX CONCURRENTLY failed), so ordered claims would read the whole table",
 				strings.Join(invalid, " and "), t.Name()),
-			Fix: "rebuild it: REINDEX INDEX CONCURRENTLY " + quoteIdent(invalid[0], '"'),
+			Fix: "rebuild it: " + strings.Join(rebuild, "; "),
 		}
 	}
 	exists := true
