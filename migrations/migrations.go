@@ -22,7 +22,7 @@
 //     version table with -table, or the second run would find the first's versions applied
 //     and do nothing; apply the ordered set after the base set, and roll it back first:
 //
-//     goose -dir migrations/postgres -table outbox_goose_version postgres "$DSN" up
+//     goose -dir migrations/postgres -table outbox_events_goose_version postgres "$DSN" up
 //     goose -dir migrations/ordered/postgres -table outbox_events_goose_ordered postgres "$DSN" up
 //     OUTBOX_TABLE=billing_outbox goose -dir migrations/postgres -table billing_outbox_goose_version postgres "$DSN" up
 //
