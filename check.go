@@ -213,3 +213,128 @@ func (d sqliteDialect) Check(ctx context.Context, db *sql.DB, t Table) error {
 		Fix: "open it with journal_mode WAL, a busy timeout and immediate transactions, as in the DSN " + sqliteDSN,
 	}
 }
+
+// The built-in dialects check what ordered claims need.
+var (
+	_ OrderedClaimer = (*postgresDialect)(nil)
+	_ OrderedClaimer = mysqlDialect{}
+	_ OrderedClaimer = sqliteDialect{}
+)
+
+// orderedFix says how to create what ordered claims need on the table t.
+func orderedFix(dialect string, t Table) string {
+	return fmt.Sprintf("it is in the ordered migration set, which is opt in: run migrations.Up(ctx, db, %q, "+
+		"migrations.Options{Table: %q, Ordered: true}) or `outbox migrate up --ordered --dialect %s --table %s`",
+		dialect, t.Name(), dialect, t.Name())
+}
+
+// checkOrderedBuiltin is the ordered check the built-in dialects share: want lists what
+// ordered claims need on the table t ("index <name>", "column <name>"), and have tells which
+// of them exist; exists tells whether the table does.
+func checkOrderedBuiltin(dialect string, t Table, exists bool, want []string, have map[string]bool) error {
+	if !exists {
+		return &CheckError{Problem: fmt.Sprintf("the outbox table %q does not exist", t.Name()), Fix: orderedFix(dialect, t)}
+	}
+	var missing []string
+	for _, w := range want {
+		if !have[w] {
+			missing = append(missing, w)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	return &CheckError{
+		Problem: fmt.Sprintf("table %q lacks %s, which ordered delivery (PublisherOptions.Ordered) needs", t.Name(), strings.Join(missing, " and ")),
+		Fix:     orderedFix(dialect, t),
+	}
+}
+
+// CheckOrdered implements [OrderedClaimer]: the order index and the unkeyed index, found
+// among the table's own indexes (so in its schema, whichever the search_path resolves the
+// table to), and valid. A CREATE INDEX CONCURRENTLY that failed leaves an invalid index,
+// which PostgreSQL maintains but never reads, and which the migration's CREATE INDEX IF NOT
+// EXISTS would skip.
+func (d *postgresDialect) CheckOrdered(ctx context.Context, db *sql.DB, t Table) error {
+	want := []string{t.Index("order"), t.Index("unkeyed")}
+	rows, err := db.QueryContext(ctx, `SELECT c.relname, x.indisvalid FROM pg_index x JOIN pg_class c ON c.oid = x.indexrelid`+
+		` WHERE x.indrelid = to_regclass($1) AND c.relname IN ($2, $3)`, quoteIdent(t.Name(), '"'), want[0], want[1])
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	have := map[string]bool{}
+	var invalid []string
+	for rows.Next() {
+		var name string
+		var valid bool
+		if err := rows.Scan(&name, &valid); err != nil {
+			return err
+		}
+		have["index "+name] = true
+		if !valid {
+			invalid = append(invalid, name)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	if len(invalid) > 0 {
+		slices.Sort(invalid)
+		rebuild := make([]string, len(invalid))
+		for i, n := range invalid {
+			rebuild[i] = "REINDEX INDEX CONCURRENTLY " + quoteIdent(n, '"')
+		}
+		return &CheckError{
+			Problem: fmt.Sprintf("index %s of table %q is invalid (a CREATE INDEX CONCURRENTLY failed), so ordered claims would read the whole table",
+				strings.Join(invalid, " and "), t.Name()),
+			Fix: "rebuild it: " + strings.Join(rebuild, "; "),
+		}
+	}
+	exists := true
+	if len(have) < len(want) {
+		if err := db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, quoteIdent(t.Name(), '"')).Scan(&exists); err != nil {
+			return err
+		}
+	}
+	return checkOrderedBuiltin(d.Name(), t, exists, []string{"index " + want[0], "index " + want[1]}, have)
+}
+
+// CheckOrdered implements [OrderedClaimer]: the virtual column order_key and the order
+// index on it, in the connection's database.
+func (d mysqlDialect) CheckOrdered(ctx context.Context, db *sql.DB, t Table) error {
+	var tables, columns, indexes int
+	err := db.QueryRowContext(ctx, `SELECT`+
+		` (SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?),`+
+		` (SELECT COUNT(*) FROM information_schema.columns WHERE table_schema = DATABASE() AND table_name = ? AND column_name = 'order_key'),`+
+		` (SELECT COUNT(*) FROM information_schema.statistics WHERE table_schema = DATABASE() AND table_name = ? AND index_name = ?)`,
+		t.Name(), t.Name(), t.Name(), t.Index("order")).Scan(&tables, &columns, &indexes)
+	if err != nil {
+		return err
+	}
+	col, idx := "column order_key", "index "+t.Index("order")
+	return checkOrderedBuiltin(d.Name(), t, tables > 0, []string{col, idx}, map[string]bool{col: columns > 0, idx: indexes > 0})
+}
+
+// CheckOrdered implements [OrderedClaimer]: the order index and the unkeyed index.
+func (d sqliteDialect) CheckOrdered(ctx context.Context, db *sql.DB, t Table) error {
+	want := []string{t.Index("order"), t.Index("unkeyed")}
+	names, err := queryStrings(ctx, db, `SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ? AND name IN (?, ?)`,
+		t.Name(), want[0], want[1])
+	if err != nil {
+		return err
+	}
+	have := map[string]bool{}
+	for _, n := range names {
+		have["index "+n] = true
+	}
+	exists := true
+	if len(have) < len(want) {
+		var n int
+		if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = ?`, t.Name()).Scan(&n); err != nil {
+			return err
+		}
+		exists = n > 0
+	}
+	return checkOrderedBuiltin(d.Name(), t, exists, []string{"index " + want[0], "index " + want[1]}, have)
+}

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 
@@ -13,8 +14,8 @@ import (
 // type assertion: [Store.Claim] with [ClaimOptions.Ordered], [Store.BlockedKeys] and a
 // [Publisher] with [PublisherOptions.Ordered] return an error matching
 // [errors.ErrUnsupported] for a dialect without it, instead of claiming out of order. The
-// built-in dialects implement it; their tables need the migrations' order index
-// (migrations version 3).
+// built-in dialects implement it; their tables need the order index of the ordered
+// migration set (migrations.Options.Ordered), which is opt in.
 //
 // An implementation's Claim, given p.Ordered, returns a row with a partition key only when
 // it is the head of its key: the first row, by (created_at, id), among the rows of its
@@ -27,6 +28,15 @@ type OrderedClaimer interface {
 	// BlockedKeys lists up to p.Limit partition keys in p.Scope whose head is dead while
 	// rows wait behind it, oldest head first.
 	BlockedKeys(ctx context.Context, q DBTX, t Table, p BlockedKeysParams) ([]BlockedKey, error)
+	// CheckOrdered checks that the table t has what ordered claims and BlockedKeys need
+	// beyond what [Checker] checks (the built-in dialects: the order index), so that they
+	// never run without it, which would read the whole table on every claim. It returns a
+	// [*CheckError] that says what to run when something is missing, nil when nothing is
+	// (or nothing is needed), an error matching [errors.ErrUnsupported] when it cannot tell,
+	// and any other error (the server cannot be reached) as it is. A [Store] runs it before
+	// its first ordered claim or BlockedKeys until it passes once, and a [Publisher] with
+	// [PublisherOptions.Ordered] when it starts.
+	CheckOrdered(ctx context.Context, db *sql.DB, t Table) error
 }
 
 // BlockedKeysParams are the arguments of [OrderedClaimer.BlockedKeys].
@@ -72,11 +82,33 @@ func (s *Store) orderedClaimer() (OrderedClaimer, error) {
 	return oc, nil
 }
 
+// checkOrdered runs the dialect's [OrderedClaimer.CheckOrdered] until it passes once for
+// the store, and returns its [*CheckError] when the table lacks what ordered claims need:
+// an ordered claim without the order index would not fail, it would read the whole table
+// each time. After the check passed, ordered claims run no extra query. A dialect that
+// cannot tell passes.
+func (s *Store) checkOrdered(ctx context.Context, oc OrderedClaimer) error {
+	if s.orderedReady.Load() {
+		return nil
+	}
+	err := oc.CheckOrdered(ctx, s.db, s.table)
+	if err == nil || errors.Is(err, errors.ErrUnsupported) {
+		s.orderedReady.Store(true)
+		return nil
+	}
+	var ce *CheckError
+	if errors.As(err, &ce) {
+		return err
+	}
+	return fmt.Errorf("outbox: check ordered: %w", err)
+}
+
 // BlockedKeys lists up to limit (1..[MaxBatch]) partition keys in scope whose head row is
 // dead while at least one later row of the key is pending or processing, oldest head
 // first: the keys that ordered publishers with the default head-of-line policy hold back.
 // Replay or discard the head to release a key. A dialect without the ordered ability
-// ([OrderedClaimer]) returns an error matching [errors.ErrUnsupported].
+// ([OrderedClaimer]) returns an error matching [errors.ErrUnsupported], and a table without
+// the order index (the ordered migration set) a [*CheckError].
 //
 // It reads every dead row in scope (through the retention index), so it is an operator's
 // query, not one to poll many times a second.
@@ -89,6 +121,9 @@ func (s *Store) BlockedKeys(ctx context.Context, scope Scope, limit int) ([]Bloc
 	}
 	oc, err := s.orderedClaimer()
 	if err != nil {
+		return nil, err
+	}
+	if err := s.checkOrdered(ctx, oc); err != nil {
 		return nil, err
 	}
 	keys, err := oc.BlockedKeys(ctx, s.db, s.table, BlockedKeysParams{Scope: scope, Limit: limit})

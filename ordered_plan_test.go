@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/migrations"
 )
 
 // The ordered claim's plans, per backend, on a backlog of orderedPlanRows rows spread over
@@ -69,6 +70,13 @@ func orderedBacklog(ctx context.Context, t *testing.T, s *outbox.Store, rows int
 	require.NoError(t, s.Ack(ctx, acks...))
 }
 
+// upOrdered adds the ordered migration set, which ordered claims need, to the default table
+// of a database its setup migrated without it.
+func upOrdered(ctx context.Context, t *testing.T, db *sql.DB, backend string) {
+	t.Helper()
+	require.NoError(t, migrations.Up(ctx, db, backend, migrations.Options{Ordered: true}))
+}
+
 func orderedClaimOpts(limit int) outbox.ClaimOptions {
 	return outbox.ClaimOptions{Limit: limit, Lease: time.Hour, MaxAttempts: 5, WorkerID: "plan", Ordered: true,
 		Scope: outbox.Scope{Namespace: "orders"}}
@@ -121,6 +129,7 @@ func TestPostgresOrderedClaimPlan(t *testing.T) {
 	t.Parallel()
 	b := setupPostgres(t, "")
 	b.ctx = orderedPlanCtx(t)
+	upOrdered(b.ctx, t, b.db, "postgres")
 	rows := orderedPlanRows(t)
 	orderedBacklog(b.ctx, t, b.store, rows)
 	_, err := b.db.ExecContext(b.ctx, `ANALYZE "`+b.table+`"`)
@@ -208,6 +217,7 @@ func TestMySQLOrderedClaimPlan(t *testing.T) {
 	t.Parallel()
 	e := setupMySQL(t, "")
 	e.ctx = orderedPlanCtx(t)
+	upOrdered(e.ctx, t, e.db, "mysql")
 	rows := orderedPlanRows(t)
 	orderedBacklog(e.ctx, t, e.store, rows)
 	r, err := e.db.QueryContext(e.ctx, "ANALYZE TABLE `"+e.table+"`")
@@ -248,6 +258,7 @@ func TestSQLiteOrderedClaimPlan(t *testing.T) {
 	t.Parallel()
 	ctx := orderedPlanCtx(t)
 	s, db, rec := newLoggedSQLiteStore(ctx, t)
+	upOrdered(ctx, t, db, "sqlite")
 	rows := orderedPlanRows(t)
 	orderedBacklog(ctx, t, s, rows)
 	_, err := db.ExecContext(ctx, `ANALYZE`)
@@ -299,6 +310,7 @@ func TestMySQLOrderedClaimBounded(t *testing.T) {
 		perKey = 600
 	)
 	e := setupMySQL(t, "")
+	upOrdered(e.ctx, t, e.db, "mysql")
 	for k0 := 0; k0 < keys; k0 += 5 {
 		var msgs []outbox.Message
 		for k := k0; k < k0+5; k++ {
@@ -368,6 +380,7 @@ func TestMySQLOrderedVisitGoesRound(t *testing.T) {
 		perKey = 5
 	)
 	e := setupMySQL(t, "")
+	upOrdered(e.ctx, t, e.db, "mysql")
 	hot := make([]outbox.Message, 300)
 	for i := range hot {
 		hot[i] = outbox.Message{Namespace: "orders", Topic: "order.changed", PartitionKey: "a-hot", Payload: json.RawMessage(`{}`)}

@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -65,6 +66,8 @@ type Store struct {
 	notifier   Notifier // nil when the dialect has none or DisableNotify is set
 	signalled  signalLimiter
 	hub        wakeHub
+	// orderedReady records that the dialect's CheckOrdered passed (checkOrdered).
+	orderedReady atomic.Bool
 }
 
 // New returns a Store for db. db is used for claims, acks and reads; Enqueue writes on
@@ -367,7 +370,10 @@ type ClaimOptions struct {
 	// or dead, so one row per key is in flight at a time, and a row waiting for a retry holds
 	// back the rows after it. Rows without a partition key are claimed as usual. It needs a
 	// dialect that implements [OrderedClaimer]; with another, Claim returns an error
-	// matching [errors.ErrUnsupported]. See [PublisherOptions.Ordered].
+	// matching [errors.ErrUnsupported]. It also needs the table's order index (the ordered
+	// migration set): the first ordered claim of a [Store] checks for it and returns a
+	// [*CheckError] without it, and so does every one after, until the check passes. See
+	// [PublisherOptions.Ordered].
 	Ordered bool
 	// OrderedSkipDead, with Ordered, lets the rows after a dead row of their key be claimed:
 	// a dead row no longer holds its key back. By default it does, until it is replayed or
@@ -420,7 +426,7 @@ func validateScope(sc Scope) error {
 // leased, unreturned, until the lease expires, as after a crash, and are claimed again. A
 // [Publisher] claims on a context that ends only at its shutdown deadline for this reason.
 func (s *Store) Claim(ctx context.Context, o ClaimOptions) ([]Record, error) {
-	p, err := s.claimParams(o)
+	p, err := s.claimParams(ctx, o)
 	if err != nil {
 		return nil, err
 	}
@@ -433,12 +439,18 @@ func (s *Store) Claim(ctx context.Context, o ClaimOptions) ([]Record, error) {
 }
 
 // claimParams validates o and turns it into the dialect's arguments, with a fresh token.
-func (s *Store) claimParams(o ClaimOptions) (ClaimParams, error) {
+// An ordered claim needs the ordered ability and, until its check passed once, the
+// dialect's check of the table (checkOrdered).
+func (s *Store) claimParams(ctx context.Context, o ClaimOptions) (ClaimParams, error) {
 	if err := o.validate(); err != nil {
 		return ClaimParams{}, err
 	}
 	if o.Ordered {
-		if _, err := s.orderedClaimer(); err != nil {
+		oc, err := s.orderedClaimer()
+		if err != nil {
+			return ClaimParams{}, err
+		}
+		if err := s.checkOrdered(ctx, oc); err != nil {
 			return ClaimParams{}, err
 		}
 	}

@@ -165,9 +165,12 @@ type PublisherOptions struct {
 	// serves the same rows must set it alike: an unordered publisher ignores the order.
 	// An ordered publisher records each batch on its own and claims the next after it, not
 	// during its publish (see [Publisher.Run]).
-	// It needs a dialect that implements [OrderedClaimer] and its order index (migrations
-	// version 3); [NewPublisher] refuses another dialect with an error matching
-	// [errors.ErrUnsupported]. See docs/ordering.md for what the order means and costs.
+	// It needs a dialect that implements [OrderedClaimer]; [NewPublisher] refuses another
+	// dialect with an error matching [errors.ErrUnsupported]. It also needs the table's
+	// order index, which the ordered migration set creates: it is opt in because it costs
+	// every table that has it (migrations.Options.Ordered, `outbox migrate up --ordered`).
+	// [Publisher.Run] checks for it at start and returns a [*CheckError] without it. See
+	// docs/ordering.md for what the order means and costs.
 	Ordered bool
 
 	// OrderedSkipDead, with Ordered, stops a dead row from holding back the rows of its key
@@ -367,9 +370,11 @@ func (p *Publisher) Wake() {
 
 // Run publishes until ctx is cancelled, then shuts down and returns nil.
 //
-// It first runs [Store.Check]. A setup problem (the table missing, the wrong dialect,
-// SQLite without WAL) is returned at once as a [*CheckError]; a database that cannot be
-// reached is waited for, with a warning and backoff, as are outages later on.
+// It first runs [Store.Check] and, with [PublisherOptions.Ordered], checks that the table
+// has the order index of the ordered migration set. A setup problem (the table missing, the
+// wrong dialect, SQLite without WAL, an ordered publisher without the order index) is
+// returned at once as a [*CheckError]; a database that cannot be reached is waited for, with
+// a warning and backoff, as are outages later on.
 //
 // It starts [PublisherOptions.Concurrency] claim loops and a sweeper. A claim loop claims a
 // batch, dead-letters rows whose payload fails its hash check, publishes the rest while
@@ -441,15 +446,25 @@ func (p *Publisher) Run(ctx context.Context) error {
 	return nil
 }
 
-// awaitReady runs [Store.Check] until it passes, and returns its error when the check finds
-// a setup problem (a [*CheckError]): a missing table or the wrong dialect will not mend
-// itself, and a publisher that claimed regardless would only log failed claims forever. A
-// database that cannot be reached is waited for, with backoff, until ctx ends. A dialect that
-// cannot check is not held against the publisher.
+// awaitReady runs [Store.Check], and for an ordered publisher the check of the order index
+// ([OrderedClaimer.CheckOrdered]), until they pass, and returns their error when they find
+// a setup problem (a [*CheckError]): a missing table, the wrong dialect or a missing order
+// index will not mend itself, and a publisher that claimed regardless would only log failed
+// claims forever. A database that cannot be reached is waited for, with backoff, until ctx
+// ends. A dialect that cannot check is not held against the publisher.
 func (p *Publisher) awaitReady(ctx context.Context) error {
 	delay := p.opts.PollInterval
 	for {
 		err := p.store.Check(ctx)
+		if (err == nil || errors.Is(err, errors.ErrUnsupported)) && p.opts.Ordered {
+			oc, oerr := p.store.orderedClaimer() // NewPublisher made sure there is one
+			if oerr == nil {
+				oerr = p.store.checkOrdered(ctx, oc)
+			}
+			if oerr != nil {
+				err = oerr
+			}
+		}
 		switch {
 		case err == nil, errors.Is(err, errors.ErrUnsupported):
 			return nil

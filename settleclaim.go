@@ -50,7 +50,7 @@ func (s *Store) CompleteAndClaim(ctx context.Context, outcomes []Outcome, o Clai
 	if err != nil {
 		return nil, nil, err
 	}
-	p, err := s.claimParams(o)
+	p, err := s.claimParams(ctx, o)
 	if err != nil {
 		return nil, nil, err
 	}

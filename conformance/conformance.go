@@ -37,8 +37,10 @@
 //  11. Ordered: ordered claims per partition key take only each key's head; a retried or
 //     dead head holds its key back (dead: unless skipped), a replayed one is delivered
 //     first; blocked keys are reported; eight publishers with failures deliver every key in
-//     enqueue order, one message of a key at a time. Skipped for a dialect without
-//     [outbox.OrderedClaimer].
+//     enqueue order, one message of a key at a time; on a table made by the migrations
+//     package without its ordered set, ordered claims, BlockedKeys and ordered publishers
+//     fail with an [outbox.CheckError] that says to apply it, and work once it is applied.
+//     Skipped for a dialect without [outbox.OrderedClaimer].
 //
 // The suite reads row counts with plain SELECT COUNT(*) on the table, so the table must be
 // an ordinary table of that name. Timing uses short leases and polling with deadlines,
@@ -67,8 +69,11 @@ type Harness struct {
 	// OpenDB returns a fresh, empty database (or schema) isolated from every other call,
 	// and arranges its cleanup with t.Cleanup. Tests call it in parallel.
 	OpenDB func(t testing.TB) *sql.DB
-	// Up creates the outbox table named table. Default: the migrations package for
-	// Dialect.Name().
+	// Up creates the outbox table named table, with everything the dialect's abilities
+	// need: for a dialect that implements [outbox.OrderedClaimer], what ordered claims need
+	// too (the built-in dialects: the order index), or the Ordered section fails with the
+	// [*outbox.CheckError] of [outbox.OrderedClaimer.CheckOrdered]. Default: the
+	// migrations package for Dialect.Name(), with migrations.Options.Ordered.
 	Up func(ctx context.Context, db *sql.DB, table string) error
 	// Down drops the outbox table named table. Default: the migrations package.
 	Down func(ctx context.Context, db *sql.DB, table string) error
@@ -82,7 +87,7 @@ func (h *Harness) up(ctx context.Context, db *sql.DB, table string) error {
 	if h.Up != nil {
 		return h.Up(ctx, db, table)
 	}
-	return migrations.Up(ctx, db, h.Dialect.Name(), migrations.Options{Table: table})
+	return migrations.Up(ctx, db, h.Dialect.Name(), migrations.Options{Table: table, Ordered: true})
 }
 
 func (h *Harness) down(ctx context.Context, db *sql.DB, table string) error {

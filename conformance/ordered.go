@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/migrations"
 )
 
 // orderedTests check ordered claims per partition key ([outbox.ClaimOptions.Ordered]). A
@@ -26,6 +27,7 @@ var orderedTests = []test{
 	{"SkipDead", testOrderedSkipDead},
 	{"HeadsBeyondBacklog", testOrderedHeadsBeyondBacklog},
 	{"Publishers", testOrderedPublishers},
+	{"NeedsOrderedMigrations", testOrderedNeedsMigrations},
 }
 
 // orderedSetup is setup for the ordered section: it skips when the dialect cannot claim in
@@ -353,4 +355,67 @@ func testOrderedPublishers(t *testing.T, h Harness) {
 		key := fmt.Sprintf("key-%03d", k)
 		require.Equal(t, want, run.first[key], "first successful deliveries of %s, in order", key)
 	}
+}
+
+// On a table that the migrations package made without its ordered set, ordered claims (also
+// with settling), BlockedKeys and an ordered publisher's Run fail with a CheckError that
+// says to apply it, and nothing is claimed; unordered claims work. Once the ordered set is
+// applied, the same Store claims in order. Only with the default Harness.Up: a custom one
+// cannot be asked for a table without what ordered claims need.
+func testOrderedNeedsMigrations(t *testing.T, h Harness) {
+	if h.Up != nil {
+		t.Skip("Harness.Up is set: the suite cannot make a table without what ordered claims need")
+	}
+	if _, ok := h.Dialect.(outbox.OrderedClaimer); !ok {
+		t.Skipf("dialect %s does not implement outbox.OrderedClaimer", h.Dialect.Name())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	db := h.OpenDB(t)
+	name := h.Dialect.Name()
+	require.NoError(t, migrations.Up(ctx, db, name, migrations.Options{}), "migrate up without the ordered set")
+	s, err := outbox.New(db, h.Dialect, outbox.Options{})
+	require.NoError(t, err)
+	e := &env{ctx: ctx, db: db, store: s, table: outbox.DefaultTable, h: h}
+	first := resultIDs(e.enqueue(t, keyed("k", 0), keyed("k", 1)))
+
+	misconfigured := func(what string, err error) {
+		t.Helper()
+		var ce *outbox.CheckError
+		require.ErrorAs(t, err, &ce, "%s without the ordered migrations", what)
+		require.ErrorIs(t, err, outbox.ErrMisconfigured, what)
+		require.Contains(t, err.Error(), "--ordered", "%s: the error says what to run", what)
+		require.Contains(t, err.Error(), "Ordered: true", "%s: the error says what to run", what)
+	}
+	for range 2 { // a failed check is not remembered as passed
+		_, err = s.Claim(ctx, orderedOpts(10))
+		misconfigured("Claim", err)
+	}
+	_, err = s.BlockedKeys(ctx, outbox.Scope{}, 10)
+	misconfigured("BlockedKeys", err)
+	if _, ok := h.Dialect.(outbox.SettleClaimer); ok {
+		_, _, err = s.CompleteAndClaim(ctx, nil, orderedOpts(10))
+		misconfigured("CompleteAndClaim", err)
+	}
+	p, err := outbox.NewPublisher(s, outbox.TransportFunc(func(context.Context, []outbox.Delivery) []error { return nil }),
+		outbox.PublisherOptions{Scope: outbox.Scope{Namespace: "orders"}, Ordered: true, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	runCtx, stop := context.WithTimeout(ctx, 30*time.Second)
+	defer stop()
+	misconfigured("Publisher.Run", p.Run(runCtx))
+	require.NoError(t, runCtx.Err(), "Run returned the error at once")
+	require.Equal(t, 2, e.count(t, outbox.StatusPending), "nothing was claimed")
+
+	plain := claimOpts(10, time.Minute)
+	plain.Namespace = "orders"
+	recs := e.claim(t, plain)
+	require.Equal(t, first, ids(recs), "unordered claims need no order index")
+	require.NoError(t, s.Ack(ctx, recs[0].Lease(), recs[1].Lease()))
+
+	// The upgrade: the ordered set on the existing table; the same Store checks again.
+	require.NoError(t, migrations.Up(ctx, db, name, migrations.Options{Ordered: true}))
+	more := resultIDs(e.enqueue(t, keyed("k", 2), keyed("k", 3)))
+	require.Equal(t, more[:1], ids(e.claim(t, orderedOpts(10))))
+	_, err = s.BlockedKeys(ctx, outbox.Scope{}, 10)
+	require.NoError(t, err)
 }

@@ -1,29 +1,42 @@
-// Package migrations ships the outbox table's goose migrations for each built-in dialect.
+// Package migrations ships the outbox table's goose migrations for each built-in dialect,
+// in two sets:
+//
+//   - the base set (postgres/, mysql/, sqlite/): the table and what every user needs;
+//   - the ordered set (ordered/postgres/, ordered/mysql/, ordered/sqlite/): the order index
+//     that [outbox.PublisherOptions.Ordered] needs. It is opt in because it costs every
+//     table that has it, ordered publishers or not: an index entry per row at enqueue, and
+//     index writes as rows change state. It is applied after the base set, has its own
+//     numbering and its own goose version table, and can be added to an existing table
+//     at any time.
 //
 // Three ways to apply them:
 //
-//  1. From the program: [Up] and [Down] run the embedded files through a goose Provider
-//     with a version table of its own, "<table>_goose_version", so the application's
-//     goose_db_version table is never touched. [Up] refuses a pool of another kind of
-//     database than the dialect named.
+//  1. From the program: [Up] and [Down] run the embedded files through goose Providers
+//     with version tables of their own, "<table>_goose_version" for the base set and
+//     "<table>_goose_ordered" for the ordered set, so the application's goose_db_version
+//     table is never touched. [Options.Ordered] adds the ordered set. [Up] refuses a pool
+//     of another kind of database than the dialect named.
 //
-//  2. With the goose command line, from the files in postgres/, mysql/ and sqlite/, which
-//     use goose's ENVSUB annotation for the table name (default outbox_events). Give each
-//     outbox table its own version table with -table, or the second table's migrations
-//     would find the first's versions applied and do nothing:
+//  2. With the goose command line, from the files, which use goose's ENVSUB annotation for
+//     the table name (default outbox_events). Give each outbox table and each set its own
+//     version table with -table, or the second run would find the first's versions applied
+//     and do nothing; apply the ordered set after the base set, and roll it back first:
 //
-//     goose -dir migrations/postgres -table outbox_goose_version postgres "$DSN" up
+//     goose -dir migrations/postgres -table outbox_events_goose_version postgres "$DSN" up
+//     goose -dir migrations/ordered/postgres -table outbox_events_goose_ordered postgres "$DSN" up
 //     OUTBOX_TABLE=billing_outbox goose -dir migrations/postgres -table billing_outbox_goose_version postgres "$DSN" up
 //
-//  3. Inside your own goose migrations: [Versions] returns each migration's statements for
-//     a table name, to run from Go migrations of your own numbering (copying the files
-//     would collide with your own version numbers). See the example of [Versions].
+//  3. Inside your own goose migrations: [Versions] and [OrderedVersions] return each
+//     migration's statements for a table name, to run from Go migrations of your own
+//     numbering (copying the files would collide with your own version numbers). See the
+//     examples of [Versions] and [OrderedVersions].
 package migrations
 
 import (
 	"context"
 	"database/sql"
 	"embed"
+	"io/fs"
 
 	"github.com/pressly/goose/v3"
 
@@ -31,16 +44,39 @@ import (
 	"github.com/outboxgo/outbox/internal/gooseset"
 )
 
-// FS holds the migration files, one directory per dialect name.
+// FS holds the migration files: the base set, one directory per dialect name, and the
+// ordered set under ordered/, one directory per dialect name.
 //
-//go:embed postgres/*.sql mysql/*.sql sqlite/*.sql
+//go:embed postgres/*.sql mysql/*.sql sqlite/*.sql ordered/postgres/*.sql ordered/mysql/*.sql ordered/sqlite/*.sql
 var FS embed.FS
 
-// set is this package's migrations: the files name the table with goose's ENVSUB
-// placeholder, which the command line expands.
+// set is the base set: the files name the table with goose's ENVSUB placeholder, which the
+// command line expands.
 var set = gooseset.Set{
 	Name: "outbox/migrations", FS: FS,
-	Placeholder: "${OUTBOX_TABLE:-" + outbox.DefaultTable + "}", DefaultTable: outbox.DefaultTable,
+	Placeholder: placeholder, DefaultTable: outbox.DefaultTable,
+}
+
+// ordered is the ordered set, with its own version table.
+var ordered = gooseset.Set{
+	Name: "outbox/migrations (ordered)", FS: sub(FS, "ordered"),
+	Placeholder: placeholder, DefaultTable: outbox.DefaultTable, VersionSuffix: OrderedVersionSuffix,
+}
+
+const placeholder = "${OUTBOX_TABLE:-" + outbox.DefaultTable + "}"
+
+// OrderedVersionSuffix names the ordered set's goose version table: "<table>" +
+// OrderedVersionSuffix, "outbox_events_goose_ordered" for the default table.
+const OrderedVersionSuffix = "_goose_ordered"
+
+// sub returns the directory dir of fsys. fs.Sub fails only for an invalid path, which a
+// constant of this package is not.
+func sub(fsys fs.FS, dir string) fs.FS {
+	s, err := fs.Sub(fsys, dir)
+	if err != nil {
+		panic(err)
+	}
+	return s
 }
 
 // Options choose the table to migrate.
@@ -48,31 +84,67 @@ type Options struct {
 	// Table is the outbox table name; default outbox.DefaultTable. It is validated with
 	// [outbox.NewTable].
 	Table string
-	// VersionTable is goose's version table; default "<Table>_goose_version".
+	// VersionTable is goose's version table of the base set; default
+	// "<Table>_goose_version".
 	VersionTable string
+	// Ordered also creates what [outbox.PublisherOptions.Ordered] needs: [Up] applies the
+	// ordered set after the base set, with its own version table "<Table>_goose_ordered"
+	// ([OrderedVersionSuffix]). It costs every row one more index entry at enqueue and
+	// index writes as the row changes state, whether or not publishers order, so leave it
+	// off unless they do. A table migrated without it gets it later from Up again with
+	// Ordered set. [Down] rolls the ordered set back whenever it finds it, whatever Ordered
+	// says.
+	Ordered bool
 }
 
 // Dialects lists the dialect names that have migrations.
 func Dialects() []string { return gooseset.Dialects() }
 
-// NewProvider returns a goose Provider for the dialect named dialect ("postgres", "mysql"
-// or "sqlite", as returned by [outbox.Dialect.Name]) with the files rendered for the table.
-// An unknown dialect returns an error matching [errors.ErrUnsupported] that lists the
-// known ones.
+// NewProvider returns a goose Provider for the base set of the dialect named dialect
+// ("postgres", "mysql" or "sqlite", as returned by [outbox.Dialect.Name]) with the files
+// rendered for the table. It ignores opts.Ordered: [NewOrderedProvider] returns the ordered
+// set's. An unknown dialect returns an error matching [errors.ErrUnsupported] that lists
+// the known ones.
 func NewProvider(db *sql.DB, dialect string, opts Options) (*goose.Provider, error) {
 	return set.Provider(db, dialect, opts.Table, opts.VersionTable)
 }
 
-// Up applies every migration for the table. It first checks that db is the kind of
-// database the dialect names, and returns an error matching [outbox.ErrMisconfigured]
-// when it is not.
-func Up(ctx context.Context, db *sql.DB, dialect string, opts Options) error {
-	return set.Up(ctx, db, dialect, opts.Table, opts.VersionTable)
+// NewOrderedProvider returns a goose Provider for the ordered set of the dialect, rendered
+// for opts.Table, with the version table "<Table>_goose_ordered" (opts.VersionTable and
+// opts.Ordered do not apply). Apply it after the base set ([NewProvider]) and roll it back
+// before the base set goes below its first version. Like every goose Provider, it creates
+// its version table on its first operation, even a status.
+func NewOrderedProvider(db *sql.DB, dialect string, opts Options) (*goose.Provider, error) {
+	return ordered.Provider(db, dialect, opts.Table, "")
 }
 
-// Down rolls every migration back, dropping the table. Like [Up], it refuses a pool of
-// another kind of database.
+// Up applies every migration of the base set for the table and, with opts.Ordered, then
+// every migration of the ordered set. It first checks that db is the kind of database the
+// dialect names, and returns an error matching [outbox.ErrMisconfigured] when it is not.
+func Up(ctx context.Context, db *sql.DB, dialect string, opts Options) error {
+	if err := set.Up(ctx, db, dialect, opts.Table, opts.VersionTable); err != nil {
+		return err
+	}
+	if !opts.Ordered {
+		return nil
+	}
+	return ordered.Up(ctx, db, dialect, opts.Table, "")
+}
+
+// Down rolls every migration back, dropping the table: first the ordered set, when its
+// version table exists (whatever opts.Ordered says), then the base set. A later [Up] with
+// Ordered creates the order index again. Like [Up], it refuses a pool of another kind of
+// database.
 func Down(ctx context.Context, db *sql.DB, dialect string, opts Options) error {
+	has, err := ordered.HasVersionTable(ctx, db, dialect, opts.Table, "")
+	if err != nil {
+		return err
+	}
+	if has {
+		if err := ordered.Down(ctx, db, dialect, opts.Table, ""); err != nil {
+			return err
+		}
+	}
 	return set.Down(ctx, db, dialect, opts.Table, opts.VersionTable)
 }
 
@@ -84,13 +156,27 @@ type Version struct {
 	Up, Down []string
 }
 
-// Versions returns the dialect's migrations rendered for the table (default
+// Versions returns the dialect's base set rendered for the table (default
 // outbox.DefaultTable), oldest first, for running from your own goose Go migrations: add
 // one Go migration of your own numbering per Version, and a new one when a later release
 // of this package adds a Version. Statements run one per ExecContext call, inside the Go
 // migration's transaction (MySQL commits DDL statements implicitly, as with goose's files).
+// For ordered publishers, add [OrderedVersions] after these.
 func Versions(dialect, table string) ([]Version, error) {
-	vs, err := set.Versions(dialect, table)
+	return versions(set, dialect, table)
+}
+
+// OrderedVersions returns the dialect's ordered set rendered for the table, oldest first:
+// the order index that [outbox.PublisherOptions.Ordered] needs (see [Options.Ordered] for
+// what it costs). Its IDs are the ordered set's own numbering, from 1. Run them as with
+// [Versions], from Go migrations of your own numbering after those of the base set (the
+// index needs the table), and roll them back before the table is dropped.
+func OrderedVersions(dialect, table string) ([]Version, error) {
+	return versions(ordered, dialect, table)
+}
+
+func versions(s gooseset.Set, dialect, table string) ([]Version, error) {
+	vs, err := s.Versions(dialect, table)
 	if err != nil {
 		return nil, err
 	}

@@ -4,13 +4,17 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"slices"
+	"strings"
 	"testing"
 	"testing/fstest"
+	"time"
 
 	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/internal/gooseset"
 	"github.com/outboxgo/outbox/internal/testdb"
 	"github.com/outboxgo/outbox/migrations"
 )
@@ -32,6 +36,12 @@ func TestUnknownDialectListsTheKnownOnes(t *testing.T) {
 	require.Contains(t, err.Error(), `"pg" (have: mysql, postgres, sqlite)`)
 	_, err = migrations.Versions("pg", "")
 	require.ErrorIs(t, err, errors.ErrUnsupported)
+	_, err = migrations.OrderedVersions("pg", "")
+	require.ErrorIs(t, err, errors.ErrUnsupported)
+	_, err = migrations.NewOrderedProvider(db, "pg", migrations.Options{})
+	require.ErrorIs(t, err, errors.ErrUnsupported)
+	err = migrations.Up(context.Background(), db, "pg", migrations.Options{Ordered: true})
+	require.ErrorIs(t, err, errors.ErrUnsupported)
 }
 
 // Migrations of one dialect refuse a pool of another kind, before goose runs anything.
@@ -46,14 +56,21 @@ func TestUpRefusesAnotherDatabase(t *testing.T) {
 				if other == backend {
 					continue
 				}
-				err := migrations.Up(ctx, db, other, migrations.Options{})
-				require.ErrorIs(t, err, outbox.ErrMisconfigured, "%s migrations on %s", other, backend)
-				require.Contains(t, err.Error(), "migrate with dialect \""+backend+"\"")
+				for _, ordered := range []bool{false, true} {
+					err := migrations.Up(ctx, db, other, migrations.Options{Ordered: ordered})
+					require.ErrorIs(t, err, outbox.ErrMisconfigured, "%s migrations on %s", other, backend)
+					require.Contains(t, err.Error(), "migrate with dialect \""+backend+"\"")
+				}
 				require.ErrorIs(t, migrations.Down(ctx, db, other, migrations.Options{}), outbox.ErrMisconfigured)
 			}
 			s, err := outbox.New(db, backends[backend].dialect, outbox.Options{})
 			require.NoError(t, err)
 			require.ErrorContains(t, s.Check(ctx), "does not exist", "nothing was created")
+			for _, vt := range []string{"outbox_events_goose_version", "outbox_events_goose_ordered"} {
+				ok, err := gooseset.TableExists(ctx, db, backend, vt)
+				require.NoError(t, err)
+				require.False(t, ok, "%s was not created", vt)
+			}
 		})
 	}
 }
@@ -72,6 +89,17 @@ func TestVersionsInOwnGooseMigrations(t *testing.T) {
 			require.NoError(t, err)
 			require.NotEmpty(t, versions)
 			require.Equal(t, int64(1), versions[0].ID)
+			ordered, err := migrations.OrderedVersions(backend, "billing_outbox")
+			require.NoError(t, err)
+			require.NotEmpty(t, ordered)
+			require.Equal(t, int64(1), ordered[0].ID, "the ordered set has its own numbering")
+			for _, v := range ordered {
+				for _, q := range append(v.Up, v.Down...) {
+					require.Contains(t, q, "billing_outbox", "rendered for the table")
+					require.NotContains(t, q, "${", "no placeholder left")
+				}
+			}
+			versions = append(versions, ordered...) // the ordered set after the base set
 
 			var goMigrations []*goose.Migration
 			for i, v := range versions {
@@ -96,12 +124,166 @@ func TestVersionsInOwnGooseMigrations(t *testing.T) {
 			s, err := outbox.New(db, b.dialect, outbox.Options{Table: "billing_outbox"})
 			require.NoError(t, err)
 			require.NoError(t, s.Check(ctx))
-			_, err = s.EnqueueStandalone(ctx, outbox.Message{Namespace: "n", Topic: "t", Payload: []byte(`{}`)})
+			_, err = s.EnqueueStandalone(ctx, outbox.Message{Namespace: "n", Topic: "t", PartitionKey: "k", Payload: []byte(`{}`)})
 			require.NoError(t, err)
+			recs, err := s.Claim(ctx, orderedClaim)
+			require.NoError(t, err, "the ordered versions created what ordered claims need")
+			require.Len(t, recs, 1)
 
 			_, err = p.DownTo(ctx, 1)
 			require.NoError(t, err)
 			require.ErrorIs(t, s.Check(ctx), outbox.ErrMisconfigured, "down dropped the outbox table")
+		})
+	}
+}
+
+// orderedClaim is an ordered claim of the namespace "n".
+var orderedClaim = outbox.ClaimOptions{Scope: outbox.Scope{Namespace: "n"}, Limit: 10, Lease: time.Minute, MaxAttempts: 5,
+	WorkerID: "w", Ordered: true}
+
+// orderObjects returns what of the ordered set exists on table: its indexes and, on MySQL,
+// the order_key column.
+func orderObjects(t *testing.T, backend string, db *sql.DB, table string) []string {
+	t.Helper()
+	var q string
+	args := []any{table}
+	switch backend {
+	case "postgres":
+		q = `SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() AND tablename = $1 AND indexname IN ($2, $3)`
+		args = append(args, table+"_order_idx", table+"_unkeyed_idx")
+	case "mysql":
+		q = `SELECT DISTINCT index_name FROM information_schema.statistics WHERE table_schema = DATABASE() AND table_name = ? AND index_name = ?` +
+			` UNION ALL SELECT column_name FROM information_schema.columns WHERE table_schema = DATABASE() AND table_name = ? AND column_name = 'order_key'`
+		args = append(args, table+"_order_idx", table)
+	case "sqlite":
+		q = `SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ? AND name IN (?, ?)`
+		args = append(args, table+"_order_idx", table+"_unkeyed_idx")
+	}
+	rows, err := db.Query(q, args...)
+	require.NoError(t, err)
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var name string
+		require.NoError(t, rows.Scan(&name))
+		out = append(out, strings.ToLower(name))
+	}
+	require.NoError(t, rows.Err())
+	slices.Sort(out)
+	return out
+}
+
+// wantOrderObjects is what the ordered set creates on table.
+func wantOrderObjects(backend, table string) []string {
+	if backend == "mysql" {
+		return []string{"order_key", table + "_order_idx"}
+	}
+	return []string{table + "_order_idx", table + "_unkeyed_idx"}
+}
+
+// versionRows returns the versions a goose version table records as applied, or nil when
+// the table does not exist.
+func versionRows(t *testing.T, backend string, db *sql.DB, vt string) []int64 {
+	t.Helper()
+	ok, err := gooseset.TableExists(context.Background(), db, backend, vt)
+	require.NoError(t, err)
+	if !ok {
+		return nil
+	}
+	rows, err := db.Query(`SELECT version_id FROM ` + vt + ` WHERE version_id > 0 ORDER BY version_id`)
+	require.NoError(t, err)
+	defer rows.Close()
+	out := []int64{}
+	for rows.Next() {
+		var v int64
+		require.NoError(t, rows.Scan(&v))
+		out = append(out, v)
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+// The ordered set is opt in: Up creates the order index only with Ordered, in its own
+// version table; Up with Ordered adds it to a table migrated without it; Down rolls it
+// back first, and a later Up without Ordered finds neither the index nor a stale version.
+func TestOrderedSetUpDown(t *testing.T) {
+	t.Parallel()
+	for backend, b := range backends {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := testdb.Open(t, backend)
+			const table = outbox.DefaultTable
+			want := wantOrderObjects(backend, table)
+			claimOrdered := func() error {
+				s, err := outbox.New(db, b.dialect, outbox.Options{})
+				require.NoError(t, err)
+				_, err = s.Claim(ctx, orderedClaim)
+				return err
+			}
+			state := func(what string, objects []string, base, ordered []int64) {
+				t.Helper()
+				require.Equal(t, objects, orderObjects(t, backend, db, table), "%s: order index", what)
+				require.Equal(t, base, versionRows(t, backend, db, table+"_goose_version"), "%s: base versions", what)
+				require.Equal(t, ordered, versionRows(t, backend, db, table+migrations.OrderedVersionSuffix), "%s: ordered versions", what)
+			}
+
+			require.NoError(t, migrations.Up(ctx, db, backend, migrations.Options{}))
+			state("up", nil, []int64{1, 2}, nil)
+			err := claimOrdered()
+			require.ErrorIs(t, err, outbox.ErrMisconfigured)
+			require.ErrorContains(t, err, "outbox migrate up --ordered")
+			require.NoError(t, migrations.Down(ctx, db, backend, migrations.Options{}))
+			state("down without the ordered set", nil, []int64{}, nil)
+
+			require.NoError(t, migrations.Up(ctx, db, backend, migrations.Options{}))
+			require.NoError(t, migrations.Up(ctx, db, backend, migrations.Options{Ordered: true}))
+			state("up, then up with Ordered", want, []int64{1, 2}, []int64{1})
+			require.NoError(t, claimOrdered())
+			require.NoError(t, migrations.Up(ctx, db, backend, migrations.Options{Ordered: true}), "again: nothing to do")
+
+			require.NoError(t, migrations.Down(ctx, db, backend, migrations.Options{}))
+			state("down", nil, []int64{}, []int64{})
+			require.NoError(t, migrations.Up(ctx, db, backend, migrations.Options{}))
+			state("down, then up without Ordered", nil, []int64{1, 2}, []int64{})
+			require.ErrorIs(t, claimOrdered(), outbox.ErrMisconfigured)
+
+			require.NoError(t, migrations.Up(ctx, db, backend, migrations.Options{Ordered: true}))
+			state("up with Ordered", want, []int64{1, 2}, []int64{1})
+			require.NoError(t, claimOrdered())
+
+			// The ordered set's own Provider, as the outbox command uses it.
+			p, err := migrations.NewOrderedProvider(db, backend, migrations.Options{})
+			require.NoError(t, err)
+			_, err = p.DownTo(ctx, 0)
+			require.NoError(t, err)
+			state("the ordered set rolled back alone", nil, []int64{1, 2}, []int64{})
+		})
+	}
+}
+
+// A table name of the longest length allowed gets both version tables by default: they are
+// longer than a table name may be, and still within PostgreSQL's identifier limit.
+func TestLongestTableName(t *testing.T) {
+	t.Parallel()
+	table := strings.Repeat("t", outbox.MaxTableBytes)
+	for backend, b := range backends {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := testdb.Open(t, backend)
+			opts := migrations.Options{Table: table, Ordered: true}
+			require.NoError(t, migrations.Up(ctx, db, backend, opts))
+			require.Equal(t, []int64{1, 2}, versionRows(t, backend, db, table+"_goose_version"))
+			require.Equal(t, []int64{1}, versionRows(t, backend, db, table+"_goose_ordered"))
+			require.Equal(t, wantOrderObjects(backend, table), orderObjects(t, backend, db, table))
+			s, err := outbox.New(db, b.dialect, outbox.Options{Table: table})
+			require.NoError(t, err)
+			require.NoError(t, s.Check(ctx))
+			_, err = s.Claim(ctx, orderedClaim)
+			require.NoError(t, err)
+			require.NoError(t, migrations.Down(ctx, db, backend, opts))
+			require.ErrorIs(t, s.Check(ctx), outbox.ErrMisconfigured)
 		})
 	}
 }

@@ -44,9 +44,9 @@ type backend interface {
 	raw(table string) rawOps
 	// loadRetained bulk-loads n delivered rows into table, server-side where possible.
 	loadRetained(ctx context.Context, table string, n int) error
-	// dropIndex drops one secondary index of the library's table (after migrate): "dedupe",
-	// "retention" or "order" (the indexes of migration 3, and on MySQL its virtual column).
-	// An index the backend does not have on the outbox table returns errors.ErrUnsupported.
+	// dropIndex drops one secondary index of the library's table (after migrate): "dedupe"
+	// or "retention". An index the backend does not have on the outbox table returns
+	// errors.ErrUnsupported.
 	dropIndex(ctx context.Context, table, index string) error
 	// createLean creates table in the lean shape of the table-cost scenario (tablecost.go)
 	// and returns its hand-written SQL.
@@ -156,9 +156,16 @@ func randomName() string {
 	return "outbox_bench_" + hex.EncodeToString(b)
 }
 
-// migrate creates table with the library's own migrations.
+// migrate creates table with the library's own migrations, without the ordered set: the
+// table every user gets.
 func migrate(ctx context.Context, db *sql.DB, dialect, table string) error {
 	return migrations.Up(ctx, db, dialect, migrations.Options{Table: table})
+}
+
+// migrateOrdered creates table with the library's own migrations and the ordered set (the
+// order index), as a user of ordered publishers migrates it.
+func migrateOrdered(ctx context.Context, db *sql.DB, dialect, table string) error {
+	return migrations.Up(ctx, db, dialect, migrations.Options{Table: table, Ordered: true})
 }
 
 // countStatus returns how many of table's rows are delivered, and how many there are.

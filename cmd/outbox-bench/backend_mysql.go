@@ -388,8 +388,6 @@ func (b *myBackend) dropIndex(ctx context.Context, table, index string) error {
 		return errors.ErrUnsupported
 	case "retention":
 		q = "ALTER TABLE `" + table + "` DROP KEY `" + table + "_retention_idx`"
-	case "order":
-		q = "ALTER TABLE `" + table + "` DROP KEY `" + table + "_order_idx`, DROP COLUMN order_key"
 	default:
 		return fmt.Errorf("unknown index %q", index)
 	}

@@ -20,6 +20,9 @@ const (
 	businessTable  = "bench_orders"
 	mainTable      = outbox.DefaultTable
 	retainedTable  = "outbox_retained"
+	// orderedTable is the ordered burn-down's table: the library's with the ordered
+	// migration set, which ordered publishers need and the other scenarios' tables lack.
+	orderedTable = "outbox_ordered"
 )
 
 // payloads are 64 deterministic order events of 200 to 500 bytes.

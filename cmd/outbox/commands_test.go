@@ -19,7 +19,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/internal/gooseset"
 	"github.com/outboxgo/outbox/internal/testdb"
+	"github.com/outboxgo/outbox/migrations"
 )
 
 // TestStats checks stats' JSON document (its exact keys and every count) and its table,
@@ -295,9 +297,12 @@ func TestMigrate(t *testing.T) {
 		var st status
 		f.okJSON(t, &st, "migrate", "status")
 		require.NotEmpty(t, st.Migrations)
-		last := st.Migrations[len(st.Migrations)-1].Version
+		var last int64
 		for _, m := range st.Migrations {
-			require.True(t, m.Applied, "%+v", m)
+			require.Equal(t, m.Set == "base", m.Applied, "the base set only: %+v", m)
+			if m.Set == "base" {
+				last = m.Version
+			}
 		}
 		require.Contains(t, f.ok(t, "migrate", "up"), "nothing to do, at version")
 
@@ -327,6 +332,101 @@ func TestMigrate(t *testing.T) {
 		for _, m := range st.Migrations {
 			require.False(t, m.Applied)
 		}
+	})
+}
+
+// TestMigrateOrdered: the ordered set is opt in. migrate up --ordered applies it after the
+// base set, status lists both sets (without creating the ordered set's version table before
+// it is applied), down --ordered rolls it back alone, and down below version 1 rolls it
+// back before dropping the table; an ordered claim works only while it is applied.
+func TestMigrateOrdered(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, f *fixture) {
+		ctx := context.Background()
+		orderedVT := outbox.DefaultTable + migrations.OrderedVersionSuffix
+		vtExists := func() bool {
+			ok, err := gooseset.TableExists(ctx, f.db, f.backend, orderedVT)
+			require.NoError(t, err)
+			return ok
+		}
+		claimOrdered := func() error {
+			s, err := outbox.New(f.db, dialectOf(f.backend), outbox.Options{})
+			require.NoError(t, err)
+			_, err = s.Claim(ctx, outbox.ClaimOptions{Scope: outbox.Scope{Namespace: ns}, Limit: 1, Lease: time.Minute,
+				MaxAttempts: 5, WorkerID: "w", Ordered: true})
+			return err
+		}
+		type status struct {
+			Migrations []migrationStatusJSON `json:"migrations"`
+		}
+		applied := func() map[string][]int64 {
+			var st status
+			f.okJSON(t, &st, "migrate", "status")
+			out := map[string][]int64{}
+			for _, m := range st.Migrations {
+				if m.Applied {
+					out[m.Set] = append(out[m.Set], m.Version)
+				}
+			}
+			return out
+		}
+		type run struct {
+			Applied        []migrationJSON `json:"applied"`
+			RolledBack     []migrationJSON `json:"rolled_back"`
+			Version        int64           `json:"version"`
+			OrderedVersion int64           `json:"ordered_version"`
+		}
+
+		// Not applied: status says how to opt in, and creates nothing.
+		var st status
+		f.okJSON(t, &st, "migrate", "status")
+		require.Equal(t, migrationStatusJSON{Set: "ordered", Version: 1, Source: "00001_order_index.sql"}, st.Migrations[len(st.Migrations)-1])
+		require.Regexp(t, `(?m)^ordered +1 +00001_order_index\.sql +not applied \(opt in: outbox migrate up --ordered\)$`, f.ok(t, "migrate", "status"))
+		require.Regexp(t, `(?m)^SET +VERSION +MIGRATION +APPLIED AT$`, f.ok(t, "migrate", "status"))
+		require.False(t, vtExists(), "status created the ordered set's version table")
+		require.ErrorContains(t, claimOrdered(), "outbox migrate up --ordered")
+
+		var r run
+		f.okJSON(t, &r, "migrate", "up", "--ordered")
+		require.Len(t, r.Applied, 1)
+		require.Equal(t, "ordered", r.Applied[0].Set)
+		require.Equal(t, int64(1), r.Applied[0].Version)
+		require.Equal(t, "00001_order_index.sql", r.Applied[0].Source)
+		require.Equal(t, [2]int64{2, 1}, [2]int64{r.Version, r.OrderedVersion})
+		require.Equal(t, map[string][]int64{"base": {1, 2}, "ordered": {1}}, applied())
+		require.NoError(t, claimOrdered())
+		require.Equal(t, "outbox_events: nothing to do, at version 2, ordered set at version 1\n", f.ok(t, "migrate", "up", "--ordered"))
+		require.Equal(t, "outbox_events: nothing to do, at version 2, ordered set at version 1\n", f.ok(t, "migrate", "up"))
+
+		// down --ordered: the ordered set alone.
+		out := f.ok(t, "migrate", "down", "--ordered")
+		require.Regexp(t, `(?m)^rolled back +ordered/00001_order_index\.sql +[0-9.]+ms$`, out)
+		require.Contains(t, out, "outbox_events: at version 2, ordered set at version 0\n")
+		require.Equal(t, map[string][]int64{"base": {1, 2}}, applied())
+		require.ErrorIs(t, claimOrdered(), outbox.ErrMisconfigured)
+		require.Contains(t, f.ok(t, "migrate", "down", "--ordered"), "nothing to do")
+
+		// down one step and down --to 1 leave the ordered set; below version 1 it goes first.
+		out = f.ok(t, "migrate", "up", "--ordered")
+		require.Regexp(t, `(?m)^applied +ordered/00001_order_index\.sql +[0-9.]+ms$`, out)
+		f.okJSON(t, &r, "migrate", "down")
+		require.Equal(t, []migrationJSON{{Set: "base", Version: 2, Source: "00002_replays.sql", DurationMS: r.RolledBack[0].DurationMS}}, r.RolledBack)
+		require.Equal(t, map[string][]int64{"base": {1}, "ordered": {1}}, applied())
+		f.okJSON(t, &r, "migrate", "down", "--to", "0")
+		require.Len(t, r.RolledBack, 2)
+		require.Equal(t, [2]string{"ordered", "base"}, [2]string{r.RolledBack[0].Set, r.RolledBack[1].Set}, "the ordered set first")
+		require.Equal(t, [2]int64{0, 0}, [2]int64{r.Version, r.OrderedVersion})
+		require.Empty(t, applied())
+
+		// Up again without --ordered: no order index, no stale version of it.
+		f.okJSON(t, &r, "migrate", "up")
+		require.Equal(t, [2]int64{2, 0}, [2]int64{r.Version, r.OrderedVersion})
+		require.Equal(t, map[string][]int64{"base": {1, 2}}, applied())
+		require.ErrorIs(t, claimOrdered(), outbox.ErrMisconfigured)
+
+		f.fails(t, exitUsage, "--to names a version of the base set", "migrate", "up", "--ordered", "--to", "1")
+		f.fails(t, exitUsage, "takes no --ordered", "migrate", "status", "--ordered")
+		f.fails(t, exitUsage, "takes no --force", "migrate", "down", "--ordered", "--force")
+		require.Equal(t, map[string][]int64{"base": {1, 2}}, applied(), "bad input changed nothing")
 	})
 }
 

@@ -1,7 +1,7 @@
 // Command outbox operates an outbox table: it runs the embedded migrations, counts the
 // backlog, lists, shows, replays and discards dead letters, and purges old rows.
 //
-//	outbox [flags] migrate up|down|status
+//	outbox [flags] migrate up|down|status [--ordered]
 //	outbox [flags] stats
 //	outbox [flags] dead list [--limit N] [--cursor C] [--since T] [--until T]
 //	outbox [flags] dead show ID

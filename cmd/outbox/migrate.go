@@ -8,34 +8,84 @@ import (
 
 	"github.com/pressly/goose/v3"
 
+	"github.com/outboxgo/outbox/internal/gooseset"
 	"github.com/outboxgo/outbox/migrations"
 )
 
-const migrateUsage = `  outbox migrate up [--to V]        apply the embedded migrations (creates the table)
+const migrateUsage = `  outbox migrate up [--to V | --ordered]
+                                    apply the embedded migrations (creates the table); with
+                                    --ordered also the ordered set: the order index that
+                                    ordered publishers need (opt in: it costs every row)
   outbox migrate down [--to V] [--force]
-                                    roll back one migration, or down to version V;
-                                    dropping a table that holds undelivered rows needs --force
-  outbox migrate status             list the migrations and which are applied
+                                    roll back one migration of the base set, or down to
+                                    version V; going below version 1 drops the table, after
+                                    rolling back the ordered set; dropping a table that holds
+                                    undelivered rows needs --force
+  outbox migrate down --ordered     roll back the ordered set alone (drops the order index)
+  outbox migrate status             list the migrations of both sets and which are applied
 
-The version table is "<table>_goose_version", as in the migrations package.`
+V is a version of the base set. The version tables are "<table>_goose_version" (base set)
+and "<table>_goose_ordered" (ordered set), as in the migrations package.`
+
+// The migration sets, as "set" in JSON and the SET column.
+const (
+	setBase    = "base"
+	setOrdered = "ordered"
+)
 
 type migrationJSON struct {
+	Set        string  `json:"set"`
 	Version    int64   `json:"version"`
 	Source     string  `json:"source"`
 	DurationMS float64 `json:"duration_ms"`
 }
 
 type migrationStatusJSON struct {
+	Set       string     `json:"set"`
 	Version   int64      `json:"version"`
 	Source    string     `json:"source"`
 	Applied   bool       `json:"applied"`
 	AppliedAt *time.Time `json:"applied_at,omitempty"`
 }
 
+// migrator is the table's two migration sets: the base set, and the ordered set, whose
+// provider is only used once its version table exists (a goose Provider creates its version
+// table on any operation, and status must not create one for a set nobody applied).
+type migrator struct {
+	cn      *conn
+	base    *goose.Provider
+	ordered *goose.Provider
+}
+
+// orderedExists reports whether the ordered set's version table exists: whether the set
+// was ever applied to the table.
+func (m *migrator) orderedExists(ctx context.Context) (bool, error) {
+	ok, err := gooseset.TableExists(ctx, m.cn.db, m.cn.dialect, m.cn.table.Name()+migrations.OrderedVersionSuffix)
+	if err != nil {
+		return false, fmt.Errorf("read the ordered migrations of %s: %v", m.cn.table.Name(), err)
+	}
+	return ok, nil
+}
+
+// setResult is one migration run, with its set.
+type setResult struct {
+	set string
+	r   *goose.MigrationResult
+}
+
+func results(set string, rs []*goose.MigrationResult) []setResult {
+	out := make([]setResult, len(rs))
+	for i, r := range rs {
+		out[i] = setResult{set: set, r: r}
+	}
+	return out
+}
+
 func runMigrate(ctx context.Context, c *cli, args []string) error {
 	fs := c.flagSet("migrate")
-	to := fs.Int64("to", -1, "target version (up: at most V; down: down to V, 0 drops the table)")
+	to := fs.Int64("to", -1, "target version of the base set (up: at most V; down: down to V, 0 drops the table)")
 	force := fs.Bool("force", false, "migrate down: drop the table even if it holds undelivered rows")
+	ordered := fs.Bool("ordered", false, "migrate up: also apply the ordered set (the order index ordered publishers need); migrate down: roll back the ordered set alone")
 	pos, err := c.parse(fs, migrateUsage, args)
 	if err != nil {
 		return err
@@ -52,49 +102,76 @@ func runMigrate(ctx context.Context, c *cli, args []string) error {
 	default:
 		return usagef("unknown migrate command %q: use up, down or status", verb)
 	}
+	switch {
+	case *ordered && verb == "status":
+		return usagef("migrate status lists both sets; it takes no --ordered")
+	case *ordered && *to >= 0:
+		return usagef("--to names a version of the base set; use it without --ordered (run: outbox help migrate)")
+	case *ordered && *force && verb == "down":
+		return usagef("migrate down --ordered drops no table; it takes no --force")
+	}
 	cn, err := c.connect(ctx, n)
 	if err != nil {
 		return err
 	}
 	defer cn.Close()
-	p, err := migrations.NewProvider(cn.db, cn.dialect, migrations.Options{Table: cn.table.Name()})
-	if err != nil {
+	opts := migrations.Options{Table: cn.table.Name()}
+	m := &migrator{cn: cn}
+	if m.base, err = migrations.NewProvider(cn.db, cn.dialect, opts); err != nil {
 		return err
 	}
-	defer p.Close()
+	defer m.base.Close()
+	if m.ordered, err = migrations.NewOrderedProvider(cn.db, cn.dialect, opts); err != nil {
+		return err
+	}
+	defer m.ordered.Close()
 	switch verb {
 	case "up":
-		return c.migrateUp(ctx, cn, p, *to)
+		return c.migrateUp(ctx, m, *to, *ordered)
 	case "down":
-		return c.migrateDown(ctx, cn, p, *to, *force)
+		if *ordered {
+			return c.migrateDownOrdered(ctx, m)
+		}
+		return c.migrateDown(ctx, m, *to, *force)
 	default:
-		return c.migrateStatus(ctx, cn, p)
+		return c.migrateStatus(ctx, m)
 	}
 }
 
-func (c *cli) migrateUp(ctx context.Context, cn *conn, p *goose.Provider, to int64) error {
+func (c *cli) migrateUp(ctx context.Context, m *migrator, to int64, ordered bool) error {
+	cn := m.cn
 	var res []*goose.MigrationResult
 	var err error
 	if to >= 0 {
-		res, err = p.UpTo(ctx, to)
+		res, err = m.base.UpTo(ctx, to)
 	} else {
-		res, err = p.Up(ctx)
+		res, err = m.base.Up(ctx)
 	}
 	if err != nil {
 		return fmt.Errorf("migrate up %s on %s: %v", cn.table.Name(), cn.shown, err)
 	}
-	return c.printMigrations(ctx, cn, p, "applied", res)
+	done := results(setBase, res)
+	if ordered {
+		res, err := m.ordered.Up(ctx)
+		if err != nil {
+			return fmt.Errorf("migrate up --ordered %s on %s: %v", cn.table.Name(), cn.shown, err)
+		}
+		done = append(done, results(setOrdered, res)...)
+	}
+	return c.printMigrations(ctx, m, "applied", done)
 }
 
-func (c *cli) migrateDown(ctx context.Context, cn *conn, p *goose.Provider, to int64, force bool) error {
-	current, err := p.GetDBVersion(ctx)
+func (c *cli) migrateDown(ctx context.Context, m *migrator, to int64, force bool) error {
+	cn := m.cn
+	current, err := m.base.GetDBVersion(ctx)
 	if err != nil {
 		return fmt.Errorf("migrate down %s on %s: %v", cn.table.Name(), cn.shown, err)
 	}
 	if to < 0 {
-		to = previousVersion(p, current)
+		to = previousVersion(m.base, current)
 	}
-	if current > 0 && to < firstVersion(p) && !force {
+	dropping := to < firstVersion(m.base)
+	if current > 0 && dropping && !force {
 		// The first migration creates the table; going below it drops the table.
 		if ok, err := cn.tableExists(ctx, cn.table.Name()); err != nil {
 			return err
@@ -108,11 +185,45 @@ func (c *cli) migrateDown(ctx context.Context, cn *conn, p *goose.Provider, to i
 			}
 		}
 	}
-	res, err := p.DownTo(ctx, to)
+	var done []setResult
+	if dropping {
+		// The order index lives on the table: its set goes first, so that a later
+		// migrate up --ordered creates it again.
+		has, err := m.orderedExists(ctx)
+		if err != nil {
+			return err
+		}
+		if has {
+			res, err := m.ordered.DownTo(ctx, 0)
+			if err != nil {
+				return fmt.Errorf("migrate down %s on %s: the ordered set: %v", cn.table.Name(), cn.shown, err)
+			}
+			done = results(setOrdered, res)
+		}
+	}
+	res, err := m.base.DownTo(ctx, to)
 	if err != nil {
 		return fmt.Errorf("migrate down %s on %s: %v", cn.table.Name(), cn.shown, err)
 	}
-	return c.printMigrations(ctx, cn, p, "rolled back", res)
+	return c.printMigrations(ctx, m, "rolled back", append(done, results(setBase, res)...))
+}
+
+// migrateDownOrdered rolls back the whole ordered set: the table stays, without the order
+// index, as for a table that never had it.
+func (c *cli) migrateDownOrdered(ctx context.Context, m *migrator) error {
+	has, err := m.orderedExists(ctx)
+	if err != nil {
+		return err
+	}
+	var done []setResult
+	if has {
+		res, err := m.ordered.DownTo(ctx, 0)
+		if err != nil {
+			return fmt.Errorf("migrate down --ordered %s on %s: %v", m.cn.table.Name(), m.cn.shown, err)
+		}
+		done = results(setOrdered, res)
+	}
+	return c.printMigrations(ctx, m, "rolled back", done)
 }
 
 // previousVersion returns the version below current among the migrations, 0 when none.
@@ -136,63 +247,114 @@ func firstVersion(p *goose.Provider) int64 {
 	return first
 }
 
-func (c *cli) printMigrations(ctx context.Context, cn *conn, p *goose.Provider, verb string, res []*goose.MigrationResult) error {
-	version, err := p.GetDBVersion(ctx)
+// versions returns the base set's version and the ordered set's (0 when it was never
+// applied, without creating its version table).
+func (m *migrator) versions(ctx context.Context) (base, ordered int64, hasOrdered bool, err error) {
+	name := m.cn.table.Name()
+	if base, err = m.base.GetDBVersion(ctx); err != nil {
+		return 0, 0, false, fmt.Errorf("read the migration version of %s: %v", name, err)
+	}
+	if hasOrdered, err = m.orderedExists(ctx); err != nil || !hasOrdered {
+		return base, 0, false, err
+	}
+	if ordered, err = m.ordered.GetDBVersion(ctx); err != nil {
+		return 0, 0, false, fmt.Errorf("read the ordered migration version of %s: %v", name, err)
+	}
+	return base, ordered, true, nil
+}
+
+func (c *cli) printMigrations(ctx context.Context, m *migrator, verb string, res []setResult) error {
+	cn := m.cn
+	version, orderedVersion, hasOrdered, err := m.versions(ctx)
 	if err != nil {
-		return fmt.Errorf("read the migration version of %s: %v", cn.table.Name(), err)
+		return err
 	}
 	out := make([]migrationJSON, 0, len(res))
 	for _, r := range res {
-		out = append(out, migrationJSON{Version: r.Source.Version, Source: path.Base(r.Source.Path),
-			DurationMS: float64(r.Duration.Microseconds()) / 1000})
+		out = append(out, migrationJSON{Set: r.set, Version: r.r.Source.Version, Source: path.Base(r.r.Source.Path),
+			DurationMS: float64(r.r.Duration.Microseconds()) / 1000})
 	}
 	if c.global.json {
 		key := "applied"
 		if verb != "applied" {
 			key = "rolled_back"
 		}
-		c.printJSON(map[string]any{"table": cn.table.Name(), "dialect": cn.dialect, key: out, "version": version})
+		c.printJSON(map[string]any{"table": cn.table.Name(), "dialect": cn.dialect, key: out, "version": version, "ordered_version": orderedVersion})
 		return nil
 	}
+	at := fmt.Sprintf("at version %d", version)
+	if hasOrdered {
+		at += fmt.Sprintf(", ordered set at version %d", orderedVersion)
+	}
 	if len(out) == 0 {
-		fmt.Fprintf(c.stdout, "%s: nothing to do, at version %d\n", cn.table.Name(), version)
+		fmt.Fprintf(c.stdout, "%s: nothing to do, %s\n", cn.table.Name(), at)
 		return nil
 	}
 	tw := c.table()
-	for _, m := range out {
-		fmt.Fprintf(tw, "%s\t%s\t%.1fms\n", verb, m.Source, m.DurationMS)
+	for _, mj := range out {
+		fmt.Fprintf(tw, "%s\t%s\t%.1fms\n", verb, sourceName(mj.Set, mj.Source), mj.DurationMS)
 	}
 	_ = tw.Flush()
-	fmt.Fprintf(c.stdout, "%s: at version %d\n", cn.table.Name(), version)
+	fmt.Fprintf(c.stdout, "%s: %s\n", cn.table.Name(), at)
 	return nil
 }
 
-func (c *cli) migrateStatus(ctx context.Context, cn *conn, p *goose.Provider) error {
-	st, err := p.Status(ctx)
+// sourceName is a migration's file as the tables show it: the ordered set's under
+// ordered/, as in the repository.
+func sourceName(set, source string) string {
+	if set == setOrdered {
+		return setOrdered + "/" + source
+	}
+	return source
+}
+
+func (c *cli) migrateStatus(ctx context.Context, m *migrator) error {
+	cn := m.cn
+	st, err := m.base.Status(ctx)
 	if err != nil {
 		return fmt.Errorf("migrate status %s on %s: %v", cn.table.Name(), cn.shown, err)
 	}
-	out := make([]migrationStatusJSON, 0, len(st))
-	for _, s := range st {
-		m := migrationStatusJSON{Version: s.Source.Version, Source: path.Base(s.Source.Path), Applied: s.State == goose.StateApplied}
-		if m.Applied {
-			at := s.AppliedAt.UTC()
-			m.AppliedAt = &at
+	out := make([]migrationStatusJSON, 0, len(st)+1)
+	add := func(set string, st []*goose.MigrationStatus) {
+		for _, s := range st {
+			ms := migrationStatusJSON{Set: set, Version: s.Source.Version, Source: path.Base(s.Source.Path), Applied: s.State == goose.StateApplied}
+			if ms.Applied {
+				at := s.AppliedAt.UTC()
+				ms.AppliedAt = &at
+			}
+			out = append(out, ms)
 		}
-		out = append(out, m)
+	}
+	add(setBase, st)
+	has, err := m.orderedExists(ctx)
+	if err != nil {
+		return err
+	}
+	if has {
+		if st, err = m.ordered.Status(ctx); err != nil {
+			return fmt.Errorf("migrate status %s on %s: the ordered set: %v", cn.table.Name(), cn.shown, err)
+		}
+		add(setOrdered, st)
+	} else {
+		for _, s := range m.ordered.ListSources() {
+			out = append(out, migrationStatusJSON{Set: setOrdered, Version: s.Version, Source: path.Base(s.Path)})
+		}
 	}
 	if c.global.json {
 		c.printJSON(map[string]any{"table": cn.table.Name(), "dialect": cn.dialect, "migrations": out})
 		return nil
 	}
 	tw := c.table()
-	fmt.Fprintln(tw, "VERSION\tMIGRATION\tAPPLIED AT")
-	for _, m := range out {
+	fmt.Fprintln(tw, "SET\tVERSION\tMIGRATION\tAPPLIED AT")
+	for _, ms := range out {
 		at := "pending"
-		if m.AppliedAt != nil {
-			at = m.AppliedAt.Format(time.RFC3339)
+		switch {
+		case ms.AppliedAt != nil:
+			at = ms.AppliedAt.Format(time.RFC3339)
+		case ms.Set == setOrdered:
+			at = "not applied (opt in: outbox migrate up --ordered)"
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\n", m.Version, m.Source, at)
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", ms.Set, ms.Version, ms.Source, at)
 	}
 	return tw.Flush()
 }

@@ -39,7 +39,15 @@ type Set struct {
 	Placeholder string
 	// DefaultTable is the table name when none is given.
 	DefaultTable string
+	// VersionSuffix names the default goose version table, "<table>" + VersionSuffix;
+	// default "_goose_version". Two sets on one table need different suffixes. At most
+	// 14 bytes, so that the name fits PostgreSQL's 63-byte identifiers after a table name
+	// of [outbox.MaxTableBytes].
+	VersionSuffix string
 }
+
+// maxSuffixBytes is the longest VersionSuffix: 48 + 14 is within PostgreSQL's 63 bytes.
+const maxSuffixBytes = 63 - outbox.MaxTableBytes - 1
 
 // Dialects lists the dialect names that have migrations.
 func Dialects() []string { return slices.Sorted(maps.Keys(dialects)) }
@@ -50,27 +58,22 @@ func (s Set) unknown(dialect string) error {
 }
 
 // Provider returns a goose Provider for dialect with the files rendered for table (default
-// DefaultTable) and the version table versionTable (default "<table>_goose_version").
+// DefaultTable) and the version table versionTable (default "<table>" + VersionSuffix).
+// Like every goose Provider, it creates its version table on its first operation.
 func (s Set) Provider(db *sql.DB, dialect, table, versionTable string) (*goose.Provider, error) {
 	gd, ok := dialects[dialect]
 	if !ok {
 		return nil, s.unknown(dialect)
 	}
-	t, err := s.table(table)
+	t, vt, err := s.tables(table, versionTable)
 	if err != nil {
-		return nil, err
-	}
-	if versionTable == "" {
-		versionTable = t + "_goose_version"
-	}
-	if _, err := outbox.NewTable(versionTable); err != nil {
 		return nil, err
 	}
 	files, err := s.render(dialect, t)
 	if err != nil {
 		return nil, err
 	}
-	return goose.NewProvider(gd, db, files, goose.WithTableName(versionTable), goose.WithDisableGlobalRegistry(true))
+	return goose.NewProvider(gd, db, files, goose.WithTableName(vt), goose.WithDisableGlobalRegistry(true))
 }
 
 // Up applies every migration, after checking that db is the kind of database dialect names.
@@ -86,6 +89,49 @@ func (s Set) Up(ctx context.Context, db *sql.DB, dialect, table, versionTable st
 		return fmt.Errorf("%s: up: %w", s.Name, err)
 	}
 	return nil
+}
+
+// HasVersionTable reports whether the set's version table exists, without creating it (a
+// goose Provider would): whether the set was ever migrated on this table, by [Set.Up] or a
+// [Set.Provider]. It runs the same check of the server as Up first.
+func (s Set) HasVersionTable(ctx context.Context, db *sql.DB, dialect, table, versionTable string) (bool, error) {
+	if _, ok := dialects[dialect]; !ok {
+		return false, s.unknown(dialect)
+	}
+	_, vt, err := s.tables(table, versionTable)
+	if err != nil {
+		return false, err
+	}
+	if err := s.matchServer(ctx, db, dialect); err != nil {
+		return false, err
+	}
+	ok, err := TableExists(ctx, db, dialect, vt)
+	if err != nil {
+		return false, fmt.Errorf("%s: %w", s.Name, err)
+	}
+	return ok, nil
+}
+
+// TableExists reports whether a table of that name exists where a goose Provider of the
+// dialect looks for its version table: PostgreSQL's current schema (the first existing one
+// on the search_path), MySQL's current database, SQLite's main database.
+func TableExists(ctx context.Context, db *sql.DB, dialect, name string) (bool, error) {
+	var q string
+	switch dialect {
+	case "postgres":
+		q = `SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = current_schema() AND tablename = $1`
+	case "mysql":
+		q = `SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?`
+	case "sqlite":
+		q = `SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = ?`
+	default:
+		return false, fmt.Errorf("no catalog query for dialect %q: %w", dialect, errors.ErrUnsupported)
+	}
+	var n int
+	if err := db.QueryRowContext(ctx, q, name).Scan(&n); err != nil {
+		return false, fmt.Errorf("look for table %s: %w", name, err)
+	}
+	return n > 0, nil
 }
 
 // Down rolls every migration back, after the same check as Up.
@@ -112,6 +158,31 @@ func (s Set) table(name string) (string, error) {
 		return "", err
 	}
 	return t.Name(), nil
+}
+
+// tables validates the table name and returns it with the version table's. A version table
+// given by the caller must pass [outbox.NewTable]; the default one is the valid table name
+// and the set's fixed suffix, which may take it past [outbox.MaxTableBytes] but never past
+// PostgreSQL's identifier limit.
+func (s Set) tables(table, versionTable string) (t, vt string, err error) {
+	t, err = s.table(table)
+	if err != nil {
+		return "", "", err
+	}
+	if versionTable != "" {
+		if _, err := outbox.NewTable(versionTable); err != nil {
+			return "", "", err
+		}
+		return t, versionTable, nil
+	}
+	suffix := s.VersionSuffix
+	if suffix == "" {
+		suffix = "_goose_version"
+	}
+	if len(suffix) > maxSuffixBytes {
+		return "", "", fmt.Errorf("%s: version table suffix %q is longer than %d bytes", s.Name, suffix, maxSuffixBytes)
+	}
+	return t, t + suffix, nil
 }
 
 // matchServer checks that db is the kind of database dialect names. A database it does not
