@@ -563,10 +563,12 @@ func (r *run) claimLoop(w waker) {
 	o := ClaimOptions{Scope: p.opts.Scope, Limit: p.opts.BatchSize, Lease: p.opts.Lease, MaxAttempts: p.opts.Retry.MaxAttempts, WorkerID: p.opts.WorkerID,
 		Ordered: p.opts.Ordered, OrderedSkipDead: p.opts.OrderedSkipDead}
 	_, fold := p.store.dialect.(SettleClaimer)
-	// Ordered publishers do not pipeline (yet): eight of them pipelined on one SQLite file
-	// delivered too slowly under the race detector, for a reason not yet analysed.
-	pipeline := !p.opts.Ordered
-	fold = fold && pipeline
+	// Ordered publishers do not claim ahead: a batch claimed while the one before is in the
+	// transport holds its keys too, so a publisher would hold the heads of twice as many
+	// keys, which the other publishers' claims then walk past (eight of them on one SQLite
+	// file, claiming ahead, delivered too slowly under the race detector). They still
+	// record a full batch's outcomes with their next claim.
+	claimAhead := !p.opts.Ordered
 	idle := p.opts.PollInterval
 	errDelay := p.opts.PollInterval
 	chase := len(chaseDelays) // position in chaseDelays; at the end when not chasing
@@ -584,7 +586,8 @@ func (r *run) claimLoop(w waker) {
 	// A claim loop pipelines: while a full batch is being published, it records the
 	// outcomes of the batch before (prev) and claims the next one, in one transaction where
 	// the dialect can (next). So the database's work overlaps the broker's, and a backlog
-	// drains at one commit per batch.
+	// drains at one commit per batch. An ordered loop records a full batch's outcomes with
+	// its next claim too, but makes that claim only once the batch is published.
 	var (
 		prev    *outcomes // published, not yet recorded
 		cur     []Record  // claimed, to publish
@@ -630,7 +633,7 @@ func (r *run) claimLoop(w waker) {
 			ahead    []Record
 			aheadErr error
 		)
-		if full && pipeline && r.ctx.Err() == nil {
+		if full && claimAhead && r.ctx.Err() == nil {
 			ahead, aheadErr = r.next(&prev, o, fold) // more is likely waiting
 		} else if prev != nil {
 			r.settle(prev, false)
@@ -650,12 +653,10 @@ func (r *run) claimLoop(w waker) {
 			cur = nil
 		}
 		switch {
-		case !full || !pipeline:
+		case !full:
 			r.settle(prev, false)
 			prev = nil
-			if !full {
-				pause(p.opts.PollInterval)
-			}
+			pause(p.opts.PollInterval)
 		case aheadErr != nil && r.work.Err() == nil:
 			r.claimFailed(aheadErr, &errDelay) // prev is recorded with the next claim
 		case !fold && cur == nil:

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/migrations"
 )
 
 // foldingDialect is a faultyDialect that keeps the SettleClaimer ability of the built-in
@@ -213,5 +214,67 @@ func TestPublisherClaimsWhilePublishing(t *testing.T) {
 			require.Equal(t, []int{1}, rec.seen(id))
 		}
 		require.Equal(t, outbox.PublisherStats{Claimed: 3 * batch, Delivered: 3 * batch}, p.Stats())
+	})
+}
+
+// orderedFoldingDialect is a foldingDialect that can claim in order, as the built-in
+// dialect it wraps.
+type orderedFoldingDialect struct{ *foldingDialect }
+
+func (d orderedFoldingDialect) BlockedKeys(ctx context.Context, q outbox.DBTX, t outbox.Table, p outbox.BlockedKeysParams) ([]outbox.BlockedKey, error) {
+	return d.Dialect.(outbox.OrderedClaimer).BlockedKeys(ctx, q, t, p)
+}
+
+func (d orderedFoldingDialect) CheckOrdered(ctx context.Context, db *sql.DB, t outbox.Table) error {
+	return d.Dialect.(outbox.OrderedClaimer).CheckOrdered(ctx, db, t)
+}
+
+// TestPublisherOrderedFoldsWithoutClaimingAhead: an ordered publisher records a full
+// batch's outcomes with its next claim, as an unordered one does, but claims that batch
+// only once the one before is published, so that it never holds the heads of two batches
+// of keys. Every row has a key of its own, so a claim ahead would find heads to take.
+func TestPublisherOrderedFoldsWithoutClaimingAhead(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, e *pubEnv) {
+		const batch, n = 10, 30
+		ctx := context.Background()
+		require.NoError(t, migrations.Up(ctx, e.db, e.backend, migrations.Options{Ordered: true}))
+		msgs := make([]outbox.Message, n)
+		for i := range msgs {
+			msgs[i] = outbox.Message{Namespace: "ordfold", Topic: "t", PartitionKey: fmt.Sprint("key-", i), Payload: []byte(fmt.Sprintf(`{"n": %d}`, i))}
+		}
+		_, err := e.store.EnqueueStandalone(ctx, msgs...)
+		require.NoError(t, err)
+		d := orderedFoldingDialect{newFoldingDialect(e.backend)}
+		rec := newRecorder(nil)
+		inner := rec.transport("p")
+		var claimedAhead atomic.Int64
+		tr := outbox.TransportFunc(func(ctx context.Context, ds []outbox.Delivery) []error {
+			// A claim ahead would start now and lease a second batch: give it a second.
+			deadline := time.Now().Add(time.Second)
+			for time.Now().Before(deadline) {
+				if got := e.counts(t)[outbox.StatusProcessing]; got > len(ds) {
+					claimedAhead.Add(1)
+					break
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			return inner.Publish(ctx, ds)
+		})
+		o := fastOptions(t, "ordfold")
+		o.BatchSize = batch
+		o.Ordered = true
+		p, err := outbox.NewPublisher(e.newStore(t, e.db, d), tr, o)
+		require.NoError(t, err)
+		stop := start(t, p)
+		e.waitCounts(t, 60*time.Second, func(m map[outbox.Status]int) bool { return m[outbox.StatusDelivered] == n })
+		require.Eventually(t, func() bool { return p.Stats().Delivered == n }, 10*time.Second, 5*time.Millisecond)
+		stop()
+		require.Zero(t, claimedAhead.Load(), "no batch was claimed while another was published")
+		// Three full batches: each settled by the claim after it (the third by a claim that
+		// found nothing), none alone.
+		require.EqualValues(t, n/batch, d.folds.Load())
+		require.Zero(t, d.completes.Load(), "no batch was settled alone")
+		require.Equal(t, outbox.PublisherStats{Claimed: n, Delivered: n}, p.Stats())
 	})
 }
