@@ -11,16 +11,11 @@ import (
 // both sides. The raw loop waits for it between its claim and its ack; the Publisher claims
 // the next batch and records the last one while it waits.
 type brokerResult struct {
-	Publish string  `json:"publish"`
-	Batch   int     `json:"batch"`
-	Workers int     `json:"workers"`
-	N       int     `json:"n"`
-	Library sample  `json:"library"`
-	Raw     sample  `json:"raw"`
-	Ratio   float64 `json:"library_vs_raw"`
-	// Commits per batch (median over runs) of each loop.
-	LibraryCommitsPerBatch float64 `json:"library_commits_per_batch"`
-	RawCommitsPerBatch     float64 `json:"raw_commits_per_batch"`
+	Publish string `json:"publish"`
+	Batch   int    `json:"batch"`
+	Workers int    `json:"workers"`
+	N       int    `json:"n"`
+	drainPair
 }
 
 // brokerPublish is the broker scenario's publish time: about a round trip to a broker in
@@ -33,30 +28,20 @@ const brokerMetric = "burndown_vs_raw_publish_1ms"
 // runBroker measures the broker scenario as alternating library/raw pairs after one
 // warm-up pair.
 func runBroker(ctx context.Context, cfg config, b backend, res *backendResult) error {
-	pair := func(n, rounds int) (lib, raw []burnRun, err error) {
-		run := func(kind string, into *[]burnRun) variant {
-			return variant{name: kind, run: func(ctx context.Context) (float64, error) {
-				r, err := drain(ctx, b, drainSpec{kind: kind, table: mainTable, n: n, batch: cfg.Batch, workers: cfg.Workers, publish: brokerPublish})
-				*into = append(*into, r)
-				return r.Rate, err
-			}}
-		}
-		_, err = alternate(ctx, rounds, []variant{run(kindRaw, &raw), run("library", &lib)})
-		return lib, raw, err
+	spec := func(n int) drainSpec {
+		return drainSpec{table: mainTable, n: n, batch: cfg.Batch, workers: cfg.Workers, publish: brokerPublish}
 	}
-	if _, _, err := pair(min(cfg.BrokerN, 2000), 1); err != nil {
+	if _, err := drainPairs(ctx, b, spec(min(cfg.BrokerN, 2000)), 1); err != nil {
 		return err
 	}
-	lib, raw, err := pair(cfg.BrokerN, cfg.BrokerRounds)
+	pair, err := drainPairs(ctx, b, spec(cfg.BrokerN), cfg.BrokerRounds)
 	if err != nil {
 		return err
 	}
-	r := &brokerResult{Publish: brokerPublish.String(), Batch: cfg.Batch, Workers: cfg.Workers, N: cfg.BrokerN,
-		Library: summarize(rates(lib)), Raw: summarize(rates(raw)), Ratio: pairedRatio(rates(lib), rates(raw)),
-		LibraryCommitsPerBatch: commitsPerBatch(lib), RawCommitsPerBatch: commitsPerBatch(raw)}
+	r := &brokerResult{Publish: brokerPublish.String(), Batch: cfg.Batch, Workers: cfg.Workers, N: cfg.BrokerN, drainPair: pair}
 	logf("%s: broker burn-down (publish %s) b=%d w=%d n=%d: library %.0f rows/s, raw %.0f rows/s: %.3f (pairs %s); commits/batch library %.2f raw %.2f",
 		b.name(), brokerPublish, cfg.Batch, cfg.Workers, cfg.BrokerN, r.Library.Median, r.Raw.Median, r.Ratio,
-		pairRatios(rates(lib), rates(raw)), r.LibraryCommitsPerBatch, r.RawCommitsPerBatch)
+		pairRatios(r.Library.All, r.Raw.All), r.LibraryCommitsPerBatch, r.RawCommitsPerBatch)
 	res.Broker = r
 	return nil
 }

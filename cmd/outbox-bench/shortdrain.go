@@ -9,15 +9,40 @@ import (
 // rows of 200-byte payloads drained by a Publisher with default options (but the batch
 // size and claim loops) and by the raw claim + ack loop on the same table, in alternation.
 type shortDrainResult struct {
-	Batch   int     `json:"batch"`
-	Workers int     `json:"workers"`
-	N       int     `json:"n"`
+	Batch   int `json:"batch"`
+	Workers int `json:"workers"`
+	N       int `json:"n"`
+	drainPair
+}
+
+// drainPair is what alternating library and raw drains of one configuration measured.
+type drainPair struct {
 	Library sample  `json:"library"`
 	Raw     sample  `json:"raw"`
 	Ratio   float64 `json:"library_vs_raw"`
 	// Commits per batch (median over runs) of each loop.
 	LibraryCommitsPerBatch float64 `json:"library_commits_per_batch"`
 	RawCommitsPerBatch     float64 `json:"raw_commits_per_batch"`
+}
+
+// drainPairs drains s (its kind set in turn to raw and library) rounds times in alternation
+// and sums the runs up.
+func drainPairs(ctx context.Context, b backend, s drainSpec, rounds int) (drainPair, error) {
+	var lib, raw []burnRun
+	run := func(kind string, into *[]burnRun) variant {
+		return variant{name: kind, run: func(ctx context.Context) (float64, error) {
+			s := s
+			s.kind = kind
+			r, err := drain(ctx, b, s)
+			*into = append(*into, r)
+			return r.Rate, err
+		}}
+	}
+	if _, err := alternate(ctx, rounds, []variant{run(kindRaw, &raw), run("library", &lib)}); err != nil {
+		return drainPair{}, err
+	}
+	return drainPair{Library: summarize(rates(lib)), Raw: summarize(rates(raw)), Ratio: pairedRatio(rates(lib), rates(raw)),
+		LibraryCommitsPerBatch: commitsPerBatch(lib), RawCommitsPerBatch: commitsPerBatch(raw)}, nil
 }
 
 // metricName is the result's JSON metric: short_drain_b<batch>_w<workers>_vs_raw.
@@ -28,31 +53,21 @@ func (s *shortDrainResult) metricName() string {
 // runShortDrain measures every batch size and worker count of the short drains, each
 // configuration as alternating library/raw pairs after one warm-up pair.
 func runShortDrain(ctx context.Context, cfg config, b backend, res *backendResult) error {
-	pair := func(n, batch, workers, rounds int) (lib, raw []burnRun, err error) {
-		run := func(kind string, into *[]burnRun) variant {
-			return variant{name: kind, run: func(ctx context.Context) (float64, error) {
-				r, err := drain(ctx, b, drainSpec{kind: kind, table: mainTable, n: n, batch: batch, workers: workers, payloads: payloads200})
-				*into = append(*into, r)
-				return r.Rate, err
-			}}
-		}
-		_, err = alternate(ctx, rounds, []variant{run(kindRaw, &raw), run("library", &lib)})
-		return lib, raw, err
+	spec := func(n, batch, workers int) drainSpec {
+		return drainSpec{table: mainTable, n: n, batch: batch, workers: workers, payloads: payloads200}
 	}
-	if _, _, err := pair(min(cfg.ShortN, 2000), cfg.ShortBatches[0], cfg.ShortWorkers[0], 1); err != nil {
+	if _, err := drainPairs(ctx, b, spec(min(cfg.ShortN, 2000), cfg.ShortBatches[0], cfg.ShortWorkers[0]), 1); err != nil {
 		return err
 	}
 	for _, batch := range cfg.ShortBatches {
 		for _, workers := range cfg.ShortWorkers {
-			lib, raw, err := pair(cfg.ShortN, batch, workers, cfg.ShortRounds)
+			pair, err := drainPairs(ctx, b, spec(cfg.ShortN, batch, workers), cfg.ShortRounds)
 			if err != nil {
 				return err
 			}
-			s := shortDrainResult{Batch: batch, Workers: workers, N: cfg.ShortN,
-				Library: summarize(rates(lib)), Raw: summarize(rates(raw)), Ratio: pairedRatio(rates(lib), rates(raw)),
-				LibraryCommitsPerBatch: commitsPerBatch(lib), RawCommitsPerBatch: commitsPerBatch(raw)}
+			s := shortDrainResult{Batch: batch, Workers: workers, N: cfg.ShortN, drainPair: pair}
 			logf("%s: short drain b=%d w=%d n=%d: library %.0f rows/s, raw %.0f rows/s: %.3f (pairs %s); commits/batch library %.2f raw %.2f",
-				b.name(), batch, workers, cfg.ShortN, s.Library.Median, s.Raw.Median, s.Ratio, pairRatios(rates(lib), rates(raw)),
+				b.name(), batch, workers, cfg.ShortN, s.Library.Median, s.Raw.Median, s.Ratio, pairRatios(s.Library.All, s.Raw.All),
 				s.LibraryCommitsPerBatch, s.RawCommitsPerBatch)
 			res.ShortDrain = append(res.ShortDrain, s)
 		}
