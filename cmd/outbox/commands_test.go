@@ -430,6 +430,24 @@ func TestMigrateOrdered(t *testing.T) {
 	})
 }
 
+// TestMigrateDownKeepsOrderedIndexOfKeptTable: a table whose base set goose records in a
+// version table of the program's own (migrations.Options.VersionTable), which the command
+// does not read, is at version 0 for the command; migrate down must then leave its order
+// index, since the table stays.
+func TestMigrateDownKeepsOrderedIndexOfKeptTable(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, f *fixture) {
+		ctx := context.Background()
+		const table = "own_versions_events"
+		require.NoError(t, migrations.Up(ctx, f.db, f.backend, migrations.Options{Table: table, VersionTable: "app_outbox_versions", Ordered: true}))
+		require.Contains(t, f.ok(t, "--table", table, "migrate", "down"), "nothing to do")
+		s, err := outbox.New(f.db, dialectOf(f.backend), outbox.Options{Table: table})
+		require.NoError(t, err)
+		_, err = s.Claim(ctx, outbox.ClaimOptions{Scope: outbox.Scope{Namespace: ns}, Limit: 1, Lease: time.Minute,
+			MaxAttempts: 5, WorkerID: "w", Ordered: true})
+		require.NoError(t, err, "the order index is still there")
+	})
+}
+
 // TestBadInput runs each kind of bad input and checks that it is a one-line error with
 // the right exit code and that the table is unchanged.
 func TestBadInput(t *testing.T) {

@@ -170,7 +170,10 @@ func (c *cli) migrateDown(ctx context.Context, m *migrator, to int64, force bool
 	if to < 0 {
 		to = previousVersion(m.base, current)
 	}
-	dropping := to < firstVersion(m.base)
+	// Only a base set that has its first version can go below it: at version 0 there is no
+	// table of the base set's to drop (its version table may be another than this command's),
+	// and the order index of a table that remains must stay.
+	dropping := current >= firstVersion(m.base) && to < firstVersion(m.base)
 	if current > 0 && dropping && !force {
 		// The first migration creates the table; going below it drops the table.
 		if ok, err := cn.tableExists(ctx, cn.table.Name()); err != nil {
