@@ -224,8 +224,9 @@ var (
 // orderedFix says how to create what ordered claims need on the table t.
 func orderedFix(dialect string, t Table) string {
 	return fmt.Sprintf("it is in the ordered migration set, which is opt in: run migrations.Up(ctx, db, %q, "+
-		"migrations.Options{Table: %q, Ordered: true}) or `outbox migrate up --ordered --dialect %s --table %s`",
-		dialect, t.Name(), dialect, t.Name())
+		"migrations.Options{Table: %q, Ordered: true}) or `outbox migrate up --ordered --dialect %s --table %s` "+
+		"(or, where your own goose migrations create the table, add migrations.OrderedVersions(%q, %q))",
+		dialect, t.Name(), dialect, t.Name(), dialect, t.Name())
 }
 
 // checkOrderedBuiltin is the ordered check the built-in dialects share: want lists what

@@ -163,8 +163,8 @@ type PublisherOptions struct {
 	// the key back too, until an operator replays or discards it ([Store.BlockedKeys] lists
 	// such keys); set OrderedSkipDead to pass over dead rows instead. Every publisher that
 	// serves the same rows must set it alike: an unordered publisher ignores the order.
-	// An ordered publisher records each batch on its own and claims the next after it, not
-	// during its publish (see [Publisher.Run]).
+	// An ordered publisher records a full batch's outcomes with its next claim, which it makes
+	// only once the batch is published, not during its publish (see [Publisher.Run]).
 	// It needs a dialect that implements [OrderedClaimer]; [NewPublisher] refuses another
 	// dialect with an error matching [errors.ErrUnsupported]. It also needs the table's
 	// order index, which the ordered migration set creates: it is opt in because it costs

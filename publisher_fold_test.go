@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -188,16 +189,17 @@ func TestPublisherClaimsWhilePublishing(t *testing.T) {
 		ids := e.enqueue(t, "overlap", 3*batch)
 		var calls atomic.Int64
 		overlapped := make(chan bool, 1)
+		bg := &goroutineT{} // the transport runs on the publisher's goroutines
 		rec := newRecorder(nil)
 		inner := rec.transport("p")
 		tr := outbox.TransportFunc(func(ctx context.Context, ds []outbox.Delivery) []error {
 			if calls.Add(1) == 1 {
 				// Hold the first batch until the second is claimed, or give up.
 				deadline := time.Now().Add(10 * time.Second)
-				for e.counts(t)[outbox.StatusProcessing] < 2*batch && time.Now().Before(deadline) {
+				for e.counts(bg)[outbox.StatusProcessing] < 2*batch && time.Now().Before(deadline) {
 					time.Sleep(10 * time.Millisecond)
 				}
-				overlapped <- e.counts(t)[outbox.StatusProcessing] == 2*batch
+				overlapped <- e.counts(bg)[outbox.StatusProcessing] == 2*batch
 			}
 			return inner.Publish(ctx, ds)
 		})
@@ -207,6 +209,7 @@ func TestPublisherClaimsWhilePublishing(t *testing.T) {
 		require.NoError(t, err)
 		stop := start(t, p)
 		require.True(t, <-overlapped, "the next batch was claimed while the first was published")
+		bg.check(t)
 		e.waitCounts(t, 30*time.Second, func(m map[outbox.Status]int) bool { return m[outbox.StatusDelivered] == 3*batch })
 		require.Eventually(t, func() bool { return p.Stats().Delivered == 3*batch }, 10*time.Second, 5*time.Millisecond)
 		stop()
@@ -249,11 +252,12 @@ func TestPublisherOrderedFoldsWithoutClaimingAhead(t *testing.T) {
 		rec := newRecorder(nil)
 		inner := rec.transport("p")
 		var claimedAhead atomic.Int64
+		bg := &goroutineT{} // the transport runs on the publisher's goroutines
 		tr := outbox.TransportFunc(func(ctx context.Context, ds []outbox.Delivery) []error {
 			// A claim ahead would start now and lease a second batch: give it a second.
 			deadline := time.Now().Add(time.Second)
 			for time.Now().Before(deadline) {
-				if got := e.counts(t)[outbox.StatusProcessing]; got > len(ds) {
+				if got := e.counts(bg)[outbox.StatusProcessing]; got > len(ds) {
 					claimedAhead.Add(1)
 					break
 				}
@@ -270,6 +274,7 @@ func TestPublisherOrderedFoldsWithoutClaimingAhead(t *testing.T) {
 		e.waitCounts(t, 60*time.Second, func(m map[outbox.Status]int) bool { return m[outbox.StatusDelivered] == n })
 		require.Eventually(t, func() bool { return p.Stats().Delivered == n }, 10*time.Second, 5*time.Millisecond)
 		stop()
+		bg.check(t)
 		require.Zero(t, claimedAhead.Load(), "no batch was claimed while another was published")
 		// Three full batches: each settled by the claim after it (the third by a claim that
 		// found nothing), none alone.
@@ -277,4 +282,27 @@ func TestPublisherOrderedFoldsWithoutClaimingAhead(t *testing.T) {
 		require.Zero(t, d.completes.Load(), "no batch was settled alone")
 		require.Equal(t, outbox.PublisherStats{Claimed: n, Delivered: n}, p.Stats())
 	})
+}
+
+// goroutineT collects the failures of require checks made on a goroutine other than the
+// test's (a transport's), where FailNow must not stop the goroutine; check reports them.
+type goroutineT struct {
+	mu   sync.Mutex
+	errs []string
+}
+
+func (g *goroutineT) Errorf(format string, args ...any) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.errs = append(g.errs, fmt.Sprintf(format, args...))
+}
+
+func (g *goroutineT) FailNow() {}
+
+// check fails t with what the goroutine's checks reported.
+func (g *goroutineT) check(t *testing.T) {
+	t.Helper()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	require.Empty(t, g.errs, "checks on the transport's goroutine")
 }
