@@ -103,17 +103,7 @@ func TestVersionsInOwnGooseMigrations(t *testing.T) {
 
 			var goMigrations []*goose.Migration
 			for i, v := range versions {
-				run := func(stmts []string) *goose.GoFunc {
-					return &goose.GoFunc{RunTx: func(ctx context.Context, tx *sql.Tx) error {
-						for _, q := range stmts {
-							if _, err := tx.ExecContext(ctx, q); err != nil {
-								return err
-							}
-						}
-						return nil
-					}}
-				}
-				goMigrations = append(goMigrations, goose.NewGoMigration(int64(10+i), run(v.Up), run(v.Down)))
+				goMigrations = append(goMigrations, goMigration(int64(10+i), v)) // example_test.go
 			}
 			own := fstest.MapFS{"00001_users.sql": {Data: []byte("-- +goose Up\nCREATE TABLE users (id INTEGER PRIMARY KEY);\n-- +goose Down\nDROP TABLE users;\n")}}
 			p, err := goose.NewProvider(b.goose, db, own, goose.WithGoMigrations(goMigrations...), goose.WithDisableGlobalRegistry(true))
