@@ -100,6 +100,31 @@ func IsPermanent(err error) bool {
 	return errors.As(err, &p)
 }
 
+// Unavailable marks a publish error as an outage of the destination: the broker or endpoint
+// could not be reached (connection refused, reset or closed, a dial or I/O timeout, a
+// cluster without a leader). The message itself is not at fault. A [Publisher] spends no
+// attempt on it: the message goes back to pending with its attempt count unchanged and is
+// never dead-lettered for it, however long the outage lasts, and a batch that comes back
+// all Unavailable opens the publisher's circuit breaker. Transports classify their
+// clients' outage errors with it; a [Transport] of your own may too.
+func Unavailable(err error) error {
+	if err == nil {
+		err = errors.New("destination unavailable")
+	}
+	return &unavailableError{err}
+}
+
+type unavailableError struct{ err error }
+
+func (e *unavailableError) Error() string { return "unavailable: " + e.err.Error() }
+func (e *unavailableError) Unwrap() error { return e.err }
+
+// IsUnavailable reports whether err, or an error it wraps, was marked with [Unavailable].
+func IsUnavailable(err error) bool {
+	var u *unavailableError
+	return errors.As(err, &u)
+}
+
 // RetryAfter marks a publish error with the delay after which to try again (a broker's
 // back-pressure hint, an HTTP Retry-After). The delay replaces the backoff of the retry
 // policy for that attempt; the attempt limit still applies. A negative d counts as zero.
