@@ -164,14 +164,16 @@ func (d *postgresDialect) Check(ctx context.Context, db *sql.DB, t Table) error 
 	}, map[string][]string{t.Name(): recordColumns})
 }
 
-// Check implements [Checker]. MySQL keeps dedupe keys in a second table, <table>_dedupe.
+// Check implements [Checker]. MySQL keeps dedupe keys in a second table, <table>_dedupe,
+// and their lock stripes in a third, <table>_dedupe_lock.
 func (d mysqlDialect) Check(ctx context.Context, db *sql.DB, t Table) error {
 	return checkBuiltin(ctx, db, d.Name(), t, func(ctx context.Context, db *sql.DB, table string) ([]string, error) {
 		return queryStrings(ctx, db, `SELECT column_name FROM information_schema.columns`+
 			` WHERE table_schema = DATABASE() AND table_name = ?`, table)
 	}, map[string][]string{
-		t.Name():             recordColumns,
-		t.Name() + "_dedupe": {"namespace", "topic", "dedupe_key", "id"},
+		t.Name():                  recordColumns,
+		t.Name() + "_dedupe":      {"namespace", "topic", "dedupe_key", "id"},
+		t.Name() + "_dedupe_lock": {"stripe"},
 	})
 }
 

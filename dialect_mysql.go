@@ -4,7 +4,9 @@ import (
 	"cmp"
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+	"hash/fnv"
 	"math/rand/v2"
 	"reflect"
 	"slices"
@@ -251,6 +253,9 @@ func (d mysqlDialect) insert(ctx context.Context, q DBTX, t Table, rows []Row) (
 			return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Topic, b.Topic),
 				strings.Compare(a.DedupeKey, b.DedupeKey))
 		})
+		if err := mysqlLockStripes(ctx, q, t, rows, keyed); err != nil {
+			return nil, err
+		}
 		for chunk := range slices.Chunk(keyed, mysqlRowsPerInsert) {
 			if err := mysqlReserve(ctx, q, t, rows, chunk, inserted); err != nil {
 				mysqlUndo(ctx, q, t, rows, keyed, inserted, nil)
@@ -276,6 +281,54 @@ func (d mysqlDialect) insert(ctx context.Context, q DBTX, t Table, rows []Row) (
 		done += n
 	}
 	return inserted, nil
+}
+
+// mysqlStripes is how many rows <table>_dedupe_lock holds (migration 3).
+const mysqlStripes = 4096
+
+// mysqlStripe is the lock stripe of a dedupe key: FNV-1a of its namespace, topic and key.
+func mysqlStripe(r *Row) int {
+	h := fnv.New32a()
+	for _, s := range [...]string{r.Namespace, r.Topic, r.DedupeKey} {
+		_, _ = h.Write([]byte(s))
+		_, _ = h.Write([]byte{0})
+	}
+	return int(h.Sum32() % mysqlStripes)
+}
+
+// mysqlLockStripes locks the stripes of the keyed rows' dedupe keys in <table>_dedupe_lock,
+// in stripe order, for the rest of the caller's transaction: rows that always exist, so
+// that producers racing for a key queue on one of them and reach the key one at a time.
+// Waiting on the key itself deadlocks when its winner rolls back (see [MySQL]). The stripes
+// are primary keys of existing rows, so the lock is on those records only, never a gap.
+func mysqlLockStripes(ctx context.Context, q DBTX, t Table, rows []Row, keyed []int) error {
+	stripes := make([]int, 0, len(keyed))
+	for _, i := range keyed {
+		stripes = append(stripes, mysqlStripe(&rows[i]))
+	}
+	slices.Sort(stripes)
+	stripes = slices.Compact(stripes)
+	a := &args{}
+	in := a.list(len(stripes), func(i int) any { return stripes[i] })
+	rs, err := q.QueryContext(ctx, `SELECT stripe FROM `+quoteIdent(t.Name()+"_dedupe_lock", '`')+
+		` WHERE stripe IN `+in+` ORDER BY stripe FOR UPDATE`, a.vals...)
+	if err != nil {
+		return err
+	}
+	n := 0
+	for rs.Next() {
+		n++
+	}
+	if err := errors.Join(rs.Err(), rs.Close()); err != nil {
+		return err
+	}
+	if n != len(stripes) {
+		return &CheckError{
+			Problem: fmt.Sprintf("%s_dedupe_lock holds %d of the %d lock stripes this enqueue needs", t.Name(), n, len(stripes)),
+			Fix:     "run the MySQL migrations up to date (outbox migrate up, or migrations.Up)",
+		}
+	}
+	return nil
 }
 
 // mysqlReserve inserts the dedupe keys of rows[chunk] and sets inserted[i] for those that

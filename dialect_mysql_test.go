@@ -690,7 +690,7 @@ func TestMySQLCustomTable(t *testing.T) {
 		tables = append(tables, name)
 	}
 	require.NoError(t, rows.Close())
-	require.Equal(t, []string{"billing_outbox", "billing_outbox_dedupe", "billing_outbox_goose_version"}, tables)
+	require.Equal(t, []string{"billing_outbox", "billing_outbox_dedupe", "billing_outbox_dedupe_lock", "billing_outbox_goose_version"}, tables)
 
 	m := myMsg(1)
 	m.DedupeKey = "k"

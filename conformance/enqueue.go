@@ -4,8 +4,10 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -395,6 +397,7 @@ var dedupeTests = []test{
 	{"SecondIsAlreadyEnqueued", testDedupeSecond},
 	{"RacingProducers", testDedupeRacing},
 	{"RolledBackWinnerFreesKey", testDedupeRolledBackWinner},
+	{"RacingProducersWinnerRollsBack", testDedupeRacingRollback},
 	{"ScopedByNamespaceAndTopic", testDedupeScope},
 	{"BytewiseKeys", testDedupeBytewise},
 	{"WithinOneBatch", testDedupeWithinBatch},
@@ -486,6 +489,83 @@ func testDedupeRolledBackWinner(t *testing.T, h Harness) {
 	require.False(t, r.Duplicate, "a rolled-back enqueue leaves the key free")
 	require.Equal(t, 1, e.count(t))
 }
+
+// testDedupeRacingRollback races dedupeRacers producers on one key, round after round; in
+// every other round the first producer to win rolls back once the others are queued behind
+// its key. Every other transaction must commit (the key's next winner, and every loser with
+// Result.Duplicate), and each round's key must end with exactly one row. On InnoDB, waiters
+// that upgrade shared locks on the key deadlock each other when the winner rolls back.
+func testDedupeRacingRollback(t *testing.T, h Harness) {
+	e := setup(t, h)
+	const rounds = 20
+	for round := range rounds {
+		rollback := round%2 == 1
+		key := fmt.Sprintf("race-%d", round)
+		var (
+			wg         sync.WaitGroup
+			start      = make(chan struct{})
+			started    atomic.Int32 // producers that have begun their transaction
+			rolledBack atomic.Bool  // the round's first winner took the rollback
+			errs       = make([]error, dedupeRacers)
+			outcome    = make([]string, dedupeRacers)
+		)
+		for i := range dedupeRacers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				outcome[i], errs[i] = func() (string, error) {
+					started.Add(1) // SQLite's BEGIN IMMEDIATE waits here behind the winner
+					tx, err := e.db.BeginTx(e.ctx, nil)
+					if err != nil {
+						return "", err
+					}
+					defer func() { _ = tx.Rollback() }()
+					m := msg(i)
+					m.DedupeKey = key
+					r, err := e.store.Enqueue(e.ctx, tx, m)
+					if err != nil {
+						return "", fmt.Errorf("enqueue: %w", err)
+					}
+					if !r.Duplicate && rollback && rolledBack.CompareAndSwap(false, true) {
+						// Hold the key until every producer has started, then a little longer
+						// so that they queue on it (the outcome does not depend on how many
+						// did), and roll back.
+						for started.Load() < dedupeRacers {
+							time.Sleep(time.Millisecond)
+						}
+						time.Sleep(20 * time.Millisecond)
+						return "rolled back", tx.Rollback()
+					}
+					// The transaction stays usable for the producer's own work.
+					if _, err := e.store.Enqueue(e.ctx, tx, msg(1000+i)); err != nil {
+						return "", fmt.Errorf("enqueue after the race: %w", err)
+					}
+					if r.Duplicate {
+						return "duplicate", tx.Commit()
+					}
+					return "won", tx.Commit()
+				}()
+			}()
+		}
+		close(start)
+		wg.Wait()
+		won := 0
+		for i := range dedupeRacers {
+			require.NoError(t, errs[i], "round %d (winner rolls back: %v), producer %d: its transaction must commit", round, rollback, i)
+			if outcome[i] == "won" {
+				won++
+			}
+		}
+		require.Equal(t, 1, won, "round %d: exactly one producer commits the key: %v", round, outcome)
+		var rows int
+		require.NoError(t, e.db.QueryRowContext(e.ctx, `SELECT COUNT(*) FROM `+e.table+` WHERE dedupe_key = '`+key+`'`).Scan(&rows))
+		require.Equal(t, 1, rows, "round %d: one row for the key", round)
+	}
+}
+
+// dedupeRacers is how many producers race on one dedupe key.
+const dedupeRacers = 16
 
 func testDedupeScope(t *testing.T, h Harness) {
 	e := setup(t, h)
