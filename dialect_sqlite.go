@@ -485,14 +485,25 @@ func sqliteGateOf(db *sql.DB) chan struct{} {
 // and commit once. The transaction's first statement writes, so it takes the write lock
 // before it reads, as an autocommit write does. The claim sees the settled rows as they now
 // are; a retry without delay can be claimed again at once, as by any claim.
+//
+// Statements that are not prepared yet run unprepared in the transaction, and are prepared
+// on the pool after it, once its connection is back: preparing them inside would wait for a
+// second connection while holding one, forever on a pool of one.
 func (d sqliteDialect) CompleteAndClaim(ctx context.Context, db *sql.DB, t Table, outcomes []Outcome, p ClaimParams) (lost []uuid.UUID, recs []Record, err error) {
+	var missed []string
+	lost, recs, err = d.completeAndClaim(ctx, db, t, outcomes, p, &missed)
+	d.stmts.warm(ctx, missed)
+	return lost, recs, err
+}
+
+func (d sqliteDialect) completeAndClaim(ctx context.Context, db *sql.DB, t Table, outcomes []Outcome, p ClaimParams, missed *[]string) (lost []uuid.UUID, recs []Record, err error) {
 	release, err := sqliteTurn(ctx, db)
 	if err != nil {
 		return nil, nil, err
 	}
 	defer release()
 	err = inTx(ctx, db, nil, func(tx *sql.Tx) error {
-		prep := d.stmts.inTx(db, tx)
+		prep := d.stmts.inTx(db, tx, missed)
 		if lost, err = sqliteComplete(ctx, tx, prep, t, outcomes); err != nil {
 			return err
 		}

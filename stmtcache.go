@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"runtime"
+	"slices"
 	"sync"
 )
 
@@ -135,24 +136,46 @@ func (p preparedDBTX) QueryRowContext(ctx context.Context, query string, args ..
 }
 
 // inTx returns a DBTX that runs each query in tx, as c's prepared statement when db is c's
-// pool (database/sql reuses the statement's preparation on the transaction's connection),
-// and as it is otherwise.
-func (c *stmtCache) inTx(db *sql.DB, tx *sql.Tx) DBTX {
+// pool and the statement is prepared already (database/sql reuses its preparation on the
+// transaction's connection, or prepares it there), and as it is otherwise.
+//
+// It never prepares a statement on the pool: that takes a connection of the pool while tx
+// holds one, and on a pool of one connection (or one whose other connections are all held
+// by callers waiting for the same turn) it would wait forever. A statement it finds
+// unprepared runs unprepared and is recorded in missed; prepare them with [stmtCache.warm]
+// once the transaction has ended and its connection is back in the pool.
+func (c *stmtCache) inTx(db *sql.DB, tx *sql.Tx, missed *[]string) DBTX {
 	if c == nil || db != c.db {
 		return tx
 	}
-	return txPrepared{c, tx}
+	return txPrepared{c, tx, missed}
+}
+
+// warm prepares the statements that inTx ran unprepared, on the pool; errors are dropped
+// (the statement runs unprepared next time, and is tried again). Call it holding no
+// connection of the pool.
+func (c *stmtCache) warm(ctx context.Context, missed []string) {
+	if c == nil {
+		return
+	}
+	for _, q := range missed {
+		_, _ = c.prepare(ctx, q)
+	}
 }
 
 type txPrepared struct {
-	c  *stmtCache
-	tx *sql.Tx
+	c      *stmtCache
+	tx     *sql.Tx
+	missed *[]string
 }
 
 // stmt returns query's statement bound to the transaction, or nil to run it unprepared.
 func (p txPrepared) stmt(ctx context.Context, query string) *sql.Stmt {
-	s, err := p.c.prepare(ctx, query)
-	if s == nil || err != nil {
+	s, room := p.c.lookup(query)
+	if s == nil {
+		if room && p.missed != nil && !slices.Contains(*p.missed, query) {
+			*p.missed = append(*p.missed, query)
+		}
 		return nil
 	}
 	return p.tx.StmtContext(ctx, s)

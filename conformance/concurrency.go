@@ -1,6 +1,8 @@
 package conformance
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -16,6 +18,7 @@ import (
 var concurrencyTests = []test{
 	{"NoDoubleClaim", testNoDoubleClaim},
 	{"ClaimsRacingEnqueues", testClaimsRacingEnqueues},
+	{"OneConnectionPool", testOneConnectionPool},
 }
 
 const claimers = 8
@@ -176,4 +179,122 @@ func testClaimsRacingEnqueues(t *testing.T, h Harness) {
 	}
 	log.requireEachOnce(t, want)
 	require.Equal(t, rows, e.count(t, outbox.StatusDelivered))
+}
+
+// testOneConnectionPool runs every call of the store, and so every write of the dialect and
+// of its abilities, on a pool of one connection. A call that holds the pool's connection
+// while it asks the pool for another (a statement prepared on the pool inside a
+// transaction, say) waits forever there; each call gets a deadline and must return within
+// it.
+func testOneConnectionPool(t *testing.T, h Harness) {
+	e := setup(t, h)
+	e.db.SetMaxOpenConns(1)
+	const within = 30 * time.Second
+	// do runs one call and fails the test if it does not return in time.
+	do := func(what string, fn func(ctx context.Context) error) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(e.ctx, within)
+		defer cancel()
+		done := make(chan error, 1)
+		go func() { done <- fn(ctx) }()
+		select {
+		case err := <-done:
+			require.NoError(t, err, "%s on a one-connection pool", what)
+		case <-time.After(within + 5*time.Second):
+			t.Fatalf("%s did not return within %s on a one-connection pool: it waits for a second connection while holding the only one", what, within)
+		}
+	}
+	ok := func(err error) error {
+		if errors.Is(err, errors.ErrUnsupported) {
+			return nil
+		}
+		return err
+	}
+	opts := func(ordered bool) outbox.ClaimOptions {
+		o := claimOpts(2, time.Minute)
+		o.Namespace, o.Ordered = "orders", ordered
+		return o
+	}
+	do("Enqueue", func(ctx context.Context) error {
+		tx, err := e.db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback() }()
+		for i := range 8 {
+			m := msg(i)
+			m.DedupeKey, m.PartitionKey = fmt.Sprint("k", i), fmt.Sprint("p", i%2)
+			if _, err := e.store.Enqueue(ctx, tx, m); err != nil {
+				return err
+			}
+		}
+		return tx.Commit()
+	})
+	do("EnqueueStandalone", func(ctx context.Context) error {
+		_, err := e.store.EnqueueStandalone(ctx, msg(100), msg(101))
+		return err
+	})
+	var recs []outbox.Record
+	do("Claim", func(ctx context.Context) (err error) {
+		recs, err = e.store.Claim(ctx, opts(false))
+		return err
+	})
+	require.Len(t, recs, 2)
+	do("Extend", func(ctx context.Context) error { return e.store.Extend(ctx, time.Minute, recs[0].Lease()) })
+	do("Ack", func(ctx context.Context) error { return e.store.Ack(ctx, recs[0].Lease()) })
+	do("Nack", func(ctx context.Context) error {
+		return e.store.Nack(ctx, outbox.RetryPolicy{BaseDelay: time.Hour, MaxDelay: time.Hour, MaxAttempts: 5},
+			outbox.Failure{Lease: recs[1].Lease(), Attempts: recs[1].Attempts, Err: errors.New("boom")})
+	})
+	// Twice, so that the second runs with whatever the first left prepared.
+	for range 2 {
+		do("CompleteAndClaim", func(ctx context.Context) error {
+			got, err := e.store.Claim(ctx, opts(false))
+			if err != nil || len(got) == 0 {
+				return err
+			}
+			outs := make([]outbox.Outcome, len(got))
+			for i, r := range got {
+				outs[i] = outbox.Outcome{Lease: r.Lease(), Status: outbox.StatusDelivered}
+			}
+			_, _, err = e.store.CompleteAndClaim(ctx, outs, opts(false))
+			return ok(err)
+		})
+	}
+	do("Bury", func(ctx context.Context) error {
+		_, err := e.store.Bury(ctx, outbox.Scope{Namespace: "orders"}, 1, 10)
+		return err
+	})
+	do("BuryExpired", func(ctx context.Context) error {
+		_, err := e.store.BuryExpired(ctx, outbox.Scope{Namespace: "orders"}, 1, 10)
+		return err
+	})
+	do("Get", func(ctx context.Context) error { _, err := e.store.Get(ctx, recs[0].ID); return err })
+	do("Check", func(ctx context.Context) error { return ok(e.store.Check(ctx)) })
+	do("ordered Claim and BlockedKeys", func(ctx context.Context) error {
+		if _, err := e.store.Claim(ctx, opts(true)); ok(err) != nil {
+			return err
+		}
+		_, err := e.store.BlockedKeys(ctx, outbox.Scope{Namespace: "orders"}, 10)
+		return ok(err)
+	})
+	do("Stats", func(ctx context.Context) error { _, err := e.store.Stats(ctx, outbox.Scope{}); return ok(err) })
+	var dead []outbox.Record
+	do("ListDead", func(ctx context.Context) error {
+		page, err := e.store.ListDead(ctx, outbox.ListDeadOptions{})
+		dead = page.Records
+		return ok(err)
+	})
+	if len(dead) > 0 {
+		do("Replay", func(ctx context.Context) error { _, err := e.store.Replay(ctx, dead[0].ID); return ok(err) })
+		do("ReplayWhere", func(ctx context.Context) error {
+			_, err := e.store.ReplayWhere(ctx, outbox.DeadFilter{})
+			return ok(err)
+		})
+		do("Discard", func(ctx context.Context) error { _, err := e.store.Discard(ctx, dead[0].ID); return ok(err) })
+	}
+	do("Purge", func(ctx context.Context) error {
+		_, err := e.store.Purge(ctx, outbox.PurgeOptions{DeliveredOlderThan: time.Nanosecond, DeadOlderThan: time.Nanosecond})
+		return ok(err)
+	})
 }
