@@ -422,7 +422,14 @@ func (p *Publisher) Run(ctx context.Context) error {
 	}
 	wg.Go(r.sweepLoop)
 	if p.store.notifier != nil {
-		wg.Go(r.listenLoop)
+		if p.store.db.Stats().MaxOpenConnections == 1 {
+			p.log.Warn("outbox publisher: not listening for wake-ups from other processes: the listener would hold "+
+				"the pool's only connection for good (db.SetMaxOpenConns(1)), so rows enqueued elsewhere are found by "+
+				"polling; allow the pool 2 connections or more for wake-ups, or set outbox.Options.DisableNotify",
+				"poll_interval", p.opts.PollInterval)
+		} else {
+			wg.Go(r.listenLoop)
+		}
 	}
 	wg.Go(r.retentionLoop)
 	done := make(chan struct{})
@@ -496,6 +503,8 @@ type run struct {
 	wakers []waker
 	// listening is true while a Notifier listener is connected.
 	listening atomic.Bool
+	// slow is true from the warning about a slow claim until a claim returns in time.
+	slow atomic.Bool
 }
 
 func (r *run) wakeAll() {
@@ -678,6 +687,7 @@ func (r *run) claimFailed(err error, delay *time.Duration) {
 // next records the outcomes of *prev, if any, and claims the next batch: in one
 // transaction when fold (the dialect is a SettleClaimer), one after the other otherwise.
 func (r *run) next(prev **outcomes, o ClaimOptions, fold bool) ([]Record, error) {
+	defer r.watch("a claim")()
 	b := *prev
 	*prev = nil
 	switch {
@@ -688,6 +698,42 @@ func (r *run) next(prev **outcomes, o ClaimOptions, fold bool) ([]Record, error)
 	}
 	r.settle(b, false)
 	return r.p.store.Claim(r.work, o)
+}
+
+// slowCall is how long a claim or the recording of outcomes may take before the publisher
+// warns that it waits, for a connection of the pool or for locks.
+const slowCall = 5 * time.Second
+
+// watch watches one database call of a claim loop (what: "a claim", ...) and returns the
+// function that ends the watch. A call still running after slowCall logs one warning with
+// the pool's counters, so that a publisher that waits for a connection, or for a lock some
+// other transaction holds, is never silent; further slow calls stay quiet until one returns
+// in time again, which is logged once at Info.
+func (r *run) watch(what string) (done func()) {
+	began := time.Now()
+	timer := time.AfterFunc(slowCall, func() {
+		if !r.slow.CompareAndSwap(false, true) {
+			return
+		}
+		st := r.p.store.db.Stats()
+		msg := "outbox publisher: " + what + " has waited " + slowCall.String() + " for the database"
+		if st.MaxOpenConnections > 0 && st.InUse >= st.MaxOpenConnections {
+			msg += fmt.Sprintf("; every connection of the pool is in use (%d of db.SetMaxOpenConns(%d)): "+
+				"transactions that stay open hold them, or the pool is too small for the publisher "+
+				"(Concurrency %d, each loop using one at a time) and the application together",
+				st.InUse, st.MaxOpenConnections, r.p.opts.Concurrency)
+		} else {
+			msg += "; the pool has connections to spare, so it waits for locks or for a slow server"
+		}
+		r.p.log.Warn(msg, "pool_max_open", st.MaxOpenConnections, "pool_open", st.OpenConnections,
+			"pool_in_use", st.InUse, "pool_idle", st.Idle, "pool_wait_count", st.WaitCount,
+			"pool_wait_duration", st.WaitDuration)
+	})
+	return func() {
+		if timer.Stop() && r.slow.CompareAndSwap(true, false) {
+			r.p.log.Info("outbox publisher: the database answers in time again", "took", time.Since(began))
+		}
+	}
 }
 
 // awaitPublish waits for a batch's publish and returns its outcomes, renewing meanwhile the
@@ -981,7 +1027,9 @@ func (r *run) settle(b *outcomes, maybeApplied bool) {
 	delay := settleRetryDelay
 	attempt := 1
 	for ; ; attempt++ {
+		done := r.watch("recording outcomes")
 		err = p.store.Complete(r.work, outs...)
+		done()
 		if err == nil || errors.Is(err, ErrLeaseLost) || r.work.Err() != nil {
 			break
 		}
