@@ -1,6 +1,7 @@
 # Tests talk to real databases: PostgreSQL on 127.0.0.1:5432 and MariaDB/MySQL on
-# 127.0.0.1:3306 (override with OUTBOX_POSTGRES_DSN / OUTBOX_MYSQL_DSN). A backend whose
-# server is unreachable is skipped loudly, unless OUTBOX_TEST_REQUIRE names it (or "all").
+# 127.0.0.1:3306 (override with OUTBOX_POSTGRES_DSN / OUTBOX_MYSQL_DSN), and brokers on their
+# usual ports (see README, Testing). A test whose server is unreachable fails, saying which and
+# how to start it, unless OUTBOX_TEST_SKIP names it; OUTBOX_TEST_REQUIRE=all overrides any skip.
 export GOTOOLCHAIN := local
 GO ?= go
 GOOSE_VERSION := v3.29.0

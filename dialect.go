@@ -8,8 +8,10 @@ import (
 	"github.com/google/uuid"
 )
 
-// DBTX is what [*sql.DB], [*sql.Tx] and [*sql.Conn] have in common. Enqueue takes one so that
-// the event row is written by the caller's own transaction.
+// DBTX is what [*sql.DB], [*sql.Tx] and [*sql.Conn] have in common: the three methods a
+// [Dialect] runs its statements with, on the transaction or pool the engine passes it.
+// Enqueue does not take a DBTX but a [Tx], so that a *sql.DB cannot be passed in place of
+// the caller's transaction.
 type DBTX interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
@@ -31,8 +33,8 @@ type DBTX interface {
 //  2. Time: use one clock for every worker, the database's where it has one. Never trust the
 //     client's clock or session time zone for leases and schedules.
 //  3. Insert writes rows with status pending, attempts 0, no lease and next_attempt_at =
-//     now + Row.Delay, on q. The engine always passes a transaction (the caller's, or its
-//     own when the caller gave a bare *sql.DB), so several statements are atomic. Insert
+//     now + Row.Delay, on q. The engine always passes a transaction (the caller's [Tx], or its
+//     own for [Store.EnqueueStandalone]), so several statements are atomic. Insert
 //     never commits, never rolls back and never aborts the transaction on a dedupe
 //     conflict: a conflicting row is skipped and reported as not inserted. Any other error
 //     is returned, never swallowed.

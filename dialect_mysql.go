@@ -227,7 +227,7 @@ var mysqlInsertHeads, mysqlInsertGroups = func() (heads, groups [shapeCount]stri
 // key they are; a key that is already there is skipped (ON DUPLICATE KEY UPDATE id = id,
 // 0 affected rows). Then it inserts the outbox rows of the keys it reserved and of the rows
 // without a key. See [MySQL] for why uniqueness lives in a primary key of its own table.
-// The engine always passes a transaction (its own when the caller gave a bare *sql.DB), so
+// The engine always passes a transaction (the caller's, or its own for EnqueueStandalone), so
 // the two steps commit together. If the second step fails, the reservations of the first
 // are removed before the error is returned, so a caller that commits anyway does not leave
 // a key reserved for an event that was never written.

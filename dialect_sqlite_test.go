@@ -26,7 +26,7 @@ func TestSQLiteConformance(t *testing.T) {
 	})
 }
 
-// TestEnqueueBatchOnDBIsAtomic: a batch enqueued on a bare *sql.DB spans several
+// TestEnqueueBatchOnDBIsAtomic: a batch enqueued with EnqueueStandalone spans several
 // statements (SQLite takes 500 rows per INSERT); when a later one fails, none of the batch
 // stays, because the store runs it in one transaction of its own.
 func TestEnqueueBatchOnDBIsAtomic(t *testing.T) {
