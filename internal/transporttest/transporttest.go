@@ -263,20 +263,69 @@ func Failures(errs []error) []error {
 }
 
 // RequireClassify fails t unless classify marks every error of permanent, wrapped once, with
-// [outbox.Permanent] (keeping it matchable with errors.Is), none of retryable, and keeps nil.
+// [outbox.Permanent] (keeping it matchable with errors.Is), none of retryable, neither of
+// them with [outbox.Unavailable], and keeps nil.
 func RequireClassify(t testing.TB, classify func(error) error, permanent, retryable []error) {
 	t.Helper()
 	for _, err := range permanent {
 		got := classify(fmt.Errorf("publish: %w", err))
 		require.True(t, outbox.IsPermanent(got), "%v should be permanent", err)
+		require.False(t, outbox.IsUnavailable(got), "%v should not be an outage", err)
 		require.ErrorIs(t, got, err)
 	}
 	for _, err := range retryable {
 		got := classify(fmt.Errorf("publish: %w", err))
 		require.False(t, outbox.IsPermanent(got), "%v should be retried", err)
+		require.False(t, outbox.IsUnavailable(got), "%v should not be an outage", err)
 		require.ErrorIs(t, got, err)
 	}
 	require.NoError(t, classify(nil))
+}
+
+// RequireUnavailable fails t unless classify marks every error of outage, wrapped once,
+// with [outbox.Unavailable] and not [outbox.Permanent], keeping it matchable with errors.Is.
+func RequireUnavailable(t testing.TB, classify func(error) error, outage []error) {
+	t.Helper()
+	for _, err := range outage {
+		got := classify(fmt.Errorf("publish: %w", err))
+		require.True(t, outbox.IsUnavailable(got), "%v should be an outage", err)
+		require.False(t, outbox.IsPermanent(got), "%v should not be permanent", err)
+		require.ErrorIs(t, got, err)
+	}
+}
+
+// CutAndRestore publishes through tr, directly, while cut has taken the broker away: every
+// message of every Publish within the next few calls must fail with an error marked
+// [outbox.Unavailable] (and not [outbox.Permanent]). After restore, it publishes until a
+// batch is delivered whole, within 30 s, and returns what was delivered. fresh returns a new
+// batch each time it is called.
+func CutAndRestore(t testing.TB, tr outbox.Transport, fresh func() []outbox.Delivery, cut, restore func()) []outbox.Delivery {
+	t.Helper()
+	cut()
+	for round := range 3 {
+		batch := fresh()
+		errs := tr.Publish(context.Background(), batch)
+		require.Len(t, errs, len(batch), "round %d", round)
+		if len(errs) > 0 {
+			t.Logf("while cut, round %d: %v", round, errs[0])
+		}
+		for i, err := range errs {
+			require.Error(t, err, "round %d, message %d was delivered through a cut connection", round, i)
+			require.True(t, outbox.IsUnavailable(err), "round %d, message %d: %v", round, i, err)
+			require.False(t, outbox.IsPermanent(err), "round %d, message %d: %v", round, i, err)
+		}
+	}
+	restore()
+	var delivered []outbox.Delivery
+	Poll(t, 30*time.Second, func() bool {
+		batch := fresh()
+		if len(Failures(tr.Publish(context.Background(), batch))) == 0 {
+			delivered = batch
+			return true
+		}
+		return false
+	}, "no batch delivered after the broker came back")
+	return delivered
 }
 
 // EndToEnd enqueues 300 messages of namespace ns in a fresh PostgreSQL outbox, runs a

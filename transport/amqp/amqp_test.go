@@ -1,18 +1,26 @@
 package amqp_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/url"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
+	cloudevents "github.com/cloudevents/sdk-go/v2"
+	"github.com/cloudevents/sdk-go/v2/binding"
+	"github.com/cloudevents/sdk-go/v2/binding/format"
+	"github.com/cloudevents/sdk-go/v2/binding/spec"
 	"github.com/google/uuid"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
@@ -21,6 +29,7 @@ import (
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/internal/testdb"
 	"github.com/outboxgo/outbox/internal/testproxy"
+	"github.com/outboxgo/outbox/internal/transporttest"
 	"github.com/outboxgo/outbox/transport/amqp"
 )
 
@@ -308,6 +317,7 @@ func TestPublishNacked(t *testing.T) {
 	for i := 2; i < len(batch); i++ {
 		require.ErrorIs(t, errs[i], amqp.ErrNacked, "message %d", i)
 		require.False(t, outbox.IsPermanent(errs[i]))
+		require.False(t, outbox.IsUnavailable(errs[i]), "a full queue is not an outage")
 	}
 	q, err := ch.QueueDeclarePassive(queue, false, false, false, false, amqp091.Table{"x-max-length": int32(2), "x-overflow": "reject-publish"})
 	require.NoError(t, err)
@@ -360,6 +370,7 @@ func TestPublishOutage(t *testing.T) {
 		require.Less(t, time.Since(start), 3*time.Second, "Publish blocked during the outage")
 		require.Error(t, errs[0])
 		require.False(t, outbox.IsPermanent(errs[0]), "%v", errs[0])
+		require.True(t, outbox.IsUnavailable(errs[0]), "%v", errs[0])
 		require.True(t, errors.Is(errs[0], amqp.ErrConnectionLost) || errors.Is(errs[0], amqp.ErrNotConnected), "%v", errs[0])
 		if errors.Is(errs[0], amqp.ErrNotConnected) {
 			sawNotConnected = true
@@ -475,4 +486,178 @@ func TestOptionsValidation(t *testing.T) {
 	tr, err := amqp.New(amqp.Options{})
 	require.NoError(t, err)
 	require.NoError(t, tr.Close())
+}
+
+// TestClassify: connection and dial failures are outages; refusals of a message are not.
+func TestClassify(t *testing.T) {
+	t.Parallel()
+	transporttest.RequireClassify(t, amqp.Classify, nil, []error{
+		amqp.ErrNacked, amqp.ErrUnroutable, amqp.ErrNoExchange, amqp.ErrClosed, context.Canceled,
+		fmt.Errorf("%w: %w", amqp.ErrNotConnected, context.Canceled),
+		&amqp091.Error{Code: amqp091.AccessRefused, Reason: "ACCESS_REFUSED"},
+		&amqp091.Error{Code: amqp091.PreconditionFailed, Reason: "PRECONDITION_FAILED"},
+	})
+	transporttest.RequireUnavailable(t, amqp.Classify, []error{
+		amqp.ErrNotConnected, amqp.ErrConnectionLost, amqp091.ErrClosed, syscall.ECONNREFUSED, io.EOF,
+		&net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED},
+		&amqp091.Error{Code: amqp091.ConnectionForced, Reason: "CONNECTION_FORCED - broker forced connection closure"},
+		fmt.Errorf("%w: %w", amqp.ErrConnectionLost, context.DeadlineExceeded),
+	})
+}
+
+// TestUnavailableWhileCut: with the broker cut away, every message of every batch is an
+// outage; once it is back, a batch is confirmed whole and consumed.
+func TestUnavailableWhileCut(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "#", nil)
+	u, proxy := proxied(t, b.url)
+	tr := newTransport(t, amqp.Options{URL: u, ReconnectMin: 20 * time.Millisecond, ReconnectMax: 50 * time.Millisecond, DialTimeout: 2 * time.Second})
+	fresh := func() []outbox.Delivery {
+		return []outbox.Delivery{delivery(b.exchange, "a", `{"n":1}`), delivery(b.exchange, "b", `{"n":2}`), delivery(b.exchange, "c", `{"n":3}`)}
+	}
+	require.Empty(t, nonNil(tr.Publish(context.Background(), fresh())))
+	delivered := transporttest.CutAndRestore(t, tr, fresh, proxy.Cut, proxy.Restore)
+	got := map[string]bool{}
+	for _, d := range b.waitFor(t, 3+len(delivered), 10*time.Second) {
+		got[d.MessageId] = true
+	}
+	for _, d := range delivered {
+		require.True(t, got[d.ID.String()], "message %s not consumed after the cut", d.ID)
+	}
+}
+
+// ceMessage is a delivery as a CloudEvents binding message under the AMQP binding
+// (cloudEvents: headers and the content-type property, or a structured event in the body),
+// so that the CloudEvents SDK decodes it as any CloudEvents consumer would.
+type ceMessage struct{ d amqp091.Delivery }
+
+func (m ceMessage) header(k string) string { v, _ := m.d.Headers[k].(string); return v }
+
+func (m ceMessage) version() spec.Version {
+	return spec.WithPrefix(amqp.CloudEventsPrefix).Version(m.header(amqp.CloudEventsPrefix + "specversion"))
+}
+
+func (m ceMessage) ReadEncoding() binding.Encoding {
+	switch {
+	case format.Lookup(m.d.ContentType) != nil:
+		return binding.EncodingStructured
+	case m.version() != nil:
+		return binding.EncodingBinary
+	}
+	return binding.EncodingUnknown
+}
+
+func (m ceMessage) ReadStructured(ctx context.Context, w binding.StructuredWriter) error {
+	f := format.Lookup(m.d.ContentType)
+	if f == nil {
+		return binding.ErrNotStructured
+	}
+	return w.SetStructuredEvent(ctx, f, bytes.NewReader(m.d.Body))
+}
+
+func (m ceMessage) ReadBinary(_ context.Context, w binding.BinaryWriter) error {
+	v := m.version()
+	if err := w.SetAttribute(v.AttributeFromKind(spec.DataContentType), m.d.ContentType); err != nil {
+		return err
+	}
+	for k := range m.d.Headers {
+		var err error
+		if a := v.Attribute(k); a != nil {
+			err = w.SetAttribute(a, m.header(k))
+		} else if name, ok := strings.CutPrefix(k, amqp.CloudEventsPrefix); ok {
+			err = w.SetExtension(name, m.header(k))
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return w.SetData(bytes.NewReader(m.d.Body))
+}
+
+func (m ceMessage) GetAttribute(k spec.Kind) (spec.Attribute, any) {
+	a := m.version().AttributeFromKind(k)
+	switch {
+	case a == nil:
+		return nil, nil
+	case k == spec.DataContentType:
+		return a, m.d.ContentType
+	}
+	if x := m.header(a.PrefixedName()); x != "" {
+		return a, x
+	}
+	return a, nil
+}
+
+func (m ceMessage) GetExtension(name string) any {
+	if x := m.header(amqp.CloudEventsPrefix + name); x != "" {
+		return x
+	}
+	return nil
+}
+
+func (m ceMessage) Finish(error) error { return nil }
+
+// TestCloudEvents: a real consumer decodes every message with the CloudEvents SDK, in both
+// modes, and finds the message's id, source, type, time, content type, partition key,
+// header extensions and the payload as data.
+func TestCloudEvents(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []outbox.CloudEventsMode{outbox.CloudEventsBinary, outbox.CloudEventsStructured} {
+		t.Run(fmt.Sprint(mode), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, "#", nil)
+			tr := newTransport(t, amqp.Options{URL: b.url, CloudEvents: &outbox.CloudEvents{Source: "/shop/orders", Mode: mode,
+				Type: func(d outbox.Delivery) string { return "com.example." + d.Topic }}})
+			batch := []outbox.Delivery{delivery(b.exchange, "order.created", `{"order":1,"note":"héllo"}`), delivery(b.exchange, "order.paid", `[1, 2]`)}
+			contentType := "application/vnd.shop+json"
+			if mode == outbox.CloudEventsStructured {
+				contentType = "text/json" // the SDK reads "+json" structured data as a string
+			}
+			batch[0].PartitionKey = "order-1"
+			batch[0].Headers = outbox.Headers{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "x-request-id": "r-1"}
+			batch[1].Headers = outbox.Headers{"content-type": contentType, "Tenant": "acme"}
+			require.Empty(t, nonNil(tr.Publish(context.Background(), batch)))
+
+			events := map[string]cloudevents.Event{}
+			raw := map[string]amqp091.Delivery{}
+			for _, d := range b.waitFor(t, len(batch), 10*time.Second) {
+				e, err := binding.ToEvent(context.Background(), ceMessage{d})
+				require.NoError(t, err)
+				require.NoError(t, e.Validate())
+				events[e.ID()], raw[e.ID()] = *e, d
+			}
+			for _, d := range batch {
+				e := events[d.ID.String()]
+				require.Equal(t, "/shop/orders", e.Source())
+				require.Equal(t, "com.example."+d.Topic, e.Type())
+				require.True(t, d.CreatedAt.Equal(e.Time()), "%s", e.Time())
+				require.JSONEq(t, string(d.Payload), string(e.Data()))
+				if mode == outbox.CloudEventsBinary {
+					require.Equal(t, string(d.Payload), string(e.Data()))
+				}
+			}
+			first, second := events[batch[0].ID.String()], events[batch[1].ID.String()]
+			require.Equal(t, "order-1", first.Extensions()["partitionkey"])
+			require.Equal(t, batch[0].Headers["traceparent"], first.Extensions()["traceparent"])
+			require.Equal(t, "application/json", first.DataContentType())
+			require.Equal(t, "r-1", raw[first.ID()].Headers["x-request-id"], "a header that is no attribute name is sent as it is")
+			require.Equal(t, contentType, second.DataContentType())
+			require.Equal(t, "acme", second.Extensions()["tenant"])
+		})
+	}
+}
+
+// TestCloudEventsRefusals: the option needs a source; a message header that would replace
+// an attribute is refused for good and the rest of the batch is delivered.
+func TestCloudEventsRefusals(t *testing.T) {
+	t.Parallel()
+	_, err := amqp.New(amqp.Options{CloudEvents: &outbox.CloudEvents{}})
+	require.ErrorIs(t, err, outbox.ErrInvalid)
+	b := setup(t, "#", nil)
+	tr := newTransport(t, amqp.Options{URL: b.url, CloudEvents: &outbox.CloudEvents{Source: "/s"}})
+	batch := []outbox.Delivery{delivery(b.exchange, "t", `{}`), delivery(b.exchange, "t", `{}`)}
+	batch[0].Headers = outbox.Headers{"cloudEvents:id": "forged"}
+	errs := tr.Publish(context.Background(), batch)
+	require.True(t, outbox.IsPermanent(errs[0]), "%v", errs[0])
+	require.NoError(t, errs[1])
 }

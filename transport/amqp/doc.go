@@ -39,10 +39,21 @@
 // route never appears. Set [Options.PermanentUnroutable] when routes are declared before any
 // producer runs and an unroutable message can only be a bug.
 //
-// A negative acknowledgement from the broker ([ErrNacked]), a lost connection, a dial
-// failure and a confirmation that does not come within [Options.ConfirmTimeout] are
-// retried. An error returned by [Options.Route] is reported as it is: wrap it with
+// A lost connection or channel ([ErrConnectionLost], which includes a confirmation that
+// does not come within [Options.ConfirmTimeout], since the connection is then closed), a
+// dial failure or the pause after one ([ErrNotConnected]) are outages: they are marked with
+// [outbox.Unavailable] and cost the message no attempt (see [Classify]). A negative
+// acknowledgement from the broker ([ErrNacked]) is retried under the publisher's retry
+// policy. An error returned by [Options.Route] is reported as it is: wrap it with
 // [outbox.Permanent] to dead-letter the message.
+//
+// # CloudEvents
+//
+// With [Options.CloudEvents], every message is a CloudEvent under the AMQP protocol binding
+// (binary mode by default: cloudEvents:* headers and the content-type property; structured
+// mode: the event as JSON in the body). A message header whose name starts with
+// "cloudEvents:" or "cloudEvents_" is then refused for good, so that it cannot replace an
+// attribute.
 //
 // # Connection
 //

@@ -68,6 +68,16 @@ type Options struct {
 	// Logger receives a line for each dial failure and lost connection. Default
 	// [slog.Default].
 	Logger *slog.Logger
+
+	// CloudEvents, when set, sends every message as a CloudEvent under the AMQP protocol
+	// binding: in the binary mode, the attributes as headers named "cloudEvents:" and the
+	// attribute's name (cloudEvents:id, cloudEvents:source, cloudEvents:specversion,
+	// cloudEvents:type, cloudEvents:time, cloudEvents:partitionkey, one per extension) and
+	// datacontenttype as the content-type property, the payload as the body; in the
+	// structured mode, the event as JSON in the body with content-type
+	// application/cloudevents+json. The message-id, type, timestamp and outbox-* headers
+	// are set as before. Default nil: no CloudEvents.
+	CloudEvents *outbox.CloudEvents
 }
 
 // DefaultRoute routes a message to the exchange named after its namespace with its topic
@@ -118,5 +128,5 @@ func (o *Options) validate() error {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	return nil
+	return o.CloudEvents.Validate()
 }

@@ -12,6 +12,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/internal/netfail"
 )
 
 // Errors reported for single messages. Match them with [errors.Is].
@@ -88,6 +89,7 @@ func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []erro
 	errs := make([]error, len(batch))
 	s, err := t.session(ctx)
 	if err != nil {
+		err = Classify(err)
 		for i := range errs {
 			errs[i] = err
 		}
@@ -115,7 +117,12 @@ func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []erro
 			failRest(errs, i, lost(err))
 			break
 		}
-		dc, err := s.ch.PublishWithDeferredConfirm(exchange, key, true, false, t.publishing(d))
+		pub, err := t.publishing(d)
+		if err != nil {
+			errs[i] = outbox.Permanent(err)
+			continue
+		}
+		dc, err := s.ch.PublishWithDeferredConfirm(exchange, key, true, false, pub)
 		if err != nil {
 			// The publishing is always well formed (string headers), so an error is the
 			// connection's: a write failed or the channel closed.
@@ -178,11 +185,38 @@ func (t *Transport) unroutable(err error) error {
 	return err
 }
 
+// lost is the outcome of a message whose connection or channel went away before its
+// confirmation: an outage, unless the publish was cancelled.
 func lost(cause error) error {
 	if cause == nil || errors.Is(cause, ErrConnectionLost) {
-		return ErrConnectionLost
+		return Classify(ErrConnectionLost)
 	}
-	return fmt.Errorf("%w: %w", ErrConnectionLost, cause)
+	return Classify(fmt.Errorf("%w: %w", ErrConnectionLost, cause))
+}
+
+// Classify reports how the transport treats an error: wrapped with [outbox.Unavailable]
+// when the broker cannot be reached ([ErrNotConnected], [ErrConnectionLost], a closed
+// connection or channel, a network error, a connection closed by the broker with
+// CONNECTION_FORCED, RESOURCE_ERROR or INTERNAL_ERROR), returned as it is otherwise:
+// [ErrNacked], [ErrUnroutable], [ErrNoExchange] and [ErrClosed] are retried (or
+// dead-lettered, with [Options.PermanentUnroutable]). A cancelled publish is never an
+// outage. Publish applies it to every failure; it is exported for transports that wrap
+// this one.
+func Classify(err error) error {
+	if err == nil || outbox.IsPermanent(err) || outbox.IsUnavailable(err) || errors.Is(err, context.Canceled) {
+		return err
+	}
+	if errors.Is(err, ErrNotConnected) || errors.Is(err, ErrConnectionLost) || errors.Is(err, amqp091.ErrClosed) || netfail.Is(err) {
+		return outbox.Unavailable(err)
+	}
+	var aerr *amqp091.Error
+	if errors.As(err, &aerr) {
+		switch aerr.Code {
+		case amqp091.ConnectionForced, amqp091.ResourceError, amqp091.InternalError:
+			return outbox.Unavailable(err)
+		}
+	}
+	return err
 }
 
 // failRest fails every message from index i on that has no outcome yet.
@@ -204,12 +238,40 @@ const (
 	HeaderDedupeKey    = "outbox-dedupe-key"
 )
 
-func (t *Transport) publishing(d *outbox.Delivery) amqp091.Publishing {
-	h := make(amqp091.Table, len(d.Headers)+6)
+// CloudEventsPrefix starts the header names of a CloudEvent's attributes in the binary
+// mode, as the AMQP protocol binding of CloudEvents names its application properties;
+// datacontenttype is the content-type property.
+const CloudEventsPrefix = "cloudEvents:"
+
+func (t *Transport) publishing(d *outbox.Delivery) (amqp091.Publishing, error) {
+	h := make(amqp091.Table, len(d.Headers)+16)
 	contentType := DefaultContentType
-	for k, v := range d.Headers {
+	own, body := d.Headers, []byte(d.Payload)
+	if ce := t.opts.CloudEvents; ce != nil {
+		e, err := outbox.CloudEventOf(ce, *d)
+		if err != nil {
+			return amqp091.Publishing{}, err
+		}
+		own, contentType = e.Other, e.DataContentType
+		if ce.Mode == outbox.CloudEventsStructured {
+			if body, err = e.JSON(d.Payload); err != nil {
+				return amqp091.Publishing{}, fmt.Errorf("amqp: CloudEvent of message %s: %w", d.ID, err)
+			}
+			contentType = outbox.CloudEventsJSON
+		} else {
+			for _, a := range e.Attributes {
+				h[CloudEventsPrefix+a.Name] = a.Value
+			}
+		}
+		for k := range own {
+			if lk := strings.ToLower(k); strings.HasPrefix(lk, "cloudevents:") || strings.HasPrefix(lk, "cloudevents_") {
+				return amqp091.Publishing{}, fmt.Errorf("amqp: header %q of message %s would replace a CloudEvents attribute", k, d.ID)
+			}
+		}
+	}
+	for k, v := range own {
 		h[k] = v
-		if strings.EqualFold(k, "content-type") {
+		if strings.EqualFold(k, "content-type") && t.opts.CloudEvents == nil {
 			contentType = v
 		}
 	}
@@ -236,8 +298,8 @@ func (t *Transport) publishing(d *outbox.Delivery) amqp091.Publishing {
 		MessageId:    d.ID.String(),
 		Timestamp:    d.CreatedAt,
 		Type:         d.Topic,
-		Body:         d.Payload,
-	}
+		Body:         body,
+	}, nil
 }
 
 // session returns the live session, dialling one when there is none and the backoff allows.

@@ -29,11 +29,22 @@
 // A record the cluster can never accept fails with [outbox.Permanent] and is dead-lettered
 // at once: larger than the producer's batch limit or the topic's max.message.bytes, an
 // invalid topic name, and any other error that Kafka itself marks as not retriable, with
-// the exceptions below. Retried under the publisher's retry policy: Kafka's retriable
-// errors, the client's own timeouts and a closed client, lost connections, a topic that
-// does not exist (a deployment may create it later), authorization failures (an operator
-// fixes the ACL) and errors of the idempotent producer's state, which the client recovers
-// from.
+// the exceptions below. An outage fails with [outbox.Unavailable], which costs the message
+// no attempt: a dial that fails, a connection that drops, BROKER_NOT_AVAILABLE,
+// LEADER_NOT_AVAILABLE, NOT_LEADER_OR_FOLLOWER, NETWORK_EXCEPTION, NOT_ENOUGH_REPLICAS,
+// COORDINATOR_NOT_AVAILABLE, KAFKA_STORAGE_ERROR, and a batch whose records time out
+// ([Options.Timeout] or the client's delivery timeout) when no broker then answers a ping.
+// Retried under the publisher's retry policy: Kafka's other retriable errors, timeouts
+// while a broker answers, a closed client, a topic that does not exist (a deployment may
+// create it later), authorization failures (an operator fixes the ACL) and errors of the
+// idempotent producer's state, which the client recovers from.
+//
+// # CloudEvents
+//
+// With [Options.CloudEvents], every record is a CloudEvent under the Kafka protocol binding
+// (binary mode by default: ce_* headers and content-type; structured mode: the event as
+// JSON in the value). A message header named content-type or starting with "ce_" is then
+// refused for good, so that it cannot replace an attribute.
 package kafka
 
 import (
@@ -48,6 +59,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/internal/netfail"
 )
 
 // Record header names set on every record besides the message's own headers.
@@ -88,7 +100,24 @@ type Options struct {
 	// clusters that refuse idempotent producers. The client's own retries may then write a
 	// record twice. Default false: [New] refuses such a client.
 	AllowNonIdempotent bool
+
+	// CloudEvents, when set, sends every message as a CloudEvent under the Kafka protocol
+	// binding: in the binary mode, the attributes as ce_* record headers (ce_id, ce_source,
+	// ce_specversion, ce_type, ce_time, ce_partitionkey, one per extension) and
+	// datacontenttype as the content-type header, the payload as the value; in the
+	// structured mode, the event as JSON in the value with content-type
+	// application/cloudevents+json. The record key stays the partition key and the Outbox-*
+	// headers are sent as before. Default nil: no CloudEvents.
+	CloudEvents *outbox.CloudEvents
 }
+
+// CloudEventsPrefix starts the record header names of a CloudEvent's attributes in the
+// binary mode, as the Kafka protocol binding of CloudEvents names them; HeaderContentType
+// carries its datacontenttype.
+const (
+	CloudEventsPrefix = "ce_"
+	HeaderContentType = "content-type"
+)
 
 // DefaultTopic returns "<namespace>.<topic>".
 func DefaultTopic(d outbox.Delivery) string { return d.Namespace + "." + d.Topic }
@@ -118,6 +147,9 @@ func New(client *kgo.Client, opts Options) (*Transport, error) {
 		opts.Timeout = DefaultTimeout
 	case opts.Timeout < 0:
 		return nil, fmt.Errorf("%w options: Timeout must be positive, got %s", ErrInvalid, opts.Timeout)
+	}
+	if err := opts.CloudEvents.Validate(); err != nil {
+		return nil, fmt.Errorf("%w options: %w", ErrInvalid, err)
 	}
 	if v, _ := client.OptValue(kgo.DisableIdempotentWrite).(bool); v && !opts.AllowNonIdempotent {
 		return nil, fmt.Errorf("%w options: the client has idempotent writes disabled; set AllowNonIdempotent to accept duplicates from its retries", ErrInvalid)
@@ -166,18 +198,47 @@ func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []erro
 	select {
 	case results = <-done:
 	case <-timer.C:
-		return failAll(errs, batch, fmt.Errorf("outbox/kafka: no result within %s", t.opts.Timeout))
+		return failAll(errs, batch, t.reachable(ctx, fmt.Errorf("outbox/kafka: no result within %s", t.opts.Timeout)))
 	case <-ctx.Done():
 		return failAll(errs, batch, ctx.Err())
 	}
 	// ProduceSync reports results in completion order; the record pointer says whose.
+	var timedOut error // the reachability of the cluster, asked once for the batch
 	for _, res := range results {
 		if res.Err != nil {
 			i := index[res.Record]
-			errs[i] = Classify(fmt.Errorf("outbox/kafka: produce %s to %q: %w", batch[i].ID, res.Record.Topic, res.Err))
+			err := Classify(fmt.Errorf("outbox/kafka: produce %s to %q: %w", batch[i].ID, res.Record.Topic, res.Err))
+			if errors.Is(err, kgo.ErrRecordTimeout) && !outbox.IsUnavailable(err) {
+				if timedOut == nil {
+					timedOut = t.reachable(ctx, errors.New("records timed out"))
+				}
+				if outbox.IsUnavailable(timedOut) {
+					err = outbox.Unavailable(err)
+				}
+			}
+			errs[i] = err
 		}
 	}
 	return errs
+}
+
+// DefaultPingTimeout bounds the check of whether any broker answers, made once for a batch
+// whose records timed out.
+const DefaultPingTimeout = time.Second
+
+// reachable returns timeout marked [outbox.Unavailable] when no broker answers a ping
+// within [DefaultPingTimeout]: the records timed out because the cluster is away, not
+// because of them. It returns timeout as it is when a broker answers.
+func (t *Transport) reachable(ctx context.Context, timeout error) error {
+	if ctx.Err() != nil {
+		return timeout
+	}
+	pctx, cancel := context.WithTimeout(ctx, DefaultPingTimeout)
+	defer cancel()
+	if err := t.client.Ping(pctx); err != nil {
+		return outbox.Unavailable(fmt.Errorf("%w; no broker answers: %w", timeout, err))
+	}
+	return timeout
 }
 
 // failAll sets err on every message that has no outcome yet.
@@ -208,15 +269,38 @@ func (t *Transport) record(d outbox.Delivery) (*kgo.Record, error) {
 		add(HeaderDedupeKey, d.DedupeKey)
 	}
 	add(HeaderAttempt, strconv.Itoa(d.Attempt))
-	for k, v := range d.Headers {
+	own, value := d.Headers, []byte(d.Payload)
+	if ce := t.opts.CloudEvents; ce != nil {
+		e, err := outbox.CloudEventOf(ce, d)
+		if err != nil {
+			return nil, fmt.Errorf("%w %w", ErrInvalid, err)
+		}
+		own = e.Other
+		if ce.Mode == outbox.CloudEventsStructured {
+			if value, err = e.JSON(d.Payload); err != nil {
+				return nil, fmt.Errorf("%w CloudEvent of message %s: %w", ErrInvalid, d.ID, err)
+			}
+			add(HeaderContentType, outbox.CloudEventsJSON)
+		} else {
+			for _, a := range e.Attributes {
+				add(CloudEventsPrefix+a.Name, a.Value)
+			}
+			add(HeaderContentType, e.DataContentType)
+		}
+	}
+	for k, v := range own {
 		for _, r := range reservedHeaders {
 			if strings.EqualFold(k, r) {
 				return nil, fmt.Errorf("%w header %q on message %s: the name is reserved for the transport", ErrInvalid, k, d.ID)
 			}
 		}
+		if t.opts.CloudEvents != nil && (strings.EqualFold(k, HeaderContentType) ||
+			len(k) >= len(CloudEventsPrefix) && strings.EqualFold(k[:len(CloudEventsPrefix)], CloudEventsPrefix)) {
+			return nil, fmt.Errorf("%w header %q on message %s: it would replace a CloudEvents attribute", ErrInvalid, k, d.ID)
+		}
 		add(k, v)
 	}
-	r := &kgo.Record{Topic: topic, Value: d.Payload, Headers: hs}
+	r := &kgo.Record{Topic: topic, Value: value, Headers: hs}
 	if d.PartitionKey != "" {
 		r.Key = []byte(d.PartitionKey)
 	}
@@ -248,19 +332,39 @@ var retriedAnyway = []*kerr.Error{
 	kerr.UnknownServerError,
 }
 
+// unavailable are the Kafka errors that say a broker or a partition's leader cannot be
+// reached: the cluster is restarting, electing a leader or short of in-sync replicas.
+var unavailable = []*kerr.Error{
+	kerr.BrokerNotAvailable, kerr.LeaderNotAvailable, kerr.NotLeaderForPartition, kerr.NetworkException,
+	kerr.NotEnoughReplicas, kerr.NotEnoughReplicasAfterAppend, kerr.CoordinatorNotAvailable,
+	kerr.KafkaStorageError,
+}
+
 // Classify reports how the transport treats a produce error: wrapped with
-// [outbox.Permanent] when retrying cannot help, returned as it is otherwise. Publish applies
-// it to every failure; it is exported for transports that wrap this one.
+// [outbox.Permanent] when retrying cannot help, with [outbox.Unavailable] when the cluster
+// cannot be reached (see [Transport.Publish] for timeouts), returned as it is otherwise.
+// Publish applies it to every failure; it is exported for transports that wrap this one.
 func Classify(err error) error {
-	if err == nil || outbox.IsPermanent(err) {
+	if err == nil || outbox.IsPermanent(err) || outbox.IsUnavailable(err) {
 		return err
 	}
 	if errors.Is(err, ErrInvalid) {
 		return outbox.Permanent(err)
 	}
+	var first *kgo.ErrFirstReadEOF
+	if netfail.Is(err) || errors.As(err, &first) {
+		return outbox.Unavailable(err) // dials that fail, connections that drop
+	}
 	var ke *kerr.Error
-	if !errors.As(err, &ke) || ke.Retriable {
-		return err // the client's own errors (timeouts, closed), network errors, retriable codes
+	if errors.As(err, &ke) {
+		for _, u := range unavailable {
+			if ke == u {
+				return outbox.Unavailable(err)
+			}
+		}
+	}
+	if ke == nil || ke.Retriable {
+		return err // the client's own errors (timeouts, closed), retriable codes
 	}
 	for _, r := range retriedAnyway {
 		if ke == r {

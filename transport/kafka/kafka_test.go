@@ -1,15 +1,24 @@
 package kafka_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
+	cloudevents "github.com/cloudevents/sdk-go/v2"
+	"github.com/cloudevents/sdk-go/v2/binding"
+	"github.com/cloudevents/sdk-go/v2/binding/format"
+	"github.com/cloudevents/sdk-go/v2/binding/spec"
 	"github.com/google/uuid"
 	_ "github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
@@ -20,6 +29,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/internal/testproxy"
 	"github.com/outboxgo/outbox/internal/transporttest"
 	"github.com/outboxgo/outbox/transport/kafka"
 )
@@ -234,12 +244,213 @@ func TestClassify(t *testing.T) {
 		kerr.InvalidRecord, kerr.InvalidRequiredAcks, kafka.ErrInvalid,
 	}
 	retryable := []error{
-		kerr.NotLeaderForPartition, kerr.RequestTimedOut, kerr.NotEnoughReplicas, kerr.LeaderNotAvailable,
-		kerr.UnknownTopicOrPartition, kerr.TopicAuthorizationFailed, kerr.OutOfOrderSequenceNumber,
+		kerr.RequestTimedOut, kerr.UnknownTopicOrPartition, kerr.TopicAuthorizationFailed, kerr.OutOfOrderSequenceNumber,
 		kerr.UnknownServerError, kgo.ErrRecordTimeout, kgo.ErrRecordRetries, kgo.ErrClientClosed,
-		kgo.ErrMaxBuffered, context.Canceled, errors.New("dial tcp: connection refused"),
+		kgo.ErrMaxBuffered, context.Canceled, errors.New("dial tcp: connection refused"), // a message, not the network error
 	}
 	transporttest.RequireClassify(t, kafka.Classify, permanent, retryable)
+	transporttest.RequireUnavailable(t, kafka.Classify, []error{
+		kerr.BrokerNotAvailable, kerr.LeaderNotAvailable, kerr.NotLeaderForPartition, kerr.NetworkException,
+		kerr.NotEnoughReplicas, kerr.NotEnoughReplicasAfterAppend, kerr.CoordinatorNotAvailable,
+		syscall.ECONNREFUSED, syscall.ECONNRESET, io.EOF, &net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded},
+		fmt.Errorf("%w, last err: %w", kgo.ErrRecordTimeout, syscall.ECONNREFUSED),
+	})
+}
+
+// With every connection to a one-broker cluster going through a proxy that is cut, the
+// records of every batch time out and no broker answers: each fails as an outage. Once the
+// proxy is restored, a batch is produced whole and a consumer reads it.
+func TestUnavailableWhileCut(t *testing.T) {
+	t.Parallel()
+	ns := transporttest.Name("kt")
+	var seed []string
+	for _, tp := range topics {
+		seed = append(seed, ns+"."+tp)
+	}
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, seed...))
+	require.NoError(t, err)
+	t.Cleanup(c.Close)
+	proxy := testproxy.New(t, c.ListenAddrs()[0])
+	viaProxy := kgo.Dialer(func(ctx context.Context, network, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, proxy.Addr())
+	})
+	cl := client(t, c, viaProxy, kgo.RecordDeliveryTimeout(time.Second), kgo.RetryBackoffFn(func(int) time.Duration { return 20 * time.Millisecond }))
+	tr := newTransport(t, cl, kafka.Options{Timeout: 500 * time.Millisecond})
+	require.Empty(t, transporttest.Failures(tr.Publish(context.Background(), transporttest.Deliveries(transporttest.Messages(ns, 5)))))
+
+	delivered := transporttest.CutAndRestore(t, tr, func() []outbox.Delivery {
+		return transporttest.Deliveries(transporttest.Messages(ns, 10))
+	}, proxy.Cut, proxy.Restore)
+	ids, _ := transporttest.IDs(consume(t, c, ns, 15))
+	for _, d := range delivered {
+		require.True(t, ids[d.ID], "record %s missing after the cut", d.ID)
+	}
+}
+
+// ceMessage is a record as a CloudEvents binding message under the Kafka protocol binding
+// (ce_ headers and content-type, or a structured event in the value), so that the
+// CloudEvents SDK decodes it as any CloudEvents consumer would.
+type ceMessage struct{ r *kgo.Record }
+
+func (m ceMessage) header(k string) string {
+	for _, h := range m.r.Headers {
+		if h.Key == k {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+func (m ceMessage) version() spec.Version {
+	return spec.WithPrefix("ce_").Version(m.header("ce_specversion"))
+}
+
+func (m ceMessage) ReadEncoding() binding.Encoding {
+	switch {
+	case format.Lookup(m.header("content-type")) != nil:
+		return binding.EncodingStructured
+	case m.version() != nil:
+		return binding.EncodingBinary
+	}
+	return binding.EncodingUnknown
+}
+
+func (m ceMessage) ReadStructured(ctx context.Context, w binding.StructuredWriter) error {
+	f := format.Lookup(m.header("content-type"))
+	if f == nil {
+		return binding.ErrNotStructured
+	}
+	return w.SetStructuredEvent(ctx, f, bytes.NewReader(m.r.Value))
+}
+
+func (m ceMessage) ReadBinary(_ context.Context, w binding.BinaryWriter) error {
+	v := m.version()
+	for _, h := range m.r.Headers {
+		var err error
+		if a := v.Attribute(h.Key); a != nil {
+			err = w.SetAttribute(a, string(h.Value))
+		} else if h.Key == "content-type" {
+			err = w.SetAttribute(v.AttributeFromKind(spec.DataContentType), string(h.Value))
+		} else if name, ok := strings.CutPrefix(h.Key, "ce_"); ok {
+			err = w.SetExtension(name, string(h.Value))
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return w.SetData(bytes.NewReader(m.r.Value))
+}
+
+func (m ceMessage) GetAttribute(k spec.Kind) (spec.Attribute, any) {
+	a := m.version().AttributeFromKind(k)
+	if a == nil {
+		return nil, nil
+	}
+	name := a.PrefixedName()
+	if k == spec.DataContentType {
+		name = "content-type"
+	}
+	if x := m.header(name); x != "" {
+		return a, x
+	}
+	return a, nil
+}
+
+func (m ceMessage) GetExtension(name string) any {
+	if x := m.header("ce_" + name); x != "" {
+		return x
+	}
+	return nil
+}
+
+func (m ceMessage) Finish(error) error { return nil }
+
+// A consumer decodes every record with the CloudEvents SDK, in both modes, and finds the
+// message's id, source, type, time, content type, partition key, header extensions and the
+// payload as data; the record key is still the partition key.
+func TestCloudEvents(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []outbox.CloudEventsMode{outbox.CloudEventsBinary, outbox.CloudEventsStructured} {
+		t.Run(fmt.Sprint(mode), func(t *testing.T) {
+			t.Parallel()
+			c, ns := cluster(t)
+			tr := newTransport(t, client(t, c), kafka.Options{CloudEvents: &outbox.CloudEvents{Source: "/shop/orders", Mode: mode}})
+			batch := transporttest.Deliveries(transporttest.Messages(ns, 12))
+			contentType := "application/vnd.shop+json"
+			if mode == outbox.CloudEventsStructured {
+				contentType = "text/json" // the SDK reads "+json" structured data as a string
+			}
+			batch[1].Headers = outbox.Headers{"content-type": contentType, "x-request-id": "r-1", "Tenant": "acme"}
+			require.Empty(t, transporttest.Failures(tr.Publish(context.Background(), batch)))
+
+			var ts []string
+			for _, tp := range topics {
+				ts = append(ts, ns+"."+tp)
+			}
+			cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumeTopics(ts...),
+				kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+			require.NoError(t, err)
+			defer cl.Close()
+			byID := map[string]cloudevents.Event{}
+			keys := map[string]string{}
+			var other map[string]string
+			transporttest.Poll(t, 15*time.Second, func() bool {
+				ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+				defer cancel()
+				cl.PollFetches(ctx).EachRecord(func(r *kgo.Record) {
+					e, err := binding.ToEvent(context.Background(), ceMessage{r})
+					require.NoError(t, err)
+					require.NoError(t, e.Validate())
+					byID[e.ID()], keys[e.ID()] = *e, string(r.Key)
+					if e.ID() == batch[1].ID.String() {
+						other = map[string]string{}
+						for _, h := range r.Headers {
+							other[h.Key] = string(h.Value)
+						}
+					}
+				})
+				return len(byID) == len(batch)
+			}, "events received: %d of %d", len(byID), len(batch))
+			for _, d := range batch {
+				e := byID[d.ID.String()]
+				require.Equal(t, "/shop/orders", e.Source())
+				require.Equal(t, d.Topic, e.Type())
+				require.True(t, d.CreatedAt.Equal(e.Time()))
+				require.JSONEq(t, string(d.Payload), string(e.Data()))
+				if mode == outbox.CloudEventsBinary {
+					require.Equal(t, string(d.Payload), string(e.Data()))
+				}
+				pk, _ := e.Extensions()["partitionkey"].(string)
+				require.Equal(t, d.PartitionKey, pk)
+				require.Equal(t, d.PartitionKey, keys[d.ID.String()])
+				if tp, ok := d.Headers["traceparent"]; ok {
+					require.Equal(t, tp, e.Extensions()["traceparent"])
+				}
+			}
+			odd := byID[batch[1].ID.String()]
+			require.Equal(t, contentType, odd.DataContentType())
+			require.Equal(t, "acme", odd.Extensions()["tenant"])
+			require.Equal(t, "r-1", other["x-request-id"], "a header that is no attribute name is sent as it is")
+			require.Equal(t, "application/json", byID[batch[0].ID.String()].DataContentType())
+		})
+	}
+}
+
+// The option needs a source; a message header that would replace an attribute is refused
+// for good.
+func TestCloudEventsRefusals(t *testing.T) {
+	t.Parallel()
+	c, ns := cluster(t)
+	_, err := kafka.New(client(t, c), kafka.Options{CloudEvents: &outbox.CloudEvents{}})
+	require.ErrorIs(t, err, outbox.ErrInvalid)
+	tr := newTransport(t, client(t, c), kafka.Options{CloudEvents: &outbox.CloudEvents{Source: "/s"}})
+	batch := transporttest.Deliveries(transporttest.Messages(ns, 2))
+	batch[0].Headers = outbox.Headers{"ce_id": "forged"}
+	batch[1].Headers = outbox.Headers{"content-type": "a/b", "Content-Type": "c/d"}
+	for i, err := range tr.Publish(context.Background(), batch) {
+		require.True(t, outbox.IsPermanent(err), "message %d: %v", i, err)
+	}
 }
 
 func TestOptionsValidation(t *testing.T) {

@@ -28,13 +28,24 @@
 //
 // A message that can never be stored fails with [outbox.Permanent] and is dead-lettered at
 // once: larger than the server's max_payload or the stream's max_msg_size, a subject or
-// header the protocol cannot carry. Everything else is retried under the publisher's retry
-// policy: a lost connection, an acknowledgement that did not come within
-// [Options.AckTimeout], a full stream, and a subject that no stream captures
-// ([ErrNoStream]). The last is retried rather than dead-lettered because it is an
-// operator's mistake that is fixed by creating the stream, often by a deployment that runs
-// after the service starts; until then the events wait in the outbox, and the attempt limit
-// still bounds how long.
+// header the protocol cannot carry. An outage fails with [outbox.Unavailable], which costs
+// the message no attempt: the connection is closed, disconnected or reconnecting, its
+// reconnect buffer is full, a network error, an acknowledgement that did not come within
+// [Options.AckTimeout] while the connection is down, JetStream not enabled, and "no
+// responders" on the subject ([ErrNoStream]: no stream captures it, or its server is
+// away). The last is an outage rather than a dead letter because a missing stream is
+// fixed by creating it, often by a deployment that runs after the service starts; until
+// then the events wait in the outbox. Everything else is retried under the publisher's
+// retry policy: an acknowledgement that did not come while the connection is up (a slow
+// server), a full stream.
+//
+// # CloudEvents
+//
+// With [Options.CloudEvents], every message is a CloudEvent under the NATS protocol binding
+// (binary mode by default: ce-* headers and Content-Type; structured mode: the event as
+// JSON in the payload). The message's own headers that are not attribute names are sent
+// as before, and a message header named Content-Type or starting with "ce-" is refused
+// for good, so that it cannot replace an attribute.
 package nats
 
 import (
@@ -49,6 +60,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/internal/netfail"
 )
 
 // Header names set on every message besides the message's own headers.
@@ -61,13 +73,22 @@ const (
 	HeaderAttempt      = "Outbox-Attempt"
 )
 
+// CloudEventsPrefix starts the header names of a CloudEvent's attributes in the binary mode,
+// as the NATS protocol binding of CloudEvents names them; HeaderContentType carries its
+// datacontenttype.
+const (
+	CloudEventsPrefix = "ce-"
+	HeaderContentType = "Content-Type"
+)
+
 // DefaultAckTimeout is the wait for a batch's acknowledgements when [Options.AckTimeout] is
 // zero.
 const DefaultAckTimeout = 5 * time.Second
 
 // ErrNoStream means that no stream captures the subject a message was published to (the
-// server answered "no responders"). Create a stream whose subjects include it. The message is
-// retried.
+// server answered "no responders"). Create a stream whose subjects include it. The message's
+// error is marked [outbox.Unavailable]: it waits in the outbox, spending no attempt, until
+// the stream exists.
 var ErrNoStream = errors.New("outbox/nats: no stream captures the subject")
 
 // ErrInvalid marks a message the transport cannot put on the wire (an empty or malformed
@@ -89,6 +110,14 @@ type Options struct {
 	// ExpectStream, when set, makes the server refuse a message that would be stored in
 	// any other stream (Nats-Expected-Stream). Such a refusal is permanent.
 	ExpectStream string
+
+	// CloudEvents, when set, sends every message as a CloudEvent under the NATS protocol
+	// binding: in the binary mode, the attributes as ce-* headers (ce-id, ce-source,
+	// ce-specversion, ce-type, ce-time, ce-partitionkey, one per extension) and
+	// datacontenttype as Content-Type, the payload as the data; in the structured mode, the
+	// event as JSON in the payload with Content-Type application/cloudevents+json. The
+	// Outbox-* headers and Nats-Msg-Id are sent as before. Default nil: no CloudEvents.
+	CloudEvents *outbox.CloudEvents
 }
 
 // DefaultSubject returns "<namespace>.<topic>".
@@ -106,6 +135,9 @@ func (o *Options) validate() error {
 	}
 	if o.ExpectStream != "" && strings.ContainsAny(o.ExpectStream, " \t\r\n.*>") {
 		return fmt.Errorf("%w options: ExpectStream %q is not a stream name", ErrInvalid, o.ExpectStream)
+	}
+	if err := o.CloudEvents.Validate(); err != nil {
+		return fmt.Errorf("%w options: %w", ErrInvalid, err)
 	}
 	return nil
 }
@@ -155,7 +187,7 @@ func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []erro
 		}
 		f, err := t.js.PublishMsgAsync(m)
 		if err != nil {
-			errs[i] = classify(batch[i], m.Subject, err)
+			errs[i] = t.classify(batch[i], m.Subject, err)
 			continue
 		}
 		futures[i], sent = f, true
@@ -175,7 +207,7 @@ func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []erro
 			case <-f.Ok():
 				continue
 			case err := <-f.Err():
-				errs[i] = classify(batch[i], f.Msg().Subject, err)
+				errs[i] = t.classify(batch[i], f.Msg().Subject, err)
 				continue
 			case <-timer.C:
 				late = fmt.Errorf("outbox/nats: no acknowledgement within %s", t.opts.AckTimeout)
@@ -187,12 +219,26 @@ func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []erro
 		select {
 		case <-f.Ok():
 		case err := <-f.Err():
-			errs[i] = classify(batch[i], f.Msg().Subject, err)
+			errs[i] = t.classify(batch[i], f.Msg().Subject, err)
 		default:
-			errs[i] = fmt.Errorf("%w (message %s)", late, batch[i].ID)
+			errs[i] = t.late(late, batch[i])
 		}
 	}
 	return errs
+}
+
+// late is the outcome of a message whose acknowledgement did not come: an outage when the
+// connection is down (the client holds the message in its reconnect buffer), a failure of
+// this attempt otherwise (a slow server, or a cancelled publish).
+func (t *Transport) late(cause error, d outbox.Delivery) error {
+	err := fmt.Errorf("%w (message %s)", cause, d.ID)
+	if errors.Is(cause, context.Canceled) {
+		return err
+	}
+	if nc := t.js.Conn(); nc != nil && !nc.IsConnected() {
+		return outbox.Unavailable(fmt.Errorf("%w: %w", err, nats.ErrDisconnected))
+	}
+	return err
 }
 
 // message builds the NATS message of d.
@@ -201,9 +247,34 @@ func (t *Transport) message(d outbox.Delivery) (*nats.Msg, error) {
 	if !validSubject(subject) {
 		return nil, fmt.Errorf("%w subject %q for message %s", ErrInvalid, subject, d.ID)
 	}
-	h := make(nats.Header, len(d.Headers)+8)
-	for k, v := range d.Headers {
-		if reserved(k) {
+	own, data := d.Headers, []byte(d.Payload)
+	h := make(nats.Header, len(d.Headers)+16)
+	if ce := t.opts.CloudEvents; ce != nil {
+		e, err := outbox.CloudEventOf(ce, d)
+		if err != nil {
+			return nil, fmt.Errorf("%w %w", ErrInvalid, err)
+		}
+		own = e.Other
+		if ce.Mode == outbox.CloudEventsStructured {
+			if data, err = e.JSON(d.Payload); err != nil {
+				return nil, fmt.Errorf("%w CloudEvent of message %s: %w", ErrInvalid, d.ID, err)
+			}
+			h[HeaderContentType] = []string{outbox.CloudEventsJSON}
+		} else {
+			for _, a := range e.Attributes {
+				h[CloudEventsPrefix+a.Name] = []string{a.Value}
+			}
+			h[HeaderContentType] = []string{e.DataContentType}
+		}
+		for k, v := range h {
+			if strings.ContainsAny(v[0], "\r\n") {
+				return nil, fmt.Errorf("%w header %q of message %s: NATS header values have no line breaks", ErrInvalid, k, d.ID)
+			}
+		}
+	}
+	for k, v := range own {
+		if reserved(k) || t.opts.CloudEvents != nil && (strings.EqualFold(k, HeaderContentType) ||
+			len(k) >= len(CloudEventsPrefix) && strings.EqualFold(k[:len(CloudEventsPrefix)], CloudEventsPrefix)) {
 			return nil, fmt.Errorf("%w header %q on message %s: the name is reserved for the transport", ErrInvalid, k, d.ID)
 		}
 		if !validHeaderName(k) || strings.ContainsAny(v, "\r\n") {
@@ -232,7 +303,7 @@ func (t *Transport) message(d outbox.Delivery) (*nats.Msg, error) {
 	if t.opts.ExpectStream != "" {
 		h[jetstream.ExpectedStreamHeader] = []string{t.opts.ExpectStream}
 	}
-	return &nats.Msg{Subject: subject, Header: h, Data: d.Payload}, nil
+	return &nats.Msg{Subject: subject, Header: h, Data: data}, nil
 }
 
 // reserved reports whether name is one the transport sets itself.
@@ -269,18 +340,27 @@ func validSubject(s string) bool {
 }
 
 // Classify reports how the transport treats a publish error: wrapped with
-// [outbox.Permanent] when retrying cannot help, returned as it is otherwise. Publish applies
+// [outbox.Permanent] when retrying cannot help, with [outbox.Unavailable] when the server
+// cannot be reached, returned as it is otherwise. Publish applies
 // it to every failure; it is exported for transports that wrap this one.
 func Classify(err error) error {
 	if err == nil {
 		return nil
 	}
-	if outbox.IsPermanent(err) {
+	if outbox.IsPermanent(err) || outbox.IsUnavailable(err) {
 		return err
 	}
 	if errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, nats.ErrBadSubject) ||
 		errors.Is(err, nats.ErrBadHeaderMsg) || errors.Is(err, ErrInvalid) {
 		return outbox.Permanent(err)
+	}
+	if netfail.Is(err) {
+		return outbox.Unavailable(err)
+	}
+	for _, u := range unavailable {
+		if errors.Is(err, u) {
+			return outbox.Unavailable(err)
+		}
 	}
 	var jsErr jetstream.JetStreamError
 	if errors.As(err, &jsErr) {
@@ -300,10 +380,23 @@ func Classify(err error) error {
 	return err
 }
 
-// classify wraps err with the message's id and subject, and [Classify]s it.
-func classify(d outbox.Delivery, subject string, err error) error {
+// classify wraps err with the message's id and subject, and [Classify]s it. A timeout while
+// the connection is down is an outage.
+func (t *Transport) classify(d outbox.Delivery, subject string, err error) error {
 	if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
-		return fmt.Errorf("%w %q (message %s): %w", ErrNoStream, subject, d.ID, err)
+		return outbox.Unavailable(fmt.Errorf("%w %q (message %s): %w", ErrNoStream, subject, d.ID, err))
+	}
+	if errors.Is(err, jetstream.ErrAsyncPublishTimeout) || errors.Is(err, nats.ErrTimeout) {
+		if nc := t.js.Conn(); nc != nil && !nc.IsConnected() {
+			err = fmt.Errorf("%w: %w", err, nats.ErrDisconnected)
+		}
 	}
 	return Classify(fmt.Errorf("outbox/nats: publish %s to %q: %w", d.ID, subject, err))
+}
+
+// unavailable are the client's errors that say the server cannot be reached now.
+var unavailable = []error{
+	nats.ErrConnectionClosed, nats.ErrDisconnected, nats.ErrConnectionReconnecting, nats.ErrNoServers,
+	nats.ErrReconnectBufExceeded, nats.ErrStaleConnection, nats.ErrNoResponders, jetstream.ErrNoStreamResponse,
+	ErrNoStream, jetstream.ErrJetStreamNotEnabled,
 }

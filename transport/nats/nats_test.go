@@ -1,13 +1,23 @@
 package nats_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	cloudevents "github.com/cloudevents/sdk-go/v2"
+	"github.com/cloudevents/sdk-go/v2/binding"
+	"github.com/cloudevents/sdk-go/v2/binding/format"
+	"github.com/cloudevents/sdk-go/v2/binding/spec"
 	"github.com/google/uuid"
 	_ "github.com/jackc/pgx/v5/stdlib"
 	natsgo "github.com/nats-io/nats.go"
@@ -192,9 +202,36 @@ func TestNoStream(t *testing.T) {
 	require.Len(t, errs, 2)
 	for _, err := range errs {
 		require.ErrorIs(t, err, nats.ErrNoStream)
+		require.True(t, outbox.IsUnavailable(err), "%v", err)
 		require.False(t, outbox.IsPermanent(err), "%v", err)
 		require.Contains(t, err.Error(), batch[0].Namespace+".")
 	}
+}
+
+// In one batch, a message no stream captures is an outage, an oversized one fails for good,
+// and the others are delivered: each outcome is its own.
+func TestMixedOutcomes(t *testing.T) {
+	t.Parallel()
+	js := connect(t, server(t))
+	ns, s := stream(t, js, func(c *jetstream.StreamConfig) { c.MaxMsgSize = 4096 })
+	tr := newTransport(t, js, nats.Options{Subject: func(d outbox.Delivery) string {
+		if d.Topic == "nowhere" {
+			return transporttest.Name("nostream") + ".x"
+		}
+		return nats.DefaultSubject(d)
+	}})
+	batch := transporttest.Deliveries(transporttest.Messages(ns, 6))
+	batch[1].Topic = "nowhere"
+	batch[4].Payload = []byte(`"` + strings.Repeat("x", 8000) + `"`)
+
+	errs := tr.Publish(context.Background(), batch)
+	require.True(t, outbox.IsUnavailable(errs[1]), "%v", errs[1])
+	require.True(t, outbox.IsPermanent(errs[4]), "%v", errs[4])
+	require.False(t, outbox.IsUnavailable(errs[4]), "%v", errs[4])
+	for _, i := range []int{0, 2, 3, 5} {
+		require.NoError(t, errs[i], "message %d", i)
+	}
+	transporttest.RequireSame(t, []outbox.Delivery{batch[0], batch[2], batch[3], batch[5]}, consume(t, s))
 }
 
 // Messages the transport cannot put on the wire fail for good, each alone, and Subject
@@ -241,12 +278,39 @@ func TestClassify(t *testing.T) {
 		&jetstream.APIError{Code: 400, ErrorCode: 10060, Description: "expected stream does not match"},
 	}
 	retryable := []error{
-		natsgo.ErrDisconnected, natsgo.ErrConnectionClosed, natsgo.ErrTimeout, jetstream.ErrAsyncPublishTimeout,
-		jetstream.ErrTooManyStalledMsgs, jetstream.ErrStreamNotFound, context.DeadlineExceeded,
+		natsgo.ErrTimeout, jetstream.ErrAsyncPublishTimeout, natsgo.ErrConnectionDraining,
+		jetstream.ErrTooManyStalledMsgs, jetstream.ErrStreamNotFound, context.DeadlineExceeded, context.Canceled,
 		&jetstream.APIError{Code: 503, ErrorCode: 10077, Description: "maximum messages exceeded"},
 		errors.New("something else"),
 	}
 	transporttest.RequireClassify(t, nats.Classify, permanent, retryable)
+	transporttest.RequireUnavailable(t, nats.Classify, []error{
+		natsgo.ErrDisconnected, natsgo.ErrConnectionClosed, natsgo.ErrConnectionReconnecting, natsgo.ErrNoServers,
+		natsgo.ErrReconnectBufExceeded, natsgo.ErrStaleConnection, natsgo.ErrNoResponders, jetstream.ErrNoStreamResponse,
+		jetstream.ErrJetStreamNotEnabled, nats.ErrNoStream, syscall.ECONNREFUSED, io.EOF,
+		&net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded},
+	})
+}
+
+// With the connection cut, every message of every batch fails as an outage (the client
+// buffers them for its reconnection and no acknowledgement comes); once it is restored, a
+// batch is delivered whole and the consumer reads it.
+func TestUnavailableWhileCut(t *testing.T) {
+	t.Parallel()
+	proxy := testproxy.New(t, strings.TrimPrefix(server(t), "nats://"))
+	admin := connect(t, server(t))
+	ns, s := stream(t, admin, nil)
+	js := connect(t, "nats://"+proxy.Addr(), natsgo.MaxReconnects(-1), natsgo.ReconnectWait(20*time.Millisecond))
+	tr := newTransport(t, js, nats.Options{AckTimeout: 300 * time.Millisecond})
+	require.Empty(t, transporttest.Failures(tr.Publish(context.Background(), transporttest.Deliveries(transporttest.Messages(ns, 5)))))
+
+	delivered := transporttest.CutAndRestore(t, tr, func() []outbox.Delivery {
+		return transporttest.Deliveries(transporttest.Messages(ns, 10))
+	}, proxy.Cut, proxy.Restore)
+	ids, _ := transporttest.IDs(consume(t, s))
+	for _, d := range delivered {
+		require.True(t, ids[d.ID], "message %s missing after the cut", d.ID)
+	}
 }
 
 func TestOptionsValidation(t *testing.T) {
@@ -290,4 +354,179 @@ func TestEndToEndFromPostgres(t *testing.T) {
 	js := connect(t, server(t))
 	ns, s := stream(t, js, nil)
 	transporttest.EndToEnd(t, ns, newTransport(t, js, nats.Options{}), func() []transporttest.Received { return consume(t, s) })
+}
+
+// ceMessage is a message read from the stream as a CloudEvents binding message under the
+// NATS protocol binding (ce- headers and Content-Type, or a structured event in the
+// payload), so that the CloudEvents SDK decodes it as any CloudEvents consumer would.
+type ceMessage struct {
+	h    natsgo.Header
+	body []byte
+}
+
+func (m ceMessage) ReadEncoding() binding.Encoding {
+	switch {
+	case format.Lookup(m.h.Get("Content-Type")) != nil:
+		return binding.EncodingStructured
+	case m.h.Get("ce-specversion") != "":
+		return binding.EncodingBinary
+	}
+	return binding.EncodingUnknown
+}
+
+func (m ceMessage) ReadStructured(ctx context.Context, w binding.StructuredWriter) error {
+	f := format.Lookup(m.h.Get("Content-Type"))
+	if f == nil {
+		return binding.ErrNotStructured
+	}
+	return w.SetStructuredEvent(ctx, f, bytes.NewReader(m.body))
+}
+
+func (m ceMessage) ReadBinary(_ context.Context, w binding.BinaryWriter) error {
+	v := spec.WithPrefix("ce-").Version(m.h.Get("ce-specversion"))
+	if v == nil {
+		return binding.ErrNotBinary
+	}
+	for k, vs := range m.h {
+		var err error
+		if a := v.Attribute(k); a != nil {
+			err = w.SetAttribute(a, vs[0])
+		} else if k == "Content-Type" {
+			err = w.SetAttribute(v.AttributeFromKind(spec.DataContentType), vs[0])
+		} else if strings.HasPrefix(k, "ce-") {
+			err = w.SetExtension(strings.TrimPrefix(k, "ce-"), vs[0])
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return w.SetData(bytes.NewReader(m.body))
+}
+
+func (m ceMessage) GetAttribute(k spec.Kind) (spec.Attribute, any) {
+	v := spec.WithPrefix("ce-").Version(m.h.Get("ce-specversion"))
+	if v == nil {
+		return nil, nil
+	}
+	a := v.AttributeFromKind(k)
+	name := "Content-Type"
+	if a == nil {
+		return nil, nil
+	} else if k != spec.DataContentType {
+		name = a.PrefixedName()
+	}
+	if x := m.h.Get(name); x != "" {
+		return a, x
+	}
+	return a, nil
+}
+
+func (m ceMessage) GetExtension(name string) any {
+	if x := m.h.Get("ce-" + name); x != "" {
+		return x
+	}
+	return nil
+}
+
+func (m ceMessage) Finish(error) error { return nil }
+
+// cloudEvents reads every message of s and decodes each with the CloudEvents SDK, which
+// must find a valid event.
+func cloudEvents(t testing.TB, s jetstream.Stream, n int) []cloudevents.Event {
+	t.Helper()
+	c, err := s.OrderedConsumer(context.Background(), jetstream.OrderedConsumerConfig{})
+	require.NoError(t, err)
+	batch, err := c.Fetch(n, jetstream.FetchMaxWait(2*time.Second))
+	require.NoError(t, err)
+	var out []cloudevents.Event
+	for m := range batch.Messages() {
+		e, err := binding.ToEvent(context.Background(), ceMessage{h: m.Headers(), body: m.Data()})
+		require.NoError(t, err)
+		require.NoError(t, e.Validate())
+		out = append(out, *e)
+	}
+	require.NoError(t, batch.Error())
+	require.Len(t, out, n)
+	return out
+}
+
+// A consumer decodes every message with the CloudEvents SDK, in both modes, and finds the
+// message's id, source, type, time, content type, partition key, header extensions and the
+// payload as data.
+func TestCloudEvents(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []outbox.CloudEventsMode{outbox.CloudEventsBinary, outbox.CloudEventsStructured} {
+		t.Run(fmt.Sprint(mode), func(t *testing.T) {
+			t.Parallel()
+			js := connect(t, server(t))
+			ns, s := stream(t, js, nil)
+			tr := newTransport(t, js, nats.Options{CloudEvents: &outbox.CloudEvents{
+				Source: "https://shop.example/orders", Mode: mode,
+				Type: func(d outbox.Delivery) string { return "com.example." + d.Topic },
+			}})
+			batch := transporttest.Deliveries(transporttest.Messages(ns, 12))
+			// The Go SDK reads structured data as JSON only for application/json and
+			// text/json (not for "+json" types, which the JSON format also calls JSON), so
+			// the structured run sends a type it reads as JSON.
+			contentType := "application/vnd.shop+json"
+			if mode == outbox.CloudEventsStructured {
+				contentType = "text/json"
+			}
+			batch[1].Headers = outbox.Headers{"content-type": contentType, "x-request-id": "r-1", "Tenant": "acme"}
+			require.Empty(t, transporttest.Failures(tr.Publish(context.Background(), batch)))
+
+			byID := map[string]cloudevents.Event{}
+			for _, e := range cloudEvents(t, s, len(batch)) {
+				byID[e.ID()] = e
+			}
+			for _, d := range batch {
+				e, ok := byID[d.ID.String()]
+				require.True(t, ok, "event %s not received", d.ID)
+				require.Equal(t, "1.0", e.SpecVersion())
+				require.Equal(t, "https://shop.example/orders", e.Source())
+				require.Equal(t, "com.example."+d.Topic, e.Type())
+				require.True(t, d.CreatedAt.Equal(e.Time()), "time %s, want %s", e.Time(), d.CreatedAt)
+				require.JSONEq(t, string(d.Payload), string(e.Data()))
+				if mode == outbox.CloudEventsBinary {
+					require.Equal(t, string(d.Payload), string(e.Data()), "binary data is the payload byte for byte")
+				}
+				pk, _ := e.Extensions()["partitionkey"].(string)
+				require.Equal(t, d.PartitionKey, pk)
+				if tp, ok := d.Headers["traceparent"]; ok {
+					require.Equal(t, tp, e.Extensions()["traceparent"])
+				}
+			}
+			odd := byID[batch[1].ID.String()]
+			require.Equal(t, contentType, odd.DataContentType())
+			require.Equal(t, "acme", odd.Extensions()["tenant"])
+			require.NotContains(t, odd.Extensions(), "x-request-id")
+			require.Equal(t, "application/json", byID[batch[0].ID.String()].DataContentType())
+
+			// The header that is no attribute name still reaches a plain NATS consumer.
+			for _, g := range consume(t, s) {
+				if g.ID == batch[1].ID {
+					require.Equal(t, "r-1", g.Headers["x-request-id"])
+				}
+			}
+		})
+	}
+}
+
+// CloudEvents needs a source, and a message header that would replace an attribute's
+// header is refused for good.
+func TestCloudEventsRefusals(t *testing.T) {
+	t.Parallel()
+	js := connect(t, server(t))
+	_, err := nats.New(js, nats.Options{CloudEvents: &outbox.CloudEvents{}})
+	require.ErrorIs(t, err, nats.ErrInvalid)
+	require.ErrorIs(t, err, outbox.ErrInvalid)
+
+	ns, _ := stream(t, js, nil)
+	tr := newTransport(t, js, nats.Options{CloudEvents: &outbox.CloudEvents{Source: "/shop"}})
+	batch := transporttest.Deliveries(transporttest.Messages(ns, 2))
+	batch[0].Headers = outbox.Headers{"ce-id": "forged"}
+	batch[1].Headers = outbox.Headers{"content-type": "a/b", "Content-Type": "c/d"}
+	for i, err := range tr.Publish(context.Background(), batch) {
+		require.True(t, outbox.IsPermanent(err), "message %d: %v", i, err)
+	}
 }

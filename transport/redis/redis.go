@@ -28,10 +28,19 @@
 //
 // An entry Redis can never append fails with [outbox.Permanent] and is dead-lettered at
 // once: the stream's key holds another type (WRONGTYPE), or the server refused the command
-// itself (an ERR reply, such as an argument above proto-max-bulk-len). Everything else is
-// retried under the publisher's retry policy: lost connections and timeouts, a server that
-// is loading, busy, read-only, out of memory or failing over, and authentication or
-// permission errors, which an operator fixes.
+// itself (an ERR reply, such as an argument above proto-max-bulk-len). An outage fails with
+// [outbox.Unavailable], which costs the message no attempt: a refused, reset or closed
+// connection, a dial or I/O timeout, and the replies of a server that cannot take writes
+// now (LOADING, BUSY, TRYAGAIN, CLUSTERDOWN, MASTERDOWN, READONLY, NOREPLICAS, "max number
+// of clients"). Everything else is retried under the publisher's retry policy: out of
+// memory, persistence errors, redirections, authentication or permission errors, which an
+// operator fixes, and replies this transport does not know.
+//
+// # CloudEvents
+//
+// With [Options.CloudEvents], every entry also carries a CloudEvent's attributes as ce_*
+// fields. CloudEvents has no Redis binding; the names follow its Kafka binding, and only
+// the binary mode exists.
 package redis
 
 import (
@@ -45,6 +54,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/internal/netfail"
 )
 
 // Field names of every stream entry.
@@ -74,7 +84,18 @@ type Options struct {
 	// (MAXLEN ~ MaxLen): Redis removes whole macro nodes only, so a stream may hold
 	// somewhat more. Default 0: no trimming.
 	MaxLen int64
+
+	// CloudEvents, when set, adds a CloudEvent's attributes to every entry as fields named
+	// "ce_" and the attribute's name (ce_id, ce_source, ce_specversion, ce_type, ce_time,
+	// ce_datacontenttype, ce_partitionkey, one per extension), after the attempt field; the
+	// payload field is the event's data, and the headers field keeps only the headers that
+	// are not attribute names. CloudEvents defines no binding for Redis: the names follow
+	// its Kafka binding. Only the binary mode is accepted. Default nil: no CloudEvents.
+	CloudEvents *outbox.CloudEvents
 }
+
+// CloudEventsPrefix starts the field names of a CloudEvent's attributes.
+const CloudEventsPrefix = "ce_"
 
 // DefaultStream returns "<namespace>:<topic>".
 func DefaultStream(d outbox.Delivery) string { return d.Namespace + ":" + d.Topic }
@@ -100,6 +121,12 @@ func New(client redis.UniversalClient, opts Options) (*Transport, error) {
 	}
 	if opts.MaxLen < 0 {
 		return nil, fmt.Errorf("%w options: MaxLen must not be negative, got %d", ErrInvalid, opts.MaxLen)
+	}
+	if err := opts.CloudEvents.Validate(); err != nil {
+		return nil, fmt.Errorf("%w options: %w", ErrInvalid, err)
+	}
+	if opts.CloudEvents != nil && opts.CloudEvents.Mode != outbox.CloudEventsBinary {
+		return nil, fmt.Errorf("%w options: CloudEvents.Mode: Redis has no CloudEvents binding that defines a structured mode", ErrInvalid)
 	}
 	return &Transport{client: client, opts: opts}, nil
 }
@@ -153,8 +180,20 @@ func (t *Transport) args(d outbox.Delivery) (*redis.XAddArgs, error) {
 		v = append(v, FieldDedupeKey, d.DedupeKey)
 	}
 	v = append(v, FieldAttempt, strconv.Itoa(d.Attempt))
-	if len(d.Headers) > 0 {
-		h, err := json.Marshal(map[string]string(d.Headers))
+	headers := d.Headers
+	if t.opts.CloudEvents != nil {
+		e, err := outbox.CloudEventOf(t.opts.CloudEvents, d)
+		if err != nil {
+			return nil, fmt.Errorf("%w %w", ErrInvalid, err)
+		}
+		for _, a := range e.Attributes {
+			v = append(v, CloudEventsPrefix+a.Name, a.Value)
+		}
+		v = append(v, CloudEventsPrefix+"datacontenttype", e.DataContentType)
+		headers = e.Other
+	}
+	if len(headers) > 0 {
+		h, err := json.Marshal(map[string]string(headers))
 		if err != nil {
 			return nil, fmt.Errorf("%w headers of message %s: %w", ErrInvalid, d.ID, err)
 		}
@@ -164,17 +203,24 @@ func (t *Transport) args(d outbox.Delivery) (*redis.XAddArgs, error) {
 	return &redis.XAddArgs{Stream: stream, MaxLen: t.opts.MaxLen, Approx: t.opts.MaxLen > 0, Values: v}, nil
 }
 
-// retried are the prefixes of Redis error replies that pass without the message changing.
-var retried = []string{
-	"LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "OOM", "NOREPLICAS",
-	"MISCONF", "MOVED", "ASK", "NOAUTH", "NOPERM", "WRONGPASS", "ERR max number of clients",
+// unavailable are the prefixes of Redis error replies that say the server cannot take any
+// write now: it is loading, busy with a script, failing over, or without its cluster or
+// replicas, or has no room for another client.
+var unavailable = []string{
+	"LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "NOREPLICAS",
+	"ERR max number of clients",
 }
 
+// retried are the prefixes of Redis error replies that pass without the message changing,
+// and are not outages: the operator frees memory, fixes persistence or permissions.
+var retried = []string{"OOM", "MISCONF", "MOVED", "ASK", "NOAUTH", "NOPERM", "WRONGPASS"}
+
 // Classify reports how the transport treats an XADD error: wrapped with
-// [outbox.Permanent] when retrying cannot help, returned as it is otherwise. Publish applies
+// [outbox.Permanent] when retrying cannot help, with [outbox.Unavailable] when the server
+// cannot be reached or cannot take writes now, returned as it is otherwise. Publish applies
 // it to every failure; it is exported for transports that wrap this one.
 func Classify(err error) error {
-	if err == nil || outbox.IsPermanent(err) {
+	if err == nil || outbox.IsPermanent(err) || outbox.IsUnavailable(err) {
 		return err
 	}
 	if errors.Is(err, ErrInvalid) {
@@ -182,9 +228,17 @@ func Classify(err error) error {
 	}
 	var re redis.Error
 	if !errors.As(err, &re) {
-		return err // network errors, timeouts, a closed client, a cancelled context
+		if netfail.Is(err) {
+			return outbox.Unavailable(err) // refused, reset or closed connections, dial and I/O timeouts
+		}
+		return err // a closed client, a pool timeout, a cancelled context
 	}
 	msg := re.Error()
+	for _, p := range unavailable {
+		if strings.HasPrefix(msg, p) {
+			return outbox.Unavailable(err)
+		}
+	}
 	for _, p := range retried {
 		if strings.HasPrefix(msg, p) {
 			return err

@@ -4,10 +4,18 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
+	"net"
+	"os"
 	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	cloudevents "github.com/cloudevents/sdk-go/v2"
+	"github.com/cloudevents/sdk-go/v2/binding"
+	"github.com/cloudevents/sdk-go/v2/binding/spec"
 	"github.com/google/uuid"
 	_ "github.com/jackc/pgx/v5/stdlib"
 	goredis "github.com/redis/go-redis/v9"
@@ -199,14 +207,154 @@ func TestClassify(t *testing.T) {
 		replyErr("ERR Protocol error: invalid bulk length"), replyErr("ERR syntax error"), redis.ErrInvalid,
 	}
 	retryable := []error{
-		replyErr("LOADING Redis is loading the dataset in memory"), replyErr("BUSY Redis is busy running a script"),
-		replyErr("READONLY You can't write against a read only replica."),
-		replyErr("OOM command not allowed when used memory > 'maxmemory'."), replyErr("CLUSTERDOWN The cluster is down"),
+		replyErr("OOM command not allowed when used memory > 'maxmemory'."), replyErr("MISCONF Errors writing to disk"),
 		replyErr("NOAUTH Authentication required."), replyErr("NOPERM this user has no permissions"),
-		replyErr("ERR max number of clients reached"), replyErr("SOMETHINGNEW unknown"),
-		goredis.ErrClosed, context.DeadlineExceeded, errors.New("dial tcp 127.0.0.1:6379: connect: connection refused"),
+		replyErr("MOVED 3999 127.0.0.1:6381"), replyErr("SOMETHINGNEW unknown"),
+		goredis.ErrClosed, goredis.ErrPoolTimeout, context.DeadlineExceeded, context.Canceled,
+		errors.New("connection refused"), // a message, not the network error
 	}
 	transporttest.RequireClassify(t, redis.Classify, permanent, retryable)
+	transporttest.RequireUnavailable(t, redis.Classify, []error{
+		replyErr("LOADING Redis is loading the dataset in memory"), replyErr("BUSY Redis is busy running a script"),
+		replyErr("READONLY You can't write against a read only replica."), replyErr("CLUSTERDOWN The cluster is down"),
+		replyErr("TRYAGAIN Multiple keys request during rehashing of slot"), replyErr("MASTERDOWN Link with MASTER is down"),
+		replyErr("NOREPLICAS Not enough good replicas to write."), replyErr("ERR max number of clients reached"),
+		syscall.ECONNREFUSED, syscall.ECONNRESET, io.EOF, os.ErrDeadlineExceeded,
+		&net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded},
+	})
+}
+
+// With the connection cut, every entry of every pipeline fails as an outage; once it is
+// restored, a batch is appended whole and a consumer reads it.
+func TestUnavailableWhileCut(t *testing.T) {
+	t.Parallel()
+	admin := client(t, server(t))
+	ns := namespace(t, admin)
+	proxy := testproxy.New(t, server(t))
+	c := client(t, proxy.Addr(), func(o *goredis.Options) {
+		o.MaxRetries = -1
+		o.DialTimeout, o.ReadTimeout, o.WriteTimeout = 200*time.Millisecond, 200*time.Millisecond, 200*time.Millisecond
+	})
+	tr := newTransport(t, c, redis.Options{})
+	require.Empty(t, transporttest.Failures(tr.Publish(context.Background(), transporttest.Deliveries(transporttest.Messages(ns, 5)))))
+	delivered := transporttest.CutAndRestore(t, tr, func() []outbox.Delivery {
+		return transporttest.Deliveries(transporttest.Messages(ns, 10))
+	}, proxy.Cut, proxy.Restore)
+	ids, _ := transporttest.IDs(consume(t, admin, ns))
+	for _, d := range delivered {
+		require.True(t, ids[d.ID], "entry %s missing after the cut", d.ID)
+	}
+}
+
+// ceMessage is a stream entry as a CloudEvents binding message: its ce_ fields are the
+// attributes and its payload field the data, so that the CloudEvents SDK decodes it.
+type ceMessage map[string]any
+
+func (m ceMessage) get(k string) string { v, _ := m[k].(string); return v }
+
+func (m ceMessage) version() spec.Version {
+	return spec.WithPrefix(redis.CloudEventsPrefix).Version(m.get(redis.CloudEventsPrefix + "specversion"))
+}
+
+func (m ceMessage) ReadEncoding() binding.Encoding {
+	if m.version() == nil {
+		return binding.EncodingUnknown
+	}
+	return binding.EncodingBinary
+}
+
+func (m ceMessage) ReadStructured(context.Context, binding.StructuredWriter) error {
+	return binding.ErrNotStructured
+}
+
+func (m ceMessage) ReadBinary(_ context.Context, w binding.BinaryWriter) error {
+	v := m.version()
+	for k := range m {
+		var err error
+		if a := v.Attribute(k); a != nil {
+			err = w.SetAttribute(a, m.get(k))
+		} else if name, ok := strings.CutPrefix(k, redis.CloudEventsPrefix); ok {
+			err = w.SetExtension(name, m.get(k))
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return w.SetData(strings.NewReader(m.get(redis.FieldPayload)))
+}
+
+func (m ceMessage) GetAttribute(k spec.Kind) (spec.Attribute, any) {
+	a := m.version().AttributeFromKind(k)
+	if a == nil {
+		return nil, nil
+	}
+	if x := m.get(a.PrefixedName()); x != "" {
+		return a, x
+	}
+	return a, nil
+}
+
+func (m ceMessage) GetExtension(name string) any {
+	if x := m.get(redis.CloudEventsPrefix + name); x != "" {
+		return x
+	}
+	return nil
+}
+
+func (m ceMessage) Finish(error) error { return nil }
+
+// A consumer reads every entry back and decodes it with the CloudEvents SDK: a valid event
+// with the message's id, source, type, time, content type, partition key, header
+// extensions and the payload as data. The structured mode is refused.
+func TestCloudEvents(t *testing.T) {
+	t.Parallel()
+	c := client(t, server(t))
+	ns := namespace(t, c)
+	tr := newTransport(t, c, redis.Options{CloudEvents: &outbox.CloudEvents{Source: "/shop/orders"}})
+	batch := transporttest.Deliveries(transporttest.Messages(ns, 12))
+	batch[1].Headers = outbox.Headers{"content-type": "application/vnd.shop+json", "x-request-id": "r-1", "Tenant": "acme"}
+	require.Empty(t, transporttest.Failures(tr.Publish(context.Background(), batch)))
+
+	byID := map[string]cloudevents.Event{}
+	for _, tp := range topics {
+		msgs, err := c.XRange(context.Background(), ns+":"+tp, "-", "+").Result()
+		require.NoError(t, err)
+		for _, m := range msgs {
+			e, err := binding.ToEvent(context.Background(), ceMessage(m.Values))
+			require.NoError(t, err)
+			require.NoError(t, e.Validate())
+			byID[e.ID()] = *e
+			// The entry keeps the transport's own fields; headers holds what is no attribute.
+			require.Equal(t, e.ID(), m.Values[redis.FieldID])
+		}
+	}
+	require.Len(t, byID, len(batch))
+	for _, d := range batch {
+		e := byID[d.ID.String()]
+		require.Equal(t, "/shop/orders", e.Source())
+		require.Equal(t, d.Topic, e.Type())
+		require.True(t, d.CreatedAt.Equal(e.Time()))
+		require.Equal(t, string(d.Payload), string(e.Data()))
+		pk, _ := e.Extensions()["partitionkey"].(string)
+		require.Equal(t, d.PartitionKey, pk)
+		if tp, ok := d.Headers["traceparent"]; ok {
+			require.Equal(t, tp, e.Extensions()["traceparent"])
+		}
+	}
+	odd := byID[batch[1].ID.String()]
+	require.Equal(t, "application/vnd.shop+json", odd.DataContentType())
+	require.Equal(t, "acme", odd.Extensions()["tenant"])
+	require.Equal(t, "application/json", byID[batch[0].ID.String()].DataContentType())
+	for _, g := range consume(t, c, ns) {
+		if g.ID == batch[1].ID {
+			require.Equal(t, outbox.Headers{"x-request-id": "r-1"}, g.Headers)
+		}
+	}
+
+	_, err := redis.New(c, redis.Options{CloudEvents: &outbox.CloudEvents{Source: "/s", Mode: outbox.CloudEventsStructured}})
+	require.ErrorIs(t, err, redis.ErrInvalid)
+	_, err = redis.New(c, redis.Options{CloudEvents: &outbox.CloudEvents{}})
+	require.ErrorIs(t, err, outbox.ErrInvalid)
 }
 
 func TestOptionsValidation(t *testing.T) {

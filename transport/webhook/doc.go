@@ -25,10 +25,15 @@
 // # Outcomes
 //
 //   - 2xx: delivered.
-//   - 408, 429, 5xx, any other status that is not 4xx (a redirect, which is never
-//     followed), a network error and a request timeout ([Options.Timeout]): retried under
-//     the publisher's retry policy. A Retry-After header (seconds or an HTTP date) sets
-//     the delay of the next attempt with [outbox.RetryAfter], capped by
+//   - 502, 503 and 504, a connection that could not be made (refused, dial timeout, a
+//     name that does not resolve) or that was closed or reset before the response: an
+//     outage, marked with [outbox.Unavailable], which costs the message no attempt.
+//   - 408, 429, 500 and the other 5xx, any other status that is not 4xx (a redirect,
+//     which is never followed) and a request timeout ([Options.Timeout]) on a connection
+//     that was made: retried under the publisher's retry policy. A timeout is not an
+//     outage: a receiver that hangs on one message must not hold it forever.
+//   - A Retry-After header (seconds or an HTTP date) on a retried or unavailable status
+//     sets the delay of the next attempt with [outbox.RetryAfter], capped by
 //     [Options.MaxRetryAfter].
 //   - any other 4xx (400, 401, 403, 404, 410, 413, 422, ...): dead-lettered at once with
 //     [outbox.Permanent]: the receiver refused the message itself, and sending it again
@@ -37,4 +42,11 @@
 //     message header that cannot be an HTTP header: dead-lettered at once.
 //
 // Status errors are [*StatusError] values.
+//
+// # CloudEvents
+//
+// With [Options.CloudEvents], every request is a CloudEvent under the HTTP protocol
+// binding (binary mode by default: ce-* headers and Content-Type; structured mode: the
+// event as JSON in the body). A message header named Content-Type or starting with "ce-"
+// is then refused for good, so that it cannot replace an attribute.
 package webhook

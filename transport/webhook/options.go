@@ -83,6 +83,15 @@ type Options struct {
 
 	// UserAgent is sent with every request. Default [DefaultUserAgent].
 	UserAgent string
+
+	// CloudEvents, when set, sends every message as a CloudEvent under the HTTP protocol
+	// binding: in the binary mode, the attributes as ce-* headers (ce-id, ce-source,
+	// ce-specversion, ce-type, ce-time, ce-partitionkey, one per extension; values
+	// percent-encoded as the binding requires) and datacontenttype as Content-Type, the
+	// payload as the body; in the structured mode, the event as JSON in the body with
+	// Content-Type application/cloudevents+json. The signature covers the body that is
+	// sent. Default nil: no CloudEvents.
+	CloudEvents *outbox.CloudEvents
 }
 
 func invalid(field, format string, args ...any) error {
@@ -135,6 +144,9 @@ func (o *Options) validate() ([]byte, error) {
 	}
 	if o.UserAgent == "" {
 		o.UserAgent = DefaultUserAgent
+	}
+	if err := o.CloudEvents.Validate(); err != nil {
+		return nil, err
 	}
 	return key, nil
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/internal/netfail"
 )
 
 // Transport posts outbox messages to webhook endpoints. It is safe for concurrent use.
@@ -108,6 +109,13 @@ func (e *StatusError) Retryable() bool {
 	return c == http.StatusRequestTimeout || c == http.StatusTooManyRequests || c < 400 || c >= 500
 }
 
+// Unavailable reports whether the status says the endpoint is down rather than the message
+// refused: 502 Bad Gateway, 503 Service Unavailable and 504 Gateway Timeout.
+func (e *StatusError) Unavailable() bool {
+	c := e.StatusCode
+	return c == http.StatusBadGateway || c == http.StatusServiceUnavailable || c == http.StatusGatewayTimeout
+}
+
 // Header keys the transport sets besides the Standard Webhooks ones.
 const (
 	HeaderNamespace    = "Outbox-Namespace"
@@ -142,21 +150,25 @@ func (t *Transport) post(ctx context.Context, d *outbox.Delivery) error {
 	if err != nil {
 		return outbox.Permanent(err)
 	}
-	h, err := t.header(d)
+	h, body, err := t.header(d)
 	if err != nil {
 		return outbox.Permanent(err)
 	}
 
 	ctx, cancel := context.WithTimeout(ctx, t.opts.Timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(d.Payload))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(body))
 	if err != nil {
 		return outbox.Permanent(fmt.Errorf("webhook: request: %w", err))
 	}
 	req.Header = h
 	resp, err := t.client.Do(req)
 	if err != nil {
-		return fmt.Errorf("webhook: POST %s: %w", u.Redacted(), err)
+		err = fmt.Errorf("webhook: POST %s: %w", u.Redacted(), err)
+		if netfail.Is(err) {
+			return outbox.Unavailable(err) // no connection, or it went away before the answer
+		}
+		return err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
@@ -170,28 +182,53 @@ func (t *Transport) post(ctx context.Context, d *outbox.Delivery) error {
 	if hasRA {
 		se.RetryAfter = min(ra, t.opts.MaxRetryAfter)
 	}
+	var out error = se
 	switch {
 	case !se.Retryable():
 		return outbox.Permanent(se)
 	case hasRA:
-		return outbox.RetryAfter(se, se.RetryAfter)
+		out = outbox.RetryAfter(se, se.RetryAfter)
 	}
-	return se
+	if se.Unavailable() {
+		out = outbox.Unavailable(out)
+	}
+	return out
 }
 
-// header builds the request's header for d, refusing message headers that HTTP cannot
-// carry.
-func (t *Transport) header(d *outbox.Delivery) (http.Header, error) {
-	h := make(http.Header, len(d.Headers)+10)
+// header builds the request's header and body for d, refusing message headers that HTTP
+// cannot carry.
+func (t *Transport) header(d *outbox.Delivery) (http.Header, []byte, error) {
+	h := make(http.Header, len(d.Headers)+16)
 	contentType := DefaultContentType
-	for k, v := range d.Headers {
+	own, body := d.Headers, []byte(d.Payload)
+	if ce := t.opts.CloudEvents; ce != nil {
+		e, err := outbox.CloudEventOf(ce, *d)
+		if err != nil {
+			return nil, nil, err
+		}
+		own, contentType = e.Other, e.DataContentType
+		if ce.Mode == outbox.CloudEventsStructured {
+			if body, err = e.JSON(d.Payload); err != nil {
+				return nil, nil, fmt.Errorf("webhook: CloudEvent of message %s: %w", d.ID, err)
+			}
+			contentType = outbox.CloudEventsJSON
+		} else {
+			for _, a := range e.Attributes {
+				h[http.CanonicalHeaderKey(CloudEventsPrefix+a.Name)] = []string{percentEncode(a.Value)}
+			}
+		}
+	}
+	for k, v := range own {
 		if !validName(k) {
-			return nil, fmt.Errorf("webhook: header name %q cannot be sent over HTTP", k)
+			return nil, nil, fmt.Errorf("webhook: header name %q cannot be sent over HTTP", k)
 		}
 		if !validValue(v) {
-			return nil, fmt.Errorf("webhook: header %q: value cannot be sent over HTTP", k)
+			return nil, nil, fmt.Errorf("webhook: header %q: value cannot be sent over HTTP", k)
 		}
 		ck := http.CanonicalHeaderKey(k)
+		if t.opts.CloudEvents != nil && (ck == "Content-Type" || strings.HasPrefix(ck, "Ce-")) {
+			return nil, nil, fmt.Errorf("webhook: header %q would replace a CloudEvents attribute", k)
+		}
 		if ck == "Content-Type" {
 			contentType = v
 		}
@@ -211,7 +248,7 @@ func (t *Transport) header(d *outbox.Delivery) (http.Header, error) {
 	now := time.Now()
 	h["Webhook-Id"] = []string{id}
 	h["Webhook-Timestamp"] = []string{strconv.FormatInt(now.Unix(), 10)}
-	h["Webhook-Signature"] = []string{Sign(t.key, id, now, d.Payload)}
+	h["Webhook-Signature"] = []string{Sign(t.key, id, now, body)}
 	h["User-Agent"] = []string{t.opts.UserAgent}
 	h[HeaderAttempt] = []string{strconv.Itoa(d.Attempt)}
 	errs := []error{set("Content-Type", contentType), set(HeaderNamespace, d.Namespace), set(HeaderTopic, d.Topic)}
@@ -225,9 +262,39 @@ func (t *Transport) header(d *outbox.Delivery) (http.Header, error) {
 		errs = append(errs, set(HeaderDedupeKey, d.DedupeKey))
 	}
 	if err := errors.Join(errs...); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return h, nil
+	return h, body, nil
+}
+
+// CloudEventsPrefix starts the header names of a CloudEvent's attributes in the binary
+// mode, as the HTTP protocol binding of CloudEvents names them; datacontenttype is the
+// Content-Type.
+const CloudEventsPrefix = "ce-"
+
+// percentEncode encodes an attribute value for a ce- header as the HTTP binding requires:
+// space, double quote, percent and every byte outside printable ASCII as %XX of its UTF-8
+// bytes.
+func percentEncode(v string) string {
+	n := 0
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c <= ' ' || c >= 0x7f || c == '"' || c == '%' {
+			n++
+		}
+	}
+	if n == 0 {
+		return v
+	}
+	const hex = "0123456789ABCDEF"
+	b := make([]byte, 0, len(v)+2*n)
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c <= ' ' || c >= 0x7f || c == '"' || c == '%' {
+			b = append(b, '%', hex[c>>4], hex[c&15])
+		} else {
+			b = append(b, c)
+		}
+	}
+	return string(b)
 }
 
 // validName reports whether s is an HTTP token (RFC 9110 field-name).

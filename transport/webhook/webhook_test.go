@@ -1,6 +1,7 @@
 package webhook_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
@@ -19,11 +20,15 @@ import (
 	"testing"
 	"time"
 
+	cloudevents "github.com/cloudevents/sdk-go/v2"
+	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/internal/testproxy"
+	"github.com/outboxgo/outbox/internal/transporttest"
 	"github.com/outboxgo/outbox/transport/webhook"
 )
 
@@ -249,7 +254,7 @@ func TestStatusClassification(t *testing.T) {
 		{400, permanent}, {401, permanent}, {403, permanent}, {404, permanent}, {405, permanent},
 		{409, permanent}, {410, permanent}, {413, permanent}, {415, permanent}, {422, permanent},
 		{408, retried}, {429, retried},
-		{500, retried}, {501, retried}, {502, retried}, {503, retried}, {504, retried},
+		{500, retried}, {501, retried}, {502, retried}, {503, retried}, {504, retried}, {505, retried},
 	}
 	batch := make([]outbox.Delivery, len(cases))
 	for i, c := range cases {
@@ -266,6 +271,8 @@ func TestStatusClassification(t *testing.T) {
 		case retried:
 			require.Error(t, err, "status %d", c.code)
 			require.False(t, outbox.IsPermanent(err), "status %d: %v", c.code, err)
+			down := c.code == 502 || c.code == 503 || c.code == 504
+			require.Equal(t, down, outbox.IsUnavailable(err), "status %d: %v", c.code, err)
 		case permanent:
 			require.True(t, outbox.IsPermanent(err), "status %d: %v", c.code, err)
 		}
@@ -326,6 +333,7 @@ func TestRetryAfter(t *testing.T) {
 	for i, c := range cases {
 		require.Error(t, errs[i])
 		require.False(t, outbox.IsPermanent(errs[i]))
+		require.Equal(t, c.code == 503, outbox.IsUnavailable(errs[i]), "case %d: %v", i, errs[i])
 		d, ok := outbox.RetryAfterDelay(errs[i])
 		if c.want < 0 {
 			require.False(t, ok, "case %d (%q): %v", i, c.after, errs[i])
@@ -358,6 +366,7 @@ func TestTimeout(t *testing.T) {
 	for _, err := range errs {
 		require.ErrorIs(t, err, context.DeadlineExceeded)
 		require.False(t, outbox.IsPermanent(err))
+		require.False(t, outbox.IsUnavailable(err), "a receiver that hangs is not an outage: %v", err)
 	}
 
 	slow := newTransport(t, webhook.Options{URL: srv.URL, Secret: srv.secret, AllowHTTP: true, Concurrency: 1})
@@ -371,7 +380,7 @@ func TestTimeout(t *testing.T) {
 	}
 }
 
-// TestNetworkError: a refused connection is retried, not dead-lettered.
+// TestNetworkError: a refused connection is an outage, not dead-lettered.
 func TestNetworkError(t *testing.T) {
 	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -382,8 +391,72 @@ func TestNetworkError(t *testing.T) {
 	err = tr.Publish(context.Background(), []outbox.Delivery{delivery("a", "b", `{}`)})[0]
 	require.Error(t, err)
 	require.False(t, outbox.IsPermanent(err))
+	require.True(t, outbox.IsUnavailable(err), "%v", err)
 	var se *webhook.StatusError
 	require.False(t, errors.As(err, &se))
+}
+
+// TestUnavailableWhileCut: with the receiver cut away by a proxy, every request of every
+// batch fails as an outage (connections refused or dropped); once restored, a batch is
+// delivered whole.
+func TestUnavailableWhileCut(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t, false, nil)
+	proxy := testproxy.New(t, strings.TrimPrefix(srv.URL, "http://"))
+	tr := newTransport(t, webhook.Options{URL: "http://" + proxy.Addr() + "/{topic}", Secret: srv.secret, AllowHTTP: true, Timeout: 2 * time.Second})
+	fresh := func() []outbox.Delivery {
+		return []outbox.Delivery{delivery("a", "x", `{"n":1}`), delivery("a", "y", `{"n":2}`), delivery("a", "z", `{"n":3}`)}
+	}
+	require.Empty(t, nonNil(tr.Publish(context.Background(), fresh())))
+	delivered := transporttest.CutAndRestore(t, tr, fresh, proxy.Cut, proxy.Restore)
+	got := map[string]bool{}
+	for _, r := range srv.requests() {
+		got[r.header.Get("webhook-id")] = true
+	}
+	for _, d := range delivered {
+		require.True(t, got[d.ID.String()], "message %s not received after the cut", d.ID)
+	}
+}
+
+// TestMixedOutcomes: in one batch, a message for an endpoint that is down is an outage, one
+// answered 500 is retried, one answered 404 is dead-lettered, and the rest are delivered.
+func TestMixedOutcomes(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t, false, func(w http.ResponseWriter, r *http.Request) {
+		code, _ := strconv.Atoi(strings.TrimPrefix(r.URL.Path, "/"))
+		w.WriteHeader(code)
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	dead := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	tr := newTransport(t, webhook.Options{
+		URLFunc: func(d *outbox.Delivery) (string, error) {
+			if d.Topic == "down" {
+				return "http://" + dead + "/", nil
+			}
+			return srv.URL + "/" + d.Topic, nil
+		},
+		Secret: srv.secret, AllowHTTP: true,
+	})
+	batch := []outbox.Delivery{delivery("a", "200", `{}`), delivery("a", "down", `{}`), delivery("a", "500", `{}`), delivery("a", "404", `{}`), delivery("a", "204", `{}`)}
+	errs := tr.Publish(context.Background(), batch)
+	require.NoError(t, errs[0])
+	require.True(t, outbox.IsUnavailable(errs[1]), "%v", errs[1])
+	require.Error(t, errs[2])
+	require.False(t, outbox.IsUnavailable(errs[2]) || outbox.IsPermanent(errs[2]), "%v", errs[2])
+	require.True(t, outbox.IsPermanent(errs[3]), "%v", errs[3])
+	require.NoError(t, errs[4])
+}
+
+func nonNil(errs []error) []error {
+	var out []error
+	for _, err := range errs {
+		if err != nil {
+			out = append(out, err)
+		}
+	}
+	return out
 }
 
 // TestHTTPSRequired: plain http URLs are refused unless AllowHTTP: at New for a URL
@@ -545,4 +618,103 @@ func TestVerify(t *testing.T) {
 	} {
 		require.ErrorIs(t, check, webhook.ErrSignature, name)
 	}
+}
+
+// TestCloudEvents: a receiver decodes every request with the CloudEvents SDK's HTTP binding,
+// in both modes, and finds a valid event with the message's id, source, type, time, content
+// type, partition key, header extensions and the payload as data; the signature covers the
+// body that was sent.
+func TestCloudEvents(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []outbox.CloudEventsMode{outbox.CloudEventsBinary, outbox.CloudEventsStructured} {
+		t.Run(fmt.Sprint(mode), func(t *testing.T) {
+			t.Parallel()
+			secret := newSecret()
+			var mu sync.Mutex
+			events := map[string]cloudevents.Event{}
+			raw := map[string]http.Header{}
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				body, _ := io.ReadAll(r.Body)
+				if err := verify(secret, r.Header, body); err != nil {
+					w.WriteHeader(http.StatusUnauthorized)
+					return
+				}
+				r.Body = io.NopCloser(bytes.NewReader(body))
+				e, err := cehttp.NewEventFromHTTPRequest(r)
+				if err != nil || e.Validate() != nil {
+					w.WriteHeader(http.StatusBadRequest)
+					_, _ = fmt.Fprint(w, err, e.Validate())
+					return
+				}
+				mu.Lock()
+				events[e.ID()], raw[e.ID()] = *e, r.Header.Clone()
+				mu.Unlock()
+			}))
+			t.Cleanup(srv.Close)
+			tr := newTransport(t, webhook.Options{URL: srv.URL + "/{topic}", Secret: secret, AllowHTTP: true,
+				CloudEvents: &outbox.CloudEvents{Source: "https://shop.example/orders", Mode: mode}})
+			created := time.Date(2025, 1, 2, 3, 4, 5, 600_000_000, time.UTC)
+			batch := []outbox.Delivery{
+				delivery("shop", "order.created", `{"order":1,"note":"héllo"}`),
+				delivery("shop", "order.paid", `[1, 2]`),
+			}
+			contentType := "application/vnd.shop+json"
+			if mode == outbox.CloudEventsStructured {
+				contentType = "text/json" // the SDK reads "+json" structured data as a string
+			}
+			batch[0].PartitionKey, batch[0].CreatedAt = "order-1", created
+			batch[0].Headers = outbox.Headers{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "x-request-id": "r-1"}
+			batch[1].CreatedAt = created
+			batch[1].Headers = outbox.Headers{"content-type": contentType, "Tenant": "acme"}
+			for i, err := range tr.Publish(context.Background(), batch) {
+				require.NoError(t, err, "message %d", i)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			require.Len(t, events, 2)
+			for _, d := range batch {
+				e := events[d.ID.String()]
+				require.Equal(t, "1.0", e.SpecVersion())
+				require.Equal(t, "https://shop.example/orders", e.Source())
+				require.Equal(t, d.Topic, e.Type())
+				require.True(t, created.Equal(e.Time()), "%s", e.Time())
+				require.JSONEq(t, string(d.Payload), string(e.Data()))
+				if mode == outbox.CloudEventsBinary {
+					require.Equal(t, string(d.Payload), string(e.Data()))
+				}
+			}
+			first, second := events[batch[0].ID.String()], events[batch[1].ID.String()]
+			require.Equal(t, "order-1", first.Extensions()["partitionkey"])
+			require.Equal(t, batch[0].Headers["traceparent"], first.Extensions()["traceparent"])
+			require.Equal(t, "application/json", first.DataContentType())
+			require.Equal(t, "r-1", raw[batch[0].ID.String()].Get("x-request-id"), "a header that is no attribute name is sent as it is")
+			require.Equal(t, contentType, second.DataContentType())
+			require.Equal(t, "acme", second.Extensions()["tenant"])
+			require.NotContains(t, second.Extensions(), "partitionkey")
+		})
+	}
+}
+
+// TestCloudEventsHeaders: binary attribute values are percent-encoded as the HTTP binding
+// requires; a message header that would replace an attribute is refused for good; the
+// option needs a source.
+func TestCloudEventsHeaders(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t, false, nil)
+	_, err := webhook.New(webhook.Options{URL: srv.URL, Secret: srv.secret, AllowHTTP: true, CloudEvents: &outbox.CloudEvents{}})
+	require.ErrorIs(t, err, outbox.ErrInvalid)
+
+	tr := newTransport(t, webhook.Options{URL: srv.URL, Secret: srv.secret, AllowHTTP: true, CloudEvents: &outbox.CloudEvents{Source: "/shop"}})
+	batch := []outbox.Delivery{delivery("a", "b", `{}`), delivery("a", "b", `{}`), delivery("a", "b", `{}`)}
+	batch[0].Headers = outbox.Headers{"subject": `order 1 "ü" 100%`}
+	batch[1].Headers = outbox.Headers{"Ce-Id": "forged"}
+	batch[2].Headers = outbox.Headers{"content-type": "a/b", "Content-Type": "c/d"}
+	errs := tr.Publish(context.Background(), batch)
+	require.NoError(t, errs[0])
+	require.True(t, outbox.IsPermanent(errs[1]), "%v", errs[1])
+	require.True(t, outbox.IsPermanent(errs[2]), "%v", errs[2])
+	got := srv.requests()
+	require.Len(t, got, 1)
+	require.Equal(t, "order%201%20%22%C3%BC%22%20100%25", got[0].header.Get("ce-subject"))
+	require.NoError(t, got[0].err)
 }
