@@ -177,6 +177,7 @@ var funcs = template.FuncMap{
 	"count":    fmtCount,
 	"short":    shortText,
 	"bytesize": fmtBytes,
+	"ms":       func(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) },
 }
 
 // parsePages parses each page template with the layout. The templates are part of the
