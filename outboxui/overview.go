@@ -45,6 +45,12 @@ func (u *ui) overview(w http.ResponseWriter, r *http.Request) {
 		d.Dead = newChart(d.Activity, func(m outbox.MinuteActivity) int64 { return m.Dead }, "dead")
 	}
 	var ce *outbox.CheckError
+	if d.Stats.Dead == 0 {
+		// Only a dead head blocks a key: with no dead row there is nothing to look for.
+		d.Took = time.Since(start)
+		u.renderOverview(w, r, d)
+		return
+	}
 	switch d.Blocked, err = u.store.BlockedKeys(ctx, outbox.Scope{}, blockedKeysShown); {
 	case errors.Is(err, errors.ErrUnsupported):
 		d.BlockedNote = "The store's dialect has no ordered delivery."
@@ -55,6 +61,10 @@ func (u *ui) overview(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d.Took = time.Since(start)
+	u.renderOverview(w, r, d)
+}
+
+func (u *ui) renderOverview(w http.ResponseWriter, r *http.Request, d overviewData) {
 	p := u.page(w, r, "overview", "Overview", d)
 	if u.o.Refresh > 0 {
 		p.Refresh = int(u.o.Refresh.Seconds())
