@@ -117,7 +117,7 @@ func (f filter) Q(kv ...string) template.URL {
 			v.Set(kv[i], kv[i+1])
 		}
 	}
-	return template.URL(v.Encode()) //nolint:gosec // encoded by url.Values
+	return template.URL(v.Encode())
 }
 
 // Pinned returns the filter with its ages turned into the times they stand for now and
