@@ -7,10 +7,11 @@ GO ?= go
 GOOSE_VERSION := v3.29.0
 STATICCHECK_VERSION := v0.8.2
 
-# Every Go module of the repository: the core, then the nested modules (transports and
-# examples), each with its own go.mod so the core never pulls in a broker client. go.work
+# Every Go module of the repository: the core, then the nested modules (transports,
+# examples, the web view's browser test), each with its own go.mod so the core never pulls
+# in a broker client or a browser driver. go.work
 # ties them together for development.
-MODULES := . cmd/outbox-bench-transports examples/customdialect examples/libpq transport/amqp transport/kafka transport/nats transport/redis transport/webhook
+MODULES := . cmd/outbox-bench-transports examples/customdialect examples/libpq outboxui/browsertest transport/amqp transport/kafka transport/nats transport/redis transport/webhook
 # each CMD: run CMD in every module, stopping at the first failure.
 each = set -e; for m in $(MODULES); do echo "== $$m"; (cd $$m && $(1)); done
 
@@ -60,6 +61,10 @@ FUZZTIME ?= 20s
 fuzz: ## Fuzz message validation and enqueue, headers, table names and JSON checks (FUZZTIME each, default 20s)
 	@set -e; for f in $(FUZZ_TARGETS); do echo "== $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) .; done
 	@echo "== FuzzResolve (cmd/outbox)"; $(GO) test -run '^$$' -fuzz '^FuzzResolve$$' -fuzztime $(FUZZTIME) ./cmd/outbox
+
+.PHONY: screenshots
+screenshots: ## Drive the web view in headless chromium and write the README's screenshots into docs/
+	cd outboxui/browsertest && OUTBOX_SCREENSHOTS=$(CURDIR)/docs $(GO) test -count=1 -run '^TestBrowser$$' .
 
 .PHONY: test-faults
 test-faults: ## Database restarts, killed connections and lease reclaim, on private servers it starts (about 2 minutes)

@@ -59,11 +59,16 @@ type TopicStats struct {
 }
 
 // DeadFilter selects dead rows: those in Scope (namespace, topics, tenant) that died
-// (the updated_at of a dead row) at Since or later and before Until. Zero times are open
-// ends.
+// (the updated_at of a dead row) at Since or later and before Until, and whose last error
+// contains ErrorContains and equals LastError. Zero values are open ends.
 type DeadFilter struct {
 	Scope
 	Since, Until time.Time
+	// ErrorContains selects rows whose last error contains it (case-sensitive), LastError
+	// rows whose last error is exactly it (a group of [Store.DeadGroups]). Both need a
+	// dialect with [InspectDialect]; other dialects refuse them with an error matching
+	// [errors.ErrUnsupported]. Each is at most [MaxLastErrorBytes].
+	ErrorContains, LastError string
 }
 
 // ListDeadOptions are the arguments of [Store.ListDead].
@@ -196,6 +201,12 @@ func (f DeadFilter) validate() error {
 	if err := validateScope(f.Scope); err != nil {
 		return err
 	}
+	if err := checkText("ErrorContains", f.ErrorContains, 0, MaxLastErrorBytes); err != nil {
+		return err
+	}
+	if err := checkText("LastError", f.LastError, 0, MaxLastErrorBytes); err != nil {
+		return err
+	}
 	if !f.Since.IsZero() && !f.Until.IsZero() && f.Until.Before(f.Since) {
 		return invalid("Until", "(%s) is before Since (%s)", f.Until.Format(time.RFC3339Nano), f.Since.Format(time.RFC3339Nano))
 	}
@@ -225,6 +236,9 @@ func (s *Store) ListDead(ctx context.Context, o ListDeadOptions) (DeadPage, erro
 	}
 	d, err := s.admin("list dead")
 	if err != nil {
+		return DeadPage{}, err
+	}
+	if err := s.checkErrorFilter("list dead", o.DeadFilter); err != nil {
 		return DeadPage{}, err
 	}
 	recs, err := d.ListDead(ctx, s.db, s.table, p)

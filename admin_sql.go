@@ -132,8 +132,9 @@ func sqliteRetained(status Status) string {
 }
 
 // deadWhere renders the WHERE terms of ListDead: dead rows in the filter, after the keyset.
-// at binds a time the way the dialect compares updated_at; enc binds a UUID.
-func deadWhere(a *args, p ListDeadParams, at func(a *args, t time.Time) string, enc func(uuid.UUID) any) string {
+// at binds a time the way the dialect compares updated_at; enc binds a UUID; contains
+// renders the dialect's case-sensitive substring test of last_error.
+func deadWhere(a *args, p ListDeadParams, at func(a *args, t time.Time) string, enc func(uuid.UUID) any, contains func(ph string) string) string {
 	w := sqliteRetained(StatusDead) + scopeSQL(a, p.Scope, "", enc)
 	if !p.Since.IsZero() {
 		w += ` AND updated_at >= ` + at(a, p.Since)
@@ -141,9 +142,74 @@ func deadWhere(a *args, p ListDeadParams, at func(a *args, t time.Time) string, 
 	if !p.Until.IsZero() {
 		w += ` AND updated_at < ` + at(a, p.Until)
 	}
+	w += errorWhere(a, p.DeadFilter, contains)
 	if p.AfterID != uuid.Nil {
 		w += ` AND updated_at <= ` + at(a, p.AfterTime) + ` AND (updated_at < ` + at(a, p.AfterTime) +
 			` OR id < ` + a.add(enc(p.AfterID)) + `)`
 	}
 	return w
+}
+
+// errorWhere renders the error terms of a dead filter. They test each dead row that the
+// retention index range yields; no index holds last_error, and none is needed: the range
+// holds only dead rows.
+func errorWhere(a *args, f DeadFilter, contains func(ph string) string) string {
+	w := ""
+	if f.ErrorContains != "" {
+		w += ` AND ` + contains(a.add(f.ErrorContains))
+	}
+	if f.LastError != "" {
+		w += ` AND last_error = ` + a.add(f.LastError)
+	}
+	return w
+}
+
+// runDeadGroups runs DeadGroups' two reads: groups yields last error, count, first and last
+// death; total yields the count and the newest death.
+func runDeadGroups(ctx context.Context, q DBTX, groups, total string, gargs, targs []any) (DeadGroups, error) {
+	var out DeadGroups
+	var err error
+	out.Groups, err = queryAll(ctx, q, groups, gargs, func(s rowScanner) (DeadGroup, error) {
+		var (
+			g           DeadGroup
+			first, last timeCol
+		)
+		err := s.Scan(&g.LastError, &g.Count, &first, &last)
+		g.FirstDied, g.LastDied = first.t, last.t
+		return g, err
+	})
+	if err != nil {
+		return DeadGroups{}, err
+	}
+	var newest timeCol
+	if err := q.QueryRowContext(ctx, total, targs...).Scan(&out.Total, &newest); err != nil {
+		return DeadGroups{}, err
+	}
+	out.Newest = newest.t
+	return out, nil
+}
+
+// runActivity runs Activity's read of each status (query renders it; its arguments are the
+// window in microseconds and the limit) and merges them with the clock's now.
+func runActivity(ctx context.Context, q DBTX, now time.Time, query func(Status) string, window int64, limit int) (ActivitySample, error) {
+	out := ActivitySample{Now: now.UTC(), Delivered: map[int64]int64{}, Dead: map[int64]int64{}}
+	for _, st := range []struct {
+		status  Status
+		counts  map[int64]int64
+		sampled *int64
+	}{{StatusDelivered, out.Delivered, &out.SampledDelivered}, {StatusDead, out.Dead, &out.SampledDead}} {
+		_, err := queryAll(ctx, q, query(st.status), []any{window, limit}, func(s rowScanner) (struct{}, error) {
+			var minute, n int64
+			if err := s.Scan(&minute, &n); err != nil {
+				return struct{}{}, err
+			}
+			st.counts[minute] += n
+			*st.sampled += n
+			return struct{}{}, nil
+		})
+		if err != nil {
+			return ActivitySample{}, err
+		}
+	}
+	return out, nil
 }

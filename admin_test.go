@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -56,4 +57,29 @@ func TestAdminStatsEstimate(t *testing.T) {
 		require.Len(t, st.Topics, 2)
 		require.InDelta(t, st.Topics[0].Delivered, st.Topics[1].Delivered, float64(n)/4, "shared out by the topics' mix")
 	})
+}
+
+// adminOnly is a dialect with the admin ability but not the inspection one, as a dialect
+// written before InspectDialect existed would be.
+type adminOnly struct{ outbox.AdminDialect }
+
+// TestErrorFilterNeedsInspect: a dialect that may not know the error filters refuses them,
+// rather than listing, replaying or discarding more rows than the filter selects.
+func TestErrorFilterNeedsInspect(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, db := newSQLiteStore(ctx, t)
+	store, err := outbox.New(db, adminOnly{outbox.SQLite().(outbox.AdminDialect)}, outbox.Options{})
+	require.NoError(t, err)
+	f := outbox.DeadFilter{ErrorContains: "timeout"}
+	_, err = store.ListDead(ctx, outbox.ListDeadOptions{DeadFilter: f})
+	require.ErrorIs(t, err, errors.ErrUnsupported)
+	_, err = store.ReplayWhere(ctx, f)
+	require.ErrorIs(t, err, errors.ErrUnsupported)
+	_, err = store.DiscardWhere(ctx, outbox.DeadFilter{LastError: "timeout"})
+	require.ErrorIs(t, err, errors.ErrUnsupported)
+	_, err = store.DeadGroups(ctx, outbox.DeadGroupsOptions{})
+	require.ErrorIs(t, err, errors.ErrUnsupported)
+	_, err = store.ListDead(ctx, outbox.ListDeadOptions{})
+	require.NoError(t, err, "without an error filter the admin ability suffices")
 }

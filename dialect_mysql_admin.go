@@ -60,7 +60,7 @@ func (mysqlDialect) Stats(ctx context.Context, q DBTX, t Table, p StatsParams) (
 func (mysqlDialect) ListDead(ctx context.Context, q DBTX, t Table, p ListDeadParams) ([]Record, error) {
 	a := &args{}
 	query := `SELECT ` + mysqlColumns + ` FROM ` + mysqlTable(t) + mysqlIndex(t, "retention") +
-		` WHERE ` + deadWhere(a, p, mysqlAt, uuidBytes) + ` ORDER BY updated_at DESC, id DESC LIMIT ` + a.add(p.Limit)
+		` WHERE ` + deadWhere(a, p, mysqlAt, uuidBytes, mysqlContains) + ` ORDER BY updated_at DESC, id DESC LIMIT ` + a.add(p.Limit)
 	return queryAll(ctx, q, query, a.vals, scanRecord)
 }
 

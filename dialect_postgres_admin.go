@@ -67,7 +67,7 @@ func pgPlanRows(ctx context.Context, q DBTX, query string) (int64, error) {
 func (d *postgresDialect) ListDead(ctx context.Context, q DBTX, t Table, p ListDeadParams) ([]Record, error) {
 	a := &args{dollar: true}
 	query := `SELECT ` + selectList(recordColumns, "", nil) + ` FROM ` + quoteIdent(t.Name(), '"') +
-		` WHERE ` + deadWhere(a, p, pgAt, pgUUID) + ` ORDER BY updated_at DESC, id DESC LIMIT ` + a.add(p.Limit) + `::bigint`
+		` WHERE ` + deadWhere(a, p, pgAt, pgUUID, pgContains) + ` ORDER BY updated_at DESC, id DESC LIMIT ` + a.add(p.Limit) + `::bigint`
 	return queryAll(ctx, q, query, a.vals, scanRecord)
 }
 

@@ -58,7 +58,7 @@ func (sqliteDialect) Stats(ctx context.Context, q DBTX, t Table, p StatsParams) 
 func (sqliteDialect) ListDead(ctx context.Context, q DBTX, t Table, p ListDeadParams) ([]Record, error) {
 	a := &args{}
 	query := `SELECT ` + selectList(recordColumns, "", nil) + ` FROM ` + quoteIdent(t.Name(), '"') + sqliteIndex(t, "retention") +
-		` WHERE ` + deadWhere(a, p, sqliteAt, uuidBytes) + ` ORDER BY updated_at DESC, id DESC LIMIT ` + a.add(p.Limit)
+		` WHERE ` + deadWhere(a, p, sqliteAt, uuidBytes, sqliteContains) + ` ORDER BY updated_at DESC, id DESC LIMIT ` + a.add(p.Limit)
 	return queryAll(ctx, q, query, a.vals, scanRecord)
 }
 

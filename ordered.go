@@ -161,13 +161,24 @@ func orderedLive(skipDead bool) string {
 // that are their key's head, with the count of pending and processing rows of the key,
 // where at least one waits. keyCol is as for orderedHead; a renders placeholders; enc binds
 // the scope's tenant.
+//
+// The inner select finds the blocked heads, oldest first, testing each dead row with two
+// descents of the order index: its key's head, and whether a live row of the key exists
+// (EXISTS, which stops at the first). Only the up to p.Limit heads it returns are counted.
+// Counting in the filter instead read every waiting row of every dead head, twice, and on
+// PostgreSQL its estimate (10,000 dead rows: above jit_above_cost) set off JIT compilation,
+// which took longer than the query: 75 ms against 36 ms.
 func blockedKeysQuery(tbl, keyCol, index string, a *args, p BlockedKeysParams, enc func(uuid.UUID) any) string {
-	waiting := `(SELECT COUNT(*) FROM ` + tbl + ` w` + index + ` WHERE w.namespace = h.namespace AND w.` + keyCol +
-		` = h.partition_key AND w.status IN ('pending', 'processing', 'dead') AND w.status <> 'dead')`
-	return `SELECT h.namespace, h.partition_key, h.id, h.topic, h.last_error, ` + waiting + ` AS waiting FROM ` + tbl + ` h` +
+	live := func(alias, of string) string {
+		return alias + `.namespace = ` + of + `.namespace AND ` + alias + `.` + keyCol + ` = ` + of +
+			`.partition_key AND ` + alias + `.status IN ('pending', 'processing', 'dead') AND ` + alias + `.status <> 'dead'`
+	}
+	return `SELECT b.namespace, b.partition_key, b.id, b.topic, b.last_error, (SELECT COUNT(*) FROM ` + tbl + ` w` + index +
+		` WHERE ` + live("w", "b") + `) AS waiting FROM (SELECT h.namespace, h.partition_key, h.id, h.topic, h.last_error, h.created_at FROM ` + tbl + ` h` +
 		` WHERE h.status = 'dead' AND h.partition_key IS NOT NULL` + scopeSQL(a, p.Scope, "h.", enc) +
 		` AND ` + orderedHead(tbl, "h", keyCol, index, orderedLive(false)) +
-		` AND ` + waiting + ` > 0 ORDER BY h.created_at, h.id LIMIT ` + a.add(p.Limit)
+		` AND EXISTS (SELECT 1 FROM ` + tbl + ` x` + index + ` WHERE ` + live("x", "h") + `)` +
+		` ORDER BY h.created_at, h.id LIMIT ` + a.add(p.Limit) + `) b ORDER BY b.created_at, b.id`
 }
 
 // queryBlockedKeys runs a query rendered by blockedKeysQuery.

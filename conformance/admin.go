@@ -519,3 +519,251 @@ func testPurgeConcurrent(t *testing.T, h Harness) {
 	require.EqualValues(t, 60, total+res.Delivered, "every row deleted once")
 	require.Equal(t, 1, e.count(t), "the pending row stays")
 }
+
+// inspectTests need [outbox.InspectDialect]; each skips, saying so, without it.
+var inspectTests = []test{
+	{"DeadGroups", testDeadGroups},
+	{"ErrorFilters", testErrorFilters},
+	{"ReplayAndDiscardWhereByError", testWhereByError},
+	{"Activity", testActivity},
+	{"GetByDedupeKey", testGetByDedupeKey},
+	{"Validation", testInspectValidation},
+}
+
+func needInspect(t *testing.T, e *env) {
+	t.Helper()
+	if _, ok := e.store.Dialect().(outbox.InspectDialect); !ok {
+		t.Skipf("dialect %q does not implement outbox.InspectDialect (dead groups, activity, dedupe key lookup)", e.h.Dialect.Name())
+	}
+}
+
+// deadWith enqueues msgs, claims them and nacks them as permanent failures with reason,
+// so that their last error is "permanent: " + reason. It returns their ids.
+func (e *env) deadWith(t *testing.T, reason string, msgs ...outbox.Message) []uuid.UUID {
+	t.Helper()
+	e.enqueue(t, msgs...)
+	recs := e.claimAll(t, msgs)
+	fs := make([]outbox.Failure, len(recs))
+	for i := range recs {
+		fs[i] = outbox.Failure{Lease: recs[i].Lease(), Attempts: recs[i].Attempts, Err: outbox.Permanent(errors.New(reason))}
+	}
+	require.NoError(t, e.store.Nack(e.ctx, outbox.DefaultRetryPolicy(), fs...))
+	return ids(recs)
+}
+
+// errorSeed makes dead rows of three errors (3 "timeout", 2 "schema", 1 "refused") in
+// orders/a and orders/b, and live and delivered rows beside them.
+type errorSeeded struct{ timeout, schema, refused []uuid.UUID }
+
+func (e *env) errorSeed(t *testing.T) errorSeeded {
+	t.Helper()
+	var s errorSeeded
+	s.timeout = e.deadWith(t, "timeout after 5s", topicMsg("orders", "a", 1), topicMsg("orders", "a", 2), topicMsg("orders", "b", 3))
+	s.schema = e.deadWith(t, "schema: field total missing", topicMsg("orders", "a", 4), topicMsg("orders", "a", 5))
+	s.refused = e.deadWith(t, "refused", topicMsg("orders", "b", 6))
+	e.settled(t, outbox.StatusDelivered, topicMsg("orders", "a", 7))
+	e.enqueue(t, topicMsg("orders", "a", 8))
+	return s
+}
+
+func testDeadGroups(t *testing.T, h Harness) {
+	e := setup(t, h)
+	needInspect(t, e)
+	s := e.errorSeed(t)
+	g, err := e.store.DeadGroups(e.ctx, outbox.DeadGroupsOptions{})
+	skipUnsupported(t, err)
+	require.EqualValues(t, 6, g.Total)
+	require.Len(t, g.Groups, 3)
+	want := []struct {
+		err string
+		n   int64
+		ids []uuid.UUID
+	}{{"permanent: timeout after 5s", 3, s.timeout}, {"permanent: schema: field total missing", 2, s.schema}, {"permanent: refused", 1, s.refused}}
+	newest := time.Time{}
+	for i, w := range want {
+		got := g.Groups[i]
+		require.Equal(t, w.err, got.LastError, "most rows first")
+		require.Equal(t, w.n, got.Count)
+		first, last := e.get(t, w.ids[0]).UpdatedAt, e.get(t, w.ids[0]).UpdatedAt
+		for _, id := range w.ids {
+			u := e.get(t, id).UpdatedAt
+			first, last = minTime(first, u), maxTime(last, u)
+		}
+		require.True(t, got.FirstDied.Equal(first), "first death %s, want %s", got.FirstDied, first)
+		require.True(t, got.LastDied.Equal(last), "last death %s, want %s", got.LastDied, last)
+		newest = maxTime(newest, last)
+	}
+	require.True(t, g.Newest.Equal(newest), "newest death of all")
+
+	g, err = e.store.DeadGroups(e.ctx, outbox.DeadGroupsOptions{Limit: 1, DeadFilter: outbox.DeadFilter{Scope: outbox.Scope{Namespace: "orders", Topics: []string{"b"}}}})
+	require.NoError(t, err)
+	require.EqualValues(t, 2, g.Total, "the total counts every group, also those past the limit")
+	require.Len(t, g.Groups, 1)
+	require.Equal(t, int64(1), g.Groups[0].Count)
+	require.Equal(t, "permanent: refused", g.Groups[0].LastError, "ties by error text")
+
+	g, err = e.store.DeadGroups(e.ctx, outbox.DeadGroupsOptions{DeadFilter: outbox.DeadFilter{Scope: outbox.Scope{Namespace: "billing"}}})
+	require.NoError(t, err)
+	require.Zero(t, g.Total)
+	require.Empty(t, g.Groups)
+	require.True(t, g.Newest.IsZero())
+
+	// Until just after the newest death selects exactly the rows counted, even after more die.
+	g, err = e.store.DeadGroups(e.ctx, outbox.DeadGroupsOptions{})
+	require.NoError(t, err)
+	// SQLite's clock has millisecond steps: let the database clock pass the newest death.
+	eventually(t, 10*time.Second, "the database clock to pass the newest death", func() bool {
+		a, err := e.store.Activity(e.ctx, outbox.ActivityOptions{Minutes: 1})
+		require.NoError(t, err)
+		return a.Now.After(g.Newest.Add(time.Millisecond))
+	})
+	e.deadWith(t, "later", topicMsg("orders", "c", 9))
+	g2, err := e.store.DeadGroups(e.ctx, outbox.DeadGroupsOptions{DeadFilter: outbox.DeadFilter{Until: g.Newest.Add(time.Microsecond)}})
+	require.NoError(t, err)
+	require.Equal(t, g.Total, g2.Total)
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+func testErrorFilters(t *testing.T, h Harness) {
+	e := setup(t, h)
+	needInspect(t, e)
+	s := e.errorSeed(t)
+	list := func(f outbox.DeadFilter) []uuid.UUID {
+		recs, _ := e.listAll(t, outbox.ListDeadOptions{DeadFilter: f, Limit: 2})
+		return ids(recs)
+	}
+	require.ElementsMatch(t, s.timeout, list(outbox.DeadFilter{ErrorContains: "timeout"}))
+	require.ElementsMatch(t, slices.Concat(s.timeout, s.schema, s.refused), list(outbox.DeadFilter{ErrorContains: "permanent"}))
+	require.Empty(t, list(outbox.DeadFilter{ErrorContains: "TIMEOUT"}), "case-sensitive")
+	require.Empty(t, list(outbox.DeadFilter{ErrorContains: "%"}), "no pattern syntax")
+	require.Empty(t, list(outbox.DeadFilter{ErrorContains: "_"}), "no pattern syntax")
+	require.ElementsMatch(t, s.schema, list(outbox.DeadFilter{ErrorContains: "schema: field"}))
+	require.ElementsMatch(t, s.refused, list(outbox.DeadFilter{LastError: "permanent: refused"}))
+	require.Empty(t, list(outbox.DeadFilter{LastError: "refused"}), "LastError is the whole text")
+	require.ElementsMatch(t, s.timeout[2:], list(outbox.DeadFilter{ErrorContains: "timeout", Scope: outbox.Scope{Topics: []string{"b"}}}))
+
+	g, err := e.store.DeadGroups(e.ctx, outbox.DeadGroupsOptions{DeadFilter: outbox.DeadFilter{ErrorContains: "e"}})
+	require.NoError(t, err)
+	require.EqualValues(t, 6, g.Total)
+	g, err = e.store.DeadGroups(e.ctx, outbox.DeadGroupsOptions{DeadFilter: outbox.DeadFilter{ErrorContains: "schema"}})
+	require.NoError(t, err)
+	require.EqualValues(t, 2, g.Total)
+	require.Len(t, g.Groups, 1)
+}
+
+func testWhereByError(t *testing.T, h Harness) {
+	e := setup(t, h)
+	needInspect(t, e)
+	s := e.errorSeed(t)
+	n, err := e.store.ReplayWhere(e.ctx, outbox.DeadFilter{LastError: "permanent: timeout after 5s"})
+	skipUnsupported(t, err)
+	require.EqualValues(t, 3, n)
+	for _, id := range s.timeout {
+		require.Equal(t, outbox.StatusPending, e.get(t, id).Status)
+	}
+	n, err = e.store.DiscardWhere(e.ctx, outbox.DeadFilter{ErrorContains: "schema"})
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n)
+	for _, id := range s.schema {
+		_, err := e.store.Get(e.ctx, id)
+		require.ErrorIs(t, err, outbox.ErrNotFound)
+	}
+	require.Equal(t, outbox.StatusDead, e.get(t, s.refused[0]).Status, "the other group is untouched")
+	require.Equal(t, 1, e.count(t, outbox.StatusDead))
+	require.Equal(t, 1, e.count(t, outbox.StatusDelivered))
+}
+
+func testActivity(t *testing.T, h Harness) {
+	e := setup(t, h)
+	needInspect(t, e)
+	a, err := e.store.Activity(e.ctx, outbox.ActivityOptions{})
+	skipUnsupported(t, err)
+	require.Len(t, a.Minutes, outbox.DefaultActivityMinutes)
+	for _, m := range a.Minutes {
+		require.Zero(t, m.Delivered+m.Dead, "an empty table")
+	}
+	before := time.Now().UTC().Truncate(time.Minute)
+	e.settled(t, outbox.StatusDelivered, topicMsg("orders", "a", 1), topicMsg("orders", "a", 2), topicMsg("orders", "c", 3))
+	e.deadWith(t, "boom", topicMsg("orders", "a", 4), topicMsg("orders", "b", 5))
+	e.enqueue(t, topicMsg("orders", "a", 6))
+	a, err = e.store.Activity(e.ctx, outbox.ActivityOptions{Minutes: 5})
+	require.NoError(t, err)
+	require.Len(t, a.Minutes, 5)
+	require.True(t, a.ExactSince.IsZero(), "a handful of rows is counted exactly")
+	var delivered, dead int64
+	for i, m := range a.Minutes {
+		require.Equal(t, time.UTC, m.Start.Location())
+		require.Zero(t, m.Start.Second())
+		if i > 0 {
+			require.Equal(t, time.Minute, m.Start.Sub(a.Minutes[i-1].Start), "consecutive minutes")
+		}
+		delivered += m.Delivered
+		dead += m.Dead
+	}
+	require.Equal(t, [2]int64{3, 2}, [2]int64{delivered, dead}, "every settled row in the window, once")
+	last := a.Minutes[len(a.Minutes)-1].Start
+	// The database clock and this process's are the same host's: allow a minute of slack.
+	require.WithinDuration(t, before, last, time.Minute, "the last minute is the current one")
+}
+
+func testGetByDedupeKey(t *testing.T, h Harness) {
+	e := setup(t, h)
+	needInspect(t, e)
+	keyed := topicMsg("orders", "a", 1)
+	keyed.DedupeKey = "order-42"
+	res := e.enqueue(t, keyed, topicMsg("orders", "a", 2))
+	got, err := e.store.GetByDedupeKey(e.ctx, "orders", "a", "order-42")
+	skipUnsupported(t, err)
+	require.Equal(t, res[0].ID, got.ID)
+	require.Equal(t, "order-42", got.DedupeKey)
+	require.NoError(t, got.Integrity(), "the whole row, payload included")
+	for _, k := range [][3]string{{"orders", "b", "order-42"}, {"billing", "a", "order-42"}, {"orders", "a", "order-43"}, {"orders", "a", "ORDER-42"}} {
+		_, err = e.store.GetByDedupeKey(e.ctx, k[0], k[1], k[2])
+		require.ErrorIs(t, err, outbox.ErrNotFound, "%v", k)
+	}
+	// A discarded row frees its key: not found any more.
+	other := topicMsg("orders", "k", 3)
+	other.DedupeKey = "gone"
+	id := e.deadWith(t, "boom", other)[0]
+	_, err = e.store.GetByDedupeKey(e.ctx, "orders", "k", "gone")
+	require.NoError(t, err)
+	_, err = e.store.Discard(e.ctx, id)
+	require.NoError(t, err)
+	_, err = e.store.GetByDedupeKey(e.ctx, "orders", "k", "gone")
+	require.ErrorIs(t, err, outbox.ErrNotFound)
+}
+
+func testInspectValidation(t *testing.T, h Harness) {
+	e := setup(t, h)
+	needInspect(t, e)
+	e.errorSeed(t)
+	cases := map[string]error{}
+	_, cases["groups limit"] = e.store.DeadGroups(e.ctx, outbox.DeadGroupsOptions{Limit: outbox.MaxBatch + 1})
+	_, cases["groups negative limit"] = e.store.DeadGroups(e.ctx, outbox.DeadGroupsOptions{Limit: -1})
+	_, cases["groups scope"] = e.store.DeadGroups(e.ctx, outbox.DeadGroupsOptions{DeadFilter: outbox.DeadFilter{Scope: outbox.Scope{Topics: []string{""}}}})
+	_, cases["error text"] = e.store.ListDead(e.ctx, outbox.ListDeadOptions{DeadFilter: outbox.DeadFilter{ErrorContains: "a\x00b"}})
+	_, cases["error length"] = e.store.DeadGroups(e.ctx, outbox.DeadGroupsOptions{DeadFilter: outbox.DeadFilter{LastError: string(make([]byte, outbox.MaxLastErrorBytes+1))}})
+	_, cases["replay where error"] = e.store.ReplayWhere(e.ctx, outbox.DeadFilter{ErrorContains: "\xff"})
+	_, cases["discard where error"] = e.store.DiscardWhere(e.ctx, outbox.DeadFilter{LastError: "\xff"})
+	_, cases["activity minutes"] = e.store.Activity(e.ctx, outbox.ActivityOptions{Minutes: outbox.MaxActivityMinutes + 1})
+	_, cases["activity negative"] = e.store.Activity(e.ctx, outbox.ActivityOptions{Minutes: -1})
+	_, cases["dedupe no namespace"] = e.store.GetByDedupeKey(e.ctx, "", "a", "k")
+	_, cases["dedupe no key"] = e.store.GetByDedupeKey(e.ctx, "orders", "a", "")
+	for name, err := range cases {
+		require.ErrorIs(t, err, outbox.ErrInvalid, name)
+	}
+	require.Equal(t, 6, e.count(t, outbox.StatusDead), "bad input changed nothing")
+}

@@ -31,10 +31,14 @@
 //  9. Admin ([outbox.AdminDialect]): stats by state and topic, the dead-letter list and its
 //     pages and filters, replay (only dead rows change, idempotent, the row is delivered
 //     again), discard. Skipped, saying so, for a dialect without the ability.
-//  10. Retention ([outbox.RetentionDialect]): purge never touches pending or processing
+//  10. Inspect ([outbox.InspectDialect]): dead rows grouped by last error, the error
+//     filters of the dead-letter list, replay and discard of a group, delivered and dead
+//     rows per minute, the lookup by dedupe key. Skipped, saying so, for a dialect without
+//     the ability.
+//  11. Retention ([outbox.RetentionDialect]): purge never touches pending or processing
 //     rows, frees dedupe keys, runs in batches, and purgers may run at once. Skipped, saying
 //     so, for a dialect without the ability.
-//  11. Ordered: ordered claims per partition key take only each key's head; a retried or
+//  12. Ordered: ordered claims per partition key take only each key's head; a retried or
 //     dead head holds its key back (dead: unless skipped), a replayed one is delivered
 //     first; blocked keys are reported; eight publishers with failures deliver every key in
 //     enqueue order, one message of a key at a time; on a table made by the migrations
@@ -117,6 +121,7 @@ func Run(t *testing.T, h Harness) {
 		{"Ordered", orderedTests},
 		{"Migrations", migrationTests},
 		{"Admin", adminTests},
+		{"Inspect", inspectTests},
 		{"Retention", retentionTests},
 	}
 	for _, a := range areas {

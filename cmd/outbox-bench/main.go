@@ -33,6 +33,9 @@
 //     and batch inserts on the library's table, on the same table with the ordered
 //     migration set (the opt-in order index), without each secondary index in turn, and on
 //     a lean nine-column table with the claim index only.
+//  13. web view: the outboxui overview and dead-letter page rendered in-process on a table
+//     with the retained delivered rows, more recent deliveries than the activity chart
+//     samples, 10,000 dead rows and the ordered migration set (target: overview < 100 ms).
 //
 // It prints a table, then every ratio as one JSON object per line, and writes the full
 // results (JSON, Markdown) and a throughput-against-batch-size plot (SVG) to -out.
@@ -202,7 +205,7 @@ func main() {
 		burnN    = flag.Int("n", 0, "rows per burn-down (default: 10000 quick, 100000 full)")
 		rounds   = flag.Int("burn-rounds", 0, "alternating library/raw pairs of the headline burn-down (default: 3 quick, 10 full)")
 		retained = flag.Int("retained", 0, "retained delivered rows in the growth scenario (default: 100000 quick, 1000000 full)")
-		only     = flag.String("only", "", "run only these scenarios (comma list of enqueue, batch, burndown, breakdown, latency, growth, stats, purge, ordered, broker, shortdrain, costs, tablecost; latency needs burndown; tablecost runs only when named)")
+		only     = flag.String("only", "", "run only these scenarios (comma list of enqueue, batch, burndown, breakdown, latency, growth, stats, purge, ordered, broker, shortdrain, costs, tablecost, ui; latency needs burndown; tablecost runs only when named)")
 		cpuprof  = flag.String("cpuprofile", "", "write a CPU profile of the bench process (library and raw alike) to this file")
 		from     = flag.String("from", "", "measure nothing: re-render the table, JSON lines, Markdown and plot of an earlier results.json")
 	)
@@ -339,6 +342,7 @@ func runBackend(ctx context.Context, cfg config, b backend, res *backendResult) 
 		{"short drains", "shortdrain", runShortDrain},
 		{"drain costs", "costs", runCosts},
 		{"table cost", "tablecost", runTableCost},
+		{"web view", "ui", runUI},
 	}
 	for _, s := range steps {
 		if !cfg.runs(s.key) {

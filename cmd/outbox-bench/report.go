@@ -64,6 +64,7 @@ type backendResult struct {
 	Broker     *brokerResult      `json:"broker,omitempty"`
 	Costs      *costResult        `json:"drain_costs,omitempty"`
 	TableCost  *tableCostResult   `json:"table_cost,omitempty"`
+	UI         *uiResult          `json:"ui,omitempty"`
 }
 
 func describeMachine() machine {

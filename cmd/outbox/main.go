@@ -8,6 +8,7 @@
 //	outbox [flags] dead replay ID... | dead replay --all
 //	outbox [flags] dead discard ID...
 //	outbox [flags] purge --delivered-older-than D --dead-older-than D
+//	outbox [flags] ui [--listen ADDR] [--token T] [--read-only] [--hide-payloads]
 //	outbox version | help [command]
 //
 // The database comes from --dsn (or OUTBOX_DSN) and --dialect (or OUTBOX_DIALECT), which is
@@ -98,6 +99,7 @@ func init() {
 		{"stats", "count rows by state, overall and per namespace and topic", runStats},
 		{"dead", "list, show, replay or discard dead letters (list|show|replay|discard)", runDead},
 		{"purge", "delete old delivered and dead rows in short batches", runPurge},
+		{"ui", "serve the web view: overview, dead letters, replay and discard", runUI},
 		{"version", "print the command's version", runVersion},
 		{"help", "show help for the command or one subcommand", runHelp},
 	}

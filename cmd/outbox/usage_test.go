@@ -33,7 +33,7 @@ func TestUsage(t *testing.T) {
 	require.Equal(t, exitOK, r.code)
 	require.Contains(t, r.stdout, "Commands:")
 	require.Empty(t, r.stderr)
-	for _, name := range []string{"migrate", "stats", "dead", "purge", "version"} {
+	for _, name := range []string{"migrate", "stats", "dead", "purge", "ui", "version"} {
 		r = runCLI(t, nil, "help", name)
 		require.Equal(t, exitOK, r.code, name)
 		require.Contains(t, r.stdout, "outbox "+name, name)

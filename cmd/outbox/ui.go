@@ -1,0 +1,142 @@
+package main
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/outboxgo/outbox/outboxui"
+)
+
+const uiUsage = `  outbox ui [--listen ADDR] [--token T] [--read-only] [--hide-payloads]
+                                    serve the web view of the table until interrupted
+
+--listen defaults to 127.0.0.1:8080, reachable from this machine only. Any other address
+(another interface, or all of them with :8080) also needs --token or OUTBOX_UI_TOKEN:
+the view has no accounts, and the token is what keeps others out. Open the printed
+address with ?token=T once (a cookie keeps you signed in), or send
+"Authorization: Bearer T". Put a TLS proxy in front of anything beyond loopback.`
+
+// uiTokenCookie keeps a browser signed in after it opened the view with ?token=.
+const uiTokenCookie = "outbox_ui_token"
+
+func runUI(ctx context.Context, c *cli, args []string) error {
+	fs := c.flagSet("ui")
+	listen := fs.String("listen", "127.0.0.1:8080", "address to serve on (host:port)")
+	token := fs.String("token", "", "token required of every request (env OUTBOX_UI_TOKEN); needed beyond loopback")
+	readOnly := fs.Bool("read-only", false, "show no replay or discard, and refuse them")
+	hide := fs.Bool("hide-payloads", false, "show payload sizes, not payloads")
+	pos, err := c.parse(fs, uiUsage, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usagef("ui takes no arguments, got %q", pos[0])
+	}
+	if *token == "" {
+		*token = c.env("OUTBOX_UI_TOKEN")
+	}
+	c.secrets = append(c.secrets, *token)
+	loopback, err := isLoopback(*listen)
+	if err != nil {
+		return usagef("invalid --listen %q: %v", *listen, err)
+	}
+	if !loopback && *token == "" {
+		return usagef("--listen %s is reachable from other machines: give --token (or OUTBOX_UI_TOKEN), or listen on 127.0.0.1", *listen)
+	}
+	if *token != "" && len(*token) < 16 {
+		return usagef("--token must be at least 16 characters")
+	}
+	cn, err := c.connect(ctx, needTable)
+	if err != nil {
+		return err
+	}
+	defer cn.Close()
+
+	var h http.Handler = outboxui.Handler(cn.store, outboxui.Options{
+		ReadOnly: *readOnly, HidePayloads: *hide, Title: cn.table.Name(),
+	})
+	if *token != "" {
+		h = requireToken(*token, h)
+	}
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return fmt.Errorf("cannot listen on %s: %v", *listen, err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute}
+	mode := ""
+	if *readOnly {
+		mode = " (read-only)"
+	}
+	fmt.Fprintf(c.stdout, "outbox ui: serving table %s of %s on http://%s/%s\n", cn.table.Name(), cn.shown, ln.Addr(), mode)
+	if *token != "" {
+		fmt.Fprintln(c.stdout, "outbox ui: open it once with ?token=<your token>")
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serving the view: %v", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		return fmt.Errorf("stopping the view: %v", err)
+	}
+	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("serving the view: %v", err)
+	}
+	return nil
+}
+
+// isLoopback reports whether every address that addr (host:port) listens on is a loopback
+// one: 127.0.0.0/8, ::1 or localhost. An empty host means every interface.
+func isLoopback(addr string) (bool, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false, err
+	}
+	if host == "localhost" {
+		return true, nil
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback(), nil
+}
+
+// requireToken lets through the requests that carry token: as a bearer token, in the
+// cookie it sets, or once as ?token= (answered with the cookie and a redirect to the same
+// address without it, so the token leaves the address bar and the history). Others get
+// 401 Unauthorized.
+func requireToken(token string, next http.Handler) http.Handler {
+	eq := func(s string) bool { return subtle.ConstantTimeCompare([]byte(s), []byte(token)) == 1 }
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if bearer, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && eq(bearer) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if c, err := r.Cookie(uiTokenCookie); err == nil && eq(c.Value) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if q := r.URL.Query(); q.Has("token") && eq(q.Get("token")) && r.Method == http.MethodGet {
+			http.SetCookie(w, &http.Cookie{Name: uiTokenCookie, Value: token, Path: "/", HttpOnly: true,
+				SameSite: http.SameSiteLaxMode, Secure: r.TLS != nil})
+			q.Del("token")
+			u := url.URL{Path: r.URL.Path, RawQuery: q.Encode()}
+			if !strings.HasPrefix(u.Path, "/") || strings.HasPrefix(u.Path, "//") {
+				u.Path = "/" // never a redirect to another host
+			}
+			http.Redirect(w, r, u.String(), http.StatusSeeOther)
+			return
+		}
+		w.Header().Set("WWW-Authenticate", `Bearer realm="outbox ui"`)
+		http.Error(w, "outbox ui: unauthorized: open the address with ?token=<token> once, or send Authorization: Bearer <token>", http.StatusUnauthorized)
+	})
+}
