@@ -18,7 +18,14 @@ import (
 
 // MySQL returns the dialect for MySQL 8.0+ and MariaDB 10.6+ (InnoDB), tested with
 // github.com/go-sql-driver/mysql on MariaDB. Create the tables with the migrations package:
-// besides the outbox table, MySQL keeps dedupe keys in a second table, <table>_dedupe.
+// besides the outbox table, MySQL keeps dedupe keys in a second table, <table>_dedupe, and
+// lock stripes for them in a third, <table>_dedupe_lock.
+//
+// Producers racing for one dedupe key queue on its stripe, so a loser learns "already
+// enqueued" once the winner commits, or wins once the winner rolls back, and its transaction
+// goes on. Keys that share a stripe (1 in 4,096) wait for each other too; enqueue the keyed
+// events of one transaction in one EnqueueBatch call, which locks their stripes in one order,
+// rather than in several calls whose order another transaction may reverse.
 //
 // Claims run in short READ COMMITTED transactions with FOR UPDATE SKIP LOCKED, and retry
 // after a deadlock or lock wait timeout. Every time is the server's UTC_TIMESTAMP(6), so the
@@ -126,7 +133,11 @@ func MySQL() Dialect { return mysqlDialect{visits: &mysqlVisits{}} }
 // the winner then inserts into that gap (another event of the same topic, say) the server
 // rolls one of them back with error 1213. A duplicate primary key is locked as a record
 // only, so racing producers queue on the key, the loser learns "already enqueued", and its
-// transaction goes on. So Insert reserves keys first, with INSERT INTO <table>_dedupe ...
+// transaction goes on. Waiting on the key itself fails when the winner rolls back: InnoDB
+// turns the waiters' locks on the removed key into gap locks, which every waiter then holds
+// at once, and their inserts deadlock each other. So producers first lock the key's stripe,
+// a row of <table>_dedupe_lock that always exists (mysqlLockStripes), and reach the key one
+// at a time. Then Insert reserves keys, with INSERT INTO <table>_dedupe ...
 // ON DUPLICATE KEY UPDATE id = id (0 affected rows for a skipped key, and never INSERT
 // IGNORE, which turns unrelated errors into warnings), then writes the outbox rows with a
 // plain multi-row INSERT (one per 1000 rows or 4 MiB). Rows without a key skip the first

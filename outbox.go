@@ -52,7 +52,8 @@ type Options struct {
 	// DisableNotify turns off the wake-ups that cross processes, on dialects that have
 	// them ([Notifier]: PostgreSQL's NOTIFY): enqueues send no signal, and publishers on
 	// this store do not listen. Publishers then find rows from other processes by polling.
-	// Wake-ups within the process stay on.
+	// Wake-ups within the process stay on. A publisher's listener keeps one connection of
+	// the pool; on a pool of one connection it does not listen, and warns unless this is set.
 	DisableNotify bool
 }
 

@@ -107,6 +107,15 @@ type PublisherOptions struct {
 
 	// Concurrency is the number of claim loops, each claiming, publishing and settling its
 	// own batches. Default 1.
+	//
+	// Any pool size works with any Concurrency: a loop holds one connection of the Store's
+	// pool during a claim or a settle and none while its batch is in the transport, and never
+	// waits for a second while it holds one, so loops (and the sweeper, retention and your
+	// application) queue for the pool's connections instead of deadlocking on them; more
+	// loops than connections still publish in parallel. On PostgreSQL the wake-up listener
+	// keeps one connection for as long as Run runs: on a pool of exactly one
+	// (db.SetMaxOpenConns(1)) the publisher does not listen, warns once, and polls. A claim or
+	// settle that waits more than 5 s logs one warning with the pool's counters.
 	Concurrency int
 
 	// PublishTimeout bounds one [Transport.Publish] call. When it passes, the call's context

@@ -93,7 +93,7 @@ func poolCase(t *testing.T, e *pubEnv, backlog, poolSize, loops int, ordered, re
 		defer func() { _ = tx.Rollback() }()
 		msgs := make([]outbox.Message, n)
 		for i := range msgs {
-			msgs[i] = outbox.Message{Namespace: ns, Topic: "t", PartitionKey: fmt.Sprint((from + i) % 16),
+			msgs[i] = outbox.Message{Namespace: ns, Topic: "t", PartitionKey: fmt.Sprint((from + i) % 500),
 				Payload: json.RawMessage(fmt.Sprintf(`{"n":%d}`, from+i))}
 		}
 		_, err = store.EnqueueBatch(ctx, tx, msgs)

@@ -46,6 +46,7 @@ var suite = []struct {
 	{"PurgeWhileDelivering", testPurgeWhileDelivering},
 	{"BadInput", testBadInput},
 	{"MigrationsUpDownUp", testMigrations},
+	{"OneConnectionPool", testOneConnectionPool},
 }
 
 func TestInbox(t *testing.T) {
@@ -799,4 +800,47 @@ func TestPurgeUsesRetentionIndex(t *testing.T) {
 			t.Logf("plan:\n%s", plan.String())
 		})
 	}
+}
+
+// testOneConnectionPool: Process (new, duplicate, failed handler) and Purge on a pool of one
+// connection each return within a deadline: no call holds the connection while it waits for
+// another.
+func testOneConnectionPool(t *testing.T, e *env) {
+	e.db.SetMaxOpenConns(1)
+	do := func(what string, fn func(ctx context.Context) error) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
+		defer cancel()
+		done := make(chan error, 1)
+		go func() { done <- fn(ctx) }()
+		select {
+		case err := <-done:
+			require.NoError(t, err, what)
+		case <-time.After(35 * time.Second):
+			t.Fatalf("%s did not return on a one-connection pool", what)
+		}
+	}
+	do("Process", func(ctx context.Context) error {
+		res, err := e.in.Process(ctx, "g", "m1", e.effect("g", "m1"))
+		if err == nil && res.Duplicate {
+			err = errors.New("first delivery reported as a duplicate")
+		}
+		return err
+	})
+	do("Process again", func(ctx context.Context) error {
+		res, err := e.in.Process(ctx, "g", "m1", e.effect("g", "m1"))
+		if err == nil && !res.Duplicate {
+			err = errors.New("redelivery not reported as a duplicate")
+		}
+		return err
+	})
+	do("Process with a failing handler", func(ctx context.Context) error {
+		boom := errors.New("boom")
+		if _, err := e.in.Process(ctx, "g", "m2", func(context.Context, *sql.Tx) error { return boom }); !errors.Is(err, boom) {
+			return fmt.Errorf("want the handler's error, got %v", err)
+		}
+		return nil
+	})
+	do("Purge", func(ctx context.Context) error { _, err := e.in.Purge(ctx, time.Microsecond, 0); return err })
+	require.Equal(t, 1, e.effects(t, "g", "m1"))
 }
