@@ -30,7 +30,11 @@ type CheckError struct {
 }
 
 func (e *CheckError) Error() string {
-	msg := "outbox: " + e.Problem + ": " + e.Fix
+	sep := ": "
+	if strings.HasPrefix(e.Fix, "\n") {
+		sep = ":" // a fix of several lines begins on a line of its own
+	}
+	msg := "outbox: " + e.Problem + sep + e.Fix
 	if e.Err != nil {
 		msg += " (" + e.Err.Error() + ")"
 	}
@@ -221,12 +225,15 @@ var (
 	_ OrderedClaimer = sqliteDialect{}
 )
 
-// orderedFix says how to create what ordered claims need on the table t.
-func orderedFix(dialect string, t Table) string {
-	return fmt.Sprintf("it is in the ordered migration set, which is opt in: run migrations.Up(ctx, db, %q, "+
-		"migrations.Options{Table: %q, Ordered: true}) or `outbox migrate up --ordered --dialect %s --table %s` "+
-		"(or, where your own goose migrations create the table, add migrations.OrderedVersions(%q, %q))",
-		dialect, t.Name(), dialect, t.Name(), dialect, t.Name())
+// orderedFix says how to create what ordered claims need on the table t, after why, on
+// lines of their own, one way to fix it each, so that the error reads well where it is
+// printed whole (log.Fatal(err) of Publisher.Run, say).
+func orderedFix(why, dialect string, t Table) string {
+	return fmt.Sprintf("\n%s.\nIt is in the ordered migration set, which is opt in; create it with one of:\n"+
+		"  migrations.Up(ctx, db, %q, migrations.Options{Table: %q, Ordered: true})\n"+
+		"  outbox migrate up --ordered --dialect %s --table %s\n"+
+		"  migrations.OrderedVersions(%q, %q), added to the goose migrations that create the table",
+		why, dialect, t.Name(), dialect, t.Name(), dialect, t.Name())
 }
 
 // checkOrderedBuiltin is the ordered check the built-in dialects share: want lists what
@@ -234,7 +241,8 @@ func orderedFix(dialect string, t Table) string {
 // of them exist; exists tells whether the table does.
 func checkOrderedBuiltin(dialect string, t Table, exists bool, want []string, have map[string]bool) error {
 	if !exists {
-		return &CheckError{Problem: fmt.Sprintf("the outbox table %q does not exist", t.Name()), Fix: orderedFix(dialect, t)}
+		return &CheckError{Problem: fmt.Sprintf("the outbox table %q does not exist", t.Name()),
+			Fix: orderedFix("ordered delivery (PublisherOptions.Ordered) needs it with its order index", dialect, t)}
 	}
 	var missing []string
 	for _, w := range want {
@@ -246,8 +254,8 @@ func checkOrderedBuiltin(dialect string, t Table, exists bool, want []string, ha
 		return nil
 	}
 	return &CheckError{
-		Problem: fmt.Sprintf("table %q lacks %s, which ordered delivery (PublisherOptions.Ordered) needs", t.Name(), strings.Join(missing, " and ")),
-		Fix:     orderedFix(dialect, t),
+		Problem: fmt.Sprintf("table %q lacks %s", t.Name(), strings.Join(missing, " and ")),
+		Fix:     orderedFix("ordered delivery (PublisherOptions.Ordered) needs the order index", dialect, t),
 	}
 }
 
