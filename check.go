@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"maps"
@@ -158,6 +159,56 @@ func missingTable(d Dialect, t Table, err error) *CheckError {
 			d.Name(), t.Name()),
 		Err: err,
 	}
+}
+
+// packetTooLarge returns a [*CheckError] wrapping err when MySQL or MariaDB refused a
+// statement for exceeding max_allowed_packet (the server's error 1153, or its refusal of a
+// long parameter, both of which name the setting), or when go-sql-driver refused to send
+// it for exceeding its own maxAllowedPacket (ErrPktTooLarge, matched by its text: the root
+// package imports no driver); nil otherwise. Either way the payload is bigger than the
+// database accepts while [Options.MaxPayloadBytes] let it pass.
+func packetTooLarge(err error) *CheckError {
+	msg := err.Error()
+	switch {
+	case strings.Contains(msg, "max_allowed_packet") || strings.Contains(msg, "Error 1153"):
+		return &CheckError{
+			Problem: "the statement is bigger than the server's max_allowed_packet (the server closes the connection, " +
+				"and the transaction with it)",
+			Fix: "raise max_allowed_packet on the server (SET GLOBAL max_allowed_packet = 67108864, and the same in its " +
+				"configuration file), or lower Options.MaxPayloadBytes below it",
+			Err: err,
+		}
+	case strings.Contains(msg, "packet for query is too large"):
+		return &CheckError{
+			Problem: "the statement is bigger than go-sql-driver's maxAllowedPacket",
+			Fix: "raise maxAllowedPacket in the DSN (maxAllowedPacket=0 uses the server's max_allowed_packet), " +
+				"or lower Options.MaxPayloadBytes below it",
+			Err: err,
+		}
+	}
+	return nil
+}
+
+// brokenBigWrite explains a connection that broke while MySQL or MariaDB was sent a
+// payload of a mebibyte or more: the server closes the connection when a packet exceeds
+// max_allowed_packet, and go-sql-driver, which sends a big bound payload in chunks,
+// sometimes finds the connection closed before it reads the server's error. It returns nil
+// for another dialect, a smaller write or another error. The connection may have broken for
+// another reason, so the error is not a [*CheckError]; it wraps err.
+func brokenBigWrite(d Dialect, err error, rows []Row) error {
+	if _, ok := d.(mysqlDialect); !ok || !errors.Is(err, driver.ErrBadConn) {
+		return nil
+	}
+	size := 0
+	for _, r := range rows {
+		size += len(r.Payload)
+	}
+	if size < 1<<20 {
+		return nil
+	}
+	return fmt.Errorf("outbox: enqueue: the connection broke while sending %d bytes of payload; if that is more than "+
+		"the server's max_allowed_packet, raise it (SET GLOBAL max_allowed_packet = 67108864, and the same in its "+
+		"configuration file) or lower Options.MaxPayloadBytes below it: %w", size, err)
 }
 
 // Check implements [Checker].

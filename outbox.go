@@ -47,7 +47,8 @@ type Options struct {
 	// MaxPayloadBytes bounds a message payload. Default [DefaultMaxPayloadBytes]; at most 1 GiB.
 	// Keep it below what the server accepts in one statement: MySQL refuses packets over
 	// max_allowed_packet (16 MiB by default on MariaDB, 64 MiB on MySQL 8) and drops the
-	// connection, with the caller's transaction; PostgreSQL caps a value near 1 GiB.
+	// connection, with the caller's transaction (Enqueue's error then names max_allowed_packet);
+	// PostgreSQL caps a value near 1 GiB.
 	MaxPayloadBytes int
 	// DisableNotify turns off the wake-ups that cross processes, on dialects that have
 	// them ([Notifier]: PostgreSQL's NOTIFY): enqueues send no signal, and publishers on
@@ -248,6 +249,9 @@ func (s *Store) enqueue(ctx context.Context, q DBTX, msgs []Message, firstIndex 
 	}
 	inserted, err := s.dialect.Insert(ctx, q, s.table, rows)
 	if err != nil {
+		if e := brokenBigWrite(s.dialect, err, rows); e != nil {
+			return nil, e
+		}
 		return nil, s.sqlError("enqueue", err)
 	}
 	if len(inserted) != len(rows) {
@@ -325,7 +329,7 @@ func (s *Store) validate(m *Message) *ValidationError {
 	case len(m.Payload) == 0:
 		return invalid("payload", "is empty")
 	case len(m.Payload) > s.maxPayload:
-		return invalid("payload", "is %d bytes, more than the limit of %d", len(m.Payload), s.maxPayload)
+		return invalid("payload", "is %d bytes, more than the limit of %d (Options.MaxPayloadBytes)", len(m.Payload), s.maxPayload)
 	case !validJSON(m.Payload): // one pass for both; tell which failed
 		if !utf8.Valid(m.Payload) {
 			return invalid("payload", "is not valid UTF-8")
@@ -627,6 +631,9 @@ func (s *Store) Get(ctx context.Context, id uuid.UUID) (Record, error) {
 func (s *Store) sqlError(op string, err error) error {
 	if ce := missingTable(s.dialect, s.table, err); ce != nil {
 		return ce
+	}
+	if ce := packetTooLarge(err); ce != nil {
+		return fmt.Errorf("outbox: %s: %w", op, ce)
 	}
 	return fmt.Errorf("outbox: %s (%s dialect): %w", op, s.dialect.Name(), err)
 }
