@@ -81,6 +81,16 @@ func (s *Store) Check(ctx context.Context) error {
 // dialectHints name the constructor of each built-in dialect, for error messages.
 var dialectHints = map[string]string{"postgres": "outbox.Postgres()", "mysql": "outbox.MySQL()", "sqlite": "outbox.SQLite()"}
 
+// wrongDialect is the error of a pool of the given kind (described by desc) used with the
+// dialect name.
+func wrongDialect(desc, kind, name string) *CheckError {
+	fix := "use the dialect that matches the database"
+	if h, ok := dialectHints[kind]; ok {
+		fix = "use " + h + " for this pool"
+	}
+	return &CheckError{Problem: fmt.Sprintf("this pool is %s but the dialect is %s", desc, name), Fix: fix}
+}
+
 // checkBuiltin is the check the built-in dialects share: the server kind, then the
 // columns of each table the dialect needs (listed by columns, which returns none for a
 // missing table).
@@ -91,11 +101,7 @@ func checkBuiltin(ctx context.Context, db *sql.DB, name string, t Table,
 		return err
 	}
 	if kind != name {
-		fix := "use the dialect that matches the database"
-		if h, ok := dialectHints[kind]; ok {
-			fix = "use " + h + " for this pool"
-		}
-		return &CheckError{Problem: fmt.Sprintf("this pool is %s but the dialect is %s", desc, name), Fix: fix}
+		return wrongDialect(desc, kind, name)
 	}
 	migrate := fmt.Sprintf("run migrations.Up(ctx, db, %q, migrations.Options{Table: %q}) or `outbox migrate up --dialect %s --table %s`",
 		name, t.Name(), name, t.Name())
@@ -258,6 +264,12 @@ func (d sqliteDialect) Check(ctx context.Context, db *sql.DB, t Table) error {
 	if err := conn.QueryRowContext(ctx, `PRAGMA busy_timeout`).Scan(&timeout); err != nil {
 		return err
 	}
+	return sqliteSettings(mode, timeout)
+}
+
+// sqliteSettings judges a connection's journal mode and busy timeout: nil, or the error
+// that says what to change.
+func sqliteSettings(mode string, timeout int) error {
 	mode = strings.ToLower(mode)
 	if mode == "memory" || (mode == "wal" && timeout > 0) {
 		return nil

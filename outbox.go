@@ -69,6 +69,8 @@ type Store struct {
 	hub        wakeHub
 	// orderedReady records that the dialect's CheckOrdered passed (checkOrdered).
 	orderedReady atomic.Bool
+	// first is the verdict of the check at the first enqueue (checkFirstUse).
+	first firstUse
 }
 
 // New returns a Store for db. db is used for claims, acks and reads; Enqueue writes on
@@ -173,7 +175,10 @@ type Tx interface {
 // Enqueue writes m on tx, the caller's transaction: the row commits or rolls back with the
 // business change, and Enqueue never commits or rolls back itself. Invalid input returns a
 // [*ValidationError] and writes nothing; a duplicate dedupe key is reported in
-// [Result.Duplicate] and leaves tx usable.
+// [Result.Duplicate] and leaves tx usable. The first enqueue of a Store with a built-in
+// dialect checks, on tx, that the dialect matches the database and that SQLite runs with
+// WAL and a busy timeout; a mismatch returns the [*CheckError] that [Store.Check] gives,
+// writes nothing and leaves tx usable, on every later enqueue too.
 func (s *Store) Enqueue(ctx context.Context, tx Tx, m Message) (Result, error) {
 	if isNil(tx) {
 		return Result{}, invalid("Tx", "is nil")
@@ -246,6 +251,9 @@ func (s *Store) enqueue(ctx context.Context, q DBTX, msgs []Message, firstIndex 
 			DedupeKey: m.DedupeKey, PartitionKey: m.PartitionKey, Headers: m.Headers,
 			Payload: m.Payload, PayloadHash: sum[:], Delay: m.Delay,
 		}
+	}
+	if err := s.checkFirstUse(ctx, q); err != nil {
+		return nil, err
 	}
 	inserted, err := s.dialect.Insert(ctx, q, s.table, rows)
 	if err != nil {
