@@ -172,7 +172,7 @@ func (c *cli) flagSet(name string) *flag.FlagSet {
 	fs.StringVar(&g.dialect, "dialect", "", "database: postgres, mysql or sqlite (env OUTBOX_DIALECT; inferred from the DSN when it can be)")
 	fs.StringVar(&g.dsn, "dsn", "", "data source name (env OUTBOX_DSN): postgres://..., mysql://user:pass@host:port/db, user:pass@tcp(host:port)/db, sqlite:path or file:path")
 	fs.StringVar(&g.table, "table", "", "outbox table (default "+outbox.DefaultTable+")")
-	fs.StringVar(&g.namespace, "namespace", "", "only rows of this namespace")
+	fs.StringVar(&g.namespace, "namespace", "", "only rows of this namespace (env OUTBOX_NAMESPACE)")
 	fs.Func("topic", "only rows of this topic (repeatable)", func(s string) error {
 		g.topics = append(g.topics, s)
 		return nil
