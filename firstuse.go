@@ -2,6 +2,9 @@ package outbox
 
 import (
 	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
 	"sync/atomic"
 
 	"github.com/outboxgo/outbox/internal/dbkind"
@@ -35,10 +38,10 @@ type firstUseVerdict struct{ err error }
 //   - on SQLite, PRAGMA journal_mode and PRAGMA busy_timeout are read on the caller's
 //     connection.
 //
-// An error on the way (a cancelled context, a transaction already aborted) is no verdict:
-// the call goes on as if the check had passed, the statement that follows fails as it
-// would have, and the next call checks again. A server it does not recognise passes; Check
-// still reports it.
+// An error on the way that may pass (a cancelled context, a lost connection, a transaction
+// already aborted) is no verdict: the call goes on as if the check had passed, the
+// statement that follows fails as it would have, and the next call checks again. A server it
+// does not recognise, or that answers neither version query, passes; Check still reports it.
 func (s *Store) checkFirstUse(ctx context.Context, q DBTX) error {
 	if v := s.first.verdict.Load(); v != nil {
 		return v.err
@@ -67,8 +70,10 @@ func (s *Store) firstUseVerdict(ctx context.Context, q DBTX) *firstUseVerdict {
 	if kind != name {
 		found, desc, err := dbkind.Version(ctx, q, kind)
 		switch {
-		case err != nil:
+		case err != nil && transient(ctx, err):
 			return nil
+		case err != nil:
+			return passed // a server that knows neither version query: Check says what it is
 		case found == "":
 			return passed // a server not recognised: Check says so, enqueue lets it try
 		case found != name:
@@ -90,4 +95,14 @@ func (s *Store) firstUseVerdict(ctx context.Context, q DBTX) *firstUseVerdict {
 		return &firstUseVerdict{err: err}
 	}
 	return passed
+}
+
+// transient reports whether err, met by a check query, may pass: the context ended, the
+// connection or transaction is gone, or the transaction was aborted by an earlier
+// statement (PostgreSQL's 25P02), as opposed to a server's answer to the query itself.
+func transient(ctx context.Context, err error) bool {
+	var state interface{ SQLState() string }
+	return ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrTxDone) || errors.Is(err, sql.ErrConnDone) ||
+		(errors.As(err, &state) && state.SQLState() == "25P02")
 }
