@@ -85,11 +85,15 @@ func (s *Store) firstUseVerdict(ctx context.Context, q DBTX) *firstUseVerdict {
 	}
 	var mode string
 	var timeout int
-	if err := q.QueryRowContext(ctx, `PRAGMA journal_mode`).Scan(&mode); err != nil {
-		return nil
+	err := q.QueryRowContext(ctx, `PRAGMA journal_mode`).Scan(&mode)
+	if err == nil {
+		err = q.QueryRowContext(ctx, `PRAGMA busy_timeout`).Scan(&timeout)
 	}
-	if err := q.QueryRowContext(ctx, `PRAGMA busy_timeout`).Scan(&timeout); err != nil {
+	switch {
+	case err != nil && transient(ctx, err):
 		return nil
+	case err != nil:
+		return passed // not SQLite as the dialect knows it after all: Check says what it is
 	}
 	if err := sqliteSettings(mode, timeout); err != nil {
 		return &firstUseVerdict{err: err}
