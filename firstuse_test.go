@@ -91,8 +91,6 @@ func (c wrappedConnector) Driver() driver.Driver                        { return
 // reached no verdict and is run again by the next enqueue.
 func TestFirstUseSQLiteSettings(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel) // the subtests run after this function returns
 	for name, params := range map[string]string{
 		"NoPragmas":     "",
 		"NoBusyTimeout": "?_pragma=journal_mode(WAL)",
@@ -100,6 +98,7 @@ func TestFirstUseSQLiteSettings(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
+			ctx := firstUseContext(t)
 			db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "x.db")+params)
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = db.Close() })
@@ -132,6 +131,7 @@ func TestFirstUseSQLiteSettings(t *testing.T) {
 	}
 	t.Run("Documented", func(t *testing.T) {
 		t.Parallel()
+		ctx := firstUseContext(t)
 		db := testdb.SQLite(t)
 		db.SetMaxOpenConns(1)
 		require.NoError(t, migrations.Up(ctx, db, "sqlite", migrations.Options{}))
@@ -145,6 +145,7 @@ func TestFirstUseSQLiteSettings(t *testing.T) {
 	})
 	t.Run("InMemory", func(t *testing.T) {
 		t.Parallel()
+		ctx := firstUseContext(t)
 		db, err := sql.Open("sqlite", "file:firstuse?mode=memory&cache=shared")
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = db.Close() })
@@ -155,4 +156,12 @@ func TestFirstUseSQLiteSettings(t *testing.T) {
 		_, err = s.EnqueueStandalone(ctx, firstUseMsg)
 		require.NoError(t, err, "an in-memory database needs neither WAL nor a busy timeout")
 	})
+}
+
+// firstUseContext bounds a test from when it runs (a parallel subtest may wait long for its
+// turn after its parent returned).
+func firstUseContext(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
 }
