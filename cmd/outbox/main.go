@@ -3,7 +3,7 @@
 //
 //	outbox [flags] migrate up|down|status [--ordered]
 //	outbox [flags] stats
-//	outbox [flags] dead list [--limit N] [--cursor C] [--since T] [--until T]
+//	outbox [flags] dead list [--limit N] [--cursor C] [--since T] [--until T] [--payloads]
 //	outbox [flags] dead show ID
 //	outbox [flags] dead replay ID... | dead replay --all
 //	outbox [flags] dead discard ID...
