@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"maps"
@@ -30,7 +31,11 @@ type CheckError struct {
 }
 
 func (e *CheckError) Error() string {
-	msg := "outbox: " + e.Problem + ": " + e.Fix
+	sep := ": "
+	if strings.HasPrefix(e.Fix, "\n") {
+		sep = ":" // a fix of several lines begins on a line of its own
+	}
+	msg := "outbox: " + e.Problem + sep + e.Fix
 	if e.Err != nil {
 		msg += " (" + e.Err.Error() + ")"
 	}
@@ -76,6 +81,16 @@ func (s *Store) Check(ctx context.Context) error {
 // dialectHints name the constructor of each built-in dialect, for error messages.
 var dialectHints = map[string]string{"postgres": "outbox.Postgres()", "mysql": "outbox.MySQL()", "sqlite": "outbox.SQLite()"}
 
+// wrongDialect is the error of a pool of the given kind (described by desc) used with the
+// dialect name.
+func wrongDialect(desc, kind, name string) *CheckError {
+	fix := "use the dialect that matches the database"
+	if h, ok := dialectHints[kind]; ok {
+		fix = "use " + h + " for this pool"
+	}
+	return &CheckError{Problem: fmt.Sprintf("this pool is %s but the dialect is %s", desc, name), Fix: fix}
+}
+
 // checkBuiltin is the check the built-in dialects share: the server kind, then the
 // columns of each table the dialect needs (listed by columns, which returns none for a
 // missing table).
@@ -86,11 +101,7 @@ func checkBuiltin(ctx context.Context, db *sql.DB, name string, t Table,
 		return err
 	}
 	if kind != name {
-		fix := "use the dialect that matches the database"
-		if h, ok := dialectHints[kind]; ok {
-			fix = "use " + h + " for this pool"
-		}
-		return &CheckError{Problem: fmt.Sprintf("this pool is %s but the dialect is %s", desc, name), Fix: fix}
+		return wrongDialect(desc, kind, name)
 	}
 	migrate := fmt.Sprintf("run migrations.Up(ctx, db, %q, migrations.Options{Table: %q}) or `outbox migrate up --dialect %s --table %s`",
 		name, t.Name(), name, t.Name())
@@ -156,6 +167,56 @@ func missingTable(d Dialect, t Table, err error) *CheckError {
 	}
 }
 
+// packetTooLarge returns a [*CheckError] wrapping err when MySQL or MariaDB refused a
+// statement for exceeding max_allowed_packet (the server's error 1153, or its refusal of a
+// long parameter, both of which name the setting), or when go-sql-driver refused to send
+// it for exceeding its own maxAllowedPacket (ErrPktTooLarge, matched by its text: the root
+// package imports no driver); nil otherwise. Either way the payload is bigger than the
+// database accepts while [Options.MaxPayloadBytes] let it pass.
+func packetTooLarge(err error) *CheckError {
+	msg := err.Error()
+	switch {
+	case strings.Contains(msg, "max_allowed_packet") || strings.Contains(msg, "Error 1153"):
+		return &CheckError{
+			Problem: "the statement is bigger than the server's max_allowed_packet (the server closes the connection, " +
+				"and the transaction with it)",
+			Fix: "raise max_allowed_packet on the server (SET GLOBAL max_allowed_packet = 67108864, and the same in its " +
+				"configuration file), or lower Options.MaxPayloadBytes below it",
+			Err: err,
+		}
+	case strings.Contains(msg, "packet for query is too large"):
+		return &CheckError{
+			Problem: "the statement is bigger than go-sql-driver's maxAllowedPacket",
+			Fix: "raise maxAllowedPacket in the DSN (maxAllowedPacket=0 uses the server's max_allowed_packet), " +
+				"or lower Options.MaxPayloadBytes below it",
+			Err: err,
+		}
+	}
+	return nil
+}
+
+// brokenBigWrite explains a connection that broke while MySQL or MariaDB was sent a
+// payload of a mebibyte or more: the server closes the connection when a packet exceeds
+// max_allowed_packet, and go-sql-driver, which sends a big bound payload in chunks,
+// sometimes finds the connection closed before it reads the server's error. It returns nil
+// for another dialect, a smaller write or another error. The connection may have broken for
+// another reason, so the error is not a [*CheckError]; it wraps err.
+func brokenBigWrite(d Dialect, err error, rows []Row) error {
+	if _, ok := d.(mysqlDialect); !ok || !errors.Is(err, driver.ErrBadConn) {
+		return nil
+	}
+	size := 0
+	for _, r := range rows {
+		size += len(r.Payload)
+	}
+	if size < 1<<20 {
+		return nil
+	}
+	return fmt.Errorf("outbox: enqueue: the connection broke while sending %d bytes of payload; if that is more than "+
+		"the server's max_allowed_packet, raise it (SET GLOBAL max_allowed_packet = 67108864, and the same in its "+
+		"configuration file) or lower Options.MaxPayloadBytes below it: %w", size, err)
+}
+
 // Check implements [Checker].
 func (d *postgresDialect) Check(ctx context.Context, db *sql.DB, t Table) error {
 	return checkBuiltin(ctx, db, d.Name(), t, func(ctx context.Context, db *sql.DB, table string) ([]string, error) {
@@ -205,6 +266,12 @@ func (d sqliteDialect) Check(ctx context.Context, db *sql.DB, t Table) error {
 	if err := conn.QueryRowContext(ctx, `PRAGMA busy_timeout`).Scan(&timeout); err != nil {
 		return err
 	}
+	return sqliteSettings(mode, timeout)
+}
+
+// sqliteSettings judges a connection's journal mode and busy timeout: nil, or the error
+// that says what to change.
+func sqliteSettings(mode string, timeout int) error {
 	mode = strings.ToLower(mode)
 	if mode == "memory" || (mode == "wal" && timeout > 0) {
 		return nil
@@ -223,12 +290,15 @@ var (
 	_ OrderedClaimer = sqliteDialect{}
 )
 
-// orderedFix says how to create what ordered claims need on the table t.
-func orderedFix(dialect string, t Table) string {
-	return fmt.Sprintf("it is in the ordered migration set, which is opt in: run migrations.Up(ctx, db, %q, "+
-		"migrations.Options{Table: %q, Ordered: true}) or `outbox migrate up --ordered --dialect %s --table %s` "+
-		"(or, where your own goose migrations create the table, add migrations.OrderedVersions(%q, %q))",
-		dialect, t.Name(), dialect, t.Name(), dialect, t.Name())
+// orderedFix says how to create what ordered claims need on the table t, after why, on
+// lines of their own, one way to fix it each, so that the error reads well where it is
+// printed whole (log.Fatal(err) of Publisher.Run, say).
+func orderedFix(why, dialect string, t Table) string {
+	return fmt.Sprintf("\n%s.\nIt is in the ordered migration set, which is opt in; create it with one of:\n"+
+		"  migrations.Up(ctx, db, %q, migrations.Options{Table: %q, Ordered: true})\n"+
+		"  outbox migrate up --ordered --dialect %s --table %s\n"+
+		"  migrations.OrderedVersions(%q, %q), added to the goose migrations that create the table",
+		why, dialect, t.Name(), dialect, t.Name(), dialect, t.Name())
 }
 
 // checkOrderedBuiltin is the ordered check the built-in dialects share: want lists what
@@ -236,7 +306,8 @@ func orderedFix(dialect string, t Table) string {
 // of them exist; exists tells whether the table does.
 func checkOrderedBuiltin(dialect string, t Table, exists bool, want []string, have map[string]bool) error {
 	if !exists {
-		return &CheckError{Problem: fmt.Sprintf("the outbox table %q does not exist", t.Name()), Fix: orderedFix(dialect, t)}
+		return &CheckError{Problem: fmt.Sprintf("the outbox table %q does not exist", t.Name()),
+			Fix: orderedFix("ordered delivery (PublisherOptions.Ordered) needs it with its order index", dialect, t)}
 	}
 	var missing []string
 	for _, w := range want {
@@ -248,8 +319,8 @@ func checkOrderedBuiltin(dialect string, t Table, exists bool, want []string, ha
 		return nil
 	}
 	return &CheckError{
-		Problem: fmt.Sprintf("table %q lacks %s, which ordered delivery (PublisherOptions.Ordered) needs", t.Name(), strings.Join(missing, " and ")),
-		Fix:     orderedFix(dialect, t),
+		Problem: fmt.Sprintf("table %q lacks %s", t.Name(), strings.Join(missing, " and ")),
+		Fix:     orderedFix("ordered delivery (PublisherOptions.Ordered) needs the order index", dialect, t),
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -273,4 +274,50 @@ func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) 
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// An ordered publisher on a table without the order index returns the check's error once,
+// in lines short enough to read, each way to fix it on a line of its own; it does not log
+// it as well (a caller that prints Run's error would show it twice).
+func TestPublisherOrderedCheckErrorOnce(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, e *pubEnv) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		var logs lockedBuffer
+		opts := fastOptions(t, "n")
+		opts.Ordered = true
+		opts.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		p, err := outbox.NewPublisher(e.store, outbox.PerMessage(func(context.Context, outbox.Delivery) error { return nil }), opts)
+		require.NoError(t, err)
+		err = p.Run(ctx)
+		var ce *outbox.CheckError
+		require.ErrorAs(t, err, &ce)
+		msg := err.Error()
+		require.Contains(t, msg, "\n  outbox migrate up --ordered --dialect "+e.backend+" --table outbox_events\n", "a command on a line of its own")
+		require.Contains(t, msg, "\n  migrations.Up(ctx, db, \""+e.backend+"\"")
+		for line := range strings.SplitSeq(msg, "\n") {
+			require.LessOrEqual(t, len(line), 120, "line %q", line)
+		}
+		require.NotContains(t, logs.String(), "level=ERROR", "returned, not logged as well")
+		require.NotContains(t, logs.String(), "ordered migration set")
+	})
+}
+
+// lockedBuffer is a bytes.Buffer that a logger may write from several goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

@@ -1308,3 +1308,41 @@ func TestMySQLBuryRechecksCandidates(t *testing.T) {
 		})
 	}
 }
+
+// A payload that Options.MaxPayloadBytes lets pass but the server's max_allowed_packet (16 MiB
+// on MariaDB by default) refuses fails with an error that names the setting to change, not
+// only the server's "Error 1153". (go-sql-driver's own maxAllowedPacket does not refuse an
+// enqueue: it sends a bound payload bigger than that in chunks, and does not interpolate
+// one; TestPacketTooLarge covers its error.)
+func TestMySQLPacketTooLargeNamesTheSetting(t *testing.T) {
+	t.Parallel()
+	e := setupMySQL(t, "")
+	var serverMax int
+	require.NoError(t, e.db.QueryRowContext(e.ctx, `SELECT @@max_allowed_packet`).Scan(&serverMax))
+	payload := func(n int) json.RawMessage { return json.RawMessage(`"` + strings.Repeat("x", n) + `"`) }
+	enqueue := func(db *sql.DB, n int) error {
+		s, err := outbox.New(db, outbox.MySQL(), outbox.Options{MaxPayloadBytes: 1 << 30})
+		require.NoError(t, err)
+		tx, err := db.BeginTx(e.ctx, nil)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback() }()
+		_, err = s.Enqueue(e.ctx, tx, outbox.Message{Namespace: "n", Topic: "t", Payload: payload(n)})
+		return err
+	}
+
+	if serverMax < 256<<20 { // the server's own limit, where a test can reach it
+		err := enqueue(e.db, serverMax+1024)
+		if !errors.Is(err, driver.ErrBadConn) {
+			// The driver read the server's error before the connection closed.
+			require.ErrorIs(t, err, outbox.ErrMisconfigured)
+		}
+		require.ErrorContains(t, err, "max_allowed_packet")
+		require.ErrorContains(t, err, "Options.MaxPayloadBytes")
+		require.ErrorContains(t, err, "SET GLOBAL max_allowed_packet")
+	}
+
+	// Options.MaxPayloadBytes itself is named when it refuses a payload.
+	_, err := enqueueOne(e.store, e.ctx, outbox.Message{Namespace: "n", Topic: "t", Payload: payload(outbox.DefaultMaxPayloadBytes)})
+	require.ErrorIs(t, err, outbox.ErrInvalid)
+	require.ErrorContains(t, err, "(Options.MaxPayloadBytes)")
+}

@@ -122,7 +122,7 @@ func TestPostgresOrderedIndexByHand(t *testing.T) {
 		` WHERE partition_key IS NOT NULL AND status IN ('pending', 'processing', 'dead')`)
 	err := pgOrdered(fresh())
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
-	require.ErrorContains(t, err, `lacks index outbox_events_unkeyed_idx, which ordered delivery`)
+	require.ErrorContains(t, err, "lacks index outbox_events_unkeyed_idx:\nordered delivery (PublisherOptions.Ordered) needs the order index.\n")
 	require.NotContains(t, err.Error(), "outbox_events_order_idx", "only what is missing")
 
 	// A CREATE INDEX CONCURRENTLY that fails leaves an invalid index of that name.

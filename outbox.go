@@ -47,7 +47,8 @@ type Options struct {
 	// MaxPayloadBytes bounds a message payload. Default [DefaultMaxPayloadBytes]; at most 1 GiB.
 	// Keep it below what the server accepts in one statement: MySQL refuses packets over
 	// max_allowed_packet (16 MiB by default on MariaDB, 64 MiB on MySQL 8) and drops the
-	// connection, with the caller's transaction; PostgreSQL caps a value near 1 GiB.
+	// connection, with the caller's transaction (Enqueue's error then names max_allowed_packet);
+	// PostgreSQL caps a value near 1 GiB.
 	MaxPayloadBytes int
 	// DisableNotify turns off the wake-ups that cross processes, on dialects that have
 	// them ([Notifier]: PostgreSQL's NOTIFY): enqueues send no signal, and publishers on
@@ -69,6 +70,8 @@ type Store struct {
 	hub        wakeHub
 	// orderedReady records that the dialect's CheckOrdered passed (checkOrdered).
 	orderedReady atomic.Bool
+	// first is the verdict of the check at the first enqueue (checkFirstUse).
+	first firstUse
 }
 
 // New returns a Store for db. db is used for claims, acks and reads; Enqueue writes on
@@ -173,7 +176,10 @@ type Tx interface {
 // Enqueue writes m on tx, the caller's transaction: the row commits or rolls back with the
 // business change, and Enqueue never commits or rolls back itself. Invalid input returns a
 // [*ValidationError] and writes nothing; a duplicate dedupe key is reported in
-// [Result.Duplicate] and leaves tx usable.
+// [Result.Duplicate] and leaves tx usable. The first enqueue of a Store with a built-in
+// dialect checks, on tx, that the dialect matches the database and that SQLite runs with
+// WAL and a busy timeout; a mismatch returns the [*CheckError] that [Store.Check] gives,
+// writes nothing and leaves tx usable, on every later enqueue too.
 func (s *Store) Enqueue(ctx context.Context, tx Tx, m Message) (Result, error) {
 	if isNil(tx) {
 		return Result{}, invalid("Tx", "is nil")
@@ -247,8 +253,14 @@ func (s *Store) enqueue(ctx context.Context, q DBTX, msgs []Message, firstIndex 
 			Payload: m.Payload, PayloadHash: sum[:], Delay: m.Delay,
 		}
 	}
+	if err := s.checkFirstUse(ctx, q); err != nil {
+		return nil, err
+	}
 	inserted, err := s.dialect.Insert(ctx, q, s.table, rows)
 	if err != nil {
+		if e := brokenBigWrite(s.dialect, err, rows); e != nil {
+			return nil, e
+		}
 		return nil, s.sqlError("enqueue", err)
 	}
 	if len(inserted) != len(rows) {
@@ -326,7 +338,7 @@ func (s *Store) validate(m *Message) *ValidationError {
 	case len(m.Payload) == 0:
 		return invalid("payload", "is empty")
 	case len(m.Payload) > s.maxPayload:
-		return invalid("payload", "is %d bytes, more than the limit of %d", len(m.Payload), s.maxPayload)
+		return invalid("payload", "is %d bytes, more than the limit of %d (Options.MaxPayloadBytes)", len(m.Payload), s.maxPayload)
 	case !validJSON(m.Payload): // one pass for both; tell which failed
 		if !utf8.Valid(m.Payload) {
 			return invalid("payload", "is not valid UTF-8")
@@ -628,6 +640,9 @@ func (s *Store) Get(ctx context.Context, id uuid.UUID) (Record, error) {
 func (s *Store) sqlError(op string, err error) error {
 	if ce := missingTable(s.dialect, s.table, err); ce != nil {
 		return ce
+	}
+	if ce := packetTooLarge(err); ce != nil {
+		return fmt.Errorf("outbox: %s: %w", op, ce)
 	}
 	return fmt.Errorf("outbox: %s (%s dialect): %w", op, s.dialect.Name(), err)
 }

@@ -485,8 +485,7 @@ func (p *Publisher) awaitReady(ctx context.Context) error {
 		case err == nil, errors.Is(err, errors.ErrUnsupported):
 			return nil
 		case errors.Is(err, ErrMisconfigured):
-			p.log.Error("outbox publisher: cannot start", "err", err)
-			return err
+			return err // not logged as well: the caller prints it, and it would show twice
 		case ctx.Err() != nil:
 			return nil
 		}

@@ -63,7 +63,7 @@ func (c *cli) tableName() (outbox.Table, error) {
 
 // scope returns the rows --namespace, --topic and --tenant select.
 func (c *cli) scope() (outbox.Scope, error) {
-	sc := outbox.Scope{Namespace: c.global.namespace, Topics: c.global.topics}
+	sc := outbox.Scope{Namespace: c.namespace(), Topics: c.global.topics}
 	if c.global.tenant != "" {
 		id, err := parseID(c.global.tenant)
 		if err != nil {

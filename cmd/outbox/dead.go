@@ -17,7 +17,7 @@ import (
 	"github.com/outboxgo/outbox"
 )
 
-const deadUsage = `  outbox dead list [--limit N] [--cursor C] [--since T] [--until T]
+const deadUsage = `  outbox dead list [--limit N] [--cursor C] [--since T] [--until T] [--payloads]
                                     dead rows, newest death first, one page at a time
   outbox dead show ID               one row (in any state) with its payload
   outbox dead replay ID...          move dead rows back to pending, due now, attempts 0
@@ -26,8 +26,11 @@ const deadUsage = `  outbox dead list [--limit N] [--cursor C] [--since T] [--un
   outbox dead discard ID...         delete dead rows
 
 T is a time (2026-01-02T15:04:05Z, 2026-01-02) or an age (90m, 72h, 7d: that long ago,
-by this machine's clock). An id that does not exist is an error and nothing changes; ids
-of rows that are not dead are reported as skipped.`
+by this machine's clock). For replay, an id that does not exist is an error and nothing
+changes; discard reports it as skipped (gone), so that a retried discard succeeds. Ids of
+rows that are not dead are reported as skipped, and so are ids of rows outside the scope
+that --namespace (or OUTBOX_NAMESPACE), --topic and --tenant select, which are left as
+they are.`
 
 func runDead(ctx context.Context, c *cli, args []string) error {
 	fs := c.flagSet("dead")
@@ -36,6 +39,7 @@ func runDead(ctx context.Context, c *cli, args []string) error {
 	since := fs.String("since", "", "list, replay --all: rows that died at or after T")
 	until := fs.String("until", "", "list, replay --all: rows that died before T")
 	all := fs.Bool("all", false, "replay: every dead row the filters select")
+	payloads := fs.Bool("payloads", false, "list --json: include each row's payload (dead show always does)")
 	pos, err := c.parse(fs, deadUsage, args)
 	if err != nil {
 		return err
@@ -47,7 +51,7 @@ func runDead(ctx context.Context, c *cli, args []string) error {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	allowed := map[string][]string{
-		"list":    {"limit", "cursor", "since", "until"},
+		"list":    {"limit", "cursor", "since", "until", "payloads"},
 		"show":    {},
 		"replay":  {"all", "since", "until"},
 		"discard": {},
@@ -56,7 +60,7 @@ func runDead(ctx context.Context, c *cli, args []string) error {
 	if !ok {
 		return usagef("unknown dead command %q: use list, show, replay or discard", verb)
 	}
-	for _, name := range []string{"limit", "cursor", "since", "until", "all"} {
+	for _, name := range []string{"limit", "cursor", "since", "until", "all", "payloads"} {
 		if set[name] && !slices.Contains(own, name) {
 			return usagef("dead %s does not take --%s", verb, name)
 		}
@@ -78,7 +82,8 @@ func runDead(ctx context.Context, c *cli, args []string) error {
 		if *limit < 1 || *limit > outbox.MaxBatch {
 			return usagef("--limit must be between 1 and %d, got %d", outbox.MaxBatch, *limit)
 		}
-		return c.deadList(ctx, outbox.ListDeadOptions{DeadFilter: filter, Limit: *limit, Cursor: *cursor})
+		o := outbox.ListDeadOptions{DeadFilter: filter, Limit: *limit, Cursor: *cursor}
+		return c.deadList(ctx, o, listFlags{limitSet: set["limit"], payloads: *payloads})
 	case "show":
 		if len(ids) != 1 {
 			return usagef("dead show takes one id")
@@ -87,7 +92,11 @@ func runDead(ctx context.Context, c *cli, args []string) error {
 		if err != nil {
 			return err
 		}
-		return c.deadShow(ctx, parsed[0])
+		sc, err := c.scope()
+		if err != nil {
+			return err
+		}
+		return c.deadShow(ctx, parsed[0], sc)
 	case "replay":
 		if *all {
 			if len(ids) > 0 {
@@ -95,21 +104,45 @@ func runDead(ctx context.Context, c *cli, args []string) error {
 			}
 			return c.replayAll(ctx, filter)
 		}
-		if c.filtered() {
-			return usagef("dead replay ID... replays exactly the ids given; --namespace, --topic and --tenant apply to --all only")
-		}
-		return c.replayOrDiscard(ctx, ids, "replay")
+		return c.replayOrDiscard(ctx, ids, "replay", filter.Scope)
 	default:
-		if c.filtered() {
-			return usagef("dead discard ID... deletes exactly the ids given; it takes no --namespace, --topic or --tenant")
-		}
-		return c.replayOrDiscard(ctx, ids, "discard")
+		return c.replayOrDiscard(ctx, ids, "discard", filter.Scope)
 	}
 }
 
-// filtered reports whether a scope flag was given.
+// filtered reports whether a scope was given (by flag, or OUTBOX_NAMESPACE).
 func (c *cli) filtered() bool {
-	return c.global.namespace != "" || len(c.global.topics) > 0 || c.global.tenant != ""
+	return c.namespace() != "" || len(c.global.topics) > 0 || c.global.tenant != ""
+}
+
+// namespace is --namespace, or OUTBOX_NAMESPACE when the flag is not given.
+func (c *cli) namespace() string {
+	if c.global.namespace != "" {
+		return c.global.namespace
+	}
+	return c.env("OUTBOX_NAMESPACE")
+}
+
+// inScope reports whether r is in the rows sc selects.
+func inScope(r outbox.Record, sc outbox.Scope) bool {
+	return (sc.Namespace == "" || r.Namespace == sc.Namespace) &&
+		(len(sc.Topics) == 0 || slices.Contains(sc.Topics, r.Topic)) &&
+		(sc.TenantID == uuid.Nil || r.TenantID == sc.TenantID)
+}
+
+// describeScope says which flags select sc, for messages.
+func describeScope(sc outbox.Scope) string {
+	var parts []string
+	if sc.Namespace != "" {
+		parts = append(parts, "namespace "+sc.Namespace)
+	}
+	if len(sc.Topics) > 0 {
+		parts = append(parts, "topic "+strings.Join(sc.Topics, " or "))
+	}
+	if sc.TenantID != uuid.Nil {
+		parts = append(parts, "tenant "+sc.TenantID.String())
+	}
+	return strings.Join(parts, ", ")
 }
 
 func (c *cli) deadFilter(since, until string) (outbox.DeadFilter, error) {
@@ -187,7 +220,8 @@ type recordJSON struct {
 	LockedBy      string            `json:"locked_by,omitempty"`
 	LockedUntil   *time.Time        `json:"locked_until,omitempty"`
 	DeliveredAt   *time.Time        `json:"delivered_at,omitempty"`
-	Payload       json.RawMessage   `json:"payload"`
+	// Payload is left out of dead list's records unless --payloads is given.
+	Payload json.RawMessage `json:"payload,omitempty"`
 }
 
 func timePtr(t time.Time) *time.Time {
@@ -218,7 +252,13 @@ func toJSON(r outbox.Record) recordJSON {
 	return out
 }
 
-func (c *cli) deadList(ctx context.Context, o outbox.ListDeadOptions) error {
+// listFlags are dead list's flags beyond its options: whether --limit was given (for the
+// next page's command) and --payloads.
+type listFlags struct {
+	limitSet, payloads bool
+}
+
+func (c *cli) deadList(ctx context.Context, o outbox.ListDeadOptions, lf listFlags) error {
 	cn, err := c.connect(ctx, needTable)
 	if err != nil {
 		return err
@@ -231,7 +271,11 @@ func (c *cli) deadList(ctx context.Context, o outbox.ListDeadOptions) error {
 	if c.global.json {
 		recs := make([]recordJSON, 0, len(page.Records))
 		for _, r := range page.Records {
-			recs = append(recs, toJSON(r))
+			j := toJSON(r)
+			if !lf.payloads {
+				j.Payload = nil // a page of big payloads would be megabytes; dead show has each
+			}
+			recs = append(recs, j)
 		}
 		c.printJSON(struct {
 			Records []recordJSON `json:"records"`
@@ -251,7 +295,7 @@ func (c *cli) deadList(ctx context.Context, o outbox.ListDeadOptions) error {
 	}
 	_ = tw.Flush()
 	if page.Next != "" {
-		fmt.Fprintf(c.stdout, "more: outbox dead list --cursor %s\n", page.Next)
+		fmt.Fprintf(c.stdout, "more: %s\n", c.nextPageCommand(cn, o, lf, page.Next))
 	}
 	return nil
 }
@@ -265,7 +309,61 @@ func clip(s string, n int) string {
 	return s
 }
 
-func (c *cli) deadShow(ctx context.Context, id uuid.UUID) error {
+// nextPageCommand returns the command that lists the page after this one, ready to paste
+// in a POSIX shell: the flags given on this command line, the time window resolved to
+// absolute times (an age such as 7d would have moved on by the time it is pasted), and the
+// cursor. Flags that came from the environment are left out, since the shell still has it.
+// A --dsn without a password is repeated; one with a password is printed as
+// --dsn "$OUTBOX_DSN", since the password is never printed.
+func (c *cli) nextPageCommand(cn *conn, o outbox.ListDeadOptions, lf listFlags, next string) string {
+	args := []string{"outbox"}
+	add := func(flag, v string) { args = append(args, flag, shellQuote(v)) }
+	if c.global.dsn != "" {
+		if cn.password != "" {
+			args = append(args, "--dsn", `"$OUTBOX_DSN"`)
+		} else {
+			add("--dsn", c.global.dsn)
+		}
+	}
+	if c.global.dialect != "" {
+		add("--dialect", c.global.dialect)
+	}
+	if c.global.table != "" {
+		add("--table", c.global.table)
+	}
+	if c.global.namespace != "" {
+		add("--namespace", c.global.namespace)
+	}
+	for _, t := range c.global.topics {
+		add("--topic", t)
+	}
+	if c.global.tenant != "" {
+		add("--tenant", c.global.tenant)
+	}
+	args = append(args, "dead", "list")
+	if lf.limitSet {
+		add("--limit", fmt.Sprint(o.Limit))
+	}
+	if !o.Since.IsZero() {
+		add("--since", o.Since.UTC().Format(time.RFC3339Nano))
+	}
+	if !o.Until.IsZero() {
+		add("--until", o.Until.UTC().Format(time.RFC3339Nano))
+	}
+	add("--cursor", next)
+	return strings.Join(args, " ")
+}
+
+// shellQuote quotes s for a POSIX shell when it holds anything but characters no shell
+// treats specially.
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_@%+=:,./-") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+func (c *cli) deadShow(ctx context.Context, id uuid.UUID, sc outbox.Scope) error {
 	cn, err := c.connect(ctx, needTable)
 	if err != nil {
 		return err
@@ -277,6 +375,9 @@ func (c *cli) deadShow(ctx context.Context, id uuid.UUID) error {
 	}
 	if err != nil {
 		return fmt.Errorf("read %s: %w", id, err)
+	}
+	if !inScope(r, sc) {
+		return fmt.Errorf("row %s is outside the scope given (%s): it is in namespace %s, topic %s", id, describeScope(sc), r.Namespace, r.Topic)
 	}
 	if c.global.json {
 		c.printJSON(toJSON(r))
@@ -324,9 +425,11 @@ func (c *cli) deadShow(ctx context.Context, id uuid.UUID) error {
 	return nil
 }
 
-// replayOrDiscard replays or discards the rows ids names. Every id must exist: an unknown
-// one is an error before anything changes. Rows that are not dead are skipped, and reported.
-func (c *cli) replayOrDiscard(ctx context.Context, args []string, verb string) error {
+// replayOrDiscard replays or discards the rows ids names, within the scope sc. Every id is
+// read first: for replay an unknown one is an error before anything changes; for discard it
+// is reported as skipped (gone), as [outbox.Store.Discard] reports it, so that a retried
+// discard succeeds. Rows outside sc, and rows that are not dead, are skipped, and reported.
+func (c *cli) replayOrDiscard(ctx context.Context, args []string, verb string, sc outbox.Scope) error {
 	if len(args) == 0 {
 		return usagef("dead %s needs at least one id (or, for replay, --all)", verb)
 	}
@@ -339,50 +442,61 @@ func (c *cli) replayOrDiscard(ctx context.Context, args []string, verb string) e
 		return err
 	}
 	defer cn.Close()
+	type skip struct {
+		ID     string `json:"id"`
+		Status string `json:"status"`           // the row's status, or "gone"
+		Reason string `json:"reason,omitempty"` // why it was skipped, when not for its status
+	}
+	var act []uuid.UUID
 	status := map[uuid.UUID]outbox.Status{}
 	var unknown []string
+	var skipOut []skip
 	for _, id := range ids {
 		r, err := cn.store.Get(ctx, id)
 		switch {
+		case errors.Is(err, outbox.ErrNotFound) && verb == "discard":
+			skipOut = append(skipOut, skip{ID: id.String(), Status: "gone", Reason: "no such row (already discarded or purged)"})
 		case errors.Is(err, outbox.ErrNotFound):
 			unknown = append(unknown, id.String())
 		case err != nil:
 			return fmt.Errorf("read %s: %w", id, err)
+		case !inScope(r, sc):
+			skipOut = append(skipOut, skip{ID: id.String(), Status: string(r.Status),
+				Reason: fmt.Sprintf("outside the scope given (%s): namespace %s, topic %s", describeScope(sc), r.Namespace, r.Topic)})
 		default:
 			status[id] = r.Status
+			act = append(act, id)
 		}
 	}
 	if len(unknown) > 0 {
 		return fmt.Errorf("no row with id %s in table %s; nothing was changed", strings.Join(unknown, ", "), cn.table.Name())
 	}
 	var done, skipped []uuid.UUID
-	if verb == "replay" {
-		res, err := cn.store.Replay(ctx, ids...)
+	if len(act) > 0 && verb == "replay" {
+		res, err := cn.store.Replay(ctx, act...)
 		if err != nil {
 			return fmt.Errorf("replay: %w", err)
 		}
 		done, skipped = res.Replayed, res.Skipped
-	} else {
-		res, err := cn.store.Discard(ctx, ids...)
+	} else if len(act) > 0 {
+		res, err := cn.store.Discard(ctx, act...)
 		if err != nil {
 			return fmt.Errorf("discard: %w", err)
 		}
 		done, skipped = res.Discarded, res.Skipped
 	}
-	type skip struct {
-		ID     string `json:"id"`
-		Status string `json:"status"`
-	}
 	doneOut := make([]string, 0, len(done))
 	for _, id := range done {
 		doneOut = append(doneOut, id.String())
 	}
-	skipOut := make([]skip, 0, len(skipped))
 	for _, id := range skipped {
 		skipOut = append(skipOut, skip{ID: id.String(), Status: string(status[id])})
 	}
 	key := map[string]string{"replay": "replayed", "discard": "discarded"}[verb]
 	if c.global.json {
+		if skipOut == nil {
+			skipOut = []skip{}
+		}
 		c.printJSON(map[string]any{key: doneOut, "skipped": skipOut})
 		return nil
 	}
@@ -391,7 +505,11 @@ func (c *cli) replayOrDiscard(ctx context.Context, args []string, verb string) e
 		fmt.Fprintf(tw, "%s\t%s\n", key, id)
 	}
 	for _, s := range skipOut {
-		fmt.Fprintf(tw, "skipped\t%s\tnot dead (%s)\n", s.ID, s.Status)
+		why := s.Reason
+		if why == "" {
+			why = "not dead (" + s.Status + ")"
+		}
+		fmt.Fprintf(tw, "skipped\t%s\t%s\n", s.ID, why)
 	}
 	return tw.Flush()
 }

@@ -1,12 +1,14 @@
 package main
 
 import (
+	"errors"
 	"net"
 	"net/url"
 	"regexp"
 	"strings"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // redactedPassword replaces a password wherever a DSN is printed, as [url.URL.Redacted] does.
@@ -54,6 +56,11 @@ func resolve(dialect, dsn string) (target, error) {
 	case "postgres":
 		t.dsn = dsn
 		t.password = postgresPassword(dsn)
+		// Parse it as the driver will, so that a DSN it cannot use is bad input (exit 2),
+		// not a failed connection.
+		if err := checkPostgresDSN(dsn); err != nil {
+			return target{}, err
+		}
 	case "mysql":
 		cfg, err := mysqlConfig(dsn)
 		if err != nil {
@@ -170,9 +177,68 @@ func sqliteDSN(dsn string) (open, path string) {
 	return rest, p
 }
 
-// keyValuePassword finds the password in a key=value DSN: password=secret or
-// password='a secret'.
-var keyValuePassword = regexp.MustCompile(`(?i)\bpassword\s*=\s*('(?:[^'\\]|\\.)*'|[^\s]*)`)
+// keyValuePassword finds the password in a key=value DSN as libpq reads it: password=secret
+// or password='a secret'. The secret may also be sslpassword's.
+var keyValuePassword = regexp.MustCompile(`(?i)\b(?:ssl)?password\s*=\s*('(?:[^'\\]|\\.)*'|[^\s]*)`)
+
+// passwordKey finds where a password's value begins in a key=value DSN.
+var passwordKey = regexp.MustCompile(`(?i)(?:^|\s)(?:ssl)?password\s*=\s*`)
+
+// nextKey finds the start of the next key=value pair.
+var nextKey = regexp.MustCompile(`\s+[A-Za-z_][A-Za-z0-9_]*\s*=`)
+
+// passwordSpans returns where each password value of a key=value DSN lies, by key, whatever
+// the rest of the DSN: from after "password=" to the next " key=" (or the end), so that
+// what libpq would refuse (password=s3cret pw, an unterminated quote) is covered whole. A
+// quoted value that is closed ends no sooner than its closing quote, even if it holds what
+// looks like a key.
+func passwordSpans(dsn string) [][2]int {
+	var spans [][2]int
+	for _, m := range passwordKey.FindAllStringIndex(dsn, -1) {
+		start, from := m[1], m[1]
+		if start < len(dsn) && dsn[start] == '\'' {
+			from = len(dsn) // unterminated: the rest may all be the password
+			for i := start + 1; i < len(dsn); i++ {
+				if dsn[i] == '\\' {
+					i++
+				} else if dsn[i] == '\'' {
+					from = i + 1
+					break
+				}
+			}
+		}
+		end := len(dsn)
+		if n := nextKey.FindStringIndex(dsn[from:]); n != nil {
+			end = from + n[0]
+		}
+		if len(spans) > 0 && start < spans[len(spans)-1][1] {
+			continue // inside the previous value
+		}
+		spans = append(spans, [2]int{start, end})
+	}
+	return spans
+}
+
+// redactKeyValue replaces every password value of a key=value DSN (passwordSpans).
+func redactKeyValue(dsn string) string {
+	spans := passwordSpans(dsn)
+	for i := len(spans) - 1; i >= 0; i-- {
+		dsn = dsn[:spans[i][0]] + redactedPassword + dsn[spans[i][1]:]
+	}
+	return dsn
+}
+
+// keyValueSecrets returns the password values of a key=value DSN as passwordSpans finds
+// them, and each word of them, to scrub from messages that quote the DSN.
+func keyValueSecrets(dsn string) []string {
+	var out []string
+	for _, sp := range passwordSpans(dsn) {
+		v := dsn[sp[0]:sp[1]]
+		out = append(out, v, strings.Trim(v, "'"))
+		out = append(out, strings.FieldsFunc(v, func(r rune) bool { return r == ' ' || r == '\t' || r == '\n' || r == '\'' })...)
+	}
+	return out
+}
 
 // postgresPassword returns the password of a PostgreSQL URL or key=value DSN.
 func postgresPassword(dsn string) string {
@@ -182,10 +248,39 @@ func postgresPassword(dsn string) string {
 		}
 		return u.Query().Get("password")
 	}
+	if cfg, err := pgconn.ParseConfig(dsn); err == nil {
+		return cfg.Password
+	}
 	if m := keyValuePassword.FindStringSubmatch(dsn); m != nil {
 		return strings.Trim(m[1], "'")
 	}
 	return ""
+}
+
+// checkPostgresDSN parses dsn as pgx will when it connects, and returns a usage error that
+// says what is wrong with it and shows it redacted. pgx's own message quotes the DSN with a
+// redaction of its own, which misses passwords in DSNs it cannot parse; only its reason is
+// kept.
+func checkPostgresDSN(dsn string) error {
+	_, err := pgconn.ParseConfig(dsn)
+	if err == nil {
+		return nil
+	}
+	reason := err.Error()
+	var pe *pgconn.ParseConfigError
+	if errors.As(err, &pe) {
+		// "cannot parse `<dsn>`: <reason>"
+		if i := strings.LastIndex(reason, "`: "); i >= 0 {
+			reason = reason[i+len("`: "):]
+		}
+	}
+	for _, s := range append(keyValueSecrets(dsn), postgresPassword(dsn)) {
+		if len(s) >= 4 {
+			reason = strings.ReplaceAll(reason, s, redactedPassword)
+		}
+	}
+	return usagef("invalid PostgreSQL DSN %s: %s (want postgres://user:pass@host:5432/db or host=... user=... dbname=...)",
+		redactDSN(dsn), reason)
 }
 
 // urlUserinfo matches the user:password@ of a URL that url.Parse refused.
@@ -198,7 +293,11 @@ func redactDSN(dsn string) string {
 	if strings.Contains(dsn, "://") {
 		u, err := url.Parse(dsn)
 		if err != nil {
-			return urlUserinfo.ReplaceAllString(keyValuePassword.ReplaceAllString(dsn, "password="+redactedPassword), "${1}"+redactedPassword+"@")
+			dsn = keyValuePassword.ReplaceAllStringFunc(dsn, func(m string) string {
+				key, _, _ := strings.Cut(m, "=")
+				return key + "=" + redactedPassword
+			})
+			return urlUserinfo.ReplaceAllString(dsn, "${1}"+redactedPassword+"@")
 		}
 		if q := u.Query(); q.Has("password") {
 			q.Set("password", redactedPassword)
@@ -206,6 +305,7 @@ func redactDSN(dsn string) string {
 		}
 		return u.Redacted()
 	}
+	dsn = redactKeyValue(dsn) // by key, before any other reading of the DSN
 	if cfg, err := mysql.ParseDSN(dsn); err == nil && strings.Contains(dsn, "@") {
 		if cfg.Passwd != "" {
 			cfg.Passwd = redactedPassword
@@ -219,7 +319,7 @@ func redactDSN(dsn string) string {
 			dsn = dsn[:colon+1] + redactedPassword + dsn[at:]
 		}
 	}
-	return keyValuePassword.ReplaceAllString(dsn, "password="+redactedPassword)
+	return dsn
 }
 
 // secretsOf returns the strings to scrub from anything printed: the password as written

@@ -135,9 +135,17 @@ func TestParseDuration(t *testing.T) {
 }
 
 // FuzzResolve: resolving and redacting any DSN never panics, and a password that appears
-// once in the DSN never appears in the form the command prints.
+// once in the DSN never appears in the form the command prints, nor in its error. In a
+// key=value DSN the password is taken by key, as a person reading the DSN would: every word
+// after "password=" up to the next word with a "=" in it, so that a malformed value
+// (password=s3cret tail, an unterminated or misplaced quote) is covered whole.
 func FuzzResolve(f *testing.F) {
 	for _, s := range []string{
+		"host=db password=s3cret longtail dbname=x",
+		"host=db password='s3cret longtail dbname=x",
+		"host=db password='s3cret' longtail dbname=x",
+		"host=db password=s3'cret longtail' dbname=x",
+		"host=db sslpassword=s3cret longtail dbname=x",
 		"postgres://u:pw-secret@db:5432/app?sslmode=disable",
 		"postgres://u@db/app?password=pw-secret",
 		"host=db password='pw secret' dbname=app",
@@ -159,5 +167,47 @@ func FuzzResolve(f *testing.F) {
 		if err == nil && len(tg.password) >= 6 && strings.Count(dsn, tg.password) == 1 && strings.Contains(shown, tg.password) {
 			t.Fatalf("password %q of %q printed as %q", tg.password, dsn, shown)
 		}
+		if strings.Contains(dsn, "://") {
+			return // a URL's password is its user info or query parameter, checked above
+		}
+		for _, w := range passwordWords(dsn) {
+			if len(w) < 4 || strings.Count(dsn, w) != 1 {
+				continue
+			}
+			if strings.Contains(redactDSN(dsn), w) {
+				t.Fatalf("password word %q of %q redacted as %q", w, dsn, redactDSN(dsn))
+			}
+			// A word the message holds whatever the password is comes from the message's own
+			// text ("dbname=" in a hint), not from the DSN.
+			other := strings.Replace(dsn, w, strings.Repeat("Q", len(w)), 1)
+			_, err2 := resolve(dialect, other)
+			if err != nil && strings.Contains(shown, w) && (err2 == nil || !strings.Contains(err2.Error(), w)) {
+				t.Fatalf("password word %q of %q printed as %q", w, dsn, shown)
+			}
+		}
 	})
+}
+
+// passwordWords returns, for a key=value DSN, each word of each password value read by key:
+// the rest of the word that begins with "password=" (or "sslpassword="), and every word after
+// it up to the next key (a word that holds a "=" or is followed by one), without quotes. It is deliberately simpler than the
+// command's own reading (passwordSpans), which it checks.
+func passwordWords(dsn string) []string {
+	var out []string
+	in := false
+	words := strings.Fields(dsn)
+	for i, w := range words {
+		l := strings.ToLower(w)
+		switch {
+		case strings.HasPrefix(l, "password=") || strings.HasPrefix(l, "sslpassword="):
+			in = true
+			_, w, _ = strings.Cut(w, "=")
+		case strings.Contains(w, "="), i+1 < len(words) && strings.HasPrefix(words[i+1], "="): // key=v, key =v
+			in = false
+		}
+		if in {
+			out = append(out, strings.Trim(w, "'"))
+		}
+	}
+	return out
 }

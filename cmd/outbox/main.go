@@ -3,7 +3,7 @@
 //
 //	outbox [flags] migrate up|down|status [--ordered]
 //	outbox [flags] stats
-//	outbox [flags] dead list [--limit N] [--cursor C] [--since T] [--until T]
+//	outbox [flags] dead list [--limit N] [--cursor C] [--since T] [--until T] [--payloads]
 //	outbox [flags] dead show ID
 //	outbox [flags] dead replay ID... | dead replay --all
 //	outbox [flags] dead discard ID...
@@ -174,7 +174,7 @@ func (c *cli) flagSet(name string) *flag.FlagSet {
 	fs.StringVar(&g.dialect, "dialect", "", "database: postgres, mysql or sqlite (env OUTBOX_DIALECT; inferred from the DSN when it can be)")
 	fs.StringVar(&g.dsn, "dsn", "", "data source name (env OUTBOX_DSN): postgres://..., mysql://user:pass@host:port/db, user:pass@tcp(host:port)/db, sqlite:path or file:path")
 	fs.StringVar(&g.table, "table", "", "outbox table (default "+outbox.DefaultTable+")")
-	fs.StringVar(&g.namespace, "namespace", "", "only rows of this namespace")
+	fs.StringVar(&g.namespace, "namespace", "", "only rows of this namespace (env OUTBOX_NAMESPACE)")
 	fs.Func("topic", "only rows of this topic (repeatable)", func(s string) error {
 		g.topics = append(g.topics, s)
 		return nil

@@ -32,6 +32,9 @@ func runPurge(ctx context.Context, c *cli, args []string) error {
 		return usagef("purge takes no arguments, got %q", pos[0])
 	}
 	if c.filtered() {
+		if c.global.namespace == "" && c.env("OUTBOX_NAMESPACE") != "" {
+			return usagef("purge applies to the whole table: it takes no namespace, and OUTBOX_NAMESPACE is set (unset it)")
+		}
 		return usagef("purge applies to the whole table: it takes no --namespace, --topic or --tenant")
 	}
 	o := outbox.PurgeOptions{BatchSize: *batch}
