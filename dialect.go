@@ -50,6 +50,11 @@ type DBTX interface {
 //     returns the ids it could not extend.
 //  7. Bury moves rows at or over the attempt limit that no live lease protects to dead.
 //  8. Get reads one row by id and returns [ErrNotFound] when there is none.
+//  9. Connections: no method (nor any optional ability's) holds a connection of db, a
+//     transaction or a *sql.Conn taken from it, while it waits for another connection of
+//     db: no db.PrepareContext, db.QueryContext or second BeginTx inside a transaction.
+//     On a pool of one connection such a call waits forever, and users run pools that
+//     small. The conformance suite runs every call on a one-connection pool.
 //
 // The interface is kept this small on purpose. Abilities that only some databases have come
 // as separate optional interfaces that the engine finds by type assertion ([Checker] is

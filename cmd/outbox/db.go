@@ -112,6 +112,11 @@ func (c *cli) connect(ctx context.Context, n needs) (*conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cannot open %s: %v", t.shown, err)
 	}
+	// One connection: a command runs one statement or short transaction at a time, takes
+	// no more of a production server than that, and a call that held a connection while it
+	// waited for another would hang here at once rather than on a busy day (outbox ui, which
+	// serves requests side by side, raises it).
+	db.SetMaxOpenConns(1)
 	cn := &conn{target: t, db: db, table: table}
 	if err := cn.check(ctx, n); err != nil {
 		_ = db.Close()

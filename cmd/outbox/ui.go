@@ -58,6 +58,7 @@ func runUI(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 	defer cn.Close()
+	cn.db.SetMaxOpenConns(4) // requests side by side; each page reads on one connection at a time
 
 	var h http.Handler = outboxui.Handler(cn.store, outboxui.Options{
 		ReadOnly: *readOnly, HidePayloads: *hide, Title: cn.table.Name(),
