@@ -211,6 +211,7 @@ func TestOrderedSetUpDown(t *testing.T) {
 				_, err = s.Claim(ctx, orderedClaim)
 				return err
 			}
+			all := baseVersions(t, backend)
 			state := func(what string, objects []string, base, ordered []int64) {
 				t.Helper()
 				require.Equal(t, objects, orderObjects(t, backend, db, table), "%s: order index", what)
@@ -219,7 +220,7 @@ func TestOrderedSetUpDown(t *testing.T) {
 			}
 
 			require.NoError(t, migrations.Up(ctx, db, backend, migrations.Options{}))
-			state("up", nil, []int64{1, 2}, nil)
+			state("up", nil, all, nil)
 			err := claimOrdered()
 			require.ErrorIs(t, err, outbox.ErrMisconfigured)
 			require.ErrorContains(t, err, "outbox migrate up --ordered")
@@ -228,18 +229,18 @@ func TestOrderedSetUpDown(t *testing.T) {
 
 			require.NoError(t, migrations.Up(ctx, db, backend, migrations.Options{}))
 			require.NoError(t, migrations.Up(ctx, db, backend, migrations.Options{Ordered: true}))
-			state("up, then up with Ordered", want, []int64{1, 2}, []int64{1})
+			state("up, then up with Ordered", want, all, []int64{1})
 			require.NoError(t, claimOrdered())
 			require.NoError(t, migrations.Up(ctx, db, backend, migrations.Options{Ordered: true}), "again: nothing to do")
 
 			require.NoError(t, migrations.Down(ctx, db, backend, migrations.Options{}))
 			state("down", nil, []int64{}, []int64{})
 			require.NoError(t, migrations.Up(ctx, db, backend, migrations.Options{}))
-			state("down, then up without Ordered", nil, []int64{1, 2}, []int64{})
+			state("down, then up without Ordered", nil, all, []int64{})
 			require.ErrorIs(t, claimOrdered(), outbox.ErrMisconfigured)
 
 			require.NoError(t, migrations.Up(ctx, db, backend, migrations.Options{Ordered: true}))
-			state("up with Ordered", want, []int64{1, 2}, []int64{1})
+			state("up with Ordered", want, all, []int64{1})
 			require.NoError(t, claimOrdered())
 
 			// The ordered set's own Provider, as the outbox command uses it.
@@ -247,7 +248,7 @@ func TestOrderedSetUpDown(t *testing.T) {
 			require.NoError(t, err)
 			_, err = p.DownTo(ctx, 0)
 			require.NoError(t, err)
-			state("the ordered set rolled back alone", nil, []int64{1, 2}, []int64{})
+			state("the ordered set rolled back alone", nil, all, []int64{})
 		})
 	}
 }
@@ -264,7 +265,7 @@ func TestLongestTableName(t *testing.T) {
 			db := testdb.Open(t, backend)
 			opts := migrations.Options{Table: table, Ordered: true}
 			require.NoError(t, migrations.Up(ctx, db, backend, opts))
-			require.Equal(t, []int64{1, 2}, versionRows(t, backend, db, table+"_goose_version"))
+			require.Equal(t, baseVersions(t, backend), versionRows(t, backend, db, table+"_goose_version"))
 			require.Equal(t, []int64{1}, versionRows(t, backend, db, table+"_goose_ordered"))
 			require.Equal(t, wantOrderObjects(backend, table), orderObjects(t, backend, db, table))
 			s, err := outbox.New(db, b.dialect, outbox.Options{Table: table})
@@ -276,4 +277,17 @@ func TestLongestTableName(t *testing.T) {
 			require.ErrorIs(t, s.Check(ctx), outbox.ErrMisconfigured)
 		})
 	}
+}
+
+// baseVersions lists the versions of backend's base set, 1 to the newest (MySQL has one
+// more than the others: its dedupe lock stripes).
+func baseVersions(t *testing.T, backend string) []int64 {
+	t.Helper()
+	vs, err := migrations.Versions(backend, "")
+	require.NoError(t, err)
+	out := make([]int64, len(vs))
+	for i := range out {
+		out[i] = int64(i + 1)
+	}
+	return out
 }
