@@ -103,6 +103,7 @@ func (c *cli) connect(ctx context.Context, n needs) (*conn, error) {
 		return nil, err
 	}
 	c.secrets = append(c.secrets, secretsOf(t.password)...)
+	c.secrets = append(c.secrets, secretsOf(t.sslPassword)...)
 	if t.sqlitePath != "" && n != needServer {
 		if _, err := os.Stat(t.sqlitePath); errors.Is(err, fs.ErrNotExist) {
 			return nil, fmt.Errorf("no SQLite database at %s (create it with: outbox migrate up)", t.sqlitePath)

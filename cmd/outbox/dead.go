@@ -313,13 +313,14 @@ func clip(s string, n int) string {
 // in a POSIX shell: the flags given on this command line, the time window resolved to
 // absolute times (an age such as 7d would have moved on by the time it is pasted), and the
 // cursor. Flags that came from the environment are left out, since the shell still has it.
-// A --dsn without a password is repeated; one with a password is printed as
-// --dsn "$OUTBOX_DSN", since the password is never printed.
+// A --dsn without a password is repeated; one with a password (or anything else that
+// redaction hides) is printed as --dsn "$OUTBOX_DSN", since the password is never printed.
 func (c *cli) nextPageCommand(cn *conn, o outbox.ListDeadOptions, lf listFlags, next string) string {
 	args := []string{"outbox"}
 	add := func(flag, v string) { args = append(args, flag, shellQuote(v)) }
 	if c.global.dsn != "" {
-		if cn.password != "" {
+		if cn.password != "" || cn.shown != c.global.dsn {
+			// A secret that redaction hides (sslpassword, say) is never printed either.
 			args = append(args, "--dsn", `"$OUTBOX_DSN"`)
 		} else {
 			add("--dsn", c.global.dsn)

@@ -120,12 +120,22 @@ func TestDeadListNextPageCommand(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, f *fixture) {
 		s := f.seed(t)
 		dsn := f.dsn
-		const pw = "Pa55-w0rd"
+		const pw, sslpw = "Pa55-w0rd", "Ssl-Pa55-w0rd"
 		if f.backend == "postgres" { // the test server trusts: any password is accepted
 			u, err := url.Parse(dsn)
 			require.NoError(t, err)
 			u.User = url.UserPassword(u.User.Username(), pw)
 			dsn = u.String()
+		}
+		// A DSN with no password but the client key's (unused without TLS) is secret as well.
+		sslOnly := ""
+		if f.backend == "postgres" {
+			u, err := url.Parse(f.dsn)
+			require.NoError(t, err)
+			q := u.Query()
+			q.Set("sslpassword", sslpw)
+			u.RawQuery = q.Encode()
+			sslOnly = u.String()
 		}
 		args := []string{"--dsn", dsn, "--table", outbox.DefaultTable, "--topic", "order.paid", "--topic", "order.placed",
 			"--namespace", ns, "dead", "list", "--limit", "1", "--since", "1h"}
@@ -155,6 +165,14 @@ func TestDeadListNextPageCommand(t *testing.T) {
 		both := first.stdout + r.stdout
 		require.Equal(t, 1, strings.Count(both, s.dead1.String()), "both dead rows, once each: %s", both)
 		require.Equal(t, 1, strings.Count(both, s.dead2.String()), "both dead rows, once each: %s", both)
+
+		if sslOnly != "" {
+			args[1] = sslOnly
+			r = runCLI(t, nil, args...)
+			require.Equal(t, 0, r.code, r.stderr)
+			require.NotContains(t, r.stdout+r.stderr, sslpw)
+			require.Contains(t, r.stdout, `--dsn "$OUTBOX_DSN"`)
+		}
 	})
 }
 

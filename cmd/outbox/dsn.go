@@ -28,6 +28,9 @@ type target struct {
 	shown string
 	// password is the DSN's password, "" when none; it is never printed.
 	password string
+	// sslPassword is a PostgreSQL DSN's sslpassword (its client key's), "" when none; it
+	// is never printed either.
+	sslPassword string
 	// sqlitePath is the SQLite database file, "" for an in-memory database.
 	sqlitePath string
 }
@@ -56,6 +59,7 @@ func resolve(dialect, dsn string) (target, error) {
 	case "postgres":
 		t.dsn = dsn
 		t.password = postgresPassword(dsn)
+		t.sslPassword = postgresSSLPassword(dsn)
 		// Parse it as the driver will, so that a DSN it cannot use is bad input (exit 2),
 		// not a failed connection.
 		if err := checkPostgresDSN(dsn); err != nil {
@@ -257,6 +261,19 @@ func postgresPassword(dsn string) string {
 	return ""
 }
 
+// postgresSSLPassword returns the sslpassword of a PostgreSQL URL or key=value DSN.
+func postgresSSLPassword(dsn string) string {
+	if u, err := url.Parse(dsn); err == nil && u.Scheme != "" {
+		return u.Query().Get("sslpassword")
+	}
+	for _, m := range keyValuePassword.FindAllStringSubmatch(dsn, -1) {
+		if strings.HasPrefix(strings.ToLower(m[0]), "ssl") {
+			return strings.Trim(m[1], "'")
+		}
+	}
+	return ""
+}
+
 // checkPostgresDSN parses dsn as pgx will when it connects, and returns a usage error that
 // says what is wrong with it and shows it redacted. pgx's own message quotes the DSN with a
 // redaction of its own, which misses passwords in DSNs it cannot parse; only its reason is
@@ -283,14 +300,18 @@ func checkPostgresDSN(dsn string) error {
 		redactDSN(dsn), reason)
 }
 
+// urlScheme matches the scheme that starts a URL. A go-sql-driver DSN whose password holds
+// "://" has none: what precedes it holds the user's ':'.
+var urlScheme = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.-]*://`)
+
 // urlUserinfo matches the user:password@ of a URL that url.Parse refused.
 var urlUserinfo = regexp.MustCompile(`(://[^:/@]*:)[^@]*@`)
 
 // redactDSN returns dsn with its password replaced by redactedPassword, in every form the
 // command accepts: a URL's user info and password parameter ([url.URL.Redacted]), a
-// go-sql-driver DSN's user:password@, and a key=value password.
+// go-sql-driver DSN's user:password@, and a key=value password; sslpassword too.
 func redactDSN(dsn string) string {
-	if strings.Contains(dsn, "://") {
+	if urlScheme.MatchString(dsn) {
 		u, err := url.Parse(dsn)
 		if err != nil {
 			dsn = keyValuePassword.ReplaceAllStringFunc(dsn, func(m string) string {
@@ -299,8 +320,12 @@ func redactDSN(dsn string) string {
 			})
 			return urlUserinfo.ReplaceAllString(dsn, "${1}"+redactedPassword+"@")
 		}
-		if q := u.Query(); q.Has("password") {
-			q.Set("password", redactedPassword)
+		if q := u.Query(); q.Has("password") || q.Has("sslpassword") {
+			for _, k := range []string{"password", "sslpassword"} {
+				if q.Has(k) {
+					q.Set(k, redactedPassword)
+				}
+			}
 			u.RawQuery = q.Encode()
 		}
 		return u.Redacted()

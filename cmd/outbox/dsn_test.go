@@ -69,6 +69,10 @@ func TestRedactDSN(t *testing.T) {
 		"postgres://u:s3cret@db:bad-port/app":                 "postgres://u:xxxxx@db:bad-port/app",
 		"weird:s3cret@nowhere":                                "weird:xxxxx@nowhere",
 		"sqlite:/var/lib/app.db":                              "sqlite:/var/lib/app.db",
+		// pgx's sslpassword (the client key's) is a secret too, in a URL as in key=value.
+		"postgres://u@db/app?sslpassword=s3cret": "postgres://u@db/app?sslpassword=xxxxx",
+		// A go-sql-driver DSN whose password holds "://" is not a URL.
+		"root:a://s3cret@tcp(db:3306)/app": "root:xxxxx@tcp(db:3306)/app",
 	} {
 		require.Equal(t, want, redactDSN(dsn), dsn)
 	}

@@ -65,6 +65,8 @@ func runUI(ctx context.Context, c *cli, args []string) error {
 	})
 	if *token != "" {
 		h = requireToken(*token, h)
+	} else {
+		h = requireLoopbackHost(h)
 	}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
@@ -109,6 +111,27 @@ func isLoopback(addr string) (bool, error) {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback(), nil
+}
+
+// requireLoopbackHost refuses the requests whose Host is not a loopback name or address.
+// Without a token, being on loopback is all that keeps others out; but a page on another
+// site can point a name of its own at 127.0.0.1 (DNS rebinding), and its requests then
+// reach the view as same-origin ones, which neither CrossOriginProtection nor the form
+// token tells from the operator's. Such requests carry that name as their Host.
+func requireLoopbackHost(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host := r.Host
+		if h, _, err := net.SplitHostPort(host); err == nil {
+			host = h
+		}
+		host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+		ip := net.ParseIP(host)
+		if !strings.EqualFold(host, "localhost") && (ip == nil || !ip.IsLoopback()) {
+			http.Error(w, "outbox ui: refused: without --token the view answers only to localhost, 127.0.0.1 or [::1] in the address", http.StatusForbidden)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // requireToken lets through the requests that carry token: as a bearer token, in the

@@ -186,3 +186,37 @@ func TestUIRefusesOpenListen(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok)
 }
+
+// TestUIRefusesForeignHost: on loopback without a token, a request that names another host
+// is refused. A page on another site can point a name of its own at 127.0.0.1 (DNS
+// rebinding) and read and drive the view as its own origin, which neither
+// CrossOriginProtection nor the form token can tell from the operator's browser.
+func TestUIRefusesForeignHost(t *testing.T) {
+	f := setup(t, "sqlite")
+	s := f.seed(t)
+	base, stop := serveUI(t, nil, f.dsn)
+	u, err := url.Parse(base)
+	require.NoError(t, err)
+	get := func(host string) (int, string) {
+		req, err := http.NewRequest(http.MethodGet, base+"message/"+s.dead1.String(), nil)
+		require.NoError(t, err)
+		req.Host = host
+		res, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer res.Body.Close()
+		b, err := io.ReadAll(res.Body)
+		require.NoError(t, err)
+		return res.StatusCode, string(b)
+	}
+	for _, host := range []string{"rebind.attacker.example:" + u.Port(), "rebind.attacker.example", "127.0.0.1.attacker.example:" + u.Port()} {
+		code, body := get(host)
+		require.Equal(t, http.StatusForbidden, code, host)
+		require.NotContains(t, body, s.dead1.String(), host)
+	}
+	for _, host := range []string{u.Host, "localhost:" + u.Port(), "127.0.0.1", "[::1]:" + u.Port()} {
+		code, body := get(host)
+		require.Equal(t, http.StatusOK, code, host)
+		require.Contains(t, body, s.dead1.String(), host)
+	}
+	require.Equal(t, 0, stop())
+}

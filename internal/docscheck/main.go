@@ -386,6 +386,7 @@ func newNames(root string) *names {
 			"inbox":           "inbox",
 			"inboxmigrations": "inbox/migrations",
 			"conformance":     "conformance",
+			"outboxui":        "outboxui",
 			"amqp":            "transport/amqp",
 			"webhook":         "transport/webhook",
 		},

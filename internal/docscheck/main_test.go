@@ -54,8 +54,9 @@ func TestLinks(t *testing.T) {
 
 func TestGoBlocks(t *testing.T) { // not parallel: it sets GOWORK for go vet
 	c, docs := fixture(t, map[string]string{
-		"README.md": "```go\noutbox.New()\nstore.Stats() // store.Gone in a comment is prose\nx := \"outbox.Gone\"\n```\n\n" +
-			"```go\noutbox.Gone()\nstore.Vanished()\n```\n\n" +
+		"outboxui/ui.go": "package outboxui\n\nfunc Handler() {}\n",
+		"README.md": "```go\noutbox.New()\nstore.Stats() // store.Gone in a comment is prose\nx := \"outbox.Gone\"\noutboxui.Handler()\n```\n\n" +
+			"```go\noutbox.Gone()\nstore.Vanished()\noutboxui.Handle()\n```\n\n" +
 			"```go\npackage main\n\nfunc main() {\n\tfmt.Println(\"no import\")\n}\n```\n\n" +
 			"```go\n// A whole file.\npackage main\n\nimport \"fmt\"\n\nfunc main() {\n\tfmt.Println(\"fine\")\n}\n```\n",
 	})
@@ -63,11 +64,12 @@ func TestGoBlocks(t *testing.T) { // not parallel: it sets GOWORK for go vet
 	c.goBlocks(docs)
 	require.Equal(t, 4, c.nGo)
 	require.Equal(t, 2, c.nVet)
-	require.Len(t, c.failures, 3, failuresText(c))
-	require.Contains(t, c.failures[0], "README.md:7: Go block uses outbox.Gone, which does not exist")
-	require.Contains(t, c.failures[1], "README.md:7: Go block uses store.Vanished (a Store method), which does not exist")
-	require.Contains(t, c.failures[2], "README.md:12: go vet of the block")
-	require.Contains(t, c.failures[2], "undefined: fmt")
+	require.Len(t, c.failures, 4, failuresText(c))
+	require.Contains(t, c.failures[0], "README.md:8: Go block uses outbox.Gone, which does not exist")
+	require.Contains(t, c.failures[1], "README.md:8: Go block uses outboxui.Handle, which does not exist")
+	require.Contains(t, c.failures[2], "README.md:8: Go block uses store.Vanished (a Store method), which does not exist")
+	require.Contains(t, c.failures[3], "README.md:14: go vet of the block")
+	require.Contains(t, c.failures[3], "undefined: fmt")
 }
 
 func TestShellBlocks(t *testing.T) {

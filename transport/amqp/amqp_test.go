@@ -496,12 +496,15 @@ func TestClassify(t *testing.T) {
 		fmt.Errorf("%w: %w", amqp.ErrNotConnected, context.Canceled),
 		&amqp091.Error{Code: amqp091.AccessRefused, Reason: "ACCESS_REFUSED"},
 		&amqp091.Error{Code: amqp091.PreconditionFailed, Reason: "PRECONDITION_FAILED"},
+		fmt.Errorf("%w: %w", amqp.ErrConnectionLost, &amqp091.Error{Code: amqp091.PreconditionFailed, Server: true, Recover: true,
+			Reason: "PRECONDITION_FAILED - message size 200000000 is larger than configured max size 134217728"}),
 	})
 	transporttest.RequireUnavailable(t, amqp.Classify, []error{
 		amqp.ErrNotConnected, amqp.ErrConnectionLost, amqp091.ErrClosed, syscall.ECONNREFUSED, io.EOF,
 		&net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED},
 		&amqp091.Error{Code: amqp091.ConnectionForced, Reason: "CONNECTION_FORCED - broker forced connection closure"},
 		fmt.Errorf("%w: %w", amqp.ErrConnectionLost, context.DeadlineExceeded),
+		fmt.Errorf("%w: %w", amqp.ErrNotConnected, &amqp091.Error{Code: amqp091.AccessRefused, Server: true, Recover: true, Reason: "ACCESS_REFUSED - Login was refused"}),
 	})
 }
 
@@ -660,4 +663,48 @@ func TestCloudEventsRefusals(t *testing.T) {
 	errs := tr.Publish(context.Background(), batch)
 	require.True(t, outbox.IsPermanent(errs[0]), "%v", errs[0])
 	require.NoError(t, errs[1])
+}
+
+// TestMessageFaultsAreNotOutages: a message the broker or the client refuses for what it
+// is, not because the broker is down, is never marked Unavailable, which would keep it
+// pending for ever and hold the circuit breaker open. A header name or content type longer
+// than AMQP's 255-byte short string cannot be encoded: that message is dead-lettered and
+// the rest of its batch goes through. A publish the broker answers by closing the channel
+// (here: an internal exchange, 403 ACCESS_REFUSED) costs the messages an attempt.
+func TestMessageFaultsAreNotOutages(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "ok", nil)
+	tr := newTransport(t, amqp.Options{URL: b.url})
+
+	longName := delivery(b.exchange, "ok", `{"n":1}`)
+	longName.Headers = outbox.Headers{strings.Repeat("h", 300): "v"}
+	longType := delivery(b.exchange, "ok", `{"n":2}`)
+	longType.Headers = outbox.Headers{"content-type": "application/" + strings.Repeat("x", 300)}
+	fine := delivery(b.exchange, "ok", `{"n":3}`)
+	errs := tr.Publish(context.Background(), []outbox.Delivery{longName, longType, fine})
+	for i := range 2 {
+		require.Error(t, errs[i], "message %d", i)
+		require.True(t, outbox.IsPermanent(errs[i]), "message %d: %v", i, errs[i])
+		require.False(t, outbox.IsUnavailable(errs[i]), "message %d: %v", i, errs[i])
+	}
+	require.NoError(t, errs[2])
+	b.waitFor(t, 1, 10*time.Second)
+
+	conn, err := amqp091.Dial(b.url)
+	require.NoError(t, err)
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	internal := uniqueName("outbox_t_internal_")
+	require.NoError(t, ch.ExchangeDeclare(internal, "topic", false, true, true, false, nil))
+	t.Cleanup(func() {
+		_ = ch.ExchangeDelete(internal, false, false)
+		_ = conn.Close()
+	})
+	errs = tr.Publish(context.Background(), []outbox.Delivery{delivery(internal, "ok", `{"n":4}`)})
+	require.Error(t, errs[0])
+	require.ErrorContains(t, errs[0], "ACCESS_REFUSED")
+	require.False(t, outbox.IsUnavailable(errs[0]), "%v", errs[0])
+	// The transport reconnects for the next batch.
+	require.Empty(t, nonNil(tr.Publish(context.Background(), []outbox.Delivery{delivery(b.exchange, "ok", `{"n":5}`)})))
+	b.waitFor(t, 2, 10*time.Second)
 }

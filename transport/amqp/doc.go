@@ -42,7 +42,11 @@
 // A lost connection or channel ([ErrConnectionLost], which includes a confirmation that
 // does not come within [Options.ConfirmTimeout], since the connection is then closed), a
 // dial failure or the pause after one ([ErrNotConnected]) are outages: they are marked with
-// [outbox.Unavailable] and cost the message no attempt (see [Classify]). A negative
+// [outbox.Unavailable] and cost the message no attempt (see [Classify]). A channel the
+// broker closes over a publish (ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED such as a
+// message above max_message_size) is not an outage: it is retried at the cost of an attempt,
+// so that the message at fault is dead-lettered in the end. A header name or content type
+// longer than AMQP's 255 bytes is refused for good before it is sent. A negative
 // acknowledgement from the broker ([ErrNacked]) is retried under the publisher's retry
 // policy. An error returned by [Options.Route] is reported as it is: wrap it with
 // [outbox.Permanent] to dead-letter the message.

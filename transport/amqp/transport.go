@@ -198,7 +198,8 @@ func lost(cause error) error {
 // when the broker cannot be reached ([ErrNotConnected], [ErrConnectionLost], a closed
 // connection or channel, a network error, a connection closed by the broker with
 // CONNECTION_FORCED, RESOURCE_ERROR or INTERNAL_ERROR), returned as it is otherwise:
-// [ErrNacked], [ErrUnroutable], [ErrNoExchange] and [ErrClosed] are retried (or
+// [ErrNacked], [ErrUnroutable], [ErrNoExchange], [ErrClosed] and a channel the broker
+// closed over a publish (a soft AMQP error, even after [ErrConnectionLost]) are retried (or
 // dead-lettered, with [Options.PermanentUnroutable]). A cancelled publish is never an
 // outage. Publish applies it to every failure; it is exported for transports that wrap
 // this one.
@@ -206,11 +207,21 @@ func Classify(err error) error {
 	if err == nil || outbox.IsPermanent(err) || outbox.IsUnavailable(err) || errors.Is(err, context.Canceled) {
 		return err
 	}
-	if errors.Is(err, ErrNotConnected) || errors.Is(err, ErrConnectionLost) || errors.Is(err, amqp091.ErrClosed) || netfail.Is(err) {
+	if errors.Is(err, ErrNotConnected) {
 		return outbox.Unavailable(err)
 	}
 	var aerr *amqp091.Error
-	if errors.As(err, &aerr) {
+	if errors.As(err, &aerr) && aerr.Server && aerr.Recover {
+		// A channel exception on a live connection (403 ACCESS_REFUSED, 404 NOT_FOUND, 406
+		// PRECONDITION_FAILED for a message above max_message_size): the broker refused a
+		// publish, it is not down. Marked Unavailable, the message at fault would never
+		// spend an attempt and would hold the circuit breaker open for ever.
+		return err
+	}
+	if errors.Is(err, ErrConnectionLost) || errors.Is(err, amqp091.ErrClosed) || netfail.Is(err) {
+		return outbox.Unavailable(err)
+	}
+	if aerr != nil {
 		switch aerr.Code {
 		case amqp091.ConnectionForced, amqp091.ResourceError, amqp091.InternalError:
 			return outbox.Unavailable(err)
@@ -243,6 +254,10 @@ const (
 // datacontenttype is the content-type property.
 const CloudEventsPrefix = "cloudEvents:"
 
+// maxShortString is the longest AMQP short string: a header name, the content type. The
+// client cannot encode a longer one, and fails the whole connection trying.
+const maxShortString = 255
+
 func (t *Transport) publishing(d *outbox.Delivery) (amqp091.Publishing, error) {
 	h := make(amqp091.Table, len(d.Headers)+16)
 	contentType := DefaultContentType
@@ -270,10 +285,16 @@ func (t *Transport) publishing(d *outbox.Delivery) (amqp091.Publishing, error) {
 		}
 	}
 	for k, v := range own {
+		if len(k) > maxShortString {
+			return amqp091.Publishing{}, fmt.Errorf("amqp: header name %.40q… of message %s is longer than AMQP's %d bytes", k, d.ID, maxShortString)
+		}
 		h[k] = v
 		if strings.EqualFold(k, "content-type") && t.opts.CloudEvents == nil {
 			contentType = v
 		}
+	}
+	if len(contentType) > maxShortString {
+		return amqp091.Publishing{}, fmt.Errorf("amqp: content type %.40q… of message %s is longer than AMQP's %d bytes", contentType, d.ID, maxShortString)
 	}
 	h[HeaderNamespace] = d.Namespace
 	h[HeaderTopic] = d.Topic
@@ -437,6 +458,7 @@ func (t *Transport) dial(ctx context.Context) (*session, error) {
 		known:   map[string]bool{"": true},
 	}
 	s.ch.NotifyReturn(s.returns)
+	s.closes = s.ch.NotifyClose(make(chan *amqp091.Error, 1))
 	go s.returnsLoop()
 	return s, nil
 }
@@ -461,9 +483,13 @@ type session struct {
 	chk   *amqp091.Channel // for passive exchange declarations, which close it on 404
 	known map[string]bool  // exchanges seen to exist on this connection
 
+	// closes receives the error the broker closed the channel (or its connection) with.
+	closes chan *amqp091.Error
+
 	mu        sync.Mutex
 	dropped   bool
 	dropCause error
+	closeErr  *amqp091.Error // read from closes
 	closeOnce sync.Once
 }
 
@@ -580,6 +606,16 @@ func (s *session) cause() error {
 	defer s.mu.Unlock()
 	if s.dropCause != nil {
 		return s.dropCause
+	}
+	if s.closeErr == nil {
+		select {
+		case e := <-s.closes:
+			s.closeErr = e
+		default:
+		}
+	}
+	if s.closeErr != nil {
+		return s.closeErr
 	}
 	return ErrConnectionLost
 }
