@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -138,19 +140,25 @@ func requireLoopbackHost(next http.Handler) http.Handler {
 // cookie it sets, or once as ?token= (answered with the cookie and a redirect to the same
 // address without it, so the token leaves the address bar and the history). Others get
 // 401 Unauthorized.
+//
+// The cookie holds the SHA-256 of the token in hex, not the token: any token, whatever its
+// characters, makes a valid cookie value, and the cookie alone does not give the token away.
 func requireToken(token string, next http.Handler) http.Handler {
 	eq := func(s string) bool { return subtle.ConstantTimeCompare([]byte(s), []byte(token)) == 1 }
+	sum := sha256.Sum256([]byte(token))
+	cookieValue := hex.EncodeToString(sum[:])
+	eqCookie := func(s string) bool { return subtle.ConstantTimeCompare([]byte(s), []byte(cookieValue)) == 1 }
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if bearer, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && eq(bearer) {
 			next.ServeHTTP(w, r)
 			return
 		}
-		if c, err := r.Cookie(uiTokenCookie); err == nil && eq(c.Value) {
+		if c, err := r.Cookie(uiTokenCookie); err == nil && eqCookie(c.Value) {
 			next.ServeHTTP(w, r)
 			return
 		}
 		if q := r.URL.Query(); q.Has("token") && eq(q.Get("token")) && r.Method == http.MethodGet {
-			http.SetCookie(w, &http.Cookie{Name: uiTokenCookie, Value: token, Path: "/", HttpOnly: true,
+			http.SetCookie(w, &http.Cookie{Name: uiTokenCookie, Value: cookieValue, Path: "/", HttpOnly: true,
 				SameSite: http.SameSiteLaxMode, Secure: r.TLS != nil})
 			q.Del("token")
 			u := url.URL{Path: r.URL.Path, RawQuery: q.Encode()}

@@ -85,7 +85,7 @@ func serveUI(t *testing.T, env map[string]string, dsn string, args ...string) (b
 // TestUIToken: with a token, every request without it is refused; ?token= signs a browser
 // in once, with a cookie, and the view then works, actions included.
 func TestUIToken(t *testing.T) {
-	const token = "correct-horse-battery-staple"
+	const token = `correct horse; "battery" \ stäple` // characters a cookie value cannot hold
 	forEachBackend(t, func(t *testing.T, f *fixture) {
 		s := f.seed(t)
 		base, stop := serveUI(t, map[string]string{"OUTBOX_UI_TOKEN": token}, f.dsn)
@@ -115,8 +115,11 @@ func TestUIToken(t *testing.T) {
 		res, _ = get("/", "Authorization", "Bearer wrong")
 		require.Equal(t, http.StatusUnauthorized, res.StatusCode)
 
-		res, _ = get("/dead?ns=shop&token=" + token)
+		res, _ = get("/dead?ns=shop&token=" + url.QueryEscape(token))
 		require.Equal(t, http.StatusSeeOther, res.StatusCode)
+		for _, c := range res.Cookies() {
+			require.NotContains(t, c.Value, "horse", "the cookie does not carry the token itself")
+		}
 		require.Equal(t, "/dead?ns=shop", res.Header.Get("Location"), "the token leaves the address")
 		res, body := get("/dead?ns=shop")
 		require.Equal(t, http.StatusOK, res.StatusCode, "the cookie signs the browser in")
