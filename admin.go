@@ -315,6 +315,16 @@ func (s *Store) Replay(ctx context.Context, ids ...uuid.UUID) (ReplayResult, err
 // Rows that die again while it runs are newer than its first page and are not replayed a
 // second time. When ctx ends it stops between batches and returns the count so far.
 func (s *Store) ReplayWhere(ctx context.Context, f DeadFilter) (int64, error) {
+	return s.eachDeadPage(ctx, f, func(ids []uuid.UUID) (int, error) {
+		r, err := s.Replay(ctx, ids...)
+		return len(r.Replayed), err
+	})
+}
+
+// eachDeadPage calls act with the ids of each page of [MaxBatch] dead rows that f selects,
+// oldest cursor first, and adds up what act reports it changed. It stops at the first error
+// and returns the count so far.
+func (s *Store) eachDeadPage(ctx context.Context, f DeadFilter, act func(ids []uuid.UUID) (int, error)) (int64, error) {
 	var (
 		n      int64
 		cursor string
@@ -325,11 +335,11 @@ func (s *Store) ReplayWhere(ctx context.Context, f DeadFilter) (int64, error) {
 			return n, err
 		}
 		if len(page.Records) > 0 {
-			r, err := s.Replay(ctx, recordIDs(page.Records)...)
+			done, err := act(recordIDs(page.Records))
 			if err != nil {
 				return n, err
 			}
-			n += int64(len(r.Replayed))
+			n += int64(done)
 		}
 		if page.Next == "" {
 			return n, nil

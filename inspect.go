@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/google/uuid"
 )
 
 // Bounds and defaults of the inspection calls.
@@ -266,25 +268,8 @@ func (s *Store) GetByDedupeKey(ctx context.Context, namespace, topic, key string
 // discarded; to act on exactly the rows an operator saw counted, set f.Until just after
 // [DeadGroups.Newest]. When ctx ends it stops between batches and returns the count so far.
 func (s *Store) DiscardWhere(ctx context.Context, f DeadFilter) (int64, error) {
-	var (
-		n      int64
-		cursor string
-	)
-	for {
-		page, err := s.ListDead(ctx, ListDeadOptions{DeadFilter: f, Limit: MaxBatch, Cursor: cursor})
-		if err != nil {
-			return n, err
-		}
-		if len(page.Records) > 0 {
-			r, err := s.Discard(ctx, recordIDs(page.Records)...)
-			if err != nil {
-				return n, err
-			}
-			n += int64(len(r.Discarded))
-		}
-		if page.Next == "" {
-			return n, nil
-		}
-		cursor = page.Next
-	}
+	return s.eachDeadPage(ctx, f, func(ids []uuid.UUID) (int, error) {
+		r, err := s.Discard(ctx, ids...)
+		return len(r.Discarded), err
+	})
 }
