@@ -54,6 +54,9 @@ type Options struct {
 	// this store do not listen. Publishers then find rows from other processes by polling.
 	// Wake-ups within the process stay on.
 	DisableNotify bool
+	// Hooks watch the store's enqueues (and may add headers, such as a trace context).
+	// Default none. See [StoreHooks].
+	Hooks StoreHooks
 }
 
 // Store is the outbox on one database: it enqueues messages on callers' transactions and
@@ -66,6 +69,7 @@ type Store struct {
 	notifier   Notifier // nil when the dialect has none or DisableNotify is set
 	signalled  signalLimiter
 	hub        wakeHub
+	hooks      StoreHooks
 	// orderedReady records that the dialect's CheckOrdered passed (checkOrdered).
 	orderedReady atomic.Bool
 }
@@ -97,7 +101,7 @@ func New(db *sql.DB, d Dialect, opts Options) (*Store, error) {
 	if b, ok := d.(poolBinder); ok {
 		d = b.bindPool(db) // per-pool state, such as prepared statements, lives with the Store
 	}
-	s := &Store{db: db, dialect: d, table: t, maxPayload: maxPayload}
+	s := &Store{db: db, dialect: d, table: t, maxPayload: maxPayload, hooks: opts.Hooks}
 	if n, ok := d.(Notifier); ok && !opts.DisableNotify {
 		s.notifier = n
 	}
@@ -225,7 +229,12 @@ func (s *Store) EnqueueStandalone(ctx context.Context, msgs ...Message) ([]Resul
 	return res, nil
 }
 
-func (s *Store) enqueue(ctx context.Context, q DBTX, msgs []Message, firstIndex int) ([]Result, error) {
+func (s *Store) enqueue(ctx context.Context, q DBTX, msgs []Message, firstIndex int) (res []Result, err error) {
+	if s.hooks.Enqueue != nil {
+		var state []enqueueHooked
+		msgs, state = s.startEnqueueHooks(ctx, msgs)
+		defer func() { s.endEnqueueHooks(msgs, state, res, err) }()
+	}
 	rows := make([]Row, len(msgs))
 	for i := range msgs {
 		if err := s.validate(&msgs[i]); err != nil {
@@ -253,7 +262,7 @@ func (s *Store) enqueue(ctx context.Context, q DBTX, msgs []Message, firstIndex 
 	if len(inserted) != len(rows) {
 		return nil, fmt.Errorf("outbox: enqueue: dialect %s reported %d results for %d rows", s.dialect.Name(), len(inserted), len(rows))
 	}
-	res := make([]Result, len(rows))
+	res = make([]Result, len(rows))
 	var woken []string // namespaces with new rows, to wake their publishers
 	for i, ok := range inserted {
 		if ok {
