@@ -150,7 +150,7 @@ func New(opts Options) (*Telemetry, error) {
 	t.oldest, err = m.Float64ObservableGauge("outbox.oldest_pending.age", metric.WithUnit("s"),
 		metric.WithDescription("How long the oldest due pending row of a topic has been due, read by the store's poller."))
 	errs = append(errs, err)
-	t.circuit, err = m.Int64ObservableGauge("outbox.circuit.open", metric.WithUnit("1"),
+	t.circuit, err = m.Int64ObservableGauge("outbox.circuit.open",
 		metric.WithDescription("1 while a publisher's circuit breaker is open (its destination unavailable), 0 while closed."))
 	errs = append(errs, err)
 	if err := errors.Join(errs...); err != nil {

@@ -128,7 +128,6 @@ func (w *StoreWatcher) Close() {
 	<-w.done
 }
 
-
 func (w *StoreWatcher) observe(t *Telemetry, o metric.Observer) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
