@@ -216,14 +216,22 @@ func (p *PublisherObserver) Settled(ctx context.Context, settled []outbox.Settle
 		outcome   outbox.AttemptOutcome
 	}
 	counts := map[key]int64{}
+	lagAttrs := map[[2]string]metric.RecordOption{} // one attribute set per topic of the batch
 	now := time.Now()
 	for i := range settled {
 		s := &settled[i]
 		counts[key{s.Namespace, s.Topic, s.Outcome}]++
-		if s.Outcome == outbox.AttemptDelivered && !s.CreatedAt.IsZero() {
-			t.lag.Record(ctx, max(now.Sub(s.CreatedAt), 0).Seconds(), metric.WithAttributes(
-				NamespaceKey.String(s.Namespace), semconv.MessagingDestinationName(s.Topic), semconv.MessagingSystemKey.String(p.system)))
+		if s.Outcome != outbox.AttemptDelivered || s.CreatedAt.IsZero() {
+			continue
 		}
+		k := [2]string{s.Namespace, s.Topic}
+		opt, ok := lagAttrs[k]
+		if !ok {
+			opt = metric.WithAttributeSet(attribute.NewSet(NamespaceKey.String(s.Namespace),
+				semconv.MessagingDestinationName(s.Topic), semconv.MessagingSystemKey.String(p.system)))
+			lagAttrs[k] = opt
+		}
+		t.lag.Record(ctx, max(now.Sub(s.CreatedAt), 0).Seconds(), opt)
 	}
 	for k, n := range counts {
 		attrs := []attribute.KeyValue{OutcomeKey.String(string(k.outcome)), semconv.MessagingSystemKey.String(p.system)}
