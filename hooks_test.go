@@ -112,7 +112,6 @@ type obsRecorder struct {
 	results  map[uuid.UUID][]outbox.AttemptOutcome
 	settled  map[uuid.UUID][]outbox.AttemptOutcome
 	claims   int
-	ctxSeen  bool
 	panicEnd bool
 }
 

@@ -106,12 +106,6 @@ func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) 
 	}
 }
 
-func (e *env) counts(t *testing.T, ns string) outbox.Stats {
-	st, err := e.store.Stats(context.Background(), outbox.Scope{Namespace: ns})
-	require.NoError(t, err)
-	return st
-}
-
 func run(t *testing.T, p *outbox.Publisher) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
