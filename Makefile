@@ -8,10 +8,10 @@ GOOSE_VERSION := v3.29.0
 STATICCHECK_VERSION := v0.8.2
 
 # Every Go module of the repository: the core, then the nested modules (transports,
-# examples, the web view's browser test), each with its own go.mod so the core never pulls
+# examples, telemetry, the web view's browser test), each with its own go.mod so the core never pulls
 # in a broker client or a browser driver. go.work
 # ties them together for development.
-MODULES := . cmd/outbox-bench-transports examples/customdialect examples/libpq outboxui/browsertest transport/amqp transport/kafka transport/nats transport/redis transport/webhook
+MODULES := . cmd/outbox-bench-transports examples/customdialect examples/libpq otel outboxui/browsertest transport/amqp transport/kafka transport/nats transport/redis transport/webhook
 # each CMD: run CMD in every module, stopping at the first failure.
 each = set -e; for m in $(MODULES); do echo "== $$m"; (cd $$m && $(1)); done
 

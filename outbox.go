@@ -56,6 +56,9 @@ type Options struct {
 	// Wake-ups within the process stay on. A publisher's listener keeps one connection of
 	// the pool; on a pool of one connection it does not listen, and warns unless this is set.
 	DisableNotify bool
+	// Hooks watch the store's enqueues (and may add headers, such as a trace context).
+	// Default none. See [StoreHooks].
+	Hooks StoreHooks
 }
 
 // Store is the outbox on one database: it enqueues messages on callers' transactions and
@@ -68,6 +71,7 @@ type Store struct {
 	notifier   Notifier // nil when the dialect has none or DisableNotify is set
 	signalled  signalLimiter
 	hub        wakeHub
+	hooks      StoreHooks
 	// orderedReady records that the dialect's CheckOrdered passed (checkOrdered).
 	orderedReady atomic.Bool
 	// first is the verdict of the check at the first enqueue (checkFirstUse).
@@ -101,7 +105,7 @@ func New(db *sql.DB, d Dialect, opts Options) (*Store, error) {
 	if b, ok := d.(poolBinder); ok {
 		d = b.bindPool(db) // per-pool state, such as prepared statements, lives with the Store
 	}
-	s := &Store{db: db, dialect: d, table: t, maxPayload: maxPayload}
+	s := &Store{db: db, dialect: d, table: t, maxPayload: maxPayload, hooks: opts.Hooks}
 	if n, ok := d.(Notifier); ok && !opts.DisableNotify {
 		s.notifier = n
 	}
@@ -232,7 +236,12 @@ func (s *Store) EnqueueStandalone(ctx context.Context, msgs ...Message) ([]Resul
 	return res, nil
 }
 
-func (s *Store) enqueue(ctx context.Context, q DBTX, msgs []Message, firstIndex int) ([]Result, error) {
+func (s *Store) enqueue(ctx context.Context, q DBTX, msgs []Message, firstIndex int) (res []Result, err error) {
+	if s.hooks.Enqueue != nil {
+		var state []enqueueHooked
+		msgs, state = s.startEnqueueHooks(ctx, msgs)
+		defer func() { s.endEnqueueHooks(msgs, state, res, err) }()
+	}
 	rows := make([]Row, len(msgs))
 	for i := range msgs {
 		if err := s.validate(&msgs[i]); err != nil {
@@ -266,7 +275,7 @@ func (s *Store) enqueue(ctx context.Context, q DBTX, msgs []Message, firstIndex 
 	if len(inserted) != len(rows) {
 		return nil, fmt.Errorf("outbox: enqueue: dialect %s reported %d results for %d rows", s.dialect.Name(), len(inserted), len(rows))
 	}
-	res := make([]Result, len(rows))
+	res = make([]Result, len(rows))
 	var woken []string // namespaces with new rows, to wake their publishers
 	for i, ok := range inserted {
 		if ok {

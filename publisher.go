@@ -161,6 +161,11 @@ type PublisherOptions struct {
 	// with [Store.Get]. A panic in OnDead is recovered and logged.
 	OnDead func(ctx context.Context, dl DeadLetter)
 
+	// Observer, when set, watches every publish and every recorded outcome (and, when it
+	// implements them, claims and the circuit breaker's changes), for telemetry. Default
+	// none. See [PublisherObserver].
+	Observer PublisherObserver
+
 	// idleDefault records that IdleBackoffMax was left to its default.
 	idleDefault bool
 
@@ -318,6 +323,7 @@ type Publisher struct {
 	log     *slog.Logger
 	running atomic.Bool
 	current atomic.Pointer[run] // the running Run's state, for Wake
+	obs     *observer           // nil without PublisherOptions.Observer
 
 	claimed, delivered, retried, dead, leaseLost, errs atomic.Int64
 }
@@ -347,6 +353,7 @@ func NewPublisher(store *Store, tr Transport, opts PublisherOptions) (*Publisher
 		store: store,
 		tr:    tr,
 		opts:  opts,
+		obs:   newObserver(opts.Observer),
 		log:   opts.Logger.With("component", "outbox.publisher", "worker_id", opts.WorkerID, "namespace", opts.Namespace),
 	}, nil
 }
@@ -698,14 +705,20 @@ func (r *run) next(prev **outcomes, o ClaimOptions, fold bool) ([]Record, error)
 	defer r.watch("a claim")()
 	b := *prev
 	*prev = nil
-	switch {
-	case b == nil:
-		return r.p.store.Claim(r.work, o)
-	case fold:
-		return r.settleAndClaim(b, o)
+	if b != nil && !fold {
+		r.settle(b, false)
+		b = nil
 	}
-	r.settle(b, false)
-	return r.p.store.Claim(r.work, o)
+	octx := r.startClaim()
+	var recs []Record
+	var err error
+	if b == nil {
+		recs, err = r.p.store.Claim(r.work, o)
+	} else {
+		recs, err = r.settleAndClaim(b, o)
+	}
+	r.endClaim(octx, len(recs), err)
+	return recs, err
 }
 
 // slowCall is how long a claim or the recording of outcomes may take before the publisher
@@ -832,8 +845,10 @@ func (r *run) publishBatch(recs []Record, lost map[uuid.UUID]bool) *outcomes {
 	}
 
 	if len(batch) > 0 {
-		results, ok := r.publish(batch, leases, lost)
+		ctx := r.startPublish(r.work, batch)
+		results, ok := r.publish(ctx, batch, leases, lost)
 		if !ok {
+			r.endPublishAbandoned(ctx, batch)
 			p.log.Warn("outbox publisher: shutdown deadline passed before the batch was settled; its rows keep their lease until it expires",
 				idsAttr(leases), "count", len(leases))
 			return nil
@@ -851,6 +866,7 @@ func (r *run) publishBatch(recs []Record, lost map[uuid.UUID]bool) *outcomes {
 				items[i].cause = fmt.Errorf("%w: %w", ErrAttemptLimit, err)
 			}
 		}
+		r.endPublish(ctx, batch, items, idx)
 	}
 	return &outcomes{items: items, lost: lost}
 }
@@ -870,9 +886,9 @@ func (b *outcomes) pending() []Outcome {
 // reports false when the shutdown deadline passed first: the batch must then be left alone.
 // Renewal marks the rows whose lease was lost in lost and stops renewing them. A call that
 // outlives PublishTimeout is cancelled; its unreported messages fail with ErrPublishTimeout.
-func (r *run) publish(batch []Delivery, leases []Lease, lost map[uuid.UUID]bool) ([]error, bool) {
+func (r *run) publish(parent context.Context, batch []Delivery, leases []Lease, lost map[uuid.UUID]bool) ([]error, bool) {
 	p := r.p
-	ctx, cancel := context.WithCancel(r.work)
+	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
 	done := make(chan []error, 1) // buffered: an abandoned publish can still finish and exit
 	go func() { done <- r.callTransport(ctx, batch) }()
@@ -1091,6 +1107,7 @@ func (r *run) report(b *outcomes) {
 			dead = append(dead, DeadLetter{Delivery: deliveryOf(*it.rec), Reason: truncateUTF8(it.out.Error, MaxLastErrorBytes), Err: it.cause})
 		}
 	}
+	r.settled(b)
 	if len(retried) > 0 {
 		first := retried[0]
 		ids := make([]uuid.UUID, len(retried))
@@ -1235,6 +1252,7 @@ func (r *run) sweep(bury func(context.Context, Scope, int, int) ([]uuid.UUID, er
 			}
 			dls = append(dls, dl)
 		}
+		r.settledDead(dls)
 		r.deadLetters(dls)
 		if len(ids) < p.opts.BatchSize {
 			return true

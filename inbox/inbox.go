@@ -41,6 +41,8 @@ type Options struct {
 	// 40001); Process then begins again, as it does after a deadlock, and reports the
 	// duplicate.
 	Isolation sql.IsolationLevel
+	// Observer, when set, watches every [Inbox.Process] call, for telemetry. Default none.
+	Observer Observer
 }
 
 // Inbox records which messages each consumer group has processed, on one database. It is
@@ -50,6 +52,7 @@ type Inbox struct {
 	d         dialect
 	table     outbox.Table
 	isolation sql.IsolationLevel
+	obs       Observer
 }
 
 // New returns an Inbox on db for the dialect named dialect: "postgres", "mysql" (MySQL 8.0+
@@ -76,7 +79,7 @@ func New(db *sql.DB, dialect string, opts Options) (*Inbox, error) {
 	if opts.Isolation < sql.LevelDefault || opts.Isolation > sql.LevelLinearizable {
 		return nil, invalid("Isolation", "unknown isolation level %d", int(opts.Isolation))
 	}
-	return &Inbox{db: db, d: render(t), table: t, isolation: opts.Isolation}, nil
+	return &Inbox{db: db, d: render(t), table: t, isolation: opts.Isolation, obs: opts.Observer}, nil
 }
 
 // Table returns the inbox table.
@@ -116,12 +119,24 @@ type Result struct {
 // nothing behind and is processed once when it is redelivered. The broker should be
 // acknowledged after Process returns a nil error, duplicate or not. Invalid input returns a
 // [*outbox.ValidationError] and touches nothing.
-func (in *Inbox) Process(ctx context.Context, group, messageID string, h Handler) (Result, error) {
+//
+// With an [Observer] ([Options.Observer]), attach the broker message's headers to ctx with
+// [WithMessage], so that the observer can link its span to the producer's trace.
+func (in *Inbox) Process(ctx context.Context, group, messageID string, h Handler) (res Result, err error) {
 	if err := validateKey(group, messageID); err != nil {
 		return Result{}, err
 	}
 	if h == nil {
 		return Result{}, invalid("handler", "is nil")
+	}
+	if in.obs != nil {
+		d := Delivery{Group: group, MessageID: messageID}
+		d.Message, _ = MessageFrom(ctx)
+		octx, ok := in.startProcess(ctx, d)
+		if ok {
+			ctx = octx
+			defer func() { in.endProcess(octx, d, res, err) }()
+		}
 	}
 	for attempt := 1; ; attempt++ {
 		res, again, err := in.process(ctx, group, messageID, h)

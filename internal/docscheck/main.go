@@ -385,6 +385,7 @@ func newNames(root string) *names {
 			"migrations":      "migrations",
 			"inbox":           "inbox",
 			"inboxmigrations": "inbox/migrations",
+			"outboxotel":      "otel",
 			"conformance":     "conformance",
 			"outboxui":        "outboxui",
 			"amqp":            "transport/amqp",

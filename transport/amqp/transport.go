@@ -78,6 +78,10 @@ func (t *Transport) Close() error {
 	return nil
 }
 
+// System returns "rabbitmq", the messaging.system of OpenTelemetry's conventions, for telemetry
+// ([outbox.TransportSystem]).
+func (t *Transport) System() string { return "rabbitmq" }
+
 // Publish publishes the batch with the mandatory flag and awaits every confirmation. See
 // [outbox.Transport] for the contract and the package documentation for the errors.
 func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []error {

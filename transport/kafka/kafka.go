@@ -173,6 +173,10 @@ func NewClient(seeds []string, extra ...kgo.Opt) (*kgo.Client, error) {
 	return kgo.NewClient(opts...)
 }
 
+// System returns "kafka", the messaging.system of OpenTelemetry's conventions, for telemetry
+// ([outbox.TransportSystem]).
+func (t *Transport) System() string { return "kafka" }
+
 // Publish produces every message of batch and waits for each record's result.
 func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []error {
 	errs := make([]error, len(batch))

@@ -169,6 +169,10 @@ func New(js jetstream.JetStream, opts Options) (*Transport, error) {
 	return &Transport{js: js, opts: opts}, nil
 }
 
+// System returns "nats", the messaging.system of OpenTelemetry's conventions, for telemetry
+// ([outbox.TransportSystem]).
+func (t *Transport) System() string { return "nats" }
+
 // Publish sends every message of batch without waiting, then waits for each
 // acknowledgement, and returns one outcome per message.
 func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []error {

@@ -131,6 +131,10 @@ func New(client redis.UniversalClient, opts Options) (*Transport, error) {
 	return &Transport{client: client, opts: opts}, nil
 }
 
+// System returns "redis", the messaging.system of OpenTelemetry's conventions, for telemetry
+// ([outbox.TransportSystem]).
+func (t *Transport) System() string { return "redis" }
+
 // Publish appends every message of batch with one pipeline and returns each XADD's outcome.
 func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []error {
 	errs := make([]error, len(batch))

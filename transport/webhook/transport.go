@@ -56,6 +56,10 @@ func (t *Transport) Close() error {
 	return nil
 }
 
+// System returns "webhook", the messaging.system of OpenTelemetry's conventions, for telemetry
+// ([outbox.TransportSystem]).
+func (t *Transport) System() string { return "webhook" }
+
 // Publish posts every message of the batch, at most [Options.Concurrency] at a time, and
 // reports one outcome per message. See the package documentation for the outcomes.
 func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []error {
