@@ -160,20 +160,26 @@ type transition struct {
 }
 
 // record takes the result of one published batch: allUnavailable when every message it
-// published failed [Unavailable]. probe says the batch was the probe. A batch that reached
-// the destination closes the circuit whatever its state, so a batch claimed before the
-// circuit opened and delivered after also counts as the destination's return.
-func (c *circuit) record(allUnavailable, probe bool) transition {
+// published failed [Unavailable]; began is when its publish began, and probe says it was
+// the probe. A batch that reached the destination closes the circuit, the probe or any
+// other that began after the circuit opened; one that began before says nothing about the
+// destination since (another loop's batch, in flight when the outage began, may have got
+// through just before it), so it leaves an open circuit to its probe.
+func (c *circuit) record(allUnavailable, probe bool, began time.Time) transition {
 	if c == nil {
 		return transition{}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !allUnavailable {
-		c.failures = 0
 		if c.state == circuitClosed {
+			c.failures = 0
 			return transition{}
 		}
+		if !probe && began.Before(c.openedAt) {
+			return transition{}
+		}
+		c.failures = 0
 		t := transition{closed: true, openFor: c.now().Sub(c.openedAt)}
 		c.openedAt = time.Time{}
 		c.set(circuitClosed)

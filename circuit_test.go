@@ -50,12 +50,12 @@ func TestCircuitTransitions(t *testing.T) {
 
 	// closed -> closed: a good batch, and any batch with a message that got through.
 	require.Equal(t, gate{claim: true}, c.allow())
-	require.Equal(t, transition{}, c.record(false, false))
+	require.Equal(t, transition{}, c.record(false, false, *now))
 	requireState(t, c, circuitClosed)
 
 	// closed -> open: one all-Unavailable batch (Threshold 1), first probe after
 	// ProbeMin plus jitter.
-	tr := c.record(true, false)
+	tr := c.record(true, false, *now)
 	require.True(t, tr.opened)
 	require.Equal(t, 1250*time.Millisecond, tr.probeIn)
 	requireState(t, c, circuitOpen)
@@ -67,7 +67,7 @@ func TestCircuitTransitions(t *testing.T) {
 	// open -> open: loops wait until the probe is due; in-flight batches that fail change
 	// nothing.
 	changed := requireWait(t, c, 1250*time.Millisecond)
-	require.Equal(t, transition{}, c.record(true, false))
+	require.Equal(t, transition{}, c.record(true, false, *now))
 	requireState(t, c, circuitOpen)
 	*now = now.Add(time.Second)
 	requireWait(t, c, 250*time.Millisecond)
@@ -81,7 +81,7 @@ func TestCircuitTransitions(t *testing.T) {
 	requireWait(t, c, 3*time.Second)
 
 	// half-open -> open: the probe failed; the interval doubles.
-	require.Equal(t, transition{}, c.record(true, true))
+	require.Equal(t, transition{}, c.record(true, true, *now))
 	requireClosedCh(t, changed)
 	requireState(t, c, circuitOpen)
 	requireWait(t, c, 2500*time.Millisecond)
@@ -89,11 +89,11 @@ func TestCircuitTransitions(t *testing.T) {
 	// ... and doubles up to ProbeMax.
 	*now = now.Add(2500 * time.Millisecond)
 	require.True(t, c.allow().probe)
-	c.record(true, true)
+	c.record(true, true, *now)
 	requireWait(t, c, 3750*time.Millisecond) // 3s cap plus a quarter
 	*now = now.Add(3750 * time.Millisecond)
 	require.True(t, c.allow().probe)
-	c.record(true, true)
+	c.record(true, true, *now)
 	requireWait(t, c, 3750*time.Millisecond)
 
 	// half-open -> open without doubling: the probe claimed nothing, or its claim failed.
@@ -109,7 +109,7 @@ func TestCircuitTransitions(t *testing.T) {
 	// half-open -> closed: the probe got through. The transition reports how long it was
 	// open, and the waiting loops wake.
 	changed = requireWait(t, c, 3*time.Second)
-	tr = c.record(false, true)
+	tr = c.record(false, true, *now)
 	require.True(t, tr.closed)
 	require.Equal(t, now.Sub(since), tr.openFor)
 	requireClosedCh(t, changed)
@@ -121,34 +121,39 @@ func TestCircuitTransitions(t *testing.T) {
 	require.Equal(t, gate{claim: true}, c.allow())
 
 	// Closed again, a new outage starts over from ProbeMin.
-	require.Equal(t, 1250*time.Millisecond, c.record(true, false).probeIn)
+	require.Equal(t, 1250*time.Millisecond, c.record(true, false, *now).probeIn)
 }
 
 // A batch that reaches the destination closes an open circuit even when it is not the
-// probe: it was claimed before the circuit opened and got through after.
+// probe, if it began after the circuit opened.
 func TestCircuitOpenClosesOnAnySuccess(t *testing.T) {
 	t.Parallel()
-	c, _ := testCircuit(t, CircuitOptions{})
-	require.True(t, c.record(true, false).opened)
-	tr := c.record(false, false)
+	c, now := testCircuit(t, CircuitOptions{})
+	before := now.Add(-time.Millisecond)
+	require.True(t, c.record(true, false, *now).opened)
+	// A batch that began before the circuit opened and got through says nothing of now.
+	require.Equal(t, transition{}, c.record(false, false, before))
+	requireState(t, c, circuitOpen)
+	*now = now.Add(time.Millisecond)
+	tr := c.record(false, false, *now)
 	require.True(t, tr.closed)
 	requireState(t, c, circuitClosed)
 	// A probe that fails after another batch closed the circuit counts as a new failure.
-	require.True(t, c.record(true, true).opened)
+	require.True(t, c.record(true, true, *now).opened)
 }
 
 // Threshold N: N-1 all-Unavailable batches keep it closed, a batch that got through resets
 // the count, and the Nth in a row opens it.
 func TestCircuitThreshold(t *testing.T) {
 	t.Parallel()
-	c, _ := testCircuit(t, CircuitOptions{Threshold: 3})
-	require.False(t, c.record(true, false).opened)
-	require.False(t, c.record(true, false).opened)
-	require.False(t, c.record(false, false).closed, "closed stays closed")
-	require.False(t, c.record(true, false).opened)
-	require.False(t, c.record(true, false).opened)
+	c, now := testCircuit(t, CircuitOptions{Threshold: 3})
+	require.False(t, c.record(true, false, *now).opened)
+	require.False(t, c.record(true, false, *now).opened)
+	require.False(t, c.record(false, false, *now).closed, "closed stays closed")
+	require.False(t, c.record(true, false, *now).opened)
+	require.False(t, c.record(true, false, *now).opened)
 	requireState(t, c, circuitClosed)
-	require.True(t, c.record(true, false).opened)
+	require.True(t, c.record(true, false, *now).opened)
 }
 
 // A nil circuit (Disabled) always lets loops claim and never opens.
@@ -156,7 +161,7 @@ func TestCircuitDisabled(t *testing.T) {
 	t.Parallel()
 	var c *circuit
 	require.Equal(t, gate{claim: true}, c.allow())
-	require.Equal(t, transition{}, c.record(true, false))
+	require.Equal(t, transition{}, c.record(true, false, time.Now()))
 	c.probeVoid()
 	require.True(t, c.closed())
 	open, _ := c.snapshot()

@@ -825,6 +825,7 @@ type outcomes struct {
 	// circuit breaker judges the batch by.
 	published, unavailable int
 	unavailableErr         error
+	began                  time.Time // when the publish began
 }
 
 // settleAndClaim records prev's outcomes and claims the next batch in one transaction
@@ -883,7 +884,7 @@ func (r *run) publishBatch(recs []Record, lost map[uuid.UUID]bool) *outcomes {
 		idx = append(idx, i)
 	}
 
-	b := &outcomes{items: items, lost: lost, published: len(batch)}
+	b := &outcomes{items: items, lost: lost, published: len(batch), began: time.Now()}
 	if len(batch) > 0 {
 		results, ok := r.publish(batch, leases, lost)
 		if !ok {

@@ -43,7 +43,7 @@ func (r *run) circuitRecord(b *outcomes, probe bool) {
 		}
 		return
 	}
-	t := r.circ.record(b.unavailable == b.published, probe)
+	t := r.circ.record(b.unavailable == b.published, probe, b.began)
 	switch {
 	case t.opened:
 		r.p.circuitOpens.Add(1)
