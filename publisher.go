@@ -901,7 +901,7 @@ func (r *run) publishBatch(recs []Record, lost map[uuid.UUID]bool) *outcomes {
 			}
 			items[i].out = p.opts.Retry.Outcome(Failure{Lease: rec.Lease(), Attempts: rec.Attempts, Err: err})
 			items[i].cause = err
-			if items[i].out.RefundAttempt {
+			if IsUnavailable(err) && !IsPermanent(err) { // as RetryPolicy.Outcome judges it
 				b.unavailable++
 				if b.unavailableErr == nil {
 					b.unavailableErr = err
