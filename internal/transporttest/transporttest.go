@@ -215,7 +215,11 @@ func (o *Outbox) WaitDelivered(t testing.TB, n int, within time.Duration) {
 	deadline := time.Now().Add(within)
 	for {
 		c := o.Counts(t)
-		require.Zero(t, c["dead"], "dead rows: %v", c)
+		if c["dead"] > 0 {
+			var reason string
+			_ = o.DB.QueryRow(`SELECT last_error FROM outbox_events WHERE status = 'dead' LIMIT 1`).Scan(&reason)
+			t.Fatalf("dead rows: %v; the first: %s", c, reason)
+		}
 		if c["delivered"] == n {
 			return
 		}
