@@ -46,6 +46,12 @@ type DBTX interface {
 //     It runs in its own short transaction on db, never in a caller's.
 //  5. Complete applies each [Outcome] only where the row is still processing under the
 //     outcome's token, in one statement, and returns the ids it could not apply (lease lost).
+//     Every outcome clears the lease (locked_by, locked_until) and advances updated_at;
+//     pending sets next_attempt_at = now + Delay and last_error; dead sets last_error;
+//     delivered sets delivered_at. An outcome with RefundAttempt also sets attempts =
+//     max(attempts - 1, 0): the claim counted an attempt that the destination's outage
+//     did not let happen. A dialect written before RefundAttempt existed ignores it and
+//     fails the conformance suite's Settle/UnavailableRefundsAttempt.
 //  6. Extend pushes locked_until to now + Lease for rows still held under their token and
 //     returns the ids it could not extend.
 //  7. Bury moves rows at or over the attempt limit that no live lease protects to dead.
@@ -144,6 +150,13 @@ type Outcome struct {
 	Delay time.Duration
 	// Error is recorded in last_error for StatusPending and StatusDead (already bounded).
 	Error string
+	// RefundAttempt, for StatusPending only, gives back the attempt that the claim counted:
+	// attempts = max(attempts - 1, 0), in the same statement. It is set when the delivery
+	// failed because the destination was unreachable ([Unavailable]): the message was never
+	// tried, so an outage of any length spends none of its attempts and never dead-letters
+	// it. Attempts are still counted at claim, so that a message which crashes its publisher
+	// uses them up. [Store.Complete] refuses it with any other status.
+	RefundAttempt bool
 }
 
 // ExtendParams are the arguments of [Dialect.Extend].

@@ -105,7 +105,7 @@ func MySQL() Dialect { return mysqlDialect{visits: &mysqlVisits{}} }
 //	UPDATE (
 //	    SELECT CAST(? AS BINARY(16)) AS o_id, CAST(? AS BINARY(16)) AS o_token,
 //	        CAST(? AS CHAR(10)) AS o_status, CAST(? AS SIGNED) AS o_delay,
-//	        CAST(? AS CHAR(1024)) AS o_error
+//	        CAST(? AS CHAR(1024)) AS o_error, CAST(? AS SIGNED) AS o_refund
 //	    UNION ALL SELECT CAST(? AS BINARY(16)), ... ) u
 //	  STRAIGHT_JOIN `outbox_events` t FORCE INDEX (PRIMARY)
 //	  ON t.id = u.o_id AND t.lease_token = u.o_token
@@ -114,6 +114,7 @@ func MySQL() Dialect { return mysqlDialect{visits: &mysqlVisits{}} }
 //	        THEN DATE_ADD(UTC_TIMESTAMP(6), INTERVAL u.o_delay MICROSECOND) ELSE t.next_attempt_at END,
 //	    t.last_error = CASE WHEN u.o_status = 'delivered' THEN t.last_error ELSE u.o_error END,
 //	    t.delivered_at = CASE WHEN u.o_status = 'delivered' THEN UTC_TIMESTAMP(6) ELSE t.delivered_at END,
+//	    t.attempts = GREATEST(t.attempts - u.o_refund, 0),
 //	    t.locked_by = NULL, t.locked_until = NULL, t.updated_at = UTC_TIMESTAMP(6)
 //	WHERE t.status = 'processing'
 //
@@ -820,11 +821,16 @@ func (mysqlDialect) Complete(ctx context.Context, q DBTX, t Table, outcomes []Ou
 	b.WriteString(`UPDATE `)
 	mysqlLeaseJoin(&b, tbl, len(outcomes), func(i int, first bool) string {
 		o := &outcomes[i]
+		refund := 0 // RefundAttempt: an outage gives the claim's attempt back
+		if o.RefundAttempt {
+			refund = 1
+		}
 		return `CAST(` + a.add(uuidBytes(o.ID)) + ` AS BINARY(16))` + mysqlAlias(first, "o_id") +
 			`, CAST(` + a.add(uuidBytes(o.Token)) + ` AS BINARY(16))` + mysqlAlias(first, "o_token") +
 			`, CAST(` + a.add(string(o.Status)) + ` AS CHAR(10))` + mysqlAlias(first, "o_status") +
 			`, CAST(` + a.add(micros(o.Delay)) + ` AS SIGNED)` + mysqlAlias(first, "o_delay") +
-			`, CAST(` + a.add(o.Error) + ` AS CHAR(1024))` + mysqlAlias(first, "o_error")
+			`, CAST(` + a.add(o.Error) + ` AS CHAR(1024))` + mysqlAlias(first, "o_error") +
+			`, CAST(` + a.add(refund) + ` AS SIGNED)` + mysqlAlias(first, "o_refund")
 	})
 	// In a multiple-table UPDATE the server may apply assignments in any order, so none
 	// reads a column that another one writes.
@@ -832,6 +838,7 @@ func (mysqlDialect) Complete(ctx context.Context, q DBTX, t Table, outcomes []Ou
 		` t.next_attempt_at = CASE WHEN u.o_status = 'pending' THEN ` + mysqlLater(`u.o_delay`) + ` ELSE t.next_attempt_at END,` +
 		` t.last_error = CASE WHEN u.o_status = 'delivered' THEN t.last_error ELSE u.o_error END,` +
 		` t.delivered_at = CASE WHEN u.o_status = 'delivered' THEN UTC_TIMESTAMP(6) ELSE t.delivered_at END,` +
+		` t.attempts = GREATEST(t.attempts - u.o_refund, 0),` +
 		` t.locked_by = NULL, t.locked_until = NULL, t.updated_at = UTC_TIMESTAMP(6)` +
 		` WHERE t.status = 'processing'`)
 	return mysqlSettled(ctx, q, t, outcomes, b.String(), a.vals)

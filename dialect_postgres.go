@@ -62,13 +62,15 @@ func Postgres() Dialect { return &postgresDialect{} }
 //	        THEN now() + u.delay_us * interval '1 microsecond' ELSE t.next_attempt_at END,
 //	    last_error = CASE WHEN u.status = 'delivered' THEN t.last_error ELSE u.error END,
 //	    delivered_at = CASE WHEN u.status = 'delivered' THEN now() ELSE t.delivered_at END,
+//	    attempts = greatest(t.attempts - u.refund, 0),
 //	    locked_by = NULL, locked_until = NULL, updated_at = now()
-//	FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bigint[], $5::text[])
-//	    AS u(id, token, status, delay_us, error)
+//	FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bigint[], $5::text[], $6::integer[])
+//	    AS u(id, token, status, delay_us, error, refund)
 //	WHERE t.id = u.id AND t.lease_token = u.token AND t.status = 'processing'
 //	RETURNING t.id
 //
-// The ids it does not return lost their lease. Extend has the same shape.
+// refund is 1 for an outcome with RefundAttempt (an outage gives back the claim's attempt)
+// and 0 otherwise. The ids it does not return lost their lease. Extend has the same shape.
 //
 // Every time is the database's now() (the transaction's start time): the client never
 // binds a time, only durations as whole microseconds, so workers on hosts with skewed
@@ -118,8 +120,10 @@ func renderPgStatements(t Table) *pgStatements {
 			` next_attempt_at = CASE WHEN u.status = 'pending' THEN now() + ` + pgMicros(`u.delay_us`) + ` ELSE t.next_attempt_at END,` +
 			` last_error = CASE WHEN u.status = 'delivered' THEN t.last_error ELSE u.error END,` +
 			` delivered_at = CASE WHEN u.status = 'delivered' THEN now() ELSE t.delivered_at END,` +
+			` attempts = greatest(t.attempts - u.refund, 0),` +
 			` locked_by = NULL, locked_until = NULL, updated_at = now()` +
-			` FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bigint[], $5::text[]) AS u(id, token, status, delay_us, error)` +
+			` FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bigint[], $5::text[], $6::integer[])` +
+			` AS u(id, token, status, delay_us, error, refund)` +
 			` WHERE t.id = u.id AND t.lease_token = u.token AND t.status = 'processing' RETURNING t.id`,
 		extend: `UPDATE ` + tbl + ` AS t SET locked_until = now() + ` + pgMicros(`$3::bigint`) + `, updated_at = now()` +
 			` FROM unnest($1::uuid[], $2::uuid[]) AS u(id, token)` +
@@ -413,11 +417,14 @@ func (d *postgresDialect) settle(t Table, outcomes []Outcome) (string, []any) {
 	// A uuid.Nil token binds as the all-zero UUID rather than NULL: either way it matches
 	// no row, since claims store random tokens.
 	tokens := pgUUIDArray(n, func(i int) uuid.UUID { return outcomes[i].Token })
-	statuses, errs, delays := make([]string, n), make([]string, n), make([]int64, n)
+	statuses, errs, delays, refunds := make([]string, n), make([]string, n), make([]int64, n), make([]int64, n)
 	for i, o := range outcomes {
 		statuses[i], delays[i], errs[i] = string(o.Status), micros(o.Delay), o.Error
+		if o.RefundAttempt {
+			refunds[i] = 1
+		}
 	}
-	return d.statements(t).complete, []any{ids, tokens, statuses, delays, errs}
+	return d.statements(t).complete, []any{ids, tokens, statuses, delays, errs, refunds}
 }
 
 func (d *postgresDialect) Extend(ctx context.Context, q DBTX, t Table, p ExtendParams) ([]uuid.UUID, error) {

@@ -337,18 +337,23 @@ func sqliteComplete(ctx context.Context, q, prep DBTX, t Table, outcomes []Outco
 		return missing(leasesOf(outcomes), ids), nil
 	}
 	var b strings.Builder
-	b.WriteString(`WITH u(o_id, o_token, o_status, o_delay, o_error) AS (VALUES `)
+	b.WriteString(`WITH u(o_id, o_token, o_status, o_delay, o_error, o_refund) AS (VALUES `)
 	for i, o := range outcomes {
 		if i > 0 {
 			b.WriteString(", ")
 		}
+		refund := 0
+		if o.RefundAttempt {
+			refund = 1
+		}
 		b.WriteString("(" + a.add(uuidBytes(o.ID)) + ", " + a.add(uuidBytes(o.Token)) + ", " + a.add(string(o.Status)) +
-			", " + a.add(micros(o.Delay)) + ", " + a.add(o.Error) + ")")
+			", " + a.add(micros(o.Delay)) + ", " + a.add(o.Error) + ", " + a.add(refund) + ")")
 	}
 	b.WriteString(`) UPDATE ` + quoteIdent(t.Name(), '"') + ` SET status = u.o_status,` +
 		` next_attempt_at = CASE WHEN u.o_status = 'pending' THEN ` + sqliteNow + ` + u.o_delay ELSE next_attempt_at END,` +
 		` last_error = CASE WHEN u.o_status = 'delivered' THEN last_error ELSE u.o_error END,` +
 		` delivered_at = CASE WHEN u.o_status = 'delivered' THEN ` + sqliteStamp + ` ELSE delivered_at END,` +
+		` attempts = max(attempts - u.o_refund, 0),` + // RefundAttempt: an outage gives the claim's attempt back
 		` locked_by = NULL, locked_until = NULL, updated_at = ` + sqliteStamp +
 		` FROM u WHERE id = u.o_id AND lease_token = u.o_token AND status = 'processing' RETURNING id`)
 	ids, err := queryIDs(ctx, q, b.String(), a.vals...)

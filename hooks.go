@@ -347,11 +347,9 @@ func (r *run) endClaim(ctx context.Context, n int, err error) {
 	r.p.obs.claim.EndClaim(ctx, n, err)
 }
 
-// circuitChanged tells the observer that the circuit breaker opened or closed. The breaker
-// calls it on every change of state; it is the one place that reports one.
-//
-//lint:ignore U1000 the publisher's circuit breaker reports its changes of state here.
-func (r *run) circuitChanged(open bool) {
+// observeCircuit tells the observer that the circuit breaker opened or closed; the breaker's
+// circuitChanged calls it on every change of state.
+func (r *run) observeCircuit(open bool) {
 	if r.p.obs == nil || r.p.obs.circuit == nil {
 		return
 	}

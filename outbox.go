@@ -508,14 +508,16 @@ type Failure struct {
 	Lease
 	// Attempts is the row's attempt count as claimed ([Record.Attempts]).
 	Attempts int
-	// Err is why it failed. Wrap it with [Permanent] to dead-letter at once, or with
-	// [RetryAfter] to choose the delay.
+	// Err is why it failed. Wrap it with [Permanent] to dead-letter at once, with
+	// [RetryAfter] to choose the delay, or with [Unavailable] when the destination could
+	// not be reached, to give the attempt back.
 	Err error
 }
 
 // Nack records failed deliveries: each row goes back to pending with next_attempt_at set by
-// policy, or to dead when its error is permanent or it reached policy.MaxAttempts. Lost
-// leases are reported as by [Store.Ack].
+// policy, or to dead when its error is permanent or it reached policy.MaxAttempts. A failure
+// marked [Unavailable] goes back to pending with the claim's attempt given back, whatever
+// the attempt count (see [RetryPolicy.Outcome]). Lost leases are reported as by [Store.Ack].
 func (s *Store) Nack(ctx context.Context, policy RetryPolicy, failures ...Failure) error {
 	if err := policy.validate(); err != nil {
 		return err
@@ -556,6 +558,9 @@ func checkOutcomes(outcomes []Outcome) ([]Outcome, error) {
 		o := &outcomes[i]
 		switch o.Status {
 		case StatusDelivered, StatusDead:
+			if o.RefundAttempt {
+				return nil, invalid("RefundAttempt", "applies to pending outcomes only, got %q", o.Status)
+			}
 		case StatusPending:
 			if o.Delay < 0 {
 				return nil, invalid("Delay", "is negative (%s)", o.Delay)

@@ -154,6 +154,12 @@ type PublisherOptions struct {
 	// slog.New(slog.DiscardHandler) to turn logging off.
 	Logger *slog.Logger
 
+	// Circuit configures the circuit breaker that stops claiming while the destination is
+	// down: after a batch whose every message failed [Unavailable], the publisher claims
+	// one message per probe interval (1 s doubling to 30 s) until one gets through, then
+	// drains the backlog at full speed. The defaults need no tuning; see [CircuitOptions].
+	Circuit CircuitOptions
+
 	// OnDead, when set, is called once for every message this publisher dead-letters: a
 	// [Permanent] error, the attempt limit, a failed integrity check, or a row buried by the
 	// sweep. It runs on a claim loop's goroutine after the row is recorded as dead, so it
@@ -263,6 +269,9 @@ func (o *PublisherOptions) validate() error {
 	if err := o.Retention.validate(); err != nil {
 		return err
 	}
+	if err := o.Circuit.validate(); err != nil {
+		return err
+	}
 	if o.OrderedSkipDead && !o.Ordered {
 		return invalid("OrderedSkipDead", "applies to ordered publishers only; set Ordered too")
 	}
@@ -296,6 +305,10 @@ type PublisherStats struct {
 	Delivered int64
 	// Retried counts failed attempts rescheduled for another try.
 	Retried int64
+	// Unavailable counts deliveries that failed because the destination could not be
+	// reached ([Unavailable]): rescheduled with their attempt given back, not counted in
+	// Retried.
+	Unavailable int64
 	// Dead counts rows this publisher dead-lettered, by outcome or by sweep.
 	Dead int64
 	// LeaseLost counts rows whose lease another worker took over before this one could
@@ -303,8 +316,15 @@ type PublisherStats struct {
 	LeaseLost int64
 	// Errors counts operational failures: database errors, transport panics and malformed
 	// transport results, hook panics, and publishes abandoned at shutdown. Failed
-	// deliveries are not errors here; they are Retried or Dead.
+	// deliveries are not errors here; they are Retried, Unavailable or Dead.
 	Errors int64
+	// CircuitOpen is true while the circuit breaker keeps the running publisher from
+	// claiming because the destination is down (open or half-open; see [CircuitOptions]).
+	CircuitOpen bool
+	// CircuitOpenedAt is when the circuit last opened, while it is open; zero otherwise.
+	CircuitOpenedAt time.Time
+	// CircuitOpens counts the times the circuit opened.
+	CircuitOpens int64
 }
 
 // Publisher is the background worker that delivers committed outbox rows through a
@@ -326,6 +346,7 @@ type Publisher struct {
 	obs     *observer           // nil without PublisherOptions.Observer
 
 	claimed, delivered, retried, dead, leaseLost, errs atomic.Int64
+	unavailable, circuitOpens                          atomic.Int64
 }
 
 // NewPublisher returns a Publisher that claims from store and publishes through tr. Invalid
@@ -363,14 +384,20 @@ func (p *Publisher) WorkerID() string { return p.opts.WorkerID }
 
 // Stats returns a snapshot of the publisher's counters.
 func (p *Publisher) Stats() PublisherStats {
-	return PublisherStats{
-		Claimed:   p.claimed.Load(),
-		Delivered: p.delivered.Load(),
-		Retried:   p.retried.Load(),
-		Dead:      p.dead.Load(),
-		LeaseLost: p.leaseLost.Load(),
-		Errors:    p.errs.Load(),
+	st := PublisherStats{
+		Claimed:      p.claimed.Load(),
+		Delivered:    p.delivered.Load(),
+		Retried:      p.retried.Load(),
+		Unavailable:  p.unavailable.Load(),
+		Dead:         p.dead.Load(),
+		LeaseLost:    p.leaseLost.Load(),
+		Errors:       p.errs.Load(),
+		CircuitOpens: p.circuitOpens.Load(),
 	}
+	if r := p.current.Load(); r != nil {
+		st.CircuitOpen, st.CircuitOpenedAt = r.circ.snapshot()
+	}
+	return st
 }
 
 // Wake makes the running publisher claim now instead of at its next poll, and chase rows
@@ -425,6 +452,9 @@ func (p *Publisher) Run(ctx context.Context) error {
 	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopWork()
 	r := &run{p: p, ctx: ctx, work: work, wakers: make([]waker, p.opts.Concurrency)}
+	if !p.opts.Circuit.Disabled {
+		r.circ = newCircuit(p.opts.Circuit)
+	}
 	for i := range r.wakers {
 		r.wakers[i] = newWaker()
 	}
@@ -520,6 +550,8 @@ type run struct {
 	listening atomic.Bool
 	// slow is true from the warning about a slow claim until a claim returns in time.
 	slow atomic.Bool
+	// circ is the circuit breaker shared by the claim loops; nil when disabled.
+	circ *circuit
 }
 
 func (r *run) wakeAll() {
@@ -616,6 +648,7 @@ func (r *run) claimLoop(w waker) {
 		prev    *outcomes // published, not yet recorded
 		cur     []Record  // claimed, to publish
 		curLost map[uuid.UUID]bool
+		probing bool // cur is the circuit breaker's probe
 	)
 	defer func() {
 		if prev != nil { // stopped with a batch published: record it alone
@@ -627,10 +660,27 @@ func (r *run) claimLoop(w waker) {
 			if r.ctx.Err() != nil {
 				return
 			}
+			// Circuit breaker: while the destination is down, claim nothing but the probe.
+			g := r.circ.allow()
+			if !g.claim {
+				if prev != nil {
+					r.settle(prev, false)
+					prev = nil
+				}
+				r.circuitWait(g)
+				continue
+			}
+			co := o
+			if g.probe {
+				co.Limit = probeSize
+			}
 			// The claim runs on the work context so that a shutdown cannot cut it off after
 			// the database leased rows but before this loop learned which; the rows it
 			// returns are published like any in-flight batch.
-			recs, err := r.next(&prev, o, fold)
+			recs, err := r.next(&prev, co, fold)
+			if g.probe && (err != nil || len(recs) == 0) {
+				r.circ.probeVoid() // nothing was asked of the destination
+			}
 			if err != nil {
 				if r.work.Err() != nil {
 					return
@@ -639,6 +689,9 @@ func (r *run) claimLoop(w waker) {
 				continue
 			}
 			errDelay = p.opts.PollInterval
+			if len(recs) == 0 && g.probe {
+				continue // the circuit waits for the next probe
+			}
 			if len(recs) == 0 {
 				d := idle
 				idle = min(idle*2, r.idleCap())
@@ -647,7 +700,7 @@ func (r *run) claimLoop(w waker) {
 			}
 			idle = p.opts.PollInterval
 			p.claimed.Add(int64(len(recs)))
-			cur, curLost = recs, map[uuid.UUID]bool{}
+			cur, curLost, probing = recs, map[uuid.UUID]bool{}, g.probe
 		}
 
 		full := len(cur) == p.opts.BatchSize
@@ -657,7 +710,7 @@ func (r *run) claimLoop(w waker) {
 			ahead    []Record
 			aheadErr error
 		)
-		if full && claimAhead && r.ctx.Err() == nil {
+		if full && claimAhead && r.ctx.Err() == nil && r.circ.closed() {
 			ahead, aheadErr = r.next(&prev, o, fold) // more is likely waiting
 		} else if prev != nil {
 			r.settle(prev, false)
@@ -668,6 +721,8 @@ func (r *run) claimLoop(w waker) {
 		if out == nil {
 			return // the shutdown deadline passed: the rows keep their lease
 		}
+		r.circuitRecord(out, probing)
+		probing = false
 		if len(ahead) > 0 {
 			p.claimed.Add(int64(len(ahead)))
 		}
@@ -786,6 +841,12 @@ type outcomes struct {
 	items []settlement
 	// lost marks the rows whose lease was lost while the batch was published.
 	lost map[uuid.UUID]bool
+	// published counts the messages handed to the transport, unavailable those of them
+	// that failed [Unavailable], and unavailableErr is the first such error: what the
+	// circuit breaker judges the batch by.
+	published, unavailable int
+	unavailableErr         error
+	began                  time.Time // when the publish began
 }
 
 // settleAndClaim records prev's outcomes and claims the next batch in one transaction
@@ -844,6 +905,7 @@ func (r *run) publishBatch(recs []Record, lost map[uuid.UUID]bool) *outcomes {
 		idx = append(idx, i)
 	}
 
+	b := &outcomes{items: items, lost: lost, published: len(batch), began: time.Now()}
 	if len(batch) > 0 {
 		ctx := r.startPublish(r.work, batch)
 		results, ok := r.publish(ctx, batch, leases, lost)
@@ -862,13 +924,19 @@ func (r *run) publishBatch(recs []Record, lost map[uuid.UUID]bool) *outcomes {
 			}
 			items[i].out = p.opts.Retry.Outcome(Failure{Lease: rec.Lease(), Attempts: rec.Attempts, Err: err})
 			items[i].cause = err
+			if IsUnavailable(err) && !IsPermanent(err) { // as RetryPolicy.Outcome judges it
+				b.unavailable++
+				if b.unavailableErr == nil {
+					b.unavailableErr = err
+				}
+			}
 			if items[i].out.Status == StatusDead && !IsPermanent(err) {
 				items[i].cause = fmt.Errorf("%w: %w", ErrAttemptLimit, err)
 			}
 		}
 		r.endPublish(ctx, batch, items, idx)
 	}
-	return &outcomes{items: items, lost: lost}
+	return b
 }
 
 // pending returns the outcomes still to record: those of rows whose lease was not lost.
@@ -1090,7 +1158,7 @@ func (r *run) settle(b *outcomes, maybeApplied bool) {
 // OnDead. Rows whose lease was lost are not counted here (lostLeases counted them).
 func (r *run) report(b *outcomes) {
 	p := r.p
-	var retried []*settlement
+	var retried, unavailable []*settlement
 	var dead []DeadLetter
 	for i := range b.items {
 		it := &b.items[i]
@@ -1101,6 +1169,11 @@ func (r *run) report(b *outcomes) {
 		case StatusDelivered:
 			p.delivered.Add(1)
 		case StatusPending:
+			if it.out.RefundAttempt {
+				p.unavailable.Add(1)
+				unavailable = append(unavailable, it)
+				continue
+			}
 			p.retried.Add(1)
 			retried = append(retried, it)
 		case StatusDead:
@@ -1118,6 +1191,7 @@ func (r *run) report(b *outcomes) {
 			"topic", first.rec.Topic, "attempt", first.rec.Attempts, "retry_in", first.out.Delay,
 			"next_attempt_at", time.Now().Add(first.out.Delay).UTC().Format(time.RFC3339Nano), "err", first.cause, idsAttr(ids))
 	}
+	r.logUnavailable(b, unavailable)
 	r.deadLetters(dead)
 }
 

@@ -11,7 +11,9 @@ import (
 //	delay = min(BaseDelay * 2^(attempts-1), MaxDelay)
 //	next_attempt_at = now + uniform(delay/2, delay)   // equal jitter, clamped before jitter
 //
-// or dead-letter when the attempt limit is reached or the error is [Permanent].
+// or dead-letter when the attempt limit is reached or the error is [Permanent]. An error
+// marked [Unavailable] (the destination could not be reached) is never dead-lettered: the
+// row is retried after the same delay and its attempt is given back.
 type RetryPolicy struct {
 	// BaseDelay is the first retry's delay before jitter. Default 1s.
 	BaseDelay time.Duration
@@ -75,6 +77,14 @@ func (p RetryPolicy) Jittered(attempts int) time.Duration {
 }
 
 // Outcome turns a failure into the row's next state under p.
+//
+// A [Permanent] error dead-letters the row. An [Unavailable] one (and not permanent: a
+// message marked both is at fault itself) returns it to pending with
+// [Outcome.RefundAttempt], whatever f.Attempts, so an outage never dead-letters a message
+// and leaves its attempt count as it was before the claim; the delay is the one this
+// attempt would have had (or the [RetryAfter] hint), so a message's own backoff neither
+// grows nor resets during an outage. Any other error is retried until f.Attempts reaches
+// MaxAttempts, and then dead-lettered.
 func (p RetryPolicy) Outcome(f Failure) Outcome {
 	msg := "unknown error"
 	if f.Err != nil {
@@ -84,16 +94,23 @@ func (p RetryPolicy) Outcome(f Failure) Outcome {
 	switch {
 	case IsPermanent(f.Err):
 		o.Status = StatusDead
+	case IsUnavailable(f.Err):
+		o.Status, o.RefundAttempt = StatusPending, true
+		o.Delay = p.retryDelay(f)
 	case f.Attempts >= p.MaxAttempts:
 		o.Status = StatusDead
 		o.Error = fmt.Sprintf("attempt limit reached (%d of %d): %s", f.Attempts, p.MaxAttempts, msg)
 	default:
 		o.Status = StatusPending
-		if d, ok := RetryAfterDelay(f.Err); ok {
-			o.Delay = d
-		} else {
-			o.Delay = p.Jittered(f.Attempts)
-		}
+		o.Delay = p.retryDelay(f)
 	}
 	return o
+}
+
+// retryDelay is the [RetryAfter] hint of f's error, or the jittered backoff of its attempt.
+func (p RetryPolicy) retryDelay(f Failure) time.Duration {
+	if d, ok := RetryAfterDelay(f.Err); ok {
+		return d
+	}
+	return p.Jittered(f.Attempts)
 }

@@ -56,6 +56,26 @@ func (d scopeBlindDialect) Bury(ctx context.Context, q outbox.DBTX, t outbox.Tab
 	return d.Dialect.Bury(ctx, q, t, p)
 }
 
+// refundBlindDialect ignores RefundAttempt, as a dialect written before it existed would:
+// every outage spends an attempt, and a long one dead-letters the backlog.
+type refundBlindDialect struct{ outbox.Dialect }
+
+func noRefunds(outcomes []outbox.Outcome) []outbox.Outcome {
+	out := append([]outbox.Outcome(nil), outcomes...)
+	for i := range out {
+		out[i].RefundAttempt = false
+	}
+	return out
+}
+
+func (d refundBlindDialect) Complete(ctx context.Context, q outbox.DBTX, t outbox.Table, outcomes []outbox.Outcome) ([]uuid.UUID, error) {
+	return d.Dialect.Complete(ctx, q, t, noRefunds(outcomes))
+}
+
+func (d refundBlindDialect) CompleteAndClaim(ctx context.Context, db *sql.DB, t outbox.Table, outcomes []outbox.Outcome, p outbox.ClaimParams) ([]uuid.UUID, []outbox.Record, error) {
+	return d.Dialect.(outbox.SettleClaimer).CompleteAndClaim(ctx, db, t, noRefunds(outcomes), p)
+}
+
 // withAbilities forwards the optional abilities of the dialect it wraps, which embedding
 // the Dialect interface alone would hide from the engine's type assertions.
 type withAbilities struct{ outbox.Dialect }
@@ -157,6 +177,7 @@ var broken = map[string]outbox.Dialect{
 	"replay-any":   replayAnyDialect{withAbilities{outbox.SQLite()}},
 	"cursor-blind": cursorBlindDialect{withAbilities{outbox.SQLite()}},
 	"claim-first":  claimFirstDialect{outbox.SQLite()},
+	"refund-blind": refundBlindDialect{outbox.SQLite()},
 }
 
 // TestBrokenDialectChild runs the suite against one broken dialect; it does something
@@ -187,11 +208,15 @@ func TestSuiteCatchesBrokenDialects(t *testing.T) {
 		{"claim-first", []string{"SettleAndClaim/ExpiredLeaseNotReclaimed"}},
 		{"order-blind", []string{"Ordered/HeadOnly", "Ordered/RetryHoldsKey", "Ordered/DeadHeadBlocks", "Ordered/SkipDead", "Ordered/Publishers"}},
 		{"index-blind", []string{"Ordered/NeedsOrderedMigrations"}},
+		{"refund-blind", []string{"Settle/UnavailableRefundsAttempt", "Settle/UnavailableNeverDies", "SettleAndClaim/UnavailableRefundsAttempt"}},
 	}
 	// only limits a child to some subtests (a -test.run pattern below TestBrokenDialectChild)
 	// where the bug cannot show elsewhere, with Enqueue/CommitLeavesExactlyOne as the
 	// healthy one.
-	only := map[string]string{"index-blind": "^(Enqueue|Ordered)$/^(CommitLeavesExactlyOne|NeedsOrderedMigrations)$"}
+	only := map[string]string{
+		"index-blind":  "^(Enqueue|Ordered)$/^(CommitLeavesExactlyOne|NeedsOrderedMigrations)$",
+		"refund-blind": "^(Enqueue|Settle|SettleAndClaim)$",
+	}
 	for _, c := range cases {
 		t.Run(c.dialect, func(t *testing.T) {
 			t.Parallel()

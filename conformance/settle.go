@@ -21,6 +21,8 @@ var settleTests = []test{
 	{"MixedBatchInOneCall", testMixedComplete},
 	{"TerminalStatesNeverMove", testTerminal},
 	{"UpdatedAtAdvances", testUpdatedAtAdvances},
+	{"UnavailableRefundsAttempt", testUnavailableRefund},
+	{"UnavailableNeverDies", testUnavailableNeverDies},
 }
 
 func testAck(t *testing.T, h Harness) {
@@ -218,6 +220,90 @@ func testUpdatedAtAdvances(t *testing.T, h Harness) {
 	step("reclaim")
 	require.NoError(t, e.store.Ack(e.ctx, recs[0].Lease()))
 	step("ack")
+}
+
+// testUnavailableRefund: an outcome with RefundAttempt goes back to pending with the
+// claim's attempt given back, last_error recorded, the lease cleared, next_attempt_at set
+// and updated_at advanced; in the same call a plain retry keeps its attempt and an ack is
+// acked. RefundAttempt with another status is refused.
+func testUnavailableRefund(t *testing.T, h Harness) {
+	e := setup(t, h)
+	e.enqueueN(t, 3)
+	recs := e.claim(t, claimOpts(3, time.Minute))
+	require.Len(t, recs, 3)
+	for _, r := range recs {
+		require.Equal(t, 1, r.Attempts)
+	}
+	require.NoError(t, e.store.Complete(e.ctx,
+		outbox.Outcome{Lease: recs[0].Lease(), Status: outbox.StatusPending, Delay: time.Hour, Error: "unavailable: broker down", RefundAttempt: true},
+		outbox.Outcome{Lease: recs[1].Lease(), Status: outbox.StatusPending, Delay: time.Hour, Error: "500"},
+		outbox.Outcome{Lease: recs[2].Lease(), Status: outbox.StatusDelivered},
+	))
+	got := e.get(t, recs[0].ID)
+	require.Equal(t, outbox.StatusPending, got.Status)
+	require.Equal(t, 0, got.Attempts, "the claim's attempt is given back")
+	require.Equal(t, "unavailable: broker down", got.LastError)
+	require.Empty(t, got.LockedBy, "the lease is cleared")
+	require.True(t, got.LockedUntil.IsZero())
+	require.True(t, got.UpdatedAt.After(recs[0].UpdatedAt), "updated_at advances")
+	within(t, got.NextAttemptAt.Sub(got.UpdatedAt), time.Hour, time.Hour, "delay")
+	plain := e.get(t, recs[1].ID)
+	require.Equal(t, outbox.StatusPending, plain.Status)
+	require.Equal(t, 1, plain.Attempts, "a plain retry keeps the attempt it spent")
+	require.Equal(t, outbox.StatusDelivered, e.get(t, recs[2].ID).Status)
+	require.Equal(t, 1, e.get(t, recs[2].ID).Attempts)
+
+	// Through Nack: an Unavailable failure at the attempt limit is not dead-lettered.
+	e.enqueueN(t, 1)
+	o := claimOpts(1, time.Minute)
+	one := e.claim(t, o)
+	require.Len(t, one, 1)
+	policy := outbox.RetryPolicy{BaseDelay: time.Minute, MaxDelay: time.Minute, MaxAttempts: 1}
+	require.NoError(t, e.store.Nack(e.ctx, policy, outbox.Failure{Lease: one[0].Lease(), Attempts: one[0].Attempts,
+		Err: outbox.Unavailable(errors.New("connection refused"))}))
+	nacked := e.get(t, one[0].ID)
+	require.Equal(t, outbox.StatusPending, nacked.Status, "an outage never dead-letters")
+	require.Equal(t, 0, nacked.Attempts)
+	require.Contains(t, nacked.LastError, "connection refused")
+	within(t, nacked.NextAttemptAt.Sub(nacked.UpdatedAt), 30*time.Second, time.Minute, "the attempt's backoff")
+
+	for _, st := range []outbox.Status{outbox.StatusDelivered, outbox.StatusDead} {
+		err := e.store.Complete(e.ctx, outbox.Outcome{Lease: recs[0].Lease(), Status: st, RefundAttempt: true})
+		require.ErrorIs(t, err, outbox.ErrInvalid, "RefundAttempt with %s", st)
+	}
+}
+
+// testUnavailableNeverDies: a row whose deliveries all fail Unavailable is claimable again
+// and again under an attempt limit of 2, never reaching it, and a plain failure after the
+// outage still counts: the limit then dead-letters it.
+func testUnavailableNeverDies(t *testing.T, h Harness) {
+	e := setup(t, h)
+	id := e.enqueueN(t, 1)[0]
+	o := claimOpts(1, time.Minute)
+	o.MaxAttempts = 2
+	policy := outbox.RetryPolicy{BaseDelay: time.Millisecond, MaxDelay: time.Millisecond, MaxAttempts: 2}
+	claimOne := func() outbox.Record {
+		t.Helper()
+		var recs []outbox.Record
+		eventually(t, 5*time.Second, "the retry to be due", func() bool {
+			recs = e.claim(t, o)
+			return len(recs) == 1
+		})
+		return recs[0]
+	}
+	for range 5 {
+		r := claimOne()
+		require.Equal(t, 1, r.Attempts, "an outage spent no attempt")
+		require.NoError(t, e.store.Nack(e.ctx, policy, outbox.Failure{Lease: r.Lease(), Attempts: r.Attempts, Err: outbox.Unavailable(nil)}))
+	}
+	for attempt := 1; attempt <= 2; attempt++ {
+		r := claimOne()
+		require.Equal(t, attempt, r.Attempts)
+		require.NoError(t, e.store.Nack(e.ctx, policy, outbox.Failure{Lease: r.Lease(), Attempts: r.Attempts, Err: errors.New("500")}))
+	}
+	got := e.get(t, id)
+	require.Equal(t, outbox.StatusDead, got.Status)
+	require.Equal(t, 2, got.Attempts)
 }
 
 var leaseTests = []test{

@@ -19,6 +19,7 @@ var settleClaimTests = []test{
 	{"ExpiredLeaseNotReclaimed", testCompleteAndClaimExpired},
 	{"NothingLeftToClaim", testCompleteAndClaimNothingLeft},
 	{"OrderedSeesReleasedKeys", testCompleteAndClaimOrdered},
+	{"UnavailableRefundsAttempt", testCompleteAndClaimRefund},
 }
 
 func needSettleClaimer(t *testing.T, e *env) {
@@ -159,4 +160,31 @@ func testCompleteAndClaimOrdered(t *testing.T, h Harness) {
 	require.NoError(t, err)
 	require.Empty(t, lost)
 	require.Equal(t, all[2:], ids(next), "the delivered heads released their keys")
+}
+
+// testCompleteAndClaimRefund: an outcome with RefundAttempt, recorded with the next claim,
+// gives the attempt back as Complete does, next to a plain retry that keeps it.
+func testCompleteAndClaimRefund(t *testing.T, h Harness) {
+	e := setup(t, h)
+	needSettleClaimer(t, e)
+	all := e.enqueueN(t, 4)
+	first := e.claim(t, claimOpts(3, time.Minute))
+	require.Len(t, first, 3)
+	outs := []outbox.Outcome{
+		{Lease: first[0].Lease(), Status: outbox.StatusPending, Delay: time.Hour, Error: "unavailable: down", RefundAttempt: true},
+		{Lease: first[1].Lease(), Status: outbox.StatusPending, Delay: time.Hour, Error: "500"},
+		{Lease: first[2].Lease(), Status: outbox.StatusDelivered},
+	}
+	next, lost, err := e.store.CompleteAndClaim(e.ctx, outs, claimOpts(10, time.Minute))
+	require.NoError(t, err)
+	require.Empty(t, lost)
+	require.Equal(t, all[3:], ids(next))
+	refunded := e.get(t, all[0])
+	require.Equal(t, outbox.StatusPending, refunded.Status)
+	require.Equal(t, 0, refunded.Attempts, "the claim's attempt is given back")
+	require.Equal(t, "unavailable: down", refunded.LastError)
+	require.Empty(t, refunded.LockedBy)
+	require.True(t, refunded.NextAttemptAt.After(refunded.UpdatedAt.Add(59*time.Minute)), "due in an hour")
+	require.Equal(t, 1, e.get(t, all[1]).Attempts, "a plain retry keeps the attempt it spent")
+	require.Equal(t, outbox.StatusDelivered, e.get(t, all[2]).Status)
 }

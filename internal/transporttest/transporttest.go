@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -214,7 +215,11 @@ func (o *Outbox) WaitDelivered(t testing.TB, n int, within time.Duration) {
 	deadline := time.Now().Add(within)
 	for {
 		c := o.Counts(t)
-		require.Zero(t, c["dead"], "dead rows: %v", c)
+		if c["dead"] > 0 {
+			var reason string
+			_ = o.DB.QueryRow(`SELECT last_error FROM outbox_events WHERE status = 'dead' LIMIT 1`).Scan(&reason)
+			t.Fatalf("dead rows: %v; the first: %s", c, reason)
+		}
 		if c["delivered"] == n {
 			return
 		}
@@ -343,9 +348,9 @@ func EndToEnd(t *testing.T, ns string, tr outbox.Transport, consume func() []Rec
 }
 
 // Outage runs a Publisher of namespace ns through tr from a fresh PostgreSQL outbox: 60
-// messages are delivered, cut takes the broker away, 60 more are enqueued and fail at least
-// once each, restore brings the broker back, and then all 120 must be delivered with
-// nothing dead. consume reads what the broker holds for ns: every id must be there, and
+// messages are delivered, cut takes the broker away, 60 more are enqueued, the publisher's
+// circuit opens (the batches fail [outbox.Unavailable]), restore brings the broker back,
+// and then all 120 must be delivered with nothing dead. consume reads what the broker holds for ns: every id must be there, and
 // when dedupe is true (the broker drops redeliveries) none twice.
 func Outage(t *testing.T, ns string, tr outbox.Transport, cut, restore func(), consume func() []Received, dedupe bool) {
 	t.Helper()
@@ -355,8 +360,8 @@ func Outage(t *testing.T, ns string, tr outbox.Transport, cut, restore func(), c
 	ob.WaitDelivered(t, 60, 20*time.Second)
 	cut()
 	second := ob.Enqueue(t, Messages(ns, 60))
-	Poll(t, 20*time.Second, func() bool { return run.Publisher.Stats().Retried >= 60 },
-		"fewer than 60 failed attempts while the broker was away: %+v", run.Publisher.Stats())
+	Poll(t, 20*time.Second, func() bool { return run.Publisher.Stats().CircuitOpen },
+		"the circuit did not open while the broker was away: %+v", run.Publisher.Stats())
 	restore()
 	ob.WaitDelivered(t, 120, 30*time.Second)
 	st := run.Stop(t)
@@ -388,5 +393,159 @@ func RequireCancelled(t testing.TB, tr outbox.Transport, batch []outbox.Delivery
 	for i, err := range errs {
 		require.ErrorIs(t, err, context.Canceled, "message %d", i)
 		require.False(t, outbox.IsPermanent(err), "message %d", i)
+	}
+}
+
+// claimCounter wraps a dialect and records when each claim ran, through Claim or
+// CompleteAndClaim, keeping the abilities the publisher uses (settle-and-claim, NOTIFY).
+type claimCounter struct {
+	outbox.Dialect
+	mu    sync.Mutex
+	times []time.Time
+}
+
+func (d *claimCounter) note() {
+	d.mu.Lock()
+	d.times = append(d.times, time.Now())
+	d.mu.Unlock()
+}
+
+func (d *claimCounter) Claim(ctx context.Context, db *sql.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Record, error) {
+	d.note()
+	return d.Dialect.Claim(ctx, db, t, p)
+}
+
+func (d *claimCounter) CompleteAndClaim(ctx context.Context, db *sql.DB, t outbox.Table, outs []outbox.Outcome, p outbox.ClaimParams) ([]uuid.UUID, []outbox.Record, error) {
+	d.note()
+	return d.Dialect.(outbox.SettleClaimer).CompleteAndClaim(ctx, db, t, outs, p)
+}
+
+func (d *claimCounter) Signal(ctx context.Context, q outbox.DBTX, t outbox.Table, ns string) error {
+	return d.Dialect.(outbox.Notifier).Signal(ctx, q, t, ns)
+}
+
+func (d *claimCounter) Listen(ctx context.Context, db *sql.DB, t outbox.Table, ready func(), wake func(string)) error {
+	return d.Dialect.(outbox.Notifier).Listen(ctx, db, t, ready, wake)
+}
+
+// between counts the claims in (from, to).
+func (d *claimCounter) between(from, to time.Time) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := 0
+	for _, at := range d.times {
+		if at.After(from) && at.Before(to) {
+			n++
+		}
+	}
+	return n
+}
+
+// attempts returns how many rows are delivered and the attempts of every row.
+func (o *Outbox) attempts(t testing.TB) (delivered int, attempts map[uuid.UUID]int) {
+	t.Helper()
+	rows, err := o.DB.Query(`SELECT id, status, attempts FROM outbox_events`)
+	require.NoError(t, err)
+	defer rows.Close()
+	attempts = map[uuid.UUID]int{}
+	for rows.Next() {
+		var id uuid.UUID
+		var st string
+		var n int
+		require.NoError(t, rows.Scan(&id, &st, &n))
+		attempts[id] = n
+		if st == string(outbox.StatusDelivered) {
+			delivered++
+		}
+	}
+	require.NoError(t, rows.Err())
+	return delivered, attempts
+}
+
+// CircuitOutage is the broker outage scenario that every transport passes, on PostgreSQL:
+// a Publisher with the default circuit breaker and a retry policy that would dead-letter
+// everything within a second without it (3 attempts, 10ms apart) drains 5,000 messages
+// of namespace ns through tr; a third of the way in, cut takes the broker away for 10 s
+// while the publisher is woken every 50ms. Then:
+//
+//   - nothing is dead, and no row has more attempts than it had when the broker went away,
+//     plus one (the claim in flight at the cut, which the refund gives back);
+//   - while the circuit was open the database saw at most one claim per probe interval
+//     (1 s doubling: 4 or 5 in the 10 s);
+//   - delivery resumes within two probe intervals of restore (the interval in force when
+//     the broker came back is at most the time the circuit had been open);
+//   - consume, which reads what the broker holds for ns, finds every message.
+//
+// It logs the figures: claims during the outage and the time to resume.
+func CircuitOutage(t *testing.T, ns string, tr outbox.Transport, cut, restore func(), consume func() []Received) {
+	t.Helper()
+	const n, cutFor = 5000, 10 * time.Second
+	db := testdb.Postgres(t)
+	require.NoError(t, migrations.Up(context.Background(), db, "postgres", migrations.Options{}))
+	counter := &claimCounter{Dialect: outbox.Postgres()}
+	store, err := outbox.New(db, counter, outbox.Options{})
+	require.NoError(t, err)
+	ob := &Outbox{DB: db, Store: store}
+	want := ob.Enqueue(t, Messages(ns, n))
+
+	pub, err := outbox.NewPublisher(store, tr, outbox.PublisherOptions{
+		Scope: outbox.Scope{Namespace: ns}, BatchSize: 100, PollInterval: 10 * time.Millisecond, Lease: 5 * time.Second,
+		Retry:  outbox.RetryPolicy{BaseDelay: 10 * time.Millisecond, MaxDelay: 10 * time.Millisecond, MaxAttempts: 3},
+		Logger: slog.New(slog.DiscardHandler),
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	run := &Running{Publisher: pub, cancel: cancel, done: make(chan error, 1)}
+	go func() { run.done <- pub.Run(ctx) }()
+	t.Cleanup(func() { run.Stop(t) })
+
+	Poll(t, 60*time.Second, func() bool { return pub.Stats().Delivered >= n/3 }, "a third of the messages delivered: %+v", pub.Stats())
+	_, before := ob.attempts(t)
+	cut()
+	cutAt := time.Now()
+	Poll(t, 20*time.Second, func() bool { return pub.Stats().CircuitOpen }, "the circuit to open: %+v", pub.Stats())
+	openedAt := pub.Stats().CircuitOpenedAt
+	for time.Since(cutAt) < cutFor { // wake-ups must not bypass the open circuit
+		pub.Wake()
+		time.Sleep(50 * time.Millisecond)
+	}
+	during := pub.Stats()
+	deliveredAtRestore, _ := ob.attempts(t)
+	restore()
+	restoredAt := time.Now()
+	claims := counter.between(openedAt, restoredAt)
+	openFor := restoredAt.Sub(openedAt)
+	t.Logf("circuit opened %s after the cut; %d claims in the %s it was open before the broker came back; %+v",
+		openedAt.Sub(cutAt).Round(time.Millisecond), claims, openFor.Round(time.Millisecond), during)
+	require.True(t, during.CircuitOpen, "the circuit closed while the broker was away: %+v", during)
+	// Probes at 1, 2, 4, 8 s apart, each up to a quarter later: at most one per second.
+	require.LessOrEqual(t, claims, 1+int(openFor/outbox.DefaultProbeMin), "claims while the circuit was open")
+	require.LessOrEqual(t, claims, 6, "claims while the circuit was open")
+
+	var resumed time.Duration
+	Poll(t, 60*time.Second, func() bool {
+		d, _ := ob.attempts(t)
+		if d > deliveredAtRestore {
+			resumed = time.Since(restoredAt)
+			return true
+		}
+		return false
+	}, "delivery to resume after the broker came back")
+	interval := min(max(openFor, outbox.DefaultProbeMin), outbox.DefaultProbeMax)
+	t.Logf("delivery resumed %s after the broker came back", resumed.Round(time.Millisecond))
+	require.LessOrEqual(t, resumed, 2*interval, "delivery resumes within two probe intervals")
+
+	ob.WaitDelivered(t, n, 120*time.Second)
+	st := run.Stop(t)
+	t.Logf("publisher: %+v", st)
+	require.Zero(t, st.Dead)
+	_, after := ob.attempts(t)
+	for id, a := range after {
+		require.LessOrEqual(t, a, before[id]+1, "attempts of %s", id)
+	}
+	ids, dups := IDs(consume())
+	t.Logf("%d duplicates", dups)
+	for _, d := range want {
+		require.True(t, ids[d.ID], "message %s missing", d.ID)
 	}
 }

@@ -1,0 +1,98 @@
+package outbox
+
+import (
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// The publisher's side of the circuit breaker (circuit.go): the claim loops ask the circuit
+// before each claim (claimLoop), wait while it is open (circuitWait), and report every
+// published batch to it (circuitRecord).
+
+// probeSize is the number of messages a probe claims. One: the probe asks whether the
+// destination answers, and one message answers that as well as a hundred, while it costs
+// the database the least (one row leased, one settled) and, if the destination accepted
+// it but the reply was lost, at most one duplicate.
+const probeSize = 1
+
+// circuitWait waits while the circuit keeps the loop from claiming: until the next probe is
+// due, the circuit changes, or Run's context ends. Wake-ups are not listened to here, so
+// that no enqueue, NOTIFY or [Publisher.Wake] makes the loop claim while the destination
+// is down; one that arrives meanwhile stays pending in the loop's waker.
+func (r *run) circuitWait(g gate) {
+	t := time.NewTimer(g.wait)
+	defer t.Stop()
+	select {
+	case <-r.ctx.Done():
+	case <-g.changed:
+	case <-t.C:
+	}
+}
+
+// circuitRecord reports a published batch to the circuit, and the transition it caused.
+// A batch that published nothing (every row lost its lease or failed its hash check) says
+// nothing about the destination.
+func (r *run) circuitRecord(b *outcomes, probe bool) {
+	if r.circ == nil {
+		return
+	}
+	if b.published == 0 {
+		if probe {
+			r.circ.probeVoid()
+		}
+		return
+	}
+	t := r.circ.record(b.unavailable == b.published, probe, b.began)
+	switch {
+	case t.opened:
+		r.p.circuitOpens.Add(1)
+		r.circuitChanged(true, t, b.unavailableErr)
+	case t.closed:
+		r.circuitChanged(false, t, nil)
+	}
+}
+
+// circuitChanged is called once each time the circuit opens (open true: a batch came back
+// all Unavailable, cause being its first error) or closes again (a batch got through). It
+// logs one Warn when it opens and one Info when it closes, never a line per batch or probe.
+// This is the one place that hears of the circuit's changes of state: hooks that observe
+// them belong here.
+func (r *run) circuitChanged(open bool, t transition, cause error) {
+	p := r.p
+	r.observeCircuit(open)
+	if open {
+		p.log.Warn("outbox publisher: destination unavailable; circuit open, claiming stopped until a probe gets through"+
+			" (messages keep their attempts)",
+			"err", cause, "probe_in", t.probeIn.Round(time.Millisecond),
+			"probe_min", p.opts.Circuit.ProbeMin, "probe_max", p.opts.Circuit.ProbeMax)
+		return
+	}
+	p.log.Info("outbox publisher: destination reachable again; circuit closed, claiming resumed",
+		"open_for", t.openFor.Round(time.Millisecond))
+}
+
+// logUnavailable logs the messages of a settled batch that failed Unavailable and got
+// their attempt back. A batch that failed whole is the circuit's business, which logs once
+// when it opens, so it is logged at Debug; a batch where only some failed so (one Kafka
+// partition without a leader, say) is logged at Warn like any failed delivery, as is every
+// one when the circuit is disabled.
+func (r *run) logUnavailable(b *outcomes, its []*settlement) {
+	if len(its) == 0 {
+		return
+	}
+	p := r.p
+	ids := make([]uuid.UUID, len(its))
+	for i, it := range its {
+		ids[i] = it.out.ID
+	}
+	first := its[0]
+	msg := "outbox publisher: destination unavailable; will retry without spending an attempt"
+	attrs := []any{"count", len(its), "id", first.out.ID, "topic", first.rec.Topic, "retry_in", first.out.Delay,
+		"err", first.cause, idsAttr(ids)}
+	if r.circ != nil && b.unavailable == b.published {
+		p.log.Debug(msg, attrs...)
+		return
+	}
+	p.log.Warn(msg, attrs...)
+}

@@ -1,0 +1,41 @@
+package kafka_test
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxgo/outbox/internal/testproxy"
+	"github.com/outboxgo/outbox/internal/transporttest"
+	"github.com/outboxgo/outbox/transport/kafka"
+)
+
+// The cluster is cut away for 10 s in the middle of a 5,000-message run: the publisher's
+// circuit opens, nothing is dead and no attempt is spent, and delivery resumes within two
+// probe intervals (transporttest.CircuitOutage, on PostgreSQL).
+func TestCircuitOutage(t *testing.T) {
+	t.Parallel()
+	ns := transporttest.Name("kt")
+	var seed []string
+	for _, tp := range topics {
+		seed = append(seed, ns+"."+tp)
+	}
+	// One broker: the proxy takes every connection of the client to it.
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, seed...))
+	require.NoError(t, err)
+	t.Cleanup(c.Close)
+	proxy := testproxy.New(t, c.ListenAddrs()[0])
+	viaProxy := kgo.Dialer(func(ctx context.Context, network, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, proxy.Addr())
+	})
+	cl := client(t, c, viaProxy, kgo.RecordDeliveryTimeout(time.Second), kgo.RetryBackoffFn(func(int) time.Duration { return 20 * time.Millisecond }))
+	tr := newTransport(t, cl, kafka.Options{Timeout: 3 * time.Second})
+	transporttest.CircuitOutage(t, ns, tr, proxy.Cut, proxy.Restore,
+		func() []transporttest.Received { return consume(t, c, ns, 5000) })
+}

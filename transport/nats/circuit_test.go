@@ -1,0 +1,26 @@
+package nats_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	natsgo "github.com/nats-io/nats.go"
+
+	"github.com/outboxgo/outbox/internal/testproxy"
+	"github.com/outboxgo/outbox/internal/transporttest"
+	"github.com/outboxgo/outbox/transport/nats"
+)
+
+// The server is cut away for 10 s in the middle of a 5,000-message run: the publisher's
+// circuit opens, nothing is dead and no attempt is spent, and delivery resumes within two
+// probe intervals (transporttest.CircuitOutage, on PostgreSQL).
+func TestCircuitOutage(t *testing.T) {
+	t.Parallel()
+	proxy := testproxy.New(t, strings.TrimPrefix(server(t), "nats://"))
+	admin := connect(t, server(t))
+	ns, s := stream(t, admin, nil)
+	js := connect(t, "nats://"+proxy.Addr(), natsgo.MaxReconnects(-1), natsgo.ReconnectWait(20*time.Millisecond))
+	tr := newTransport(t, js, nats.Options{AckTimeout: 300 * time.Millisecond})
+	transporttest.CircuitOutage(t, ns, tr, proxy.Cut, proxy.Restore, func() []transporttest.Received { return consume(t, s) })
+}

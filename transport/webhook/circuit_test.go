@@ -1,0 +1,34 @@
+package webhook_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/outboxgo/outbox/internal/testproxy"
+	"github.com/outboxgo/outbox/internal/transporttest"
+	"github.com/outboxgo/outbox/transport/webhook"
+)
+
+// The endpoint (a real httptest server) is cut away for 10 s in the middle of a
+// 5,000-message run: the publisher's circuit opens, nothing is dead and no attempt is
+// spent, and delivery resumes within two probe intervals (transporttest.CircuitOutage, on
+// PostgreSQL).
+func TestCircuitOutage(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t, false, nil)
+	proxy := testproxy.New(t, strings.TrimPrefix(srv.URL, "http://"))
+	tr := newTransport(t, webhook.Options{URL: "http://" + proxy.Addr() + "/{topic}", Secret: srv.secret, AllowHTTP: true,
+		Timeout: 2 * time.Second, Concurrency: 16})
+	transporttest.CircuitOutage(t, transporttest.Name("wh"), tr, proxy.Cut, proxy.Restore, func() []transporttest.Received {
+		var got []transporttest.Received
+		for _, r := range srv.requests() {
+			if id, err := uuid.Parse(r.header.Get("webhook-id")); err == nil {
+				got = append(got, transporttest.Received{ID: id})
+			}
+		}
+		return got
+	})
+}
