@@ -32,10 +32,13 @@
 // the exceptions below. An outage fails with [outbox.Unavailable], which costs the message
 // no attempt: a dial that fails, a connection that drops, BROKER_NOT_AVAILABLE,
 // LEADER_NOT_AVAILABLE, NOT_LEADER_OR_FOLLOWER, NETWORK_EXCEPTION, NOT_ENOUGH_REPLICAS,
-// COORDINATOR_NOT_AVAILABLE, KAFKA_STORAGE_ERROR, and a batch whose records time out
-// ([Options.Timeout] or the client's delivery timeout) when no broker then answers a ping.
-// Retried under the publisher's retry policy: Kafka's other retriable errors, timeouts
-// while a broker answers, a closed client, a topic that does not exist (a deployment may
+// COORDINATOR_NOT_AVAILABLE, KAFKA_STORAGE_ERROR, REQUEST_TIMED_OUT, and records that time out
+// ([Options.Timeout] or the client's delivery timeout). A record times out because no
+// broker acknowledged it in time, never because of what it holds (a record Kafka refuses
+// fails with an error of its own), so a timeout is an outage too: while the cluster comes
+// back, a batch that timed out must not spend attempts because a broker answered a moment
+// later. Retried under the publisher's retry policy: Kafka's other retriable errors, a
+// closed client, a topic that does not exist (a deployment may
 // create it later), authorization failures (an operator fixes the ACL) and errors of the
 // idempotent producer's state, which the client recovers from.
 //
@@ -202,47 +205,18 @@ func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []erro
 	select {
 	case results = <-done:
 	case <-timer.C:
-		return failAll(errs, batch, t.reachable(ctx, fmt.Errorf("outbox/kafka: no result within %s", t.opts.Timeout)))
+		return failAll(errs, batch, outbox.Unavailable(fmt.Errorf("outbox/kafka: no result within %s", t.opts.Timeout)))
 	case <-ctx.Done():
 		return failAll(errs, batch, ctx.Err())
 	}
 	// ProduceSync reports results in completion order; the record pointer says whose.
-	var timedOut error // the reachability of the cluster, asked once for the batch
 	for _, res := range results {
 		if res.Err != nil {
 			i := index[res.Record]
-			err := Classify(fmt.Errorf("outbox/kafka: produce %s to %q: %w", batch[i].ID, res.Record.Topic, res.Err))
-			if errors.Is(err, kgo.ErrRecordTimeout) && !outbox.IsUnavailable(err) {
-				if timedOut == nil {
-					timedOut = t.reachable(ctx, errors.New("records timed out"))
-				}
-				if outbox.IsUnavailable(timedOut) {
-					err = outbox.Unavailable(err)
-				}
-			}
-			errs[i] = err
+			errs[i] = Classify(fmt.Errorf("outbox/kafka: produce %s to %q: %w", batch[i].ID, res.Record.Topic, res.Err))
 		}
 	}
 	return errs
-}
-
-// DefaultPingTimeout bounds the check of whether any broker answers, made once for a batch
-// whose records timed out.
-const DefaultPingTimeout = time.Second
-
-// reachable returns timeout marked [outbox.Unavailable] when no broker answers a ping
-// within [DefaultPingTimeout]: the records timed out because the cluster is away, not
-// because of them. It returns timeout as it is when a broker answers.
-func (t *Transport) reachable(ctx context.Context, timeout error) error {
-	if ctx.Err() != nil {
-		return timeout
-	}
-	pctx, cancel := context.WithTimeout(ctx, DefaultPingTimeout)
-	defer cancel()
-	if err := t.client.Ping(pctx); err != nil {
-		return outbox.Unavailable(fmt.Errorf("%w; no broker answers: %w", timeout, err))
-	}
-	return timeout
 }
 
 // failAll sets err on every message that has no outcome yet.
@@ -341,12 +315,12 @@ var retriedAnyway = []*kerr.Error{
 var unavailable = []*kerr.Error{
 	kerr.BrokerNotAvailable, kerr.LeaderNotAvailable, kerr.NotLeaderForPartition, kerr.NetworkException,
 	kerr.NotEnoughReplicas, kerr.NotEnoughReplicasAfterAppend, kerr.CoordinatorNotAvailable,
-	kerr.KafkaStorageError,
+	kerr.KafkaStorageError, kerr.RequestTimedOut,
 }
 
 // Classify reports how the transport treats a produce error: wrapped with
 // [outbox.Permanent] when retrying cannot help, with [outbox.Unavailable] when the cluster
-// cannot be reached (see [Transport.Publish] for timeouts), returned as it is otherwise.
+// cannot be reached or did not acknowledge a record in time, returned as it is otherwise.
 // Publish applies it to every failure; it is exported for transports that wrap this one.
 func Classify(err error) error {
 	if err == nil || outbox.IsPermanent(err) || outbox.IsUnavailable(err) {
@@ -356,8 +330,8 @@ func Classify(err error) error {
 		return outbox.Permanent(err)
 	}
 	var first *kgo.ErrFirstReadEOF
-	if netfail.Is(err) || errors.As(err, &first) {
-		return outbox.Unavailable(err) // dials that fail, connections that drop
+	if netfail.Is(err) || errors.As(err, &first) || errors.Is(err, kgo.ErrRecordTimeout) {
+		return outbox.Unavailable(err) // dials that fail, connections that drop, no acknowledgement in time
 	}
 	var ke *kerr.Error
 	if errors.As(err, &ke) {
@@ -368,7 +342,7 @@ func Classify(err error) error {
 		}
 	}
 	if ke == nil || ke.Retriable {
-		return err // the client's own errors (timeouts, closed), retriable codes
+		return err // the client's own errors (a closed client), retriable codes
 	}
 	for _, r := range retriedAnyway {
 		if ke == r {

@@ -244,8 +244,8 @@ func TestClassify(t *testing.T) {
 		kerr.InvalidRecord, kerr.InvalidRequiredAcks, kafka.ErrInvalid,
 	}
 	retryable := []error{
-		kerr.RequestTimedOut, kerr.UnknownTopicOrPartition, kerr.TopicAuthorizationFailed, kerr.OutOfOrderSequenceNumber,
-		kerr.UnknownServerError, kgo.ErrRecordTimeout, kgo.ErrRecordRetries, kgo.ErrClientClosed,
+		kerr.UnknownTopicOrPartition, kerr.TopicAuthorizationFailed, kerr.OutOfOrderSequenceNumber,
+		kerr.UnknownServerError, kgo.ErrRecordRetries, kgo.ErrClientClosed,
 		kgo.ErrMaxBuffered, context.Canceled, errors.New("dial tcp: connection refused"), // a message, not the network error
 	}
 	transporttest.RequireClassify(t, kafka.Classify, permanent, retryable)
@@ -254,6 +254,7 @@ func TestClassify(t *testing.T) {
 		kerr.NotEnoughReplicas, kerr.NotEnoughReplicasAfterAppend, kerr.CoordinatorNotAvailable,
 		syscall.ECONNREFUSED, syscall.ECONNRESET, io.EOF, &net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded},
 		fmt.Errorf("%w, last err: %w", kgo.ErrRecordTimeout, syscall.ECONNREFUSED),
+		kgo.ErrRecordTimeout, kerr.RequestTimedOut, // no acknowledgement in time: never the record's fault
 	})
 }
 
