@@ -95,7 +95,7 @@ func seed(ctx context.Context, t *testing.T, db *sql.DB, store *outbox.Store) uu
 	errs := []string{
 		"permanent: webhook https://billing.example/hooks answered 422: total.amount must be positive",
 		"permanent: schema: field \"currency\" is not one of EUR, USD",
-		"unavailable: dial tcp 10.0.4.12:443: connect: connection refused",
+		"webhook https://billing.example/hooks answered 500: upstream ledger timeout",
 	}
 	var dead []uuid.UUID
 	for i, n := range []int{7, 3, 2} {
