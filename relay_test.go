@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -392,4 +394,166 @@ func TestRelayAPI(t *testing.T) {
 		t.Fatal("Run did not return")
 	}
 	goleak.VerifyNone(t, leaks...)
+}
+
+// percentile returns the p-th percentile (0..100) of ds.
+func percentile(ds []time.Duration, p float64) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := int(float64(len(s)-1) * p / 100)
+	return s[i]
+}
+
+// TestRelayFairness: while one store drains 100,000 rows, single events committed in ten
+// idle stores of the same relay are published within a few batch times, because the
+// budget's slots go first come, first served: the busy store queues behind them after each
+// batch. OUTBOX_TEST_RELAY_GREEDY=1 runs the same test on a scheduler broken on purpose
+// (the busy store keeps its slots), which fails it.
+func TestRelayFairness(t *testing.T) {
+	if testing.Short() {
+		t.Skip("drains 100,000 rows; skipped with -short")
+	}
+	t.Parallel()
+	const backlog = 100_000
+	big := newRelayStore(t, "big", "sqlite", false)
+	var idle []*relayStore
+	for i := range 10 {
+		idle = append(idle, newRelayStore(t, fmt.Sprintf("idle-%d", i), "sqlite", false))
+	}
+	for done := 0; done < backlog; done += 5000 {
+		big.enqueue(t, "fair", 5000)
+	}
+
+	// A broker that takes 2ms a batch; a batch of 100 then takes a few milliseconds.
+	rec := newRelayRecorder(0, 2*time.Millisecond)
+	o := relayOptions(t, "fair")
+	o.Publisher.BatchSize = 100
+	o.MaxInFlight = 2 // the busy store alone could fill it: claim ahead keeps two batches
+	relay, err := outbox.NewRelay(rec, o)
+	require.NoError(t, err)
+	if os.Getenv("OUTBOX_TEST_RELAY_GREEDY") == "1" {
+		outbox.MakeRelayGreedy(relay)
+	}
+	require.NoError(t, relay.Add(big.name, big.store))
+	for _, rs := range idle {
+		require.NoError(t, relay.Add(rs.name, rs.store))
+	}
+	began := time.Now()
+	runRelay(t, relay)
+
+	// While the backlog drains, commit single events into the idle stores, one at a time.
+	type sample struct {
+		id        uuid.UUID
+		committed time.Time
+	}
+	var samples []sample
+	for i := 0; relay.Stats().Stores["big"].Delivered < backlog*9/10; i++ {
+		require.Less(t, time.Since(began), 2*time.Minute, "the backlog did not drain")
+		ids := idle[i%len(idle)].enqueue(t, "fair", 1)
+		samples = append(samples, sample{ids[0], time.Now()})
+		time.Sleep(time.Duration(10+rand.IntN(20)) * time.Millisecond)
+	}
+	drained := relay.Stats().Stores["big"].Delivered
+	elapsed := time.Since(began)
+	batchTime := elapsed / time.Duration(drained/100)
+	ids := make([]uuid.UUID, len(samples))
+	for i, s := range samples {
+		ids[i] = s.id
+	}
+	rec.waitDelivered(t, ids, time.Minute)
+	lat := make([]time.Duration, len(samples))
+	for i, s := range samples {
+		at, _ := rec.deliveredAt(s.id)
+		lat[i] = at.Sub(s.committed)
+	}
+	p50, p99 := percentile(lat, 50), percentile(lat, 99)
+	t.Logf("busy store: %d rows in %s (%s a batch of 100); %d single events in idle stores: commit-to-publish p50 %s, p99 %s, max %s",
+		drained, elapsed.Round(time.Millisecond), batchTime.Round(time.Microsecond), len(samples),
+		p50.Round(time.Microsecond), p99.Round(time.Microsecond), percentile(lat, 100).Round(time.Microsecond))
+	require.GreaterOrEqual(t, len(samples), 50, "too few samples to judge")
+	// A claim waits for at most one batch of the busy store; the rest is the chase of the
+	// commit (a wake-up comes before it) and scheduling on a shared machine.
+	bound := max(10*batchTime, 100*time.Millisecond)
+	require.LessOrEqual(t, p99, bound, "p99 commit-to-publish in an idle store while another drains")
+}
+
+// TestRelayIdleCost: 1,000 idle stores cost at most IdleProbesPerSecond claims a second
+// (plus a small slack), not stores × poll rate: as separate publishers, with
+// IdleBackoffMax 200ms, they would claim 5,000 times a second. Each store is a SQLite file
+// copied from one migrated file. Skipped with -short.
+func TestRelayIdleCost(t *testing.T) {
+	if testing.Short() {
+		t.Skip("opens 1,000 SQLite files; skipped with -short")
+	}
+	t.Parallel()
+	const stores = 1000
+	const rate = 50.0
+	dir := t.TempDir()
+	tmpl := filepath.Join(dir, "template.db")
+	db, err := sql.Open("sqlite", testdb.SQLiteDSN(tmpl))
+	require.NoError(t, err)
+	require.NoError(t, migrations.Up(context.Background(), db, "sqlite", migrations.Options{}))
+	_, err = db.Exec(`PRAGMA wal_checkpoint(TRUNCATE)`)
+	require.NoError(t, err)
+	require.NoError(t, db.Close())
+	raw, err := os.ReadFile(tmpl)
+	require.NoError(t, err)
+
+	var claims atomic.Int64
+	o := relayOptions(t, "idle")
+	o.Publisher.PollInterval, o.Publisher.IdleBackoffMax = 200*time.Millisecond, 200*time.Millisecond
+	o.Publisher.SweepInterval = time.Minute
+	o.IdleProbesPerSecond = rate
+	rec := newRelayRecorder(0, 0)
+	relay, err := outbox.NewRelay(rec, o)
+	require.NoError(t, err)
+	var first *outbox.Store
+	for i := range stores {
+		path := filepath.Join(dir, fmt.Sprintf("s%d.db", i))
+		require.NoError(t, os.WriteFile(path, raw, 0o600))
+		db, err := sql.Open("sqlite", testdb.SQLiteDSN(path))
+		require.NoError(t, err)
+		db.SetMaxOpenConns(1)
+		t.Cleanup(func() { _ = db.Close() })
+		s, err := outbox.New(db, &sharedCountingDialect{Dialect: outbox.SQLite(), claims: &claims}, outbox.Options{})
+		require.NoError(t, err)
+		require.NoError(t, relay.Add(fmt.Sprintf("s%d", i), s))
+		if first == nil {
+			first = s
+		}
+	}
+	runRelay(t, relay)
+	// Every store claims once at start, unpaced; then only probes.
+	deadline := time.Now().Add(time.Minute)
+	for claims.Load() < stores {
+		require.True(t, time.Now().Before(deadline), "stores did not start: %d claims", claims.Load())
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(time.Second) // let the first round's backoff pass
+	const window = 5 * time.Second
+	before, t0 := claims.Load(), time.Now()
+	time.Sleep(window)
+	n, took := claims.Load()-before, time.Since(t0)
+	perSec := float64(n) / took.Seconds()
+	t.Logf("%d idle SQLite stores: %d claims in %s = %.1f queries/s (bound %.0f/s; as separate publishers about %d/s)",
+		stores, n, took.Round(time.Millisecond), perSec, rate, int(stores/0.2))
+	require.LessOrEqual(t, perSec, rate*1.1+1, "idle claims a second")
+
+	// An enqueue on an idle store's own Store still wakes it at once.
+	ids := (&relayStore{name: "s0", store: first}).enqueue(t, "idle", 1)
+	start := time.Now()
+	rec.waitDelivered(t, ids, 10*time.Second)
+	t.Logf("an enqueue in one of them published after %s", time.Since(start).Round(time.Millisecond))
+	require.Less(t, time.Since(start), 2*time.Second)
+}
+
+// sharedCountingDialect counts the claims of many stores in one counter.
+type sharedCountingDialect struct {
+	outbox.Dialect
+	claims *atomic.Int64
+}
+
+func (d *sharedCountingDialect) Claim(ctx context.Context, db *sql.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Record, error) {
+	d.claims.Add(1)
+	return d.Dialect.Claim(ctx, db, t, p)
 }
