@@ -557,3 +557,34 @@ func (d *sharedCountingDialect) Claim(ctx context.Context, db *sql.DB, t outbox.
 	d.claims.Add(1)
 	return d.Dialect.Claim(ctx, db, t, p)
 }
+
+// TestRelayMisconfiguredStore: a store whose table was never migrated fails its check; the
+// relay reports it misconfigured while the other store delivers, and serves it once the
+// table exists.
+func TestRelayMisconfiguredStore(t *testing.T) {
+	t.Parallel()
+	good := newRelayStore(t, "good", "sqlite", false)
+	db := testdb.SQLite(t) // no migrations
+	bad, err := outbox.New(db, outbox.SQLite(), outbox.Options{})
+	require.NoError(t, err)
+	rec := newRelayRecorder(0, 0)
+	o := relayOptions(t, "misc")
+	o.DownBackoffMax = 200 * time.Millisecond
+	relay, err := outbox.NewRelay(rec, o)
+	require.NoError(t, err)
+	require.NoError(t, relay.Add("good", good.store))
+	require.NoError(t, relay.Add("bad", bad))
+	runRelay(t, relay)
+	rec.waitDelivered(t, good.enqueue(t, "misc", 5), 10*time.Second)
+	deadline := time.Now().Add(10 * time.Second)
+	for relay.Stats().Stores["bad"].State != outbox.StoreMisconfigured {
+		require.True(t, time.Now().Before(deadline), "state %s", relay.Stats().Stores["bad"].State)
+		time.Sleep(10 * time.Millisecond)
+	}
+	require.NotEmpty(t, relay.Stats().Stores["bad"].LastError)
+
+	require.NoError(t, migrations.Up(context.Background(), db, "sqlite", migrations.Options{}))
+	fixed := &relayStore{name: "bad", store: bad}
+	rec.waitDelivered(t, fixed.enqueue(t, "misc", 3), 10*time.Second)
+	require.Equal(t, outbox.StoreHealthy, relay.Stats().Stores["bad"].State)
+}
