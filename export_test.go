@@ -11,3 +11,7 @@ func PreparedStatements(s *Store) int {
 	defer d.stmts.set.mu.Unlock()
 	return len(d.stmts.set.m)
 }
+
+// MakeRelayGreedy breaks r's fairness on purpose (a store keeps its slot for its next claim
+// while others wait), so that a test can show the fairness test catches it.
+func MakeRelayGreedy(r *Relay) { r.sched.greedy = true }

@@ -347,6 +347,10 @@ type Publisher struct {
 
 	claimed, delivered, retried, dead, leaseLost, errs atomic.Int64
 	unavailable, circuitOpens                          atomic.Int64
+
+	// gate, when set, schedules this publisher's claims among the stores of a [Relay]
+	// (relay.go); nil for a publisher of its own.
+	gate claimGate
 }
 
 // NewPublisher returns a Publisher that claims from store and publishes through tr. Invalid
@@ -594,7 +598,7 @@ func (r *run) listenLoop() {
 			p.log.Info("outbox publisher: no wake-ups from other processes with this driver; polling finds their rows", "err", err)
 			return
 		}
-		p.log.Warn("outbox publisher: wake-up listener lost its connection; polling until it reconnects", "err", err, "retry_in", delay)
+		p.log.Warn(msgListenerLost, "err", err, "retry_in", delay)
 		if !sleep(r.ctx, delay) {
 			return
 		}
@@ -650,6 +654,10 @@ func (r *run) claimLoop(w waker) {
 		curLost map[uuid.UUID]bool
 		probing bool // cur is the circuit breaker's probe
 	)
+	// In a Relay, each claimed batch holds a slot of the relay's budget until it is
+	// recorded (nil methods do nothing without a relay; see relay_gate.go).
+	lg := newLoopGate(p.gate)
+	defer lg.releaseAll()
 	defer func() {
 		if prev != nil { // stopped with a batch published: record it alone
 			r.settle(prev, false)
@@ -666,6 +674,7 @@ func (r *run) claimLoop(w waker) {
 				if prev != nil {
 					r.settle(prev, false)
 					prev = nil
+					lg.release()
 				}
 				r.circuitWait(g)
 				continue
@@ -677,7 +686,24 @@ func (r *run) claimLoop(w waker) {
 			// The claim runs on the work context so that a shutdown cannot cut it off after
 			// the database leased rows but before this loop learned which; the rows it
 			// returns are published like any in-flight batch.
+			if lg != nil {
+				if prev != nil && lg.contended() {
+					r.settle(prev, false) // other stores wait: record it alone and queue
+					prev = nil
+					lg.release()
+				}
+				if prev == nil { // else prev's slot passes to this claim
+					woken, ok := lg.acquire(r.ctx, w, chase < len(chaseDelays))
+					if !ok {
+						return
+					}
+					if woken {
+						chase, idle = 0, p.opts.PollInterval
+					}
+				}
+			}
 			recs, err := r.next(&prev, co, fold)
+			lg.claimed(len(recs), err)
 			if g.probe && (err != nil || len(recs) == 0) {
 				r.circ.probeVoid() // nothing was asked of the destination
 			}
@@ -710,11 +736,13 @@ func (r *run) claimLoop(w waker) {
 			ahead    []Record
 			aheadErr error
 		)
-		if full && claimAhead && r.ctx.Err() == nil && r.circ.closed() {
+		if full && claimAhead && r.ctx.Err() == nil && r.circ.closed() && lg.ahead(prev != nil) {
 			ahead, aheadErr = r.next(&prev, o, fold) // more is likely waiting
+			lg.claimed(len(ahead), aheadErr)
 		} else if prev != nil {
 			r.settle(prev, false)
 			prev = nil
+			lg.release()
 		}
 		aheadLost := map[uuid.UUID]bool{}
 		out := r.awaitPublish(published, ahead, aheadLost)
@@ -735,21 +763,29 @@ func (r *run) claimLoop(w waker) {
 		case !full:
 			r.settle(prev, false)
 			prev = nil
+			lg.release()
 			pause(p.opts.PollInterval)
 		case aheadErr != nil && r.work.Err() == nil:
 			r.claimFailed(aheadErr, &errDelay) // prev is recorded with the next claim
 		case !fold && cur == nil:
 			r.settle(prev, false) // nothing to record it with
 			prev = nil
+			lg.release()
 		}
 	}
 }
+
+// Log messages that a Relay keeps quiet while it reports the store down (relay.go).
+const (
+	msgClaimFailed  = "outbox publisher: claim failed"
+	msgListenerLost = "outbox publisher: wake-up listener lost its connection; polling until it reconnects"
+)
 
 // claimFailed counts and logs a failed claim, waits *delay, and doubles it up to
 // IdleBackoffMax.
 func (r *run) claimFailed(err error, delay *time.Duration) {
 	r.p.errs.Add(1)
-	r.p.log.Error("outbox publisher: claim failed", "err", err, "retry_in", *delay)
+	r.p.log.Error(msgClaimFailed, "err", err, "retry_in", *delay)
 	sleep(r.ctx, *delay)
 	*delay = min(*delay*2, r.p.opts.IdleBackoffMax)
 }
@@ -1286,6 +1322,9 @@ func (r *run) sweepLoop() {
 		case <-r.ctx.Done():
 			return
 		case <-t.C:
+		}
+		if g := r.p.gate; g != nil && !g.background(r.ctx) {
+			return // a relay spaces the sweeps of its stores out with its idle probes
 		}
 		if sinceFull >= fullSweepEvery {
 			if r.sweep(r.p.store.Bury) {

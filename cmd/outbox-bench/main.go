@@ -27,6 +27,8 @@
 //     sides, as a broker's round trip would (the raw loop waits between claim and ack);
 //  10. short drains: 20,000 freshly loaded rows of 200-byte payloads drained by a Publisher
 //     (default options) against the raw loop, at batch 100 and 500 with 1 and 2 loops.
+//     10b. relay: BurnN rows spread over ten tables drained by one Relay over ten Stores
+//     against ten separate Publishers on the same tables and pool, in alternation.
 //  11. drain costs: one-loop drains at several batch sizes and row counts, library and raw,
 //     each fitted to a fixed cost per drain, a cost per batch and a cost per row.
 //  12. table cost (only with -only tablecost): the raw loop's drain, single-event enqueue
@@ -205,7 +207,7 @@ func main() {
 		burnN    = flag.Int("n", 0, "rows per burn-down (default: 10000 quick, 100000 full)")
 		rounds   = flag.Int("burn-rounds", 0, "alternating library/raw pairs of the headline burn-down (default: 3 quick, 10 full)")
 		retained = flag.Int("retained", 0, "retained delivered rows in the growth scenario (default: 100000 quick, 1000000 full)")
-		only     = flag.String("only", "", "run only these scenarios (comma list of enqueue, batch, burndown, breakdown, latency, growth, stats, purge, ordered, broker, shortdrain, costs, tablecost, ui; latency needs burndown; tablecost runs only when named)")
+		only     = flag.String("only", "", "run only these scenarios (comma list of enqueue, batch, burndown, breakdown, latency, growth, stats, purge, ordered, broker, shortdrain, relay, costs, tablecost, ui; latency needs burndown; tablecost runs only when named)")
 		cpuprof  = flag.String("cpuprofile", "", "write a CPU profile of the bench process (library and raw alike) to this file")
 		from     = flag.String("from", "", "measure nothing: re-render the table, JSON lines, Markdown and plot of an earlier results.json")
 	)
@@ -340,6 +342,7 @@ func runBackend(ctx context.Context, cfg config, b backend, res *backendResult) 
 		{"ordered burn-down", "ordered", runOrdered},
 		{"broker-latency burn-down", "broker", runBroker},
 		{"short drains", "shortdrain", runShortDrain},
+		{"relay over ten stores", "relay", runRelayDrain},
 		{"drain costs", "costs", runCosts},
 		{"table cost", "tablecost", runTableCost},
 		{"web view", "ui", runUI},

@@ -61,6 +61,7 @@ type backendResult struct {
 	PurgeBurn  *purgeBurnResult   `json:"purge_burndown,omitempty"`
 	Ordered    *orderedResult     `json:"burndown_ordered,omitempty"`
 	ShortDrain []shortDrainResult `json:"short_drain,omitempty"`
+	Relay      *relayResult       `json:"relay,omitempty"`
 	Broker     *brokerResult      `json:"broker,omitempty"`
 	Costs      *costResult        `json:"drain_costs,omitempty"`
 	TableCost  *tableCostResult   `json:"table_cost,omitempty"`

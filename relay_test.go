@@ -1,0 +1,590 @@
+package outbox_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/internal/testdb"
+	"github.com/outboxgo/outbox/migrations"
+)
+
+// relayStore is one migrated database of a relay test and its store.
+type relayStore struct {
+	name    string
+	backend string
+	db      *sql.DB
+	store   *outbox.Store
+	dialect *countingDialect // counts claims, when asked for
+}
+
+// newRelayStore opens a fresh database of backend, migrates it and returns its store.
+func newRelayStore(t *testing.T, name, backend string, counting bool) *relayStore {
+	t.Helper()
+	db := testdb.Open(t, backend)
+	if backend == "sqlite" {
+		db.SetMaxOpenConns(4)
+	}
+	require.NoError(t, migrations.Up(context.Background(), db, backend, migrations.Options{}))
+	rs := &relayStore{name: name, backend: backend, db: db}
+	var d outbox.Dialect = pubDialect(backend)
+	if counting {
+		rs.dialect = &countingDialect{Dialect: d}
+		d = rs.dialect
+	}
+	s, err := outbox.New(db, d, outbox.Options{})
+	require.NoError(t, err)
+	rs.store = s
+	return rs
+}
+
+// enqueue commits n events of topic rs.name in one transaction and returns their ids.
+func (rs *relayStore) enqueue(t require.TestingT, ns string, n int) []uuid.UUID {
+	msgs := make([]outbox.Message, n)
+	for i := range msgs {
+		msgs[i] = outbox.Message{Namespace: ns, Topic: rs.name, Payload: []byte(fmt.Sprintf(`{"i":%d}`, i))}
+	}
+	res, err := rs.store.EnqueueStandalone(context.Background(), msgs...)
+	require.NoError(t, err)
+	ids := make([]uuid.UUID, n)
+	for i, r := range res {
+		ids[i] = r.ID
+	}
+	return ids
+}
+
+// relayRecorder is one transport shared by every store of a relay. It records deliveries
+// per id, fails a share of messages as a transient broker error would, and records any id
+// handed to it while an earlier publish of the same id had not returned (two owners).
+type relayRecorder struct {
+	mu        sync.Mutex
+	inflight  map[uuid.UUID]bool
+	delivered map[uuid.UUID]time.Time // first delivery
+	published map[string]time.Time    // last publish start per topic (store)
+	overlaps  []uuid.UUID
+	failRate  float64
+	delay     time.Duration
+	count     atomic.Int64
+}
+
+func newRelayRecorder(failRate float64, delay time.Duration) *relayRecorder {
+	return &relayRecorder{inflight: map[uuid.UUID]bool{}, delivered: map[uuid.UUID]time.Time{},
+		published: map[string]time.Time{}, failRate: failRate, delay: delay}
+}
+
+func (r *relayRecorder) Publish(ctx context.Context, batch []outbox.Delivery) []error {
+	now := time.Now()
+	r.mu.Lock()
+	for _, d := range batch {
+		if r.inflight[d.ID] {
+			r.overlaps = append(r.overlaps, d.ID)
+		}
+		r.inflight[d.ID] = true
+		r.published[d.Topic] = now
+	}
+	r.mu.Unlock()
+	if r.delay > 0 {
+		time.Sleep(r.delay)
+	} else {
+		time.Sleep(time.Duration(rand.IntN(3)) * time.Millisecond)
+	}
+	errs := make([]error, len(batch))
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, d := range batch {
+		delete(r.inflight, d.ID)
+		if r.failRate > 0 && rand.Float64() < r.failRate {
+			errs[i] = errors.New("broker hiccup")
+			continue
+		}
+		if _, ok := r.delivered[d.ID]; !ok {
+			r.delivered[d.ID] = time.Now()
+		}
+		r.count.Add(1)
+	}
+	return errs
+}
+
+// missing returns the ids of want not delivered yet.
+func (r *relayRecorder) missing(want []uuid.UUID) []uuid.UUID {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []uuid.UUID
+	for _, id := range want {
+		if _, ok := r.delivered[id]; !ok {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+func (r *relayRecorder) lastPublish(topic string) time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.published[topic]
+}
+
+func (r *relayRecorder) deliveredAt(id uuid.UUID) (time.Time, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	at, ok := r.delivered[id]
+	return at, ok
+}
+
+func (r *relayRecorder) twoOwners() []uuid.UUID {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.overlaps)
+}
+
+// waitDelivered polls until every id of want was delivered.
+func (r *relayRecorder) waitDelivered(t *testing.T, want []uuid.UUID, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		miss := r.missing(want)
+		if len(miss) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d events not delivered within %s (first %s)", len(miss), len(want), within, miss[0])
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// relayOptions are quick relay settings for tests.
+func relayOptions(t *testing.T, ns string) outbox.RelayOptions {
+	o := fastOptions(t, ns)
+	o.SweepInterval = time.Second
+	// Failed deliveries are the point of some tests; only errors reach the test log.
+	o.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelError}))
+	return outbox.RelayOptions{Publisher: o, MaxInFlight: 8, IdleProbesPerSecond: 200, DownBackoffMax: time.Second}
+}
+
+// runRelay runs r until the test ends (or stop is called) and checks that Run returned nil.
+func runRelay(t *testing.T, r *outbox.Relay) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- r.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-errc:
+				require.NoError(t, err)
+			case <-time.After(30 * time.Second):
+				t.Error("Relay.Run did not return within 30s of cancellation")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// countStatus returns how many rows of rs's table have status.
+func (rs *relayStore) countStatus(t require.TestingT, status outbox.Status) int {
+	var n int
+	require.NoError(t, rs.db.QueryRow(testdb.Rebind(rs.backend, `SELECT COUNT(*) FROM outbox_events WHERE status = ?`), string(status)).Scan(&n))
+	return n
+}
+
+// TestRelayManyDatabases: one relay over 100 SQLite files, 10 PostgreSQL schemas and 5
+// MariaDB databases, through one transport that fails 20 % of deliveries. Producers commit
+// events into every store while the relay runs: every committed event is delivered, no id is
+// ever in the transport twice at once, and every row ends delivered.
+func TestRelayManyDatabases(t *testing.T) {
+	t.Parallel()
+	var stores []*relayStore
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	add := func(backend string, n int) {
+		for i := range n {
+			wg.Go(func() {
+				rs := newRelayStore(t, fmt.Sprintf("%s-%d", backend, i), backend, false)
+				mu.Lock()
+				stores = append(stores, rs)
+				mu.Unlock()
+			})
+		}
+	}
+	add("sqlite", 100)
+	add("postgres", 10)
+	add("mysql", 5)
+	wg.Wait()
+	require.Len(t, stores, 115)
+
+	rec := newRelayRecorder(0.2, 0)
+	relay, err := outbox.NewRelay(rec, relayOptions(t, "many"))
+	require.NoError(t, err)
+	for _, rs := range stores {
+		require.NoError(t, relay.Add(rs.name, rs.store))
+	}
+	began := time.Now()
+	runRelay(t, relay)
+
+	// Producers: three rounds of 1..30 events per store, while the relay runs.
+	var ids []uuid.UUID
+	var pmu sync.Mutex
+	var pwg sync.WaitGroup
+	for _, rs := range stores {
+		pwg.Go(func() {
+			for range 3 {
+				got := rs.enqueue(t, "many", 1+rand.IntN(30))
+				pmu.Lock()
+				ids = append(ids, got...)
+				pmu.Unlock()
+				time.Sleep(time.Duration(rand.IntN(50)) * time.Millisecond)
+			}
+		})
+	}
+	pwg.Wait()
+	rec.waitDelivered(t, ids, 2*time.Minute)
+	t.Logf("%d events over %d stores delivered in %s; stats total %+v", len(ids), len(stores),
+		time.Since(began).Round(time.Millisecond), relay.Stats().Total)
+	require.Empty(t, rec.twoOwners(), "ids in flight at two owners at once")
+	for _, rs := range stores {
+		deadline := time.Now().Add(30 * time.Second)
+		for rs.countStatus(t, outbox.StatusPending)+rs.countStatus(t, outbox.StatusProcessing) > 0 {
+			require.True(t, time.Now().Before(deadline), "store %s still has rows to settle", rs.name)
+			time.Sleep(20 * time.Millisecond)
+		}
+		require.Zero(t, rs.countStatus(t, outbox.StatusDead), rs.name)
+	}
+	st := relay.Stats()
+	require.Len(t, st.Stores, 115)
+	require.EqualValues(t, len(ids), st.Total.Delivered)
+	require.Positive(t, st.Total.Retried)
+	for name, s := range st.Stores {
+		require.Equal(t, outbox.StoreHealthy, s.State, name)
+	}
+}
+
+// TestRelayAddRemove: stores added and removed while the relay runs lose nothing. A
+// removed store's rows are not published once Remove has returned, and are delivered after
+// the store is added back.
+func TestRelayAddRemove(t *testing.T) {
+	t.Parallel()
+	backends := []string{"sqlite", "sqlite", "sqlite", "sqlite", "postgres", "mysql"}
+	stores := make([]*relayStore, len(backends))
+	var wg sync.WaitGroup
+	for i, b := range backends {
+		wg.Go(func() { stores[i] = newRelayStore(t, fmt.Sprintf("s%d-%s", i, b), b, false) })
+	}
+	wg.Wait()
+
+	rec := newRelayRecorder(0.1, 2*time.Millisecond)
+	relay, err := outbox.NewRelay(rec, relayOptions(t, "addrm"))
+	require.NoError(t, err)
+	for _, rs := range stores[:3] {
+		require.NoError(t, relay.Add(rs.name, rs.store))
+	}
+	runRelay(t, relay)
+
+	var ids []uuid.UUID
+	for _, rs := range stores {
+		ids = append(ids, rs.enqueue(t, "addrm", 300)...)
+	}
+	// Add the others while the first three drain.
+	for _, rs := range stores[3:] {
+		require.NoError(t, relay.Add(rs.name, rs.store))
+	}
+	// Remove two stores mid-drain; nothing of theirs is published after Remove returns.
+	for _, rs := range []*relayStore{stores[0], stores[4]} {
+		deadline := time.Now().Add(30 * time.Second)
+		for rec.lastPublish(rs.name).IsZero() {
+			require.True(t, time.Now().Before(deadline), "store %s never published", rs.name)
+			time.Sleep(5 * time.Millisecond)
+		}
+		require.NoError(t, relay.Remove(rs.name))
+		removed := time.Now()
+		rs.enqueue(t, "addrm", 5) // while removed: stays pending
+		time.Sleep(300 * time.Millisecond)
+		require.True(t, rec.lastPublish(rs.name).Before(removed), "store %s published after Remove returned", rs.name)
+		require.Zero(t, rs.countStatus(t, outbox.StatusProcessing), "Remove returned with batches of %s in flight", rs.name)
+		_, ok := relay.Stats().Stores[rs.name]
+		require.False(t, ok)
+	}
+	// Back, under their names: everything is delivered.
+	require.NoError(t, relay.Add(stores[0].name, stores[0].store))
+	require.NoError(t, relay.Add(stores[4].name, stores[4].store))
+	rec.waitDelivered(t, ids, time.Minute)
+	for _, rs := range stores {
+		deadline := time.Now().Add(30 * time.Second)
+		for rs.countStatus(t, outbox.StatusDelivered) != 300+map[bool]int{true: 5}[rs == stores[0] || rs == stores[4]] {
+			require.True(t, time.Now().Before(deadline), "store %s: not every row delivered", rs.name)
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	require.Empty(t, rec.twoOwners())
+}
+
+// TestRelayAPI: the relay's errors, and no goroutine outlives Run. Not parallel: goleak
+// inspects every goroutine of the process.
+func TestRelayAPI(t *testing.T) {
+	rec := newRelayRecorder(0, 0)
+
+	for _, bad := range []outbox.RelayOptions{
+		{}, // no namespace
+		{Publisher: outbox.PublisherOptions{Scope: outbox.Scope{Namespace: "x"}}, MaxInFlight: -1},
+		{Publisher: outbox.PublisherOptions{Scope: outbox.Scope{Namespace: "x"}}, IdleProbesPerSecond: -2},
+		{Publisher: outbox.PublisherOptions{Scope: outbox.Scope{Namespace: "x"}}, DownBackoffMax: -time.Second},
+		{Publisher: outbox.PublisherOptions{Scope: outbox.Scope{Namespace: "x"}, BatchSize: -1}},
+	} {
+		_, err := outbox.NewRelay(rec, bad)
+		var ve *outbox.ValidationError
+		require.ErrorAs(t, err, &ve, "%+v", bad)
+	}
+	_, err := outbox.NewRelay(nil, relayOptions(t, "api"))
+	var ve *outbox.ValidationError
+	require.ErrorAs(t, err, &ve)
+
+	a := newRelayStore(t, "a", "sqlite", false)
+	b := newRelayStore(t, "b", "sqlite", false)
+	leaks := goleakBaseline() // the pools' goroutines are not the relay's
+	relay, err := outbox.NewRelay(rec, relayOptions(t, "api"))
+	require.NoError(t, err)
+	require.NoError(t, relay.Add("a", a.store))
+	require.ErrorIs(t, relay.Add("a", b.store), outbox.ErrStoreExists)
+	require.ErrorAs(t, relay.Add("", b.store), &ve)
+	require.ErrorAs(t, relay.Add("b", nil), &ve)
+	require.ErrorAs(t, relay.Add("b", b.store, outbox.PublisherOptions{}), &ve) // no namespace
+	require.ErrorIs(t, relay.Remove("nope"), outbox.ErrUnknownStore)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- relay.Run(ctx) }()
+	ids := a.enqueue(t, "api", 3)
+	rec.waitDelivered(t, ids, 10*time.Second)
+	require.NoError(t, relay.Add("b", b.store, fastOptions(t, "api-b")))
+	ids = b.enqueue(t, "api-b", 3)
+	rec.waitDelivered(t, ids, 10*time.Second)
+	deadline := time.Now().Add(5 * time.Second)
+	for relay.Run(ctx) != outbox.ErrRelayRunning { // Run has started
+		require.True(t, time.Now().Before(deadline))
+		time.Sleep(time.Millisecond)
+	}
+	require.NoError(t, relay.Remove("b"))
+	require.ErrorIs(t, relay.Remove("b"), outbox.ErrUnknownStore)
+	st := relay.Stats()
+	require.EqualValues(t, 6, st.Total.Delivered, "the removed store's counts stay in Total")
+	require.EqualValues(t, 3, st.Stores["a"].Delivered)
+	cancel()
+	select {
+	case err := <-errc:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return")
+	}
+	goleak.VerifyNone(t, leaks...)
+}
+
+// percentile returns the p-th percentile (0..100) of ds.
+func percentile(ds []time.Duration, p float64) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := int(float64(len(s)-1) * p / 100)
+	return s[i]
+}
+
+// TestRelayFairness: while one store drains 100,000 rows, single events committed in ten
+// idle stores of the same relay are published within a few batch times, because the
+// budget's slots go first come, first served: the busy store queues behind them after each
+// batch. OUTBOX_TEST_RELAY_GREEDY=1 runs the same test on a scheduler broken on purpose
+// (the busy store keeps its slots), which fails it.
+func TestRelayFairness(t *testing.T) {
+	if testing.Short() {
+		t.Skip("drains 100,000 rows; skipped with -short")
+	}
+	t.Parallel()
+	const backlog = 100_000
+	big := newRelayStore(t, "big", "sqlite", false)
+	var idle []*relayStore
+	for i := range 10 {
+		idle = append(idle, newRelayStore(t, fmt.Sprintf("idle-%d", i), "sqlite", false))
+	}
+	for done := 0; done < backlog; done += 5000 {
+		big.enqueue(t, "fair", 5000)
+	}
+
+	// A broker that takes 2ms a batch; a batch of 100 then takes a few milliseconds.
+	rec := newRelayRecorder(0, 2*time.Millisecond)
+	o := relayOptions(t, "fair")
+	o.Publisher.BatchSize = 100
+	o.MaxInFlight = 2 // the busy store alone could fill it: claim ahead keeps two batches
+	relay, err := outbox.NewRelay(rec, o)
+	require.NoError(t, err)
+	if os.Getenv("OUTBOX_TEST_RELAY_GREEDY") == "1" {
+		outbox.MakeRelayGreedy(relay)
+	}
+	require.NoError(t, relay.Add(big.name, big.store))
+	for _, rs := range idle {
+		require.NoError(t, relay.Add(rs.name, rs.store))
+	}
+	began := time.Now()
+	runRelay(t, relay)
+
+	// While the backlog drains, commit single events into the idle stores, one at a time.
+	type sample struct {
+		id        uuid.UUID
+		committed time.Time
+	}
+	var samples []sample
+	for i := 0; relay.Stats().Stores["big"].Delivered < backlog*9/10; i++ {
+		require.Less(t, time.Since(began), 2*time.Minute, "the backlog did not drain")
+		ids := idle[i%len(idle)].enqueue(t, "fair", 1)
+		samples = append(samples, sample{ids[0], time.Now()})
+		time.Sleep(time.Duration(10+rand.IntN(20)) * time.Millisecond)
+	}
+	drained := relay.Stats().Stores["big"].Delivered
+	elapsed := time.Since(began)
+	batchTime := elapsed / time.Duration(drained/100)
+	ids := make([]uuid.UUID, len(samples))
+	for i, s := range samples {
+		ids[i] = s.id
+	}
+	rec.waitDelivered(t, ids, time.Minute)
+	lat := make([]time.Duration, len(samples))
+	for i, s := range samples {
+		at, _ := rec.deliveredAt(s.id)
+		lat[i] = at.Sub(s.committed)
+	}
+	p50, p99 := percentile(lat, 50), percentile(lat, 99)
+	t.Logf("busy store: %d rows in %s (%s a batch of 100); %d single events in idle stores: commit-to-publish p50 %s, p99 %s, max %s",
+		drained, elapsed.Round(time.Millisecond), batchTime.Round(time.Microsecond), len(samples),
+		p50.Round(time.Microsecond), p99.Round(time.Microsecond), percentile(lat, 100).Round(time.Microsecond))
+	require.GreaterOrEqual(t, len(samples), 50, "too few samples to judge")
+	// A claim waits for at most one batch of the busy store; the rest is the chase of the
+	// commit (a wake-up comes before it) and scheduling on a shared machine.
+	bound := max(10*batchTime, 100*time.Millisecond)
+	require.LessOrEqual(t, p99, bound, "p99 commit-to-publish in an idle store while another drains")
+}
+
+// TestRelayIdleCost: 1,000 idle stores cost at most IdleProbesPerSecond claims a second
+// (plus a small slack), not stores × poll rate: as separate publishers, with
+// IdleBackoffMax 200ms, they would claim 5,000 times a second. Each store is a SQLite file
+// copied from one migrated file. Skipped with -short.
+func TestRelayIdleCost(t *testing.T) {
+	if testing.Short() {
+		t.Skip("opens 1,000 SQLite files; skipped with -short")
+	}
+	t.Parallel()
+	const stores = 1000
+	const rate = 50.0
+	dir := t.TempDir()
+	tmpl := filepath.Join(dir, "template.db")
+	db, err := sql.Open("sqlite", testdb.SQLiteDSN(tmpl))
+	require.NoError(t, err)
+	require.NoError(t, migrations.Up(context.Background(), db, "sqlite", migrations.Options{}))
+	_, err = db.Exec(`PRAGMA wal_checkpoint(TRUNCATE)`)
+	require.NoError(t, err)
+	require.NoError(t, db.Close())
+	raw, err := os.ReadFile(tmpl)
+	require.NoError(t, err)
+
+	var claims atomic.Int64
+	o := relayOptions(t, "idle")
+	o.Publisher.PollInterval, o.Publisher.IdleBackoffMax = 200*time.Millisecond, 200*time.Millisecond
+	o.Publisher.SweepInterval = time.Minute
+	o.IdleProbesPerSecond = rate
+	rec := newRelayRecorder(0, 0)
+	relay, err := outbox.NewRelay(rec, o)
+	require.NoError(t, err)
+	var first *outbox.Store
+	for i := range stores {
+		path := filepath.Join(dir, fmt.Sprintf("s%d.db", i))
+		require.NoError(t, os.WriteFile(path, raw, 0o600))
+		db, err := sql.Open("sqlite", testdb.SQLiteDSN(path))
+		require.NoError(t, err)
+		db.SetMaxOpenConns(1)
+		t.Cleanup(func() { _ = db.Close() })
+		s, err := outbox.New(db, &sharedCountingDialect{Dialect: outbox.SQLite(), claims: &claims}, outbox.Options{})
+		require.NoError(t, err)
+		require.NoError(t, relay.Add(fmt.Sprintf("s%d", i), s))
+		if first == nil {
+			first = s
+		}
+	}
+	runRelay(t, relay)
+	// Every store claims once at start, unpaced; then only probes.
+	deadline := time.Now().Add(time.Minute)
+	for claims.Load() < stores {
+		require.True(t, time.Now().Before(deadline), "stores did not start: %d claims", claims.Load())
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(time.Second) // let the first round's backoff pass
+	const window = 5 * time.Second
+	before, t0 := claims.Load(), time.Now()
+	time.Sleep(window)
+	n, took := claims.Load()-before, time.Since(t0)
+	perSec := float64(n) / took.Seconds()
+	t.Logf("%d idle SQLite stores: %d claims in %s = %.1f queries/s (bound %.0f/s; as separate publishers about %d/s)",
+		stores, n, took.Round(time.Millisecond), perSec, rate, int(stores/0.2))
+	require.LessOrEqual(t, perSec, rate*1.1+1, "idle claims a second")
+
+	// An enqueue on an idle store's own Store still wakes it at once.
+	ids := (&relayStore{name: "s0", store: first}).enqueue(t, "idle", 1)
+	start := time.Now()
+	rec.waitDelivered(t, ids, 10*time.Second)
+	t.Logf("an enqueue in one of them published after %s", time.Since(start).Round(time.Millisecond))
+	require.Less(t, time.Since(start), 2*time.Second)
+}
+
+// sharedCountingDialect counts the claims of many stores in one counter.
+type sharedCountingDialect struct {
+	outbox.Dialect
+	claims *atomic.Int64
+}
+
+func (d *sharedCountingDialect) Claim(ctx context.Context, db *sql.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Record, error) {
+	d.claims.Add(1)
+	return d.Dialect.Claim(ctx, db, t, p)
+}
+
+// TestRelayMisconfiguredStore: a store whose table was never migrated fails its check; the
+// relay reports it misconfigured while the other store delivers, and serves it once the
+// table exists.
+func TestRelayMisconfiguredStore(t *testing.T) {
+	t.Parallel()
+	good := newRelayStore(t, "good", "sqlite", false)
+	db := testdb.SQLite(t) // no migrations
+	bad, err := outbox.New(db, outbox.SQLite(), outbox.Options{})
+	require.NoError(t, err)
+	rec := newRelayRecorder(0, 0)
+	o := relayOptions(t, "misc")
+	o.DownBackoffMax = 200 * time.Millisecond
+	relay, err := outbox.NewRelay(rec, o)
+	require.NoError(t, err)
+	require.NoError(t, relay.Add("good", good.store))
+	require.NoError(t, relay.Add("bad", bad))
+	runRelay(t, relay)
+	rec.waitDelivered(t, good.enqueue(t, "misc", 5), 10*time.Second)
+	deadline := time.Now().Add(10 * time.Second)
+	for relay.Stats().Stores["bad"].State != outbox.StoreMisconfigured {
+		require.True(t, time.Now().Before(deadline), "state %s", relay.Stats().Stores["bad"].State)
+		time.Sleep(10 * time.Millisecond)
+	}
+	require.NotEmpty(t, relay.Stats().Stores["bad"].LastError)
+
+	require.NoError(t, migrations.Up(context.Background(), db, "sqlite", migrations.Options{}))
+	fixed := &relayStore{name: "bad", store: bad}
+	rec.waitDelivered(t, fixed.enqueue(t, "misc", 3), 10*time.Second)
+	require.Equal(t, outbox.StoreHealthy, relay.Stats().Stores["bad"].State)
+}
