@@ -99,8 +99,15 @@ type circuit struct {
 	interval  time.Duration // the current probe interval, before jitter
 	nextProbe time.Time     // when open: when the next probe may start
 	openedAt  time.Time     // when it last opened from closed; zero while closed
+	probeAt   time.Time     // when half-open: when the probe was handed out
 	changed   chan struct{} // closed and replaced on every change of state
 }
+
+// probeLost is how long a probe may stay out before the circuit hands out another: its
+// loop may have stopped without a result (its publisher was removed from a relay, or shut
+// down past its deadline), and the circuit must not stay half-open for good. It is longer
+// than any probe's publish and settle (PublishTimeout defaults to a minute).
+const probeLost = 3 * time.Minute
 
 func newCircuit(o CircuitOptions) *circuit {
 	return &circuit{
@@ -135,9 +142,14 @@ func (c *circuit) allow() gate {
 			return gate{wait: d, changed: c.changed}
 		}
 		c.set(circuitHalfOpen)
+		c.probeAt = c.now()
 		return gate{claim: true, probe: true}
-	default: // half-open: the probe decides
-		return gate{wait: c.opts.ProbeMax, changed: c.changed}
+	default: // half-open: the probe decides, unless it was lost
+		if d := c.probeAt.Add(probeLost).Sub(c.now()); d > 0 {
+			return gate{wait: min(d, c.opts.ProbeMax), changed: c.changed}
+		}
+		c.probeAt = c.now()
+		return gate{claim: true, probe: true}
 	}
 }
 

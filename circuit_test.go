@@ -190,3 +190,22 @@ func TestCircuitOptionsValidate(t *testing.T) {
 		require.True(t, j >= 0 && j <= 250*time.Millisecond, "%s", j)
 	}
 }
+
+// A probe whose loop stopped without a result (its publisher left a relay, or shut down past
+// its deadline) is handed out again after probeLost, so the circuit never stays half-open
+// for good; until then the other loops wait for it.
+func TestCircuitLostProbe(t *testing.T) {
+	c, now := testCircuit(t, CircuitOptions{ProbeMin: time.Second, ProbeMax: 3 * time.Second})
+	c.record(true, false, *now)
+	*now = now.Add(2 * time.Second)
+	require.True(t, c.allow().probe)
+	requireState(t, c, circuitHalfOpen)
+	requireWait(t, c, 3*time.Second)
+	*now = now.Add(probeLost - time.Second)
+	requireWait(t, c, time.Second)
+	*now = now.Add(time.Second)
+	require.Equal(t, gate{claim: true, probe: true}, c.allow(), "the lost probe is handed out again")
+	requireWait(t, c, 3*time.Second)
+	require.True(t, c.record(false, true, *now).closed)
+	requireState(t, c, circuitClosed)
+}

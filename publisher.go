@@ -351,6 +351,9 @@ type Publisher struct {
 	// gate, when set, schedules this publisher's claims among the stores of a [Relay]
 	// (relay.go); nil for a publisher of its own.
 	gate claimGate
+	// circ, when set, is a [Relay]'s circuit breaker, shared by all its stores; a publisher
+	// of its own makes its own in Run.
+	circ *circuit
 }
 
 // NewPublisher returns a Publisher that claims from store and publishes through tr. Invalid
@@ -456,7 +459,10 @@ func (p *Publisher) Run(ctx context.Context) error {
 	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopWork()
 	r := &run{p: p, ctx: ctx, work: work, wakers: make([]waker, p.opts.Concurrency)}
-	if !p.opts.Circuit.Disabled {
+	switch {
+	case p.circ != nil:
+		r.circ = p.circ
+	case !p.opts.Circuit.Disabled:
 		r.circ = newCircuit(p.opts.Circuit)
 	}
 	for i := range r.wakers {

@@ -175,6 +175,7 @@ type Relay struct {
 	opts  RelayOptions
 	log   *slog.Logger
 	sched *relaySched
+	circ  *circuit // shared by every store's publisher; nil when disabled
 
 	running atomic.Bool
 	wg      sync.WaitGroup // the stores' runs
@@ -195,13 +196,22 @@ func NewRelay(tr Transport, opts RelayOptions) (*Relay, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
-	return &Relay{
+	r := &Relay{
 		tr:      tr,
 		opts:    opts,
 		log:     opts.Publisher.Logger.With("component", "outbox.relay", "worker_id", opts.Publisher.WorkerID),
 		sched:   newRelaySched(opts.MaxInFlight, opts.IdleProbesPerSecond),
 		members: map[string]*relayMember{},
-	}, nil
+	}
+	// One circuit breaker for the relay: its stores share one transport, so an outage of
+	// the destination is one outage, probed by one store at a time, not by every store.
+	if co := opts.Publisher.Circuit; !co.Disabled {
+		if err := co.validate(); err != nil {
+			return nil, err
+		}
+		r.circ = newCircuit(co)
+	}
+	return r, nil
 }
 
 // Add adds store under name (1 to [MaxRelayStoreName] bytes), and starts serving it at
@@ -245,6 +255,7 @@ func (r *Relay) Add(name string, store *Store, opts ...PublisherOptions) error {
 		return err
 	}
 	p.gate = memberGate{m: m, s: r.sched}
+	p.circ = r.circ
 	m.pub = p
 
 	r.mu.Lock()
@@ -362,6 +373,8 @@ func (r *Relay) Stats() RelayStats {
 		st.Stores[m.name] = ms
 		st.Total = addStats(st.Total, ms.PublisherStats)
 	}
+	// The circuit is the relay's, shared by every store: its state is the relay's too.
+	st.Total.CircuitOpen, st.Total.CircuitOpenedAt = r.circ.snapshot()
 	st.InFlight, st.Waiting = r.sched.usage(r.opts.MaxInFlight)
 	st.IdleProbes = r.sched.probes.Load()
 	return st
@@ -375,6 +388,10 @@ func addStats(a, b PublisherStats) PublisherStats {
 		Dead:      a.Dead + b.Dead,
 		LeaseLost: a.LeaseLost + b.LeaseLost,
 		Errors:    a.Errors + b.Errors,
+		// Unavailable outcomes, and the openings of the relay's circuit each counted by the
+		// store whose batch opened it.
+		Unavailable:  a.Unavailable + b.Unavailable,
+		CircuitOpens: a.CircuitOpens + b.CircuitOpens,
 	}
 }
 

@@ -14,9 +14,10 @@ import (
 // before each claim (acquire, or tryAcquire for a claim made while a batch is in the
 // transport) and after each batch is recorded (release); see loopGate for the counting.
 //
-// The circuit breaker, when it joins the claim loop, belongs to the relay as a whole (a
-// relay has one transport): its open state should make acquire wait, so that every store
-// pauses together, and its half-open probe should take one slot like any claim.
+// The circuit breaker belongs to the relay as a whole (a relay has one transport): every
+// store's publisher shares the relay's circuit (Publisher.circ), which the claim loop asks
+// before it asks the gate, so every store pauses together; a probe takes a slot like any
+// claim.
 type claimGate interface {
 	// acquire waits for a slot of the relay's budget, in FIFO order with every other
 	// store's loops. probe says the loop's last claim found nothing and no wake-up came

@@ -588,3 +588,68 @@ func TestRelayMisconfiguredStore(t *testing.T) {
 	rec.waitDelivered(t, fixed.enqueue(t, "misc", 3), 10*time.Second)
 	require.Equal(t, outbox.StoreHealthy, relay.Stats().Stores["bad"].State)
 }
+
+// TestRelaySharedCircuit: the stores of a relay share its transport, so they share one
+// circuit breaker. While the destination is down the whole relay makes about one probe
+// claim per probe interval, not one per store; once it is back every event is delivered,
+// none dead and none charged an attempt for the outage.
+func TestRelaySharedCircuit(t *testing.T) {
+	t.Parallel()
+	const stores, per = 5, 40
+	var down atomic.Bool
+	down.Store(true)
+	var delivered atomic.Int64
+	tr := outbox.TransportFunc(func(ctx context.Context, batch []outbox.Delivery) []error {
+		errs := make([]error, len(batch))
+		for i := range batch {
+			if down.Load() {
+				errs[i] = outbox.Unavailable(errors.New("broker away"))
+			} else {
+				delivered.Add(1)
+			}
+		}
+		return errs
+	})
+	o := relayOptions(t, "circ")
+	o.Publisher.Circuit = outbox.CircuitOptions{ProbeMin: 200 * time.Millisecond, ProbeMax: 200 * time.Millisecond}
+	o.Publisher.Retry = outbox.RetryPolicy{BaseDelay: 10 * time.Millisecond, MaxDelay: 10 * time.Millisecond, MaxAttempts: 3}
+	relay, err := outbox.NewRelay(tr, o)
+	require.NoError(t, err)
+	var claims atomic.Int64
+	var all []*relayStore
+	for i := range stores {
+		db := testdb.Open(t, "sqlite")
+		require.NoError(t, migrations.Up(context.Background(), db, "sqlite", migrations.Options{}))
+		s, err := outbox.New(db, &sharedCountingDialect{Dialect: outbox.SQLite(), claims: &claims}, outbox.Options{})
+		require.NoError(t, err)
+		rs := &relayStore{name: fmt.Sprintf("s%d", i), backend: "sqlite", db: db, store: s}
+		rs.enqueue(t, "circ", per)
+		all = append(all, rs)
+		require.NoError(t, relay.Add(rs.name, s))
+	}
+	runRelay(t, relay)
+	deadline := time.Now().Add(30 * time.Second)
+	for !relay.Stats().Total.CircuitOpen {
+		require.True(t, time.Now().Before(deadline), "the circuit did not open")
+		time.Sleep(10 * time.Millisecond)
+	}
+	const window = 2 * time.Second
+	before, t0 := claims.Load(), time.Now()
+	time.Sleep(window) // a measurement window: claims are counted over it
+	n, took := claims.Load()-before, time.Since(t0)
+	t.Logf("%d stores, destination down: %d claims in %s (probe interval 200 ms)", stores, n, took.Round(time.Millisecond))
+	require.LessOrEqual(t, n, int64(took/(200*time.Millisecond))+2, "one probe per interval for the whole relay")
+
+	down.Store(false)
+	deadline = time.Now().Add(30 * time.Second)
+	for delivered.Load() < stores*per {
+		require.True(t, time.Now().Before(deadline), "delivered %d of %d after the destination returned", delivered.Load(), stores*per)
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, rs := range all {
+		require.Zero(t, rs.countStatus(t, outbox.StatusDead), "store %s", rs.name)
+		var maxAttempts int
+		require.NoError(t, rs.db.QueryRow(`SELECT COALESCE(MAX(attempts), 0) FROM outbox_events`).Scan(&maxAttempts))
+		require.LessOrEqual(t, maxAttempts, 1, "store %s: attempts charged for the outage", rs.name)
+	}
+}
