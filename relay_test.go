@@ -472,8 +472,11 @@ func TestRelayFairness(t *testing.T) {
 		p50.Round(time.Microsecond), p99.Round(time.Microsecond), percentile(lat, 100).Round(time.Microsecond))
 	require.GreaterOrEqual(t, len(samples), 50, "too few samples to judge")
 	// A claim waits for at most one batch of the busy store; the rest is the chase of the
-	// commit (a wake-up comes before it) and scheduling on a shared machine.
-	bound := max(10*batchTime, 100*time.Millisecond)
+	// commit (a wake-up comes before it, and each retry of the chase queues for a slot) and
+	// scheduling on a machine that runs every other test beside this one: measured p99 46 to
+	// 51 ms alone, up to 196 ms beside other suites. A greedy scheduler (the busy store keeps
+	// its slot while others wait) measured p99 5.18 s, which the bound still fails by ten times.
+	bound := max(20*batchTime, 500*time.Millisecond)
 	require.LessOrEqual(t, p99, bound, "p99 commit-to-publish in an idle store while another drains")
 }
 
