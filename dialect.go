@@ -41,26 +41,44 @@ type DBTX interface {
 //  4. Claim selects eligible rows, (pending and due) or (processing and lease expired), with
 //     attempts < MaxAttempts and within [Scope], in (created_at, id) order, at most Limit, and
 //     atomically sets status processing, attempts+1, locked_by, locked_until = now + Lease,
-//     lease_token = Token and updated_at = now. Concurrent claimers must never return the
-//     same row while its lease is valid (FOR UPDATE SKIP LOCKED, or a single-writer guard).
-//     It runs in its own short transaction on db, never in a caller's.
+//     lease_token = Token and updated_at = now, from one now: locked_until - updated_at is
+//     exactly the lease. Concurrent claimers must never return the same row while its lease
+//     is valid (FOR UPDATE SKIP LOCKED, or a single-writer guard). It runs in its own short
+//     transaction on db, never in a caller's, and returns the records as they are after the
+//     claim, in (created_at, id) order (RETURNING has no order of its own: sort).
 //  5. Complete applies each [Outcome] only where the row is still processing under the
 //     outcome's token, in one statement, and returns the ids it could not apply (lease lost).
-//     Every outcome clears the lease (locked_by, locked_until) and advances updated_at;
-//     pending sets next_attempt_at = now + Delay and last_error; dead sets last_error;
-//     delivered sets delivered_at. An outcome with RefundAttempt also sets attempts =
-//     max(attempts - 1, 0): the claim counted an attempt that the destination's outage
-//     did not let happen. A dialect written before RefundAttempt existed ignores it and
-//     fails the conformance suite's Settle/UnavailableRefundsAttempt.
-//  6. Extend pushes locked_until to now + Lease for rows still held under their token and
+//     Every outcome clears the lease (locked_by and locked_until NULL) and advances
+//     updated_at; pending sets next_attempt_at = now + Delay and last_error; dead sets
+//     last_error; delivered sets delivered_at = updated_at (one now). An outcome with
+//     RefundAttempt also sets attempts = max(attempts - 1, 0): the claim counted an attempt
+//     that the destination's outage did not let happen. A dialect written before
+//     RefundAttempt existed ignores it and fails the conformance suite's
+//     Settle/UnavailableRefundsAttempt.
+//  6. Extend pushes locked_until to now + Lease and sets updated_at = now (one now, so that
+//     locked_until - updated_at is the new lease) for rows still held under their token, and
 //     returns the ids it could not extend.
-//  7. Bury moves rows at or over the attempt limit that no live lease protects to dead.
+//  7. Bury moves rows at or over the attempt limit that no live lease protects to dead, with
+//     last_error = Reason and lease_token = Token, clearing locked_by and locked_until.
 //  8. Get reads one row by id and returns [ErrNotFound] when there is none.
 //  9. Connections: no method (nor any optional ability's) holds a connection of db, a
 //     transaction or a *sql.Conn taken from it, while it waits for another connection of
 //     db: no db.PrepareContext, db.QueryContext or second BeginTx inside a transaction.
 //     On a pool of one connection such a call waits forever, and users run pools that
 //     small. The conformance suite runs every call on a one-connection pool.
+//  10. Every change of a row's state (claim, settle, extend, bury, replay) strictly
+//     advances updated_at on the database clock: two statements of one transaction (a
+//     settle and the claim after it) must not share a now that would tie them.
+//  11. Reading a row never fails because one stored value is damaged: payload and
+//     payload_hash are returned as stored (the engine compares them), and headers that do
+//     not decode into [Headers] are reported in [Record.HeadersErr] with Headers nil, so
+//     that one row edited by hand does not fail a claim of many.
+//  12. Times are returned in UTC, a NULL time as the zero time; an empty string and
+//     uuid.Nil mean NULL in both directions.
+//
+// The conformance suite checks each rule. It touches the table only through hooks of
+// conformance.Harness (Up, UpOrdered, Down, Count, Corrupt, DropColumn, OtherServer), whose
+// defaults fit the built-in schemas: a dialect with a schema of its own sets them.
 //
 // The interface is kept this small on purpose. Abilities that only some databases have come
 // as separate optional interfaces that the engine finds by type assertion ([Checker] is

@@ -29,9 +29,10 @@ import (
 func TestMySQLConformance(t *testing.T) {
 	t.Parallel()
 	conformance.Run(t, conformance.Harness{
-		Dialect: outbox.MySQL(),
-		OpenDB:  func(t testing.TB) *sql.DB { return testdb.MySQL(t) },
-		Reopen:  testdb.Reopen,
+		Dialect:     outbox.MySQL(),
+		OpenDB:      func(t testing.TB) *sql.DB { return testdb.MySQL(t) },
+		Reopen:      testdb.Reopen,
+		OtherServer: func(t testing.TB) *sql.DB { return testdb.SQLite(t) },
 	})
 }
 

@@ -25,9 +25,10 @@ import (
 func TestPostgresConformance(t *testing.T) {
 	t.Parallel()
 	conformance.Run(t, conformance.Harness{
-		Dialect: outbox.Postgres(),
-		OpenDB:  func(t testing.TB) *sql.DB { return testdb.Postgres(t) },
-		Reopen:  testdb.Reopen,
+		Dialect:     outbox.Postgres(),
+		OpenDB:      func(t testing.TB) *sql.DB { return testdb.Postgres(t) },
+		Reopen:      testdb.Reopen,
+		OtherServer: func(t testing.TB) *sql.DB { return testdb.SQLite(t) },
 	})
 }
 

@@ -21,8 +21,9 @@ import (
 func TestSQLiteConformance(t *testing.T) {
 	t.Parallel()
 	conformance.Run(t, conformance.Harness{
-		Dialect: outbox.SQLite(),
-		OpenDB:  func(t testing.TB) *sql.DB { return testdb.SQLite(t) },
+		Dialect:     outbox.SQLite(),
+		OpenDB:      func(t testing.TB) *sql.DB { return testdb.SQLite(t) },
+		OtherServer: func(t testing.TB) *sql.DB { return testdb.Postgres(t) },
 	})
 }
 

@@ -104,9 +104,11 @@ type Record struct {
 	// [Store.Replay]. [Store.Get] and [Store.ListDead] read it; claims leave it zero.
 	Replays int
 
-	// headersErr is why the stored headers did not decode (Headers is then nil); the
-	// built-in dialects set it instead of failing a whole claim for one damaged row.
-	headersErr error
+	// HeadersErr is why the stored headers did not decode into [Headers] (Headers is then
+	// nil): someone edited the table by hand. A [Dialect] sets it when it reads such a row
+	// instead of failing the whole read, so one damaged row never fails a claim;
+	// [Record.Integrity] reports it, and a [Publisher] dead-letters the row.
+	HeadersErr error
 }
 
 // Integrity reports whether the row is as it was enqueued: its payload matches the SHA-256
@@ -117,8 +119,8 @@ func (r Record) Integrity() error {
 	if !bytes.Equal(sum[:], r.PayloadHash) {
 		return fmt.Errorf("%w: payload does not match the SHA-256 taken at enqueue", ErrIntegrity)
 	}
-	if r.headersErr != nil {
-		return fmt.Errorf("%w: headers: %v", ErrIntegrity, r.headersErr)
+	if r.HeadersErr != nil {
+		return fmt.Errorf("%w: headers: %v", ErrIntegrity, r.HeadersErr)
 	}
 	return nil
 }

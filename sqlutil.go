@@ -135,7 +135,7 @@ func queryClaimed(ctx context.Context, q DBTX, p ClaimParams, query string, args
 // Record.Integrity reports it instead.
 func (r *Record) setHeaders(v any) {
 	if err := r.Headers.Scan(v); err != nil {
-		r.Headers, r.headersErr = nil, err
+		r.Headers, r.HeadersErr = nil, err
 	}
 }
 

@@ -167,17 +167,78 @@ func (d indexBlindDialect) BlockedKeys(ctx context.Context, q outbox.DBTX, t out
 
 func (indexBlindDialect) CheckOrdered(context.Context, *sql.DB, outbox.Table) error { return nil }
 
+// staleExtendDialect extends leases but forgets to advance updated_at: locked_until -
+// updated_at no longer equals the lease, and the row looks older than its last change.
+type staleExtendDialect struct{ outbox.Dialect }
+
+func (d staleExtendDialect) Extend(ctx context.Context, q outbox.DBTX, t outbox.Table, p outbox.ExtendParams) ([]uuid.UUID, error) {
+	var lost []uuid.UUID
+	for _, l := range p.Leases {
+		var before int64
+		if err := q.QueryRowContext(ctx, `SELECT updated_at FROM `+t.Name()+` WHERE id = ?`, l.ID[:]).Scan(&before); err != nil {
+			return nil, err
+		}
+		ids, err := d.Dialect.Extend(ctx, q, t, outbox.ExtendParams{Leases: []outbox.Lease{l}, Lease: p.Lease})
+		if err != nil {
+			return nil, err
+		}
+		lost = append(lost, ids...)
+		if _, err := q.ExecContext(ctx, `UPDATE `+t.Name()+` SET updated_at = ? WHERE id = ?`, before, l.ID[:]); err != nil {
+			return nil, err
+		}
+	}
+	return lost, nil
+}
+
+// passingOrderedCheckDialect claims in order but its ordered check always passes, whatever
+// the table lacks.
+type passingOrderedCheckDialect struct{ orderedSQLite }
+
+func (passingOrderedCheckDialect) CheckOrdered(context.Context, *sql.DB, outbox.Table) error {
+	return nil
+}
+
+// orderedSQLite forwards the SQLite dialect's checks and ordered claims.
+type orderedSQLite struct{ outbox.Dialect }
+
+func (d orderedSQLite) Check(ctx context.Context, db *sql.DB, t outbox.Table) error {
+	return d.Dialect.(outbox.Checker).Check(ctx, db, t)
+}
+
+func (d orderedSQLite) BlockedKeys(ctx context.Context, q outbox.DBTX, t outbox.Table, p outbox.BlockedKeysParams) ([]outbox.BlockedKey, error) {
+	return d.Dialect.(outbox.OrderedClaimer).BlockedKeys(ctx, q, t, p)
+}
+
+func (d orderedSQLite) CheckOrdered(ctx context.Context, db *sql.DB, t outbox.Table) error {
+	return d.Dialect.(outbox.OrderedClaimer).CheckOrdered(ctx, db, t)
+}
+
+// columnBlindDialect's Check finds a missing table and a server of another kind, but takes
+// a table that lacks a column for a ready one.
+type columnBlindDialect struct{ outbox.Dialect }
+
+func (d columnBlindDialect) Check(ctx context.Context, db *sql.DB, t outbox.Table) error {
+	err := d.Dialect.(outbox.Checker).Check(ctx, db, t)
+	if err != nil && strings.Contains(err.Error(), "lacks column") {
+		return nil
+	}
+	return err
+}
+
 var broken = map[string]outbox.Dialect{
-	"order-blind":  orderBlindDialect{outbox.SQLite()},
-	"index-blind":  indexBlindDialect{outbox.SQLite()},
-	"lease-blind":  leaseBlindDialect{outbox.SQLite()},
-	"token-blind":  tokenBlindDialect{outbox.SQLite()},
-	"scope-blind":  scopeBlindDialect{outbox.SQLite()},
-	"purge-all":    purgeAllDialect{withAbilities{outbox.SQLite()}},
-	"replay-any":   replayAnyDialect{withAbilities{outbox.SQLite()}},
-	"cursor-blind": cursorBlindDialect{withAbilities{outbox.SQLite()}},
-	"claim-first":  claimFirstDialect{outbox.SQLite()},
-	"refund-blind": refundBlindDialect{outbox.SQLite()},
+	"stale-extend":  staleExtendDialect{outbox.SQLite()},
+	"ordered-check": passingOrderedCheckDialect{orderedSQLite{outbox.SQLite()}},
+	"column-blind":  columnBlindDialect{outbox.SQLite()},
+	"order-blind":   orderBlindDialect{outbox.SQLite()},
+	"index-blind":   indexBlindDialect{outbox.SQLite()},
+	"lease-blind":   leaseBlindDialect{outbox.SQLite()},
+	"token-blind":   tokenBlindDialect{outbox.SQLite()},
+	"scope-blind":   scopeBlindDialect{outbox.SQLite()},
+	"purge-all":     purgeAllDialect{withAbilities{outbox.SQLite()}},
+	"replay-any":    replayAnyDialect{withAbilities{outbox.SQLite()}},
+	"cursor-blind":  cursorBlindDialect{withAbilities{outbox.SQLite()}},
+	"claim-first":   claimFirstDialect{outbox.SQLite()},
+	"refund-blind":  refundBlindDialect{outbox.SQLite()},
 }
 
 // TestBrokenDialectChild runs the suite against one broken dialect; it does something
@@ -188,8 +249,9 @@ func TestBrokenDialectChild(t *testing.T) {
 		t.Skip("run by TestSuiteCatchesBrokenDialects")
 	}
 	conformance.Run(t, conformance.Harness{
-		Dialect: broken[name],
-		OpenDB:  func(t testing.TB) *sql.DB { return testdb.SQLite(t) },
+		Dialect:     broken[name],
+		OpenDB:      func(t testing.TB) *sql.DB { return testdb.SQLite(t) },
+		OtherServer: func(t testing.TB) *sql.DB { return testdb.Postgres(t) },
 	})
 }
 
@@ -208,14 +270,20 @@ func TestSuiteCatchesBrokenDialects(t *testing.T) {
 		{"claim-first", []string{"SettleAndClaim/ExpiredLeaseNotReclaimed"}},
 		{"order-blind", []string{"Ordered/HeadOnly", "Ordered/RetryHoldsKey", "Ordered/DeadHeadBlocks", "Ordered/SkipDead", "Ordered/Publishers"}},
 		{"index-blind", []string{"Ordered/NeedsOrderedMigrations"}},
+		{"stale-extend", []string{"Lease/ExtendKeepsTheRow"}},
+		{"ordered-check", []string{"Ordered/NeedsOrderedMigrations"}},
+		{"column-blind", []string{"Check/MissingColumn"}},
 		{"refund-blind", []string{"Settle/UnavailableRefundsAttempt", "Settle/UnavailableNeverDies", "SettleAndClaim/UnavailableRefundsAttempt"}},
 	}
 	// only limits a child to some subtests (a -test.run pattern below TestBrokenDialectChild)
 	// where the bug cannot show elsewhere, with Enqueue/CommitLeavesExactlyOne as the
 	// healthy one.
 	only := map[string]string{
-		"index-blind":  "^(Enqueue|Ordered)$/^(CommitLeavesExactlyOne|NeedsOrderedMigrations)$",
-		"refund-blind": "^(Enqueue|Settle|SettleAndClaim)$",
+		"index-blind":   "^(Enqueue|Ordered)$/^(CommitLeavesExactlyOne|NeedsOrderedMigrations)$",
+		"refund-blind":  "^(Enqueue|Settle|SettleAndClaim)$",
+		"stale-extend":  "^(Enqueue|Lease)$",
+		"ordered-check": "^(Enqueue|Ordered)$/^(CommitLeavesExactlyOne|NeedsOrderedMigrations)$",
+		"column-blind":  "^(Enqueue|Check)$",
 	}
 	for _, c := range cases {
 		t.Run(c.dialect, func(t *testing.T) {

@@ -234,16 +234,15 @@ func testDamagedRows(t *testing.T, h Harness) {
 	payload.Topic = "damaged.payload"
 	res := e.enqueue(t, good, headers, payload)
 	// Someone edits the table by hand: headers that are not a string map, a changed payload.
-	_, err := e.db.ExecContext(e.ctx, `UPDATE `+e.table+` SET headers = '{"retries":3}' WHERE topic = 'damaged.headers'`)
-	require.NoError(t, err)
-	_, err = e.db.ExecContext(e.ctx, `UPDATE `+e.table+` SET payload = '{"n":666}' WHERE topic = 'damaged.payload'`)
-	require.NoError(t, err)
+	require.NoError(t, e.h.corrupt(e.ctx, e.db, e.table, res[1].ID, "headers"), "Harness.Corrupt headers")
+	require.NoError(t, e.h.corrupt(e.ctx, e.db, e.table, res[2].ID, "payload"), "Harness.Corrupt payload")
 
 	recs := e.claim(t, claimOpts(10, time.Minute))
 	require.Equal(t, []uuid.UUID{res[0].ID, res[1].ID, res[2].ID}, ids(recs), "a damaged row does not fail the claim")
 	require.NoError(t, recs[0].Integrity())
 	require.ErrorIs(t, recs[1].Integrity(), outbox.ErrIntegrity)
 	require.ErrorIs(t, recs[2].Integrity(), outbox.ErrIntegrity)
-	_, err = e.store.Get(e.ctx, res[1].ID)
+	got, err := e.store.Get(e.ctx, res[1].ID)
 	require.NoError(t, err, "a damaged row can still be read")
+	require.ErrorIs(t, got.Integrity(), outbox.ErrIntegrity, "Get reports damaged headers too")
 }

@@ -27,7 +27,8 @@
 //  6. Leases: an expired lease is reclaimed, the stale holder's ack/nack/extend fail with
 //     [outbox.ErrLeaseLost] and change nothing; extension keeps a row.
 //  7. Concurrency: many claimers never share a row; claims racing enqueues lose nothing.
-//  8. Migrations: up, down, up with a custom table name.
+//  8. Migrations: up, down, up with a custom table name, through [Harness.Up],
+//     [Harness.UpOrdered] and [Harness.Down].
 //  9. Admin ([outbox.AdminDialect]): stats by state and topic, the dead-letter list and its
 //     pages and filters, replay (only dead rows change, idempotent, the row is delivered
 //     again), discard. Skipped, saying so, for a dialect without the ability.
@@ -41,19 +42,23 @@
 //  12. Ordered: ordered claims per partition key take only each key's head; a retried or
 //     dead head holds its key back (dead: unless skipped), a replayed one is delivered
 //     first; blocked keys are reported; eight publishers with failures deliver every key in
-//     enqueue order, one message of a key at a time; on a table made by the migrations
-//     package without its ordered set, ordered claims, BlockedKeys and ordered publishers
-//     fail with an [outbox.CheckError] that says to apply it, and work once it is applied.
-//     Skipped for a dialect without [outbox.OrderedClaimer].
+//     enqueue order, one message of a key at a time; on a table made by [Harness.Up]
+//     without [Harness.UpOrdered], ordered claims, BlockedKeys and ordered publishers fail
+//     with an [outbox.CheckError] (with the built-in migrations: one that says to apply the
+//     ordered set), and work once UpOrdered ran. Skipped for a dialect without
+//     [outbox.OrderedClaimer].
+//  13. Check ([outbox.Checker]): a ready table passes; a missing table, a missing column and
+//     a database of another kind are each reported as an [*outbox.CheckError].
 //
-// The suite reads row counts with plain SELECT COUNT(*) on the table, so the table must be
-// an ordinary table of that name. Timing uses short leases and polling with deadlines,
-// never fixed sleeps.
+// The suite reads and damages the table only through the [Harness] hooks, whose defaults
+// fit the built-in schemas. Timing uses short leases and polling with deadlines, never
+// fixed sleeps.
 package conformance
 
 import (
 	"context"
 	"database/sql"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"testing"
@@ -66,32 +71,80 @@ import (
 	"github.com/outboxgo/outbox/migrations"
 )
 
-// Harness describes the dialect under test and how to get databases for it.
+// Harness describes the dialect under test and how to get databases for it. Only Dialect
+// and OpenDB are required. The hooks that touch the table directly (Up, UpOrdered, Down,
+// Count, Corrupt, DropColumn) default to the built-in schema of the dialect named by
+// Dialect.Name() (the migrations package); a dialect with a schema of its own sets them
+// all, so that the suite asks the dialect's author, never guesses column names, types or
+// placeholders.
 type Harness struct {
 	// Dialect is the adapter under test.
 	Dialect outbox.Dialect
 	// OpenDB returns a fresh, empty database (or schema) isolated from every other call,
 	// and arranges its cleanup with t.Cleanup. Tests call it in parallel.
 	OpenDB func(t testing.TB) *sql.DB
-	// Up creates the outbox table named table, with everything the dialect's abilities
-	// need: for a dialect that implements [outbox.OrderedClaimer], what ordered claims need
-	// too (the built-in dialects: the order index), or the Ordered section fails with the
-	// [*outbox.CheckError] of [outbox.OrderedClaimer.CheckOrdered]. Default: the
-	// migrations package for Dialect.Name(), with migrations.Options.Ordered.
+	// Up creates the outbox table named table with everything the dialect needs except
+	// what only ordered claims need (the base migration set). Running it again is a no-op.
+	// Default: migrations.Up for Dialect.Name().
 	Up func(ctx context.Context, db *sql.DB, table string) error
-	// Down drops the outbox table named table. Default: the migrations package.
+	// UpOrdered adds to a table made by Up what ordered claims need (the ordered migration
+	// set; the built-in dialects: the order index), so that [outbox.OrderedClaimer.CheckOrdered]
+	// passes. The suite runs it after Up for every test, and checks that ordered claims
+	// refuse a table that has had only Up. Required with Up when the dialect implements
+	// [outbox.OrderedClaimer]; default: migrations.Up with migrations.Options.Ordered.
+	UpOrdered func(ctx context.Context, db *sql.DB, table string) error
+	// Down drops the outbox table named table and whatever Up and UpOrdered made for it.
+	// Default: migrations.Down.
 	Down func(ctx context.Context, db *sql.DB, table string) error
+	// Count returns how many rows the table holds, only those of status when status is not
+	// "". Default: SELECT COUNT(*), with status stored as its text.
+	Count func(ctx context.Context, db *sql.DB, table string, status outbox.Status) (int, error)
+	// Corrupt damages one stored value of the row id, as a hand edit of the table would:
+	// column is "payload" (a valid JSON payload other than the one enqueued, so that it no
+	// longer matches its hash) or "headers" (a value that the dialect cannot decode into
+	// [outbox.Headers], such as the JSON object {"retries":3}). Default: an UPDATE of the
+	// built-in schema.
+	Corrupt func(ctx context.Context, db *sql.DB, table string, id uuid.UUID, column string) error
+	// DropColumn removes from the table one column that the dialect needs, as an older or
+	// half-applied migration would leave it, so that the suite can check that
+	// [outbox.Checker] reports it. Default: ALTER TABLE ... DROP COLUMN replays.
+	DropColumn func(ctx context.Context, db *sql.DB, table string) error
+	// OtherServer returns a fresh database of another kind than the dialect is written for
+	// (MySQL for a PostgreSQL dialect, say), and arranges its cleanup, so that the suite can
+	// check that [outbox.Checker] refuses it. Nil skips that one check: leave it nil only
+	// when no other kind of database can be reached through the dialect's driver.
+	OtherServer func(t testing.TB) *sql.DB
 	// Reopen, when set, returns another pool on the database of db, one that OpenDB
 	// returned, as a second process would open it, and arranges its cleanup. Tests that
 	// model publishers in separate processes use it; without it they share db.
 	Reopen func(t testing.TB, db *sql.DB) *sql.DB
 }
 
-func (h *Harness) up(ctx context.Context, db *sql.DB, table string) error {
+// upBase creates the table without what ordered claims need.
+func (h *Harness) upBase(ctx context.Context, db *sql.DB, table string) error {
 	if h.Up != nil {
 		return h.Up(ctx, db, table)
 	}
+	return migrations.Up(ctx, db, h.Dialect.Name(), migrations.Options{Table: table})
+}
+
+// upOrdered adds what ordered claims need to a table made by upBase.
+func (h *Harness) upOrdered(ctx context.Context, db *sql.DB, table string) error {
+	if h.UpOrdered != nil {
+		return h.UpOrdered(ctx, db, table)
+	}
+	if h.Up != nil {
+		return nil // Run refused an OrderedClaimer without UpOrdered
+	}
 	return migrations.Up(ctx, db, h.Dialect.Name(), migrations.Options{Table: table, Ordered: true})
+}
+
+// up creates the table with everything the dialect's abilities need.
+func (h *Harness) up(ctx context.Context, db *sql.DB, table string) error {
+	if err := h.upBase(ctx, db, table); err != nil {
+		return err
+	}
+	return h.upOrdered(ctx, db, table)
 }
 
 func (h *Harness) down(ctx context.Context, db *sql.DB, table string) error {
@@ -101,10 +154,59 @@ func (h *Harness) down(ctx context.Context, db *sql.DB, table string) error {
 	return migrations.Down(ctx, db, h.Dialect.Name(), migrations.Options{Table: table})
 }
 
+func (h *Harness) countRows(ctx context.Context, db *sql.DB, table string, status outbox.Status) (int, error) {
+	if h.Count != nil {
+		return h.Count(ctx, db, table, status)
+	}
+	q := `SELECT COUNT(*) FROM ` + table
+	if status != "" {
+		// A literal, not a placeholder: placeholder syntax differs between databases and
+		// the value is one of four constants.
+		q += ` WHERE status = '` + string(status) + `'`
+	}
+	var n int
+	err := db.QueryRowContext(ctx, q).Scan(&n)
+	return n, err
+}
+
+func (h *Harness) corrupt(ctx context.Context, db *sql.DB, table string, id uuid.UUID, column string) error {
+	if h.Corrupt != nil {
+		return h.Corrupt(ctx, db, table, id, column)
+	}
+	// The built-in schemas store ids as uuid (PostgreSQL) or 16 bytes (MySQL, SQLite);
+	// literals keep the statement free of placeholder syntax.
+	idLit := "X'" + hex.EncodeToString(id[:]) + "'"
+	if h.Dialect.Name() == "postgres" {
+		idLit = "'" + id.String() + "'"
+	}
+	var set string
+	switch column {
+	case "headers":
+		set = `headers = '{"retries":3}'`
+	case "payload":
+		set = `payload = '{"n":666}'`
+	default:
+		return fmt.Errorf("conformance: cannot corrupt column %q", column)
+	}
+	_, err := db.ExecContext(ctx, `UPDATE `+table+` SET `+set+` WHERE id = `+idLit)
+	return err
+}
+
+func (h *Harness) dropColumn(ctx context.Context, db *sql.DB, table string) error {
+	if h.DropColumn != nil {
+		return h.DropColumn(ctx, db, table)
+	}
+	_, err := db.ExecContext(ctx, `ALTER TABLE `+table+` DROP COLUMN replays`)
+	return err
+}
+
 // Run runs the whole suite. Subtests run in parallel, each on its own database.
 func Run(t *testing.T, h Harness) {
 	if h.Dialect == nil || h.OpenDB == nil {
 		t.Fatal("conformance: Harness needs Dialect and OpenDB")
+	}
+	if _, ok := h.Dialect.(outbox.OrderedClaimer); ok && h.Up != nil && h.UpOrdered == nil {
+		t.Fatal("conformance: the dialect implements outbox.OrderedClaimer and Harness.Up is set: set Harness.UpOrdered too")
 	}
 	areas := []struct {
 		name  string
@@ -120,6 +222,7 @@ func Run(t *testing.T, h Harness) {
 		{"Concurrency", concurrencyTests},
 		{"Ordered", orderedTests},
 		{"Migrations", migrationTests},
+		{"Check", checkTests},
 		{"Admin", adminTests},
 		{"Inspect", inspectTests},
 		{"Retention", retentionTests},
@@ -204,15 +307,12 @@ func (e *env) enqueueN(t *testing.T, n int) []uuid.UUID {
 // count returns the number of rows, optionally with the given status.
 func (e *env) count(t *testing.T, status ...outbox.Status) int {
 	t.Helper()
-	q := `SELECT COUNT(*) FROM ` + e.table
-	var args []any
+	var st outbox.Status
 	if len(status) == 1 {
-		// A literal, not a placeholder: placeholder syntax differs between databases and
-		// the value is one of four constants.
-		q += ` WHERE status = '` + string(status[0]) + `'`
+		st = status[0]
 	}
-	var n int
-	require.NoError(t, e.db.QueryRowContext(e.ctx, q, args...).Scan(&n))
+	n, err := e.h.countRows(e.ctx, e.db, e.table, st)
+	require.NoError(t, err, "Harness.Count")
 	return n
 }
 

@@ -15,7 +15,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxgo/outbox"
-	"github.com/outboxgo/outbox/migrations"
 )
 
 // orderedTests check ordered claims per partition key ([outbox.ClaimOptions.Ordered]). A
@@ -122,15 +121,16 @@ func testOrderedRetryHoldsKey(t *testing.T, h Harness) {
 	recs := e.claim(t, orderedOpts(10))
 	require.Equal(t, []uuid.UUID{k[0]}, ids(recs))
 
-	// Retry in an hour: the head is pending but not due, and k[1] still waits.
+	// Retry in a few seconds: the head is pending but not due, and k[1] still waits.
 	require.NoError(t, e.store.Nack(e.ctx, outbox.RetryPolicy{}, outbox.Failure{
-		Lease: recs[0].Lease(), Attempts: recs[0].Attempts, Err: outbox.RetryAfter(errors.New("broker down"), time.Hour)}))
+		Lease: recs[0].Lease(), Attempts: recs[0].Attempts, Err: outbox.RetryAfter(errors.New("broker down"), 3*time.Second)}))
 	require.Empty(t, e.claim(t, orderedOpts(10)), "a row waiting for its retry holds back its key")
 
-	// Retry now: the head comes back first.
-	_, err := e.db.ExecContext(e.ctx, `UPDATE `+e.table+` SET next_attempt_at = created_at WHERE status = 'pending'`)
-	require.NoError(t, err)
-	recs = e.claim(t, orderedOpts(10))
+	// Once due, the head comes back first.
+	eventually(t, 30*time.Second, "the retry to fall due", func() bool {
+		recs = e.claim(t, orderedOpts(10))
+		return len(recs) > 0
+	})
 	require.Equal(t, []uuid.UUID{k[0]}, ids(recs))
 	require.NoError(t, e.store.Nack(e.ctx, outbox.RetryPolicy{BaseDelay: time.Millisecond, MaxDelay: time.Millisecond}, outbox.Failure{
 		Lease: recs[0].Lease(), Attempts: recs[0].Attempts, Err: errors.New("again")}))
@@ -173,7 +173,10 @@ func testOrderedDeadHeadBlocks(t *testing.T, h Harness) {
 	require.Empty(t, none)
 
 	// Replay, as an operator would: the dead row goes back to pending and due.
-	replay(t, e)
+	admin := requireAdmin(t, e)
+	res, err := admin.Replay(e.ctx, k[0])
+	require.NoError(t, err)
+	require.Equal(t, []uuid.UUID{k[0]}, res.Replayed)
 	recs = e.claim(t, orderedOpts(10))
 	require.Equal(t, []uuid.UUID{k[0]}, ids(recs), "the replayed head is delivered first")
 	blocked, err = e.store.BlockedKeys(e.ctx, outbox.Scope{}, 10)
@@ -184,17 +187,19 @@ func testOrderedDeadHeadBlocks(t *testing.T, h Harness) {
 	require.NoError(t, e.store.Nack(e.ctx, outbox.RetryPolicy{}, outbox.Failure{
 		Lease: recs[0].Lease(), Attempts: recs[0].Attempts, Err: outbox.Permanent(errors.New("still rejected"))}))
 	require.Empty(t, e.claim(t, orderedOpts(10)))
-	_, err = e.db.ExecContext(e.ctx, `DELETE FROM `+e.table+` WHERE status = 'dead'`)
+	_, err = admin.Discard(e.ctx, k[0])
 	require.NoError(t, err)
 	require.Equal(t, []uuid.UUID{k[1]}, ids(e.claim(t, orderedOpts(10))))
 }
 
-// replay moves every dead row back to pending, due now, as an operator's replay does.
-func replay(t *testing.T, e *env) {
+// requireAdmin returns the store for the replay and discard an operator would run, and
+// skips when the dialect has no [outbox.AdminDialect] to run them.
+func requireAdmin(t *testing.T, e *env) *outbox.Store {
 	t.Helper()
-	_, err := e.db.ExecContext(e.ctx, `UPDATE `+e.table+` SET status = 'pending', attempts = 0, next_attempt_at = created_at,`+
-		` locked_by = NULL, locked_until = NULL WHERE status = 'dead'`)
-	require.NoError(t, err)
+	if _, ok := e.h.Dialect.(outbox.AdminDialect); !ok {
+		t.Skipf("dialect %s does not implement outbox.AdminDialect (replay, discard)", e.h.Dialect.Name())
+	}
+	return e.store
 }
 
 // With OrderedSkipDead a dead row no longer holds back the rows after it.
@@ -357,23 +362,18 @@ func testOrderedPublishers(t *testing.T, h Harness) {
 	}
 }
 
-// On a table that the migrations package made without its ordered set, ordered claims (also
-// with settling), BlockedKeys and an ordered publisher's Run fail with a CheckError that
-// says to apply it, and nothing is claimed; unordered claims work. Once the ordered set is
-// applied, the same Store claims in order. Only with the default Harness.Up: a custom one
-// cannot be asked for a table without what ordered claims need.
+// On a table that Harness.Up made without Harness.UpOrdered, ordered claims (also with
+// settling), BlockedKeys and an ordered publisher's Run fail with a CheckError (with the
+// built-in migrations, one that says to apply the ordered set), and nothing is claimed;
+// unordered claims work. Once UpOrdered ran, the same Store claims in order.
 func testOrderedNeedsMigrations(t *testing.T, h Harness) {
-	if h.Up != nil {
-		t.Skip("Harness.Up is set: the suite cannot make a table without what ordered claims need")
-	}
 	if _, ok := h.Dialect.(outbox.OrderedClaimer); !ok {
 		t.Skipf("dialect %s does not implement outbox.OrderedClaimer", h.Dialect.Name())
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	db := h.OpenDB(t)
-	name := h.Dialect.Name()
-	require.NoError(t, migrations.Up(ctx, db, name, migrations.Options{}), "migrate up without the ordered set")
+	require.NoError(t, h.upBase(ctx, db, outbox.DefaultTable), "migrate up without the ordered set")
 	s, err := outbox.New(db, h.Dialect, outbox.Options{})
 	require.NoError(t, err)
 	e := &env{ctx: ctx, db: db, store: s, table: outbox.DefaultTable, h: h}
@@ -384,8 +384,10 @@ func testOrderedNeedsMigrations(t *testing.T, h Harness) {
 		var ce *outbox.CheckError
 		require.ErrorAs(t, err, &ce, "%s without the ordered migrations", what)
 		require.ErrorIs(t, err, outbox.ErrMisconfigured, what)
-		require.Contains(t, err.Error(), "--ordered", "%s: the error says what to run", what)
-		require.Contains(t, err.Error(), "Ordered: true", "%s: the error says what to run", what)
+		if h.UpOrdered == nil { // the built-in migrations: the fix names their ordered set
+			require.Contains(t, err.Error(), "--ordered", "%s: the error says what to run", what)
+			require.Contains(t, err.Error(), "Ordered: true", "%s: the error says what to run", what)
+		}
 	}
 	for range 2 { // a failed check is not remembered as passed
 		_, err = s.Claim(ctx, orderedOpts(10))
@@ -413,7 +415,7 @@ func testOrderedNeedsMigrations(t *testing.T, h Harness) {
 	require.NoError(t, s.Ack(ctx, recs[0].Lease(), recs[1].Lease()))
 
 	// The upgrade: the ordered set on the existing table; the same Store checks again.
-	require.NoError(t, migrations.Up(ctx, db, name, migrations.Options{Ordered: true}))
+	require.NoError(t, h.upOrdered(ctx, db, outbox.DefaultTable))
 	more := resultIDs(e.enqueue(t, keyed("k", 2), keyed("k", 3)))
 	require.Equal(t, more[:1], ids(e.claim(t, orderedOpts(10))))
 	_, err = s.BlockedKeys(ctx, outbox.Scope{}, 10)

@@ -361,9 +361,14 @@ func testLeaseExtend(t *testing.T, h Harness) {
 	id := e.enqueueN(t, 1)[0]
 	a := e.claim(t, claimOpts(1, 300*time.Millisecond))
 	require.Len(t, a, 1)
+	// Let the clock move past the claim, so that an Extend that forgets updated_at shows.
+	eventually(t, 5*time.Second, "the clock to pass the claim", func() bool {
+		return time.Since(a[0].UpdatedAt) > 20*time.Millisecond
+	})
 	require.NoError(t, e.store.Extend(e.ctx, time.Hour, a[0].Lease()))
 	got := e.get(t, id)
-	within(t, got.LockedUntil.Sub(got.UpdatedAt), time.Hour, time.Hour, "extended lease")
+	require.True(t, got.UpdatedAt.After(a[0].UpdatedAt), "Extend advances updated_at: claimed at %v, extended at %v", a[0].UpdatedAt, got.UpdatedAt)
+	within(t, got.LockedUntil.Sub(got.UpdatedAt), time.Hour, time.Hour, "extended lease: locked_until - updated_at")
 	require.Equal(t, a[0].LeaseToken, got.LeaseToken, "extending keeps the token")
 	time.Sleep(400 * time.Millisecond) // only guarantees the original lease has run out
 	b := claimOpts(1, time.Minute)

@@ -1,34 +1,128 @@
 package customdialect_test
 
 import (
+	"context"
+	"crypto/rand"
 	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"os"
 	"path/filepath"
 	"testing"
 
+	"github.com/google/uuid"
+	_ "github.com/jackc/pgx/v5/stdlib"
 	_ "modernc.org/sqlite"
 
+	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/conformance"
 
 	"example.com/customdialect"
 )
 
-func TestConformance(t *testing.T) {
-	d := customdialect.New()
-	conformance.Run(t, conformance.Harness{
-		Dialect: d,
-		OpenDB: func(t testing.TB) *sql.DB {
-			dsn := "file:" + filepath.Join(t.TempDir(), "x.db") + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_txlock=immediate"
-			db, err := sql.Open("sqlite", dsn)
+// dsn is the PostgreSQL server the tests use; OUTBOX_POSTGRES_DSN overrides it.
+func dsn() string {
+	if d := os.Getenv("OUTBOX_POSTGRES_DSN"); d != "" {
+		return d
+	}
+	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+}
+
+// withSearchPath returns the DSN with schema as its search_path.
+func withSearchPath(t testing.TB, schema string) string {
+	u, err := url.Parse(dsn())
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// openSchema returns a pool on a fresh schema of its own, dropped at cleanup. A test whose
+// server is unreachable fails: nothing here is skipped.
+func openSchema(t testing.TB) *sql.DB {
+	t.Helper()
+	admin, err := sql.Open("pgx", dsn())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Close() })
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	schema := "custom_" + hex.EncodeToString(b)
+	if _, err := admin.Exec(`CREATE SCHEMA ` + schema); err != nil {
+		t.Fatalf("PostgreSQL at %s: %v (start it, or set OUTBOX_POSTGRES_DSN)", dsn(), err)
+	}
+	t.Cleanup(func() { _, _ = admin.Exec(`DROP SCHEMA ` + schema + ` CASCADE`) })
+	db, err := sql.Open("pgx", withSearchPath(t, schema))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+func harness() conformance.Harness {
+	return conformance.Harness{
+		Dialect:   customdialect.New(),
+		OpenDB:    openSchema,
+		Up:        customdialect.Up,
+		UpOrdered: customdialect.UpOrdered,
+		Down:      customdialect.Down,
+		Count: func(ctx context.Context, db *sql.DB, table string, status outbox.Status) (int, error) {
+			q := `SELECT count(*) FROM "` + table + `"`
+			var args []any
+			if status != "" {
+				q += ` WHERE state = $1`
+				args = append(args, map[outbox.Status]int{
+					outbox.StatusPending: 0, outbox.StatusProcessing: 1, outbox.StatusDelivered: 2, outbox.StatusDead: 3,
+				}[status])
+			}
+			var n int
+			err := db.QueryRowContext(ctx, q, args...).Scan(&n)
+			return n, err
+		},
+		Corrupt: func(ctx context.Context, db *sql.DB, table string, id uuid.UUID, column string) error {
+			set := map[string]string{
+				"headers": `headers = '{"retries":3}'::jsonb`,
+				"payload": `body = convert_to('{"n":666}', 'UTF8')`,
+			}[column]
+			if set == "" {
+				return fmt.Errorf("cannot corrupt %q", column)
+			}
+			_, err := db.ExecContext(ctx, `UPDATE "`+table+`" SET `+set+` WHERE id = $1`, id.String())
+			return err
+		},
+		DropColumn: func(ctx context.Context, db *sql.DB, table string) error {
+			_, err := db.ExecContext(ctx, `ALTER TABLE "`+table+`" DROP COLUMN replays`)
+			return err
+		},
+		OtherServer: func(t testing.TB) *sql.DB {
+			db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "other.db"))
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { db.Close() })
 			return db
 		},
-	})
-	t.Cleanup(func() {
-		if d.Claims.Load() == 0 || d.Completes.Load() == 0 {
-			t.Error("the suite did not go through the custom dialect")
-		}
-	})
+		Reopen: func(t testing.TB, db *sql.DB) *sql.DB {
+			var schema string
+			if err := db.QueryRow(`SELECT current_schema()`).Scan(&schema); err != nil {
+				t.Fatal(err)
+			}
+			other, err := sql.Open("pgx", withSearchPath(t, schema))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { other.Close() })
+			return other
+		},
+	}
+}
+
+func TestConformance(t *testing.T) {
+	conformance.Run(t, harness())
 }
