@@ -169,8 +169,11 @@ func (t *Transport) post(ctx context.Context, d *outbox.Delivery) error {
 	resp, err := t.client.Do(req)
 	if err != nil {
 		err = fmt.Errorf("webhook: POST %s: %w", u.Redacted(), err)
-		if netfail.Is(err) {
-			return outbox.Unavailable(err) // no connection, or it went away before the answer
+		if netfail.Is(err) || strings.Contains(err.Error(), "server closed idle connection") {
+			// No connection, or it went away before the answer. net/http reports a kept-alive
+			// connection that the server closed before the request went out with an
+			// unexported error of that text; the request never reached the receiver.
+			return outbox.Unavailable(err)
 		}
 		return err
 	}
