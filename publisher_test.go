@@ -203,9 +203,16 @@ func fastOptions(t *testing.T, ns string) outbox.PublisherOptions {
 // start runs p until the test ends (or stop is called) and checks that Run returned nil.
 func start(t *testing.T, p *outbox.Publisher) (stop func()) {
 	t.Helper()
+	return runUntilStopped(t, "Run", p.Run)
+}
+
+// runUntilStopped runs run (a Publisher's or a Relay's Run) until the test ends or stop is
+// called, and checks that it returned nil within 30 s of its context's cancellation.
+func runUntilStopped(t *testing.T, what string, run func(context.Context) error) (stop func()) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
-	go func() { errc <- p.Run(ctx) }()
+	go func() { errc <- run(ctx) }()
 	var once sync.Once
 	stop = func() {
 		once.Do(func() {
@@ -214,7 +221,7 @@ func start(t *testing.T, p *outbox.Publisher) (stop func()) {
 			case err := <-errc:
 				require.NoError(t, err)
 			case <-time.After(30 * time.Second):
-				t.Error("Run did not return within 30s of cancellation")
+				t.Errorf("%s did not return within 30s of cancellation", what)
 			}
 		})
 	}

@@ -180,23 +180,7 @@ func relayOptions(t *testing.T, ns string) outbox.RelayOptions {
 // runRelay runs r until the test ends (or stop is called) and checks that Run returned nil.
 func runRelay(t *testing.T, r *outbox.Relay) (stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error, 1)
-	go func() { errc <- r.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-errc:
-				require.NoError(t, err)
-			case <-time.After(30 * time.Second):
-				t.Error("Relay.Run did not return within 30s of cancellation")
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
+	return runUntilStopped(t, "Relay.Run", r.Run)
 }
 
 // countStatus returns how many rows of rs's table have status.
