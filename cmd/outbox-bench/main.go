@@ -131,12 +131,31 @@ type config struct {
 	TableRounds     int           `json:"table_rounds"`
 	TableEnqueueDur time.Duration `json:"table_enqueue_duration"`
 
+	// Scale-out (14, only with -only scaleout): ScaleN rows drained by each of ScaleProcs
+	// publisher processes counts, and by as many raw loop processes, ScaleRounds pairs each.
+	ScaleN      int   `json:"scale_n"`
+	ScaleProcs  []int `json:"scale_processes"`
+	ScaleRounds int   `json:"scale_rounds"`
+
+	// Store loop (15): StoreN fresh rows of 200-byte payloads drained by the Publisher and
+	// by a plain Store.Claim/Store.Ack loop on the same Store, at every StoreBatches ×
+	// StoreWorkers, StoreRounds pairs each.
+	StoreN       int   `json:"store_n"`
+	StoreBatches []int `json:"store_batches"`
+	StoreWorkers []int `json:"store_workers"`
+	StoreRounds  int   `json:"store_rounds"`
+
+	// Guarded raw loop (16): GuardN rows drained by the raw loop, the guarded raw loop and
+	// the Publisher at the headline batch and workers, GuardRounds rounds.
+	GuardN      int `json:"guard_n"`
+	GuardRounds int `json:"guard_rounds"`
+
 	// Only restricts the run to some scenarios (-only); empty means all.
 	Only []string `json:"only,omitempty"`
 }
 
 // optIn are the scenarios that run only when -only names them.
-var optIn = []string{"tablecost"}
+var optIn = []string{"tablecost", "scaleout"}
 
 func (c config) runs(scenario string) bool {
 	if len(c.Only) == 0 {
@@ -167,6 +186,9 @@ func modeConfig(mode string) (config, error) {
 			ShortN: 10_000, ShortBatches: []int{100, 500}, ShortWorkers: []int{1, 2}, ShortRounds: 1,
 			CostNs: []int{1_000, 4_000}, CostBatches: []int{20, 100, 500}, CostRounds: 1,
 			TableN: 10_000, TableRounds: 3, TableEnqueueDur: 800 * time.Millisecond,
+			ScaleN: 10_000, ScaleProcs: []int{1, 2, 4, 8}, ScaleRounds: 1,
+			StoreN: 10_000, StoreBatches: []int{100, 500}, StoreWorkers: []int{1}, StoreRounds: 2,
+			GuardN: 10_000, GuardRounds: 2,
 		}, nil
 	case "full":
 		return config{
@@ -183,6 +205,9 @@ func modeConfig(mode string) (config, error) {
 			ShortN: 20_000, ShortBatches: []int{100, 500}, ShortWorkers: []int{1, 2}, ShortRounds: 6,
 			CostNs: []int{1_000, 5_000, 20_000}, CostBatches: []int{20, 50, 100, 250, 500}, CostRounds: 3,
 			TableN: 20_000, TableRounds: 6, TableEnqueueDur: 3 * time.Second,
+			ScaleN: 40_000, ScaleProcs: []int{1, 2, 4, 8}, ScaleRounds: 2,
+			StoreN: 20_000, StoreBatches: []int{100, 500}, StoreWorkers: []int{1, 2}, StoreRounds: 5,
+			GuardN: 50_000, GuardRounds: 4,
 		}, nil
 	}
 	return config{}, fmt.Errorf("unknown -mode %q (quick or full)", mode)
@@ -192,6 +217,9 @@ func modeConfig(mode string) (config, error) {
 var logf = log.New(os.Stderr, "outbox-bench: ", log.Ltime|log.Lmicroseconds).Printf
 
 func main() {
+	if os.Getenv(childEnv) != "" {
+		os.Exit(runChild()) // a scale-out child (scaleout.go)
+	}
 	var (
 		mode     = flag.String("mode", "quick", "quick (every metric in minutes) or full (the published numbers)")
 		backends = flag.String("backends", "postgres,mysql,sqlite", "comma-separated backends to measure")
@@ -205,7 +233,7 @@ func main() {
 		burnN    = flag.Int("n", 0, "rows per burn-down (default: 10000 quick, 100000 full)")
 		rounds   = flag.Int("burn-rounds", 0, "alternating library/raw pairs of the headline burn-down (default: 3 quick, 10 full)")
 		retained = flag.Int("retained", 0, "retained delivered rows in the growth scenario (default: 100000 quick, 1000000 full)")
-		only     = flag.String("only", "", "run only these scenarios (comma list of enqueue, batch, burndown, breakdown, latency, growth, stats, purge, ordered, broker, shortdrain, costs, tablecost, ui; latency needs burndown; tablecost runs only when named)")
+		only     = flag.String("only", "", "run only these scenarios (comma list of enqueue, batch, burndown, breakdown, latency, growth, stats, purge, ordered, broker, shortdrain, costs, tablecost, ui, storeloop, guarded, scaleout; latency needs burndown; tablecost and scaleout run only when named)")
 		cpuprof  = flag.String("cpuprofile", "", "write a CPU profile of the bench process (library and raw alike) to this file")
 		from     = flag.String("from", "", "measure nothing: re-render the table, JSON lines, Markdown and plot of an earlier results.json")
 	)
@@ -343,6 +371,9 @@ func runBackend(ctx context.Context, cfg config, b backend, res *backendResult) 
 		{"drain costs", "costs", runCosts},
 		{"table cost", "tablecost", runTableCost},
 		{"web view", "ui", runUI},
+		{"store loop", "storeloop", runStoreLoop},
+		{"guarded raw loop", "guarded", runGuarded},
+		{"scale-out", "scaleout", runScaleOut},
 	}
 	for _, s := range steps {
 		if !cfg.runs(s.key) {
