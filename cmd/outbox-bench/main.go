@@ -36,6 +36,14 @@
 //  13. web view: the outboxui overview and dead-letter page rendered in-process on a table
 //     with the retained delivered rows, more recent deliveries than the activity chart
 //     samples, 10,000 dead rows and the ordered migration set (target: overview < 100 ms).
+//  14. store loop: StoreN fresh rows of 200-byte payloads drained by a Publisher against a
+//     plain loop of Store.Claim and Store.Ack on the same Store, at batch 100 and 500.
+//  15. guarded raw loop: the burn-down by the raw loop, by a raw loop that keeps the
+//     library's guarantees (every column returned, payload hashes checked, the ack guarded
+//     by lease token) and by the Publisher, alternated.
+//  16. scale-out (only with -only scaleout): one table drained by 1, 2, 4 and 8 child
+//     processes of this binary, each running one Publisher, against as many processes of
+//     the raw loop.
 //
 // It prints a table, then every ratio as one JSON object per line, and writes the full
 // results (JSON, Markdown) and a throughput-against-batch-size plot (SVG) to -out.
