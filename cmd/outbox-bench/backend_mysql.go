@@ -33,6 +33,15 @@ func (b *myBackend) admin() *sql.DB        { return b.db }
 // childDSN implements backend.
 func (b *myBackend) childDSN() (string, string) { return "mysql", b.benchDSN }
 
+// lockWaiters implements lockWatcher: the InnoDB transactions of the bench database's
+// sessions waiting for a lock.
+func (b *myBackend) lockWaiters(ctx context.Context) (int, error) {
+	var n int
+	err := b.server.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.INNODB_TRX t`+
+		` JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id WHERE t.trx_state = 'LOCK WAIT' AND p.DB = ?`, b.dbName).Scan(&n)
+	return n, err
+}
+
 func (b *myBackend) setup(ctx context.Context) error {
 	cfg, err := mysql.ParseDSN(b.dsn)
 	if err != nil {

@@ -37,6 +37,15 @@ func (b *pgBackend) admin() *sql.DB        { return b.db }
 // childDSN implements backend.
 func (b *pgBackend) childDSN() (string, string) { return "pgx", b.benchDSN }
 
+// lockWaiters implements lockWatcher: the sessions of the bench database waiting for a
+// lock (pg_locks, not granted).
+func (b *pgBackend) lockWaiters(ctx context.Context) (int, error) {
+	var n int
+	err := b.server.QueryRowContext(ctx, `SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database`+
+		` WHERE NOT l.granted AND d.datname = $1`, b.dbName).Scan(&n)
+	return n, err
+}
+
 func (b *pgBackend) setup(ctx context.Context) error {
 	u, err := url.Parse(b.dsn)
 	if err != nil {

@@ -39,6 +39,12 @@ const (
 	childBatchEnv   = "OUTBOX_BENCH_CHILD_BATCH"
 )
 
+// lockWatcher is a backend that can count the sessions of the bench database that wait for
+// a lock (SQLite's writers wait in their busy handler, which nothing outside sees).
+type lockWatcher interface {
+	lockWaiters(ctx context.Context) (int, error)
+}
+
 // scaleOutPoint is one process count: library and raw drains of the same rows, alternated.
 type scaleOutPoint struct {
 	Procs   int     `json:"processes"`
@@ -51,6 +57,11 @@ type scaleOutPoint struct {
 	// process: how well it scales out.
 	LibraryVsOne float64 `json:"library_vs_one_process"`
 	RawVsOne     float64 `json:"raw_vs_one_process"`
+	// LibraryLockWaits and RawLockWaits are the sessions found waiting for a lock, on
+	// average over samples taken every 20 ms during the drains (PostgreSQL pg_locks,
+	// MariaDB INNODB_TRX); -1 where the backend cannot tell.
+	LibraryLockWaits float64 `json:"library_lock_waits"`
+	RawLockWaits     float64 `json:"raw_lock_waits"`
 }
 
 // runScaleOut measures every process count of cfg.ScaleProcs.
@@ -61,37 +72,39 @@ func runScaleOut(ctx context.Context, cfg config, b backend, res *backendResult)
 	}
 	// Warm-up: one small drain of each with two processes.
 	for _, kind := range []string{kindRaw, "library"} {
-		if _, err := scaleDrain(ctx, exe, b, kind, min(cfg.ScaleN, 2000), cfg.Batch, 2); err != nil {
+		if _, _, err := scaleDrain(ctx, exe, b, kind, min(cfg.ScaleN, 2000), cfg.Batch, 2); err != nil {
 			return err
 		}
 	}
 	var one [2]float64
 	for _, procs := range cfg.ScaleProcs {
-		var lib, raw []float64
+		var lib, raw, libWaits, rawWaits []float64
 		vs := []variant{
 			{name: kindRaw, run: func(ctx context.Context) (float64, error) {
-				r, err := scaleDrain(ctx, exe, b, kindRaw, cfg.ScaleN, cfg.Batch, procs)
-				raw = append(raw, r)
+				r, w, err := scaleDrain(ctx, exe, b, kindRaw, cfg.ScaleN, cfg.Batch, procs)
+				raw, rawWaits = append(raw, r), append(rawWaits, w)
 				return r, err
 			}},
 			{name: "library", run: func(ctx context.Context) (float64, error) {
-				r, err := scaleDrain(ctx, exe, b, "library", cfg.ScaleN, cfg.Batch, procs)
-				lib = append(lib, r)
+				r, w, err := scaleDrain(ctx, exe, b, "library", cfg.ScaleN, cfg.Batch, procs)
+				lib, libWaits = append(lib, r), append(libWaits, w)
 				return r, err
 			}},
 		}
 		if _, err := alternate(ctx, cfg.ScaleRounds, vs); err != nil {
 			return err
 		}
-		p := scaleOutPoint{Procs: procs, N: cfg.ScaleN, Batch: cfg.Batch, Library: summarize(lib), Raw: summarize(raw), Ratio: pairedRatio(lib, raw)}
+		p := scaleOutPoint{Procs: procs, N: cfg.ScaleN, Batch: cfg.Batch, Library: summarize(lib), Raw: summarize(raw), Ratio: pairedRatio(lib, raw),
+			LibraryLockWaits: median(libWaits), RawLockWaits: median(rawWaits)}
 		if procs == 1 {
 			one = [2]float64{p.Library.Median, p.Raw.Median}
 		}
 		if one[0] > 0 {
 			p.LibraryVsOne, p.RawVsOne = p.Library.Median/one[0], p.Raw.Median/one[1]
 		}
-		logf("%s: scale-out p=%d n=%d b=%d: library %.0f rows/s (%.2f× one process), raw %.0f rows/s (%.2f×): %.3f (pairs %s)",
-			b.name(), procs, cfg.ScaleN, cfg.Batch, p.Library.Median, p.LibraryVsOne, p.Raw.Median, p.RawVsOne, p.Ratio, pairRatios(lib, raw))
+		logf("%s: scale-out p=%d n=%d b=%d: library %.0f rows/s (%.2f× one process), raw %.0f rows/s (%.2f×): %.3f (pairs %s); sessions waiting for a lock: library %.2f, raw %.2f",
+			b.name(), procs, cfg.ScaleN, cfg.Batch, p.Library.Median, p.LibraryVsOne, p.Raw.Median, p.RawVsOne, p.Ratio, pairRatios(lib, raw),
+			p.LibraryLockWaits, p.RawLockWaits)
 		res.ScaleOut = append(res.ScaleOut, p)
 	}
 	return nil
@@ -106,7 +119,46 @@ type child struct {
 
 // scaleDrain preloads n rows and drains them with procs children of kind; it returns the
 // rate over the middle of the drain (the 10th to the 90th percent of the rows).
-func scaleDrain(ctx context.Context, exe string, b backend, kind string, n, batch, procs int) (float64, error) {
+func scaleDrain(ctx context.Context, exe string, b backend, kind string, n, batch, procs int) (rate, waits float64, err error) {
+	waits = -1
+	lw, watch := b.(lockWatcher)
+	var (
+		samples, waiting int
+		sampleMu         sync.Mutex
+	)
+	if watch {
+		defer func() {
+			sampleMu.Lock()
+			defer sampleMu.Unlock()
+			if samples > 0 {
+				waits = float64(waiting) / float64(samples)
+			}
+		}()
+	}
+	rate, err = scaleDrainWatched(ctx, exe, b, kind, n, batch, procs, func(sctx context.Context) {
+		if !watch {
+			return
+		}
+		t := time.NewTicker(20 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-sctx.Done():
+				return
+			case <-t.C:
+				if w, err := lw.lockWaiters(sctx); err == nil {
+					sampleMu.Lock()
+					samples, waiting = samples+1, waiting+w
+					sampleMu.Unlock()
+				}
+			}
+		}
+	})
+	return rate, waits, err
+}
+
+// scaleDrainWatched is scaleDrain; watch runs during the drain, until its context ends.
+func scaleDrainWatched(ctx context.Context, exe string, b backend, kind string, n, batch, procs int, watch func(context.Context)) (float64, error) {
 	if err := b.reset(ctx, mainTable); err != nil {
 		return 0, err
 	}
@@ -170,6 +222,10 @@ func scaleDrain(ctx context.Context, exe string, b backend, kind string, n, batc
 			return 0, err
 		}
 	}
+	wctx, stopWatch := context.WithCancel(ctx)
+	watched := make(chan struct{})
+	go func() { defer close(watched); watch(wctx) }()
+	defer func() { stopWatch(); <-watched }()
 	// Merge the children's counts until they add up to n.
 	type report struct {
 		i     int
