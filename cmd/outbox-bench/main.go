@@ -44,6 +44,9 @@
 //  16. scale-out (only with -only scaleout): one table drained by 1, 2, 4 and 8 child
 //     processes of this binary, each running one Publisher, against as many processes of
 //     the raw loop.
+//  17. sustained load (only with -only sustained): producers at a fixed offered rate,
+//     raised by half until the p99 commit-to-publish passes 50 ms, for the Publisher and for the
+//     raw loop under the same producers: the highest rate each holds.
 //
 // It prints a table, then every ratio as one JSON object per line, and writes the full
 // results (JSON, Markdown) and a throughput-against-batch-size plot (SVG) to -out.
@@ -158,12 +161,18 @@ type config struct {
 	GuardN      int `json:"guard_n"`
 	GuardRounds int `json:"guard_rounds"`
 
+	// Sustained load (17, only with -only sustained): offered rates from SustainStart,
+	// raised by half a step up to SustainMax, SustainDur each, for the Publisher and the raw loop.
+	SustainStart float64       `json:"sustain_start"`
+	SustainMax   float64       `json:"sustain_max"`
+	SustainDur   time.Duration `json:"sustain_duration"`
+
 	// Only restricts the run to some scenarios (-only); empty means all.
 	Only []string `json:"only,omitempty"`
 }
 
 // optIn are the scenarios that run only when -only names them.
-var optIn = []string{"tablecost", "scaleout"}
+var optIn = []string{"tablecost", "scaleout", "sustained"}
 
 func (c config) runs(scenario string) bool {
 	if len(c.Only) == 0 {
@@ -197,6 +206,7 @@ func modeConfig(mode string) (config, error) {
 			ScaleN: 10_000, ScaleProcs: []int{1, 2, 4, 8}, ScaleRounds: 1,
 			StoreN: 10_000, StoreBatches: []int{100, 500}, StoreWorkers: []int{1}, StoreRounds: 2,
 			GuardN: 10_000, GuardRounds: 2,
+			SustainStart: 500, SustainMax: 64_000, SustainDur: 3 * time.Second,
 		}, nil
 	case "full":
 		return config{
@@ -216,6 +226,7 @@ func modeConfig(mode string) (config, error) {
 			ScaleN: 40_000, ScaleProcs: []int{1, 2, 4, 8}, ScaleRounds: 2,
 			StoreN: 20_000, StoreBatches: []int{100, 500}, StoreWorkers: []int{1, 2}, StoreRounds: 5,
 			GuardN: 50_000, GuardRounds: 4,
+			SustainStart: 500, SustainMax: 64_000, SustainDur: 8 * time.Second,
 		}, nil
 	}
 	return config{}, fmt.Errorf("unknown -mode %q (quick or full)", mode)
@@ -241,7 +252,7 @@ func main() {
 		burnN    = flag.Int("n", 0, "rows per burn-down (default: 10000 quick, 100000 full)")
 		rounds   = flag.Int("burn-rounds", 0, "alternating library/raw pairs of the headline burn-down (default: 3 quick, 10 full)")
 		retained = flag.Int("retained", 0, "retained delivered rows in the growth scenario (default: 100000 quick, 1000000 full)")
-		only     = flag.String("only", "", "run only these scenarios (comma list of enqueue, batch, burndown, breakdown, latency, growth, stats, purge, ordered, broker, shortdrain, costs, tablecost, ui, storeloop, guarded, scaleout; latency needs burndown; tablecost and scaleout run only when named)")
+		only     = flag.String("only", "", "run only these scenarios (comma list of enqueue, batch, burndown, breakdown, latency, growth, stats, purge, ordered, broker, shortdrain, costs, tablecost, ui, storeloop, guarded, scaleout, sustained; latency needs burndown; tablecost, scaleout and sustained run only when named)")
 		cpuprof  = flag.String("cpuprofile", "", "write a CPU profile of the bench process (library and raw alike) to this file")
 		from     = flag.String("from", "", "measure nothing: re-render the table, JSON lines, Markdown and plot of an earlier results.json")
 	)
@@ -382,6 +393,7 @@ func runBackend(ctx context.Context, cfg config, b backend, res *backendResult) 
 		{"store loop", "storeloop", runStoreLoop},
 		{"guarded raw loop", "guarded", runGuarded},
 		{"scale-out", "scaleout", runScaleOut},
+		{"sustained load", "sustained", runSustained},
 	}
 	for _, s := range steps {
 		if !cfg.runs(s.key) {

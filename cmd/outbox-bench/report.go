@@ -68,6 +68,7 @@ type backendResult struct {
 	StoreLoop  []storeLoopResult  `json:"store_loop,omitempty"`
 	Guarded    *guardedResult     `json:"guarded,omitempty"`
 	ScaleOut   []scaleOutPoint    `json:"scale_out,omitempty"`
+	Sustained  *sustainedResult   `json:"sustained,omitempty"`
 }
 
 func describeMachine() machine {
@@ -192,6 +193,9 @@ var targets = []target{
 	{"scaleout_p8_vs_raw", "(8 processes each)", nil},
 	{"scaleout_library_p8_vs_p1", "(8 publisher processes ÷ 1)", nil},
 	{"scaleout_raw_p8_vs_p1", "(8 raw processes ÷ 1)", nil},
+	{"sustained_rate", "(msg/s held with p99 <= 50 ms)", nil},
+	{"sustained_rate_raw", "(the raw loop under the same producers)", nil},
+	{"sustained_vs_raw", "(library ÷ raw)", nil},
 }
 
 // metrics returns the JSON lines of one backend, in the order of targets.
@@ -280,6 +284,13 @@ func (r *backendResult) metrics(cfg config) []metric {
 	if g := r.Guarded; g != nil {
 		add("burndown_vs_raw_guarded", g.LibraryVsGuarded)
 		add("raw_guarded_vs_raw", g.GuardedVsRaw)
+	}
+	if s := r.Sustained; s != nil {
+		add("sustained_rate", s.Library)
+		add("sustained_rate_raw", s.Raw)
+		if s.Raw > 0 {
+			add("sustained_vs_raw", s.Ratio)
+		}
 	}
 	for _, p := range r.ScaleOut {
 		add(fmt.Sprintf("scaleout_p%d_vs_raw", p.Procs), p.Ratio)
@@ -372,6 +383,9 @@ func (rep *report) printTable(w io.Writer) {
 		if g := b.Guarded; g != nil {
 			fmt.Fprintln(tw, "guarded rows/s\traw\tguarded raw\tlibrary\tlibrary/guarded\tguarded/raw\tlibrary/raw\t\t")
 			fmt.Fprintf(tw, "\t%.0f\t%.0f\t%.0f\t%.3f\t%.3f\t%.3f\t\t\n", g.Raw.Median, g.Guarded.Median, g.Library.Median, g.LibraryVsGuarded, g.GuardedVsRaw, g.LibraryVsRaw)
+		}
+		if st := b.Sustained; st != nil {
+			fmt.Fprintf(tw, "sustained msg/s\tlibrary %.0f\traw %.0f\t(p99 <= 50 ms)\t\t\t\t\t\n", st.Library, st.Raw)
 		}
 		if len(b.ScaleOut) > 0 {
 			fmt.Fprintln(tw, "scale-out rows/s\tprocesses\tlibrary\traw\tlibrary/raw\tlibrary/p1\traw/p1\t\t")
