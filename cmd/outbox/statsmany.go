@@ -207,20 +207,25 @@ func sumStats(results []dbStats) (total outbox.Stats, failed int) {
 }
 
 // printMany prints a row per database, then the total. A database that could not be read
-// shows its error in place of counts.
+// shows its error in place of counts, in an ERROR column that is there only then.
 func (c *cli) printMany(results []dbStats, total outbox.Stats) {
+	failed := slices.ContainsFunc(results, func(r dbStats) bool { return r.err != nil })
 	tw := c.table()
-	fmt.Fprintln(tw, "DATABASE\tPENDING\tSCHEDULED\tPROCESSING\tDELIVERED\tDEAD\tOLDEST PENDING\tERROR")
+	head := "DATABASE\tPENDING\tSCHEDULED\tPROCESSING\tDELIVERED\tDEAD\tOLDEST PENDING"
+	if failed {
+		head += "\tERROR"
+	}
+	fmt.Fprintln(tw, head)
 	for _, r := range results {
 		if r.err != nil {
 			fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\t-\t%s\n", r.shown, c.rowError(r.err))
 			continue
 		}
 		st := r.st
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%d\t%s\t\n", r.shown,
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%d\t%s\n", r.shown,
 			st.Pending, st.Scheduled, st.Processing, delivered(st.Delivered, st.DeliveredEstimated), st.Dead, age(st.OldestPendingAge))
 	}
-	fmt.Fprintf(tw, "total\t%d\t%d\t%d\t%s\t%d\t%s\t\n",
+	fmt.Fprintf(tw, "total\t%d\t%d\t%d\t%s\t%d\t%s\n",
 		total.Pending, total.Scheduled, total.Processing, delivered(total.Delivered, total.DeliveredEstimated), total.Dead, age(total.OldestPendingAge))
 	_ = tw.Flush()
 	if total.DeliveredEstimated {

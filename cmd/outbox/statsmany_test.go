@@ -124,6 +124,11 @@ func TestStatsMany(t *testing.T) {
 	require.Regexp(t, `(?m)^`+regexp.QuoteMeta(redactDSN(down))+` +- +- +- +- +- +- +cannot connect to `, r.stdout)
 	require.Regexp(t, `(?m)^total +12 +6 +6 +6 +12 `, r.stdout)
 
+	// Every database answers: no ERROR column.
+	r = runCLI(t, nil, "stats", "--dsn", fixtures["sqlite"][0].dsn, "--dsn", fixtures["sqlite"][1].dsn)
+	require.Equal(t, exitOK, r.code, r.stderr)
+	require.Regexp(t, `(?m)^DATABASE +PENDING +SCHEDULED +PROCESSING +DELIVERED +DEAD +OLDEST PENDING$`, r.stdout)
+
 	// Scope flags apply to every database.
 	r = runCLI(t, nil, append(args, "--json", "--topic", "order.paid")...)
 	require.Equal(t, exitFail, r.code)
