@@ -226,7 +226,7 @@ func modeConfig(mode string) (config, error) {
 			ScaleN: 40_000, ScaleProcs: []int{1, 2, 4, 8}, ScaleRounds: 2,
 			StoreN: 20_000, StoreBatches: []int{100, 500}, StoreWorkers: []int{1, 2}, StoreRounds: 5,
 			GuardN: 50_000, GuardRounds: 4,
-			SustainStart: 500, SustainMax: 64_000, SustainDur: 8 * time.Second,
+			SustainStart: 250, SustainMax: 64_000, SustainDur: 8 * time.Second,
 		}, nil
 	}
 	return config{}, fmt.Errorf("unknown -mode %q (quick or full)", mode)

@@ -43,13 +43,21 @@ func runSustained(ctx context.Context, cfg config, b backend, res *backendResult
 			if (raw && !rawOn) || (!raw && !libOn) {
 				continue
 			}
-			r, err := latency(ctx, c, b, rate, poll, raw, true)
-			if err != nil {
-				return err
+			// A rate that fails is tried once more before it counts: on a shared machine a
+			// burst of other work can push one window's p99 past the limit.
+			var (
+				r  latencyResult
+				ok bool
+			)
+			for try := 0; try < 2 && !ok; try++ {
+				var err error
+				if r, err = latency(ctx, c, b, rate, poll, raw, true); err != nil {
+					return err
+				}
+				r.Kind = "sustained"
+				s.Steps = append(s.Steps, r)
+				ok = held(r)
 			}
-			r.Kind = "sustained"
-			s.Steps = append(s.Steps, r)
-			ok := held(r)
 			logf("%s: sustained %s at %.0f msg/s: achieved %.0f, p50 %.1fms p99 %.1fms, %d unpublished, steady %v: held %v",
 				b.name(), map[bool]string{false: "library", true: "raw"}[raw], rate, r.AchievedRate, r.P50, r.P99, r.Unpublished, r.Steady, ok)
 			switch {
