@@ -58,7 +58,11 @@ type Checker interface {
 
 // Check verifies that the store can work: the database answers, it is the kind the dialect
 // is written for, the table exists with every column the library uses, and, on SQLite, the
-// connection runs in WAL mode with a busy timeout. A setup problem returns a [*CheckError]
+// connection runs in WAL mode with a busy timeout. The built-in dialects also recognise the
+// distributed SQL servers that imitate PostgreSQL or MySQL, and refuse those the claim is
+// unsafe on or where the Store's settings are known to fail: TiDB (which ignores SKIP
+// LOCKED), CockroachDB, YugabyteDB before 2025.2.3 unless [Options.DisableNotify] is set,
+// and an outbox table that Citus distributes. A setup problem returns a [*CheckError]
 // (matching [ErrMisconfigured]) that says what to do; a database that cannot be reached
 // returns its error, which may pass. A [Publisher] runs Check when it starts; call it from a
 // readiness probe or at startup to fail fast. A dialect that does not implement [Checker]
@@ -67,6 +71,12 @@ func (s *Store) Check(ctx context.Context) error {
 	c, ok := s.dialect.(Checker)
 	if !ok {
 		return fmt.Errorf("outbox: check: dialect %s cannot check its database: %w", s.dialect.Name(), errors.ErrUnsupported)
+	}
+	// A distributed SQL server that imitates the dialect's database is recognised first:
+	// the rest of the check would take it for the real thing (or, for one it does not
+	// recognise at all, say only that the dialect is wrong).
+	if ce := judge(ctx, s.dialect, s.db, s.table, s.notifier != nil); ce != nil {
+		return ce
 	}
 	if err := c.Check(ctx, s.db, s.table); err != nil {
 		var ce *CheckError

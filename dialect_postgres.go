@@ -472,11 +472,15 @@ func (d *postgresDialect) Get(ctx context.Context, q DBTX, t Table, id uuid.UUID
 //
 // The claim keeps the settled ids out: both CTEs read the snapshot from before the
 // statement, where a settled row whose lease just expired is still claimable, and a
-// statement must not update a row twice. The ids of outcomes that were not applied (their
-// lease was lost) come back as rows with attempts 0, which no claimed row has (a claim
-// counts its attempt); usually there are none, so the statement returns only the claimed
-// rows (returning every settled id instead cost a scan of a batch of rows more per call).
-// An ordered claim must see the keys the outcomes release, which a statement's snapshot
+// statement must not update a row twice. It tests them as id NOT IN (SELECT unnest($1)),
+// a hashed subplan: NOT (id = ANY($1)) compares each row the claim reads with every
+// settled id once the plan is generic (after five runs of the prepared statement), which
+// at batch 500, with the batch in flight read too, cost 2 ms of a 2.5 ms index scan
+// (EXPLAIN ANALYZE, PostgreSQL 15) against 0.6 ms. The ids of outcomes that were not
+// applied (their lease was lost) come back as rows with attempts 0, which no claimed row
+// has (a claim counts its attempt); usually there are none, so the statement returns only
+// the claimed rows (returning every settled id instead cost a scan of a batch of rows more
+// per call). An ordered claim must see the keys the outcomes release, which a statement's snapshot
 // cannot, so it runs after Complete in one transaction instead.
 func (d *postgresDialect) CompleteAndClaim(ctx context.Context, db *sql.DB, t Table, outcomes []Outcome, p ClaimParams) ([]uuid.UUID, []Record, error) {
 	if p.Ordered {
@@ -487,7 +491,7 @@ func (d *postgresDialect) CompleteAndClaim(ctx context.Context, db *sql.DB, t Ta
 	a := &args{dollar: true, vals: vals}
 	var b strings.Builder
 	b.WriteString(`WITH s AS (` + settle + `), c AS MATERIALIZED (SELECT id FROM ` + tbl + ` WHERE ` + pgEligible(a, p) + pgOrdered(tbl, p) +
-		` AND NOT (id = ANY($1::uuid[])) ORDER BY created_at, id LIMIT ` + a.add(p.Limit) + `::bigint FOR UPDATE SKIP LOCKED),`)
+		` AND id NOT IN (SELECT unnest($1::uuid[])) ORDER BY created_at, id LIMIT ` + a.add(p.Limit) + `::bigint FOR UPDATE SKIP LOCKED),`)
 	b.WriteString(` l AS (` + pgLeaseUpdate(tbl, a, p) + `) SELECT * FROM l UNION ALL SELECT x.id`)
 	for _, c := range claimColumns[1:] {
 		switch c {

@@ -29,6 +29,8 @@ type backend interface {
 	describe(ctx context.Context) serverInfo
 	// admin is a small pool on the bench database for setup work outside measured windows.
 	admin() *sql.DB
+	// childDSN is the driver name and DSN of the bench database, for a child process.
+	childDSN() (driver, dsn string)
 	// pool opens a new pool on the bench database whose connections count transactions.
 	pool(maxConns int) (*sql.DB, *txCounter, error)
 	// reset empties table and the business table.
@@ -81,6 +83,9 @@ type rawOps interface {
 	// claim's token change, and it reports how many did. It is what a library fast path for
 	// a batch of one outcome and one token could send.
 	ackGuarded(ctx context.Context, db *sql.DB, ids []any, token uuid.UUID) (int, error)
+	// claimFull is claim returning every column a publisher needs (fullColumns), with
+	// each payload checked against its hash: the guarded raw loop's claim (guarded.go).
+	claimFull(ctx context.Context, db *sql.DB, limit int, worker string) (rawClaim, error)
 	// idArg converts a library id to the form claim returns; leaseOf the reverse.
 	idArg(id uuid.UUID) any
 	leaseOf(id any, token uuid.UUID) outbox.Lease

@@ -30,6 +30,18 @@ func (*myBackend) name() string            { return "mysql" }
 func (*myBackend) dialect() outbox.Dialect { return outbox.MySQL() }
 func (b *myBackend) admin() *sql.DB        { return b.db }
 
+// childDSN implements backend.
+func (b *myBackend) childDSN() (string, string) { return "mysql", b.benchDSN }
+
+// lockWaiters implements lockWatcher: the InnoDB transactions of the bench database's
+// sessions waiting for a lock.
+func (b *myBackend) lockWaiters(ctx context.Context) (int, error) {
+	var n int
+	err := b.server.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.INNODB_TRX t`+
+		` JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id WHERE t.trx_state = 'LOCK WAIT' AND p.DB = ?`, b.dbName).Scan(&n)
+	return n, err
+}
+
 func (b *myBackend) setup(ctx context.Context) error {
 	cfg, err := mysql.ParseDSN(b.dsn)
 	if err != nil {
@@ -240,6 +252,9 @@ func (b *myBackend) raw(table string) rawOps {
 		claimSQL: "SELECT id, topic, partition_key, headers, payload, attempts FROM " + t +
 			" WHERE status = 'pending' AND next_attempt_at <= UTC_TIMESTAMP(6) AND attempts < ? AND namespace = ?" +
 			" ORDER BY created_at, id LIMIT ? FOR UPDATE SKIP LOCKED",
+		claimFullSQL: "SELECT " + fullList("") + " FROM " + t +
+			" WHERE status = 'pending' AND next_attempt_at <= UTC_TIMESTAMP(6) AND attempts < ? AND namespace = ?" +
+			" ORDER BY created_at, id LIMIT ? FOR UPDATE SKIP LOCKED",
 		leaseHead: "UPDATE " + t + " SET status = 'processing', attempts = attempts + 1, locked_by = ?," +
 			" locked_until = UTC_TIMESTAMP(6) + INTERVAL 30 SECOND, lease_token = ?, updated_at = UTC_TIMESTAMP(6) WHERE id IN ",
 		ackHead: "UPDATE " + t + " SET status = 'delivered', delivered_at = UTC_TIMESTAMP(6), updated_at = UTC_TIMESTAMP(6)," +
@@ -257,8 +272,8 @@ const (
 // LOCKED) and one UPDATE by primary key; the ack is one UPDATE ... WHERE id IN (...).
 // Statement texts are rendered once per row count.
 type myRaw struct {
-	business, insertSQL, head, libHead, claimSQL, leaseHead, ackHead string
-	rendered                                                         sync.Map // key -> statement
+	business, insertSQL, head, libHead, claimSQL, claimFullSQL, leaseHead, ackHead string
+	rendered                                                                       sync.Map // key -> statement
 }
 
 func (r *myRaw) render(key string, n int, head, group string) string {
@@ -345,6 +360,40 @@ func (r *myRaw) claim(ctx context.Context, db *sql.DB, limit int, worker string)
 			return c, err
 		}
 		c.msgs, c.ids, args = append(c.msgs, m), append(c.ids, id), append(args, id)
+	}
+	if err := rows.Err(); err != nil {
+		return c, err
+	}
+	if len(c.ids) > 0 {
+		if _, err := tx.ExecContext(ctx, r.inList(len(c.ids), r.leaseHead, "lease"), args...); err != nil {
+			return c, err
+		}
+	}
+	return c, tx.Commit()
+}
+
+// claimFull is claim reading every column a publisher needs; like the library's claim, it
+// reads them before its UPDATE takes the lease.
+func (r *myRaw) claimFull(ctx context.Context, db *sql.DB, limit int, worker string) (rawClaim, error) {
+	c := rawClaim{token: uuid.New(), ids: make([]any, 0, limit)}
+	tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return c, err
+	}
+	defer tx.Rollback()
+	rows, err := tx.QueryContext(ctx, r.claimFullSQL, maxAttempts, benchNamespace, limit)
+	if err != nil {
+		return c, err
+	}
+	args := make([]any, 2, limit+2)
+	args[0], args[1] = worker, c.token[:]
+	for rows.Next() {
+		var id []byte
+		if err := scanFull(rows, &id); err != nil {
+			rows.Close()
+			return c, err
+		}
+		c.ids, args = append(c.ids, id), append(args, id)
 	}
 	if err := rows.Err(); err != nil {
 		return c, err

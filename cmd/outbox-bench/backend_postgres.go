@@ -34,6 +34,18 @@ func (*pgBackend) name() string            { return "postgres" }
 func (*pgBackend) dialect() outbox.Dialect { return outbox.Postgres() }
 func (b *pgBackend) admin() *sql.DB        { return b.db }
 
+// childDSN implements backend.
+func (b *pgBackend) childDSN() (string, string) { return "pgx", b.benchDSN }
+
+// lockWaiters implements lockWatcher: the sessions of the bench database waiting for a
+// lock (pg_locks, not granted).
+func (b *pgBackend) lockWaiters(ctx context.Context) (int, error) {
+	var n int
+	err := b.server.QueryRowContext(ctx, `SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database`+
+		` WHERE NOT l.granted AND d.datname = $1`, b.dbName).Scan(&n)
+	return n, err
+}
+
 func (b *pgBackend) setup(ctx context.Context) error {
 	u, err := url.Parse(b.dsn)
 	if err != nil {
@@ -255,6 +267,12 @@ func (b *pgBackend) raw(table string) rawOps {
 			` UPDATE ` + t + ` AS t SET status = 'processing', attempts = t.attempts + 1, locked_by = $4,` +
 			` locked_until = now() + interval '30 seconds', lease_token = $5, updated_at = now()` +
 			` FROM c WHERE t.id = c.id RETURNING t.id, t.topic, t.partition_key, t.headers, t.payload, t.attempts`,
+		claimFullSQL: `WITH c AS MATERIALIZED (SELECT id FROM ` + t + ` WHERE status IN ('pending', 'processing')` +
+			` AND ((status = 'pending' AND next_attempt_at <= now()) OR (status = 'processing' AND locked_until < now()))` +
+			` AND attempts < $1 AND namespace = $2 ORDER BY created_at, id LIMIT $3 FOR UPDATE SKIP LOCKED)` +
+			` UPDATE ` + t + ` AS t SET status = 'processing', attempts = t.attempts + 1, locked_by = $4,` +
+			` locked_until = now() + interval '30 seconds', lease_token = $5, updated_at = now()` +
+			` FROM c WHERE t.id = c.id RETURNING ` + fullList("t."),
 		ackSQL: `UPDATE ` + t + ` SET status = 'delivered', delivered_at = now(), updated_at = now(), locked_by = NULL, locked_until = NULL` +
 			` WHERE id = ANY($1::uuid[])`,
 		guardedSQL: `UPDATE ` + t + ` SET status = 'delivered', delivered_at = now(), updated_at = now(), locked_by = NULL, locked_until = NULL` +
@@ -266,8 +284,8 @@ func (b *pgBackend) raw(table string) rawOps {
 // form once per row count) and, like the library's, prepared and cached per connection by
 // pgx.
 type pgRaw struct {
-	business, insertSQL, valuesHead, unnestSQL, libShapeSQL, claimSQL, ackSQL, guardedSQL string
-	values                                                                                sync.Map // rows -> statement
+	business, insertSQL, valuesHead, unnestSQL, libShapeSQL, claimSQL, claimFullSQL, ackSQL, guardedSQL string
+	values                                                                                              sync.Map // rows -> statement
 }
 
 func (r *pgRaw) insertBusiness(ctx context.Context, tx *sql.Tx, i int) error {
@@ -359,6 +377,23 @@ func (r *pgRaw) claim(ctx context.Context, db *sql.DB, limit int, worker string)
 			return c, err
 		}
 		c.msgs, c.ids = append(c.msgs, m), append(c.ids, id)
+	}
+	return c, rows.Err()
+}
+
+func (r *pgRaw) claimFull(ctx context.Context, db *sql.DB, limit int, worker string) (rawClaim, error) {
+	c := rawClaim{token: uuid.New(), ids: make([]any, 0, limit)}
+	rows, err := db.QueryContext(ctx, r.claimFullSQL, maxAttempts, benchNamespace, limit, worker, c.token.String())
+	if err != nil {
+		return c, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id string
+		if err := scanFull(rows, &id); err != nil {
+			return c, err
+		}
+		c.ids = append(c.ids, id)
 	}
 	return c, rows.Err()
 }

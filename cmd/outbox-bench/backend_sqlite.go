@@ -54,6 +54,9 @@ func (*liteBackend) name() string            { return "sqlite" }
 func (*liteBackend) dialect() outbox.Dialect { return outbox.SQLite() }
 func (b *liteBackend) admin() *sql.DB        { return b.db }
 
+// childDSN implements backend.
+func (b *liteBackend) childDSN() (string, string) { return "sqlite", b.dsn }
+
 func (b *liteBackend) setup(ctx context.Context) error {
 	registerSQLiteCommitHook()
 	dir, err := os.MkdirTemp("", "outbox-bench-")
@@ -181,6 +184,9 @@ func (b *liteBackend) raw(table string) rawOps {
 		claimSQL: `UPDATE ` + t + ` SET status = 'processing', attempts = attempts + 1, locked_by = ?, locked_until = ?, lease_token = ?, updated_at = ?` +
 			` WHERE id IN (SELECT id FROM ` + t + ` WHERE ` + eligible + ` ORDER BY created_at, id LIMIT ?)` +
 			` RETURNING id, topic, partition_key, headers, payload, attempts`,
+		claimFullSQL: `UPDATE ` + t + ` SET status = 'processing', attempts = attempts + 1, locked_by = ?, locked_until = ?, lease_token = ?, updated_at = ?` +
+			` WHERE id IN (SELECT id FROM ` + t + ` WHERE ` + eligible + ` ORDER BY created_at, id LIMIT ?)` +
+			` RETURNING ` + fullList(""),
 		ackHead: `UPDATE ` + t + ` SET status = 'delivered', delivered_at = ?, updated_at = ?, locked_by = NULL, locked_until = NULL WHERE id IN (`,
 	}
 }
@@ -194,8 +200,8 @@ const (
 // LIMIT n) RETURNING claim, an UPDATE ... WHERE id IN (...) ack, times as Unix
 // microseconds from the process clock. Statement texts are rendered once per row count.
 type liteRaw struct {
-	business, insertSQL, head, libHead, claimSQL, ackHead string
-	rendered                                              sync.Map
+	business, insertSQL, head, libHead, claimSQL, claimFullSQL, ackHead string
+	rendered                                                            sync.Map
 }
 
 func (r *liteRaw) render(key string, n int, head, group, tail string) string {
@@ -276,6 +282,24 @@ func (r *liteRaw) claim(ctx context.Context, db *sql.DB, limit int, worker strin
 			return c, err
 		}
 		c.msgs, c.ids = append(c.msgs, m), append(c.ids, id)
+	}
+	return c, rows.Err()
+}
+
+func (r *liteRaw) claimFull(ctx context.Context, db *sql.DB, limit int, worker string) (rawClaim, error) {
+	c := rawClaim{token: uuid.New(), ids: make([]any, 0, limit)}
+	now := time.Now().UnixMicro()
+	rows, err := db.QueryContext(ctx, r.claimFullSQL, worker, now+30_000_000, c.token[:], now, now, now, maxAttempts, benchNamespace, limit)
+	if err != nil {
+		return c, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id []byte
+		if err := scanFull(rows, &id); err != nil {
+			return c, err
+		}
+		c.ids = append(c.ids, id)
 	}
 	return c, rows.Err()
 }

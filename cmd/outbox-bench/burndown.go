@@ -335,6 +335,8 @@ func stepFor(kind string, b backend, db *sql.DB, table string, batch int) (func(
 			}
 			return len(c.ids), err
 		}, nil
+	case kindGuardedRaw:
+		return func(ctx context.Context, worker string) (int, error) { return guardedStep(ctx, r, db, batch, worker) }, nil
 	case kindLibAckOnly:
 		return func(ctx context.Context, worker string) (int, error) {
 			c, err := r.claim(ctx, db, batch, worker)

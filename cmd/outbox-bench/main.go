@@ -38,6 +38,17 @@
 //  13. web view: the outboxui overview and dead-letter page rendered in-process on a table
 //     with the retained delivered rows, more recent deliveries than the activity chart
 //     samples, 10,000 dead rows and the ordered migration set (target: overview < 100 ms).
+//  14. store loop: StoreN fresh rows of 200-byte payloads drained by a Publisher against a
+//     plain loop of Store.Claim and Store.Ack on the same Store, at batch 100 and 500.
+//  15. guarded raw loop: the burn-down by the raw loop, by a raw loop that keeps the
+//     library's guarantees (every column returned, payload hashes checked, the ack guarded
+//     by lease token) and by the Publisher, alternated.
+//  16. scale-out (only with -only scaleout): one table drained by 1, 2, 4 and 8 child
+//     processes of this binary, each running one Publisher, against as many processes of
+//     the raw loop.
+//  17. sustained load (only with -only sustained): producers at a fixed offered rate,
+//     raised by half until the p99 commit-to-publish passes 50 ms, for the Publisher and for the
+//     raw loop under the same producers: the highest rate each holds.
 //
 // It prints a table, then every ratio as one JSON object per line, and writes the full
 // results (JSON, Markdown) and a throughput-against-batch-size plot (SVG) to -out.
@@ -133,12 +144,37 @@ type config struct {
 	TableRounds     int           `json:"table_rounds"`
 	TableEnqueueDur time.Duration `json:"table_enqueue_duration"`
 
+	// Scale-out (14, only with -only scaleout): ScaleN rows drained by each of ScaleProcs
+	// publisher processes counts, and by as many raw loop processes, ScaleRounds pairs each.
+	ScaleN      int   `json:"scale_n"`
+	ScaleProcs  []int `json:"scale_processes"`
+	ScaleRounds int   `json:"scale_rounds"`
+
+	// Store loop (15): StoreN fresh rows of 200-byte payloads drained by the Publisher and
+	// by a plain Store.Claim/Store.Ack loop on the same Store, at every StoreBatches ×
+	// StoreWorkers, StoreRounds pairs each.
+	StoreN       int   `json:"store_n"`
+	StoreBatches []int `json:"store_batches"`
+	StoreWorkers []int `json:"store_workers"`
+	StoreRounds  int   `json:"store_rounds"`
+
+	// Guarded raw loop (16): GuardN rows drained by the raw loop, the guarded raw loop and
+	// the Publisher at the headline batch and workers, GuardRounds rounds.
+	GuardN      int `json:"guard_n"`
+	GuardRounds int `json:"guard_rounds"`
+
+	// Sustained load (17, only with -only sustained): offered rates from SustainStart,
+	// raised by half a step up to SustainMax, SustainDur each, for the Publisher and the raw loop.
+	SustainStart float64       `json:"sustain_start"`
+	SustainMax   float64       `json:"sustain_max"`
+	SustainDur   time.Duration `json:"sustain_duration"`
+
 	// Only restricts the run to some scenarios (-only); empty means all.
 	Only []string `json:"only,omitempty"`
 }
 
 // optIn are the scenarios that run only when -only names them.
-var optIn = []string{"tablecost"}
+var optIn = []string{"tablecost", "scaleout", "sustained"}
 
 func (c config) runs(scenario string) bool {
 	if len(c.Only) == 0 {
@@ -169,6 +205,10 @@ func modeConfig(mode string) (config, error) {
 			ShortN: 10_000, ShortBatches: []int{100, 500}, ShortWorkers: []int{1, 2}, ShortRounds: 1,
 			CostNs: []int{1_000, 4_000}, CostBatches: []int{20, 100, 500}, CostRounds: 1,
 			TableN: 10_000, TableRounds: 3, TableEnqueueDur: 800 * time.Millisecond,
+			ScaleN: 10_000, ScaleProcs: []int{1, 2, 4, 8}, ScaleRounds: 1,
+			StoreN: 10_000, StoreBatches: []int{100, 500}, StoreWorkers: []int{1}, StoreRounds: 2,
+			GuardN: 10_000, GuardRounds: 2,
+			SustainStart: 500, SustainMax: 64_000, SustainDur: 3 * time.Second,
 		}, nil
 	case "full":
 		return config{
@@ -185,6 +225,10 @@ func modeConfig(mode string) (config, error) {
 			ShortN: 20_000, ShortBatches: []int{100, 500}, ShortWorkers: []int{1, 2}, ShortRounds: 6,
 			CostNs: []int{1_000, 5_000, 20_000}, CostBatches: []int{20, 50, 100, 250, 500}, CostRounds: 3,
 			TableN: 20_000, TableRounds: 6, TableEnqueueDur: 3 * time.Second,
+			ScaleN: 40_000, ScaleProcs: []int{1, 2, 4, 8}, ScaleRounds: 2,
+			StoreN: 20_000, StoreBatches: []int{100, 500}, StoreWorkers: []int{1, 2}, StoreRounds: 5,
+			GuardN: 50_000, GuardRounds: 4,
+			SustainStart: 250, SustainMax: 64_000, SustainDur: 8 * time.Second,
 		}, nil
 	}
 	return config{}, fmt.Errorf("unknown -mode %q (quick or full)", mode)
@@ -194,6 +238,9 @@ func modeConfig(mode string) (config, error) {
 var logf = log.New(os.Stderr, "outbox-bench: ", log.Ltime|log.Lmicroseconds).Printf
 
 func main() {
+	if os.Getenv(childEnv) != "" {
+		os.Exit(runChild()) // a scale-out child (scaleout.go)
+	}
 	var (
 		mode     = flag.String("mode", "quick", "quick (every metric in minutes) or full (the published numbers)")
 		backends = flag.String("backends", "postgres,mysql,sqlite", "comma-separated backends to measure")
@@ -207,7 +254,7 @@ func main() {
 		burnN    = flag.Int("n", 0, "rows per burn-down (default: 10000 quick, 100000 full)")
 		rounds   = flag.Int("burn-rounds", 0, "alternating library/raw pairs of the headline burn-down (default: 3 quick, 10 full)")
 		retained = flag.Int("retained", 0, "retained delivered rows in the growth scenario (default: 100000 quick, 1000000 full)")
-		only     = flag.String("only", "", "run only these scenarios (comma list of enqueue, batch, burndown, breakdown, latency, growth, stats, purge, ordered, broker, shortdrain, relay, costs, tablecost, ui; latency needs burndown; tablecost runs only when named)")
+		only     = flag.String("only", "", "run only these scenarios (comma list of enqueue, batch, burndown, breakdown, latency, growth, stats, purge, ordered, broker, shortdrain, relay, costs, tablecost, ui, storeloop, guarded, scaleout, sustained; latency needs burndown; tablecost, scaleout and sustained run only when named)")
 		cpuprof  = flag.String("cpuprofile", "", "write a CPU profile of the bench process (library and raw alike) to this file")
 		from     = flag.String("from", "", "measure nothing: re-render the table, JSON lines, Markdown and plot of an earlier results.json")
 	)
@@ -346,6 +393,10 @@ func runBackend(ctx context.Context, cfg config, b backend, res *backendResult) 
 		{"drain costs", "costs", runCosts},
 		{"table cost", "tablecost", runTableCost},
 		{"web view", "ui", runUI},
+		{"store loop", "storeloop", runStoreLoop},
+		{"guarded raw loop", "guarded", runGuarded},
+		{"scale-out", "scaleout", runScaleOut},
+		{"sustained load", "sustained", runSustained},
 	}
 	for _, s := range steps {
 		if !cfg.runs(s.key) {

@@ -66,6 +66,10 @@ type backendResult struct {
 	Costs      *costResult        `json:"drain_costs,omitempty"`
 	TableCost  *tableCostResult   `json:"table_cost,omitempty"`
 	UI         *uiResult          `json:"ui,omitempty"`
+	StoreLoop  []storeLoopResult  `json:"store_loop,omitempty"`
+	Guarded    *guardedResult     `json:"guarded,omitempty"`
+	ScaleOut   []scaleOutPoint    `json:"scale_out,omitempty"`
+	Sustained  *sustainedResult   `json:"sustained,omitempty"`
 }
 
 func describeMachine() machine {
@@ -178,6 +182,21 @@ var targets = []target{
 	{"drain_library_extra_fixed_ms", "(fit of library − raw pairs: per drain)", nil},
 	{"drain_library_extra_batch_us", "(same: per batch)", nil},
 	{"drain_library_extra_row_us", "(same: per row)", nil},
+	{"publisher_vs_store_loop_b100_w1", ">= 1.0 (Store.Claim/Store.Ack loop, 1 loop)", func(v float64) bool { return v >= 1.0 }},
+	{"publisher_vs_store_loop_b100_w2", ">= 1.0 (same, 2 loops)", func(v float64) bool { return v >= 1.0 }},
+	{"publisher_vs_store_loop_b500_w1", ">= 1.0 (same, batch 500)", func(v float64) bool { return v >= 1.0 }},
+	{"publisher_vs_store_loop_b500_w2", ">= 1.0 (same, batch 500, 2 loops)", func(v float64) bool { return v >= 1.0 }},
+	{"burndown_vs_raw_guarded", ">= 0.90 (raw loop with the library's guarantees)", func(v float64) bool { return v >= 0.90 }},
+	{"raw_guarded_vs_raw", "(the price of the guarantees)", nil},
+	{"scaleout_p1_vs_raw", "(1 publisher process ÷ 1 raw process)", nil},
+	{"scaleout_p2_vs_raw", "(2 processes each)", nil},
+	{"scaleout_p4_vs_raw", "(4 processes each)", nil},
+	{"scaleout_p8_vs_raw", "(8 processes each)", nil},
+	{"scaleout_library_p8_vs_p1", "(8 publisher processes ÷ 1)", nil},
+	{"scaleout_raw_p8_vs_p1", "(8 raw processes ÷ 1)", nil},
+	{"sustained_rate", "(msg/s held with p99 <= 50 ms)", nil},
+	{"sustained_rate_raw", "(the raw loop under the same producers)", nil},
+	{"sustained_vs_raw", "(library ÷ raw)", nil},
 }
 
 // metrics returns the JSON lines of one backend, in the order of targets.
@@ -260,6 +279,29 @@ func (r *backendResult) metrics(cfg config) []metric {
 	if t := r.TableCost; t != nil {
 		t.metrics(add)
 	}
+	for i := range r.StoreLoop {
+		add(r.StoreLoop[i].metricName(), r.StoreLoop[i].Ratio)
+	}
+	if g := r.Guarded; g != nil {
+		add("burndown_vs_raw_guarded", g.LibraryVsGuarded)
+		add("raw_guarded_vs_raw", g.GuardedVsRaw)
+	}
+	if s := r.Sustained; s != nil {
+		add("sustained_rate", s.Library)
+		add("sustained_rate_raw", s.Raw)
+		if s.Raw > 0 {
+			add("sustained_vs_raw", s.Ratio)
+		}
+	}
+	for _, p := range r.ScaleOut {
+		add(fmt.Sprintf("scaleout_p%d_vs_raw", p.Procs), p.Ratio)
+		add(fmt.Sprintf("scaleout_library_p%d_rows_per_s", p.Procs), p.Library.Median)
+		add(fmt.Sprintf("scaleout_raw_p%d_rows_per_s", p.Procs), p.Raw.Median)
+		if p.Procs > 1 && p.LibraryVsOne > 0 {
+			add(fmt.Sprintf("scaleout_library_p%d_vs_p1", p.Procs), p.LibraryVsOne)
+			add(fmt.Sprintf("scaleout_raw_p%d_vs_p1", p.Procs), p.RawVsOne)
+		}
+	}
 	return out
 }
 
@@ -331,6 +373,25 @@ func (rep *report) printTable(w io.Writer) {
 			fmt.Fprintln(tw, "short drain rows/s\tbatch\tworkers\tlibrary\traw\tlibrary/raw\tn\t\t")
 			for _, s := range b.ShortDrain {
 				fmt.Fprintf(tw, "\t%d\t%d\t%.0f\t%.0f\t%.3f\t%d\t\t\n", s.Batch, s.Workers, s.Library.Median, s.Raw.Median, s.Ratio, s.N)
+			}
+		}
+		if len(b.StoreLoop) > 0 {
+			fmt.Fprintln(tw, "store loop rows/s\tbatch\tworkers\tpublisher\tstore loop\tpublisher/loop\tn\t\t")
+			for _, s := range b.StoreLoop {
+				fmt.Fprintf(tw, "\t%d\t%d\t%.0f\t%.0f\t%.3f\t%d\t\t\n", s.Batch, s.Workers, s.Publisher.Median, s.StoreLoop.Median, s.Ratio, s.N)
+			}
+		}
+		if g := b.Guarded; g != nil {
+			fmt.Fprintln(tw, "guarded rows/s\traw\tguarded raw\tlibrary\tlibrary/guarded\tguarded/raw\tlibrary/raw\t\t")
+			fmt.Fprintf(tw, "\t%.0f\t%.0f\t%.0f\t%.3f\t%.3f\t%.3f\t\t\n", g.Raw.Median, g.Guarded.Median, g.Library.Median, g.LibraryVsGuarded, g.GuardedVsRaw, g.LibraryVsRaw)
+		}
+		if st := b.Sustained; st != nil {
+			fmt.Fprintf(tw, "sustained msg/s\tlibrary %.0f\traw %.0f\t(p99 <= 50 ms)\t\t\t\t\t\n", st.Library, st.Raw)
+		}
+		if len(b.ScaleOut) > 0 {
+			fmt.Fprintln(tw, "scale-out rows/s\tprocesses\tlibrary\traw\tlibrary/raw\tlibrary/p1\traw/p1\t\t")
+			for _, p := range b.ScaleOut {
+				fmt.Fprintf(tw, "\t%d\t%.0f\t%.0f\t%.3f\t%.2f\t%.2f\t\t\n", p.Procs, p.Library.Median, p.Raw.Median, p.Ratio, p.LibraryVsOne, p.RawVsOne)
 			}
 		}
 		if c := b.Costs; c != nil {

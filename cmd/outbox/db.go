@@ -85,25 +85,44 @@ func parseID(s string) (uuid.UUID, error) {
 
 // connect validates the table name and the DSN, opens the database, checks that the server
 // answers and, for needTable, that the table is there and migrated. Nothing is written.
+// Only stats takes several databases; every other command refuses them here, before it
+// connects to anything.
 func (c *cli) connect(ctx context.Context, n needs) (*conn, error) {
+	if len(c.global.dsns) > 1 || c.global.dsnFile != "" {
+		return nil, usagef("only stats takes several databases (--dsn more than once, --dsn-file); give this command one --dsn")
+	}
 	table, err := c.tableName()
 	if err != nil {
 		return nil, err
-	}
-	dialect := c.global.dialect
-	if dialect == "" {
-		dialect = c.env("OUTBOX_DIALECT")
 	}
 	dsn := c.global.dsn
 	if dsn == "" {
 		dsn = c.env("OUTBOX_DSN")
 	}
-	t, err := resolve(dialect, dsn)
+	t, err := resolve(c.dialect(), dsn)
 	if err != nil {
 		return nil, err
 	}
-	c.secrets = append(c.secrets, secretsOf(t.password)...)
-	c.secrets = append(c.secrets, secretsOf(t.sslPassword)...)
+	c.secrets = append(c.secrets, t.secrets()...)
+	return open(ctx, t, table, n)
+}
+
+// dialect is --dialect, or OUTBOX_DIALECT.
+func (c *cli) dialect() string {
+	if c.global.dialect != "" {
+		return c.global.dialect
+	}
+	return c.env("OUTBOX_DIALECT")
+}
+
+// secrets returns the strings of t never to print.
+func (t target) secrets() []string {
+	return append(secretsOf(t.password), secretsOf(t.sslPassword)...)
+}
+
+// open opens a resolved database with the command's table on it; see [cli.connect]. It
+// touches nothing of the cli, so that stats may open several side by side.
+func open(ctx context.Context, t target, table outbox.Table, n needs) (*conn, error) {
 	if t.sqlitePath != "" && n != needServer {
 		if _, err := os.Stat(t.sqlitePath); errors.Is(err, fs.ErrNotExist) {
 			return nil, fmt.Errorf("no SQLite database at %s (create it with: outbox migrate up)", t.sqlitePath)

@@ -2,7 +2,7 @@
 // backlog, lists, shows, replays and discards dead letters, and purges old rows.
 //
 //	outbox [flags] migrate up|down|status [--ordered]
-//	outbox [flags] stats
+//	outbox [flags] stats [--dsn DSN]... [--dsn-file F] [--timeout D]
 //	outbox [flags] dead list [--limit N] [--cursor C] [--since T] [--until T] [--payloads]
 //	outbox [flags] dead show ID
 //	outbox [flags] dead replay ID... | dead replay --all
@@ -14,7 +14,8 @@
 // The database comes from --dsn (or OUTBOX_DSN) and --dialect (or OUTBOX_DIALECT), which is
 // inferred from the DSN's form when it tells: a postgres://, postgresql://, mysql://,
 // sqlite: or file: prefix, go-sql-driver's user@tcp(host)/db, libpq's key=value form, or a
-// path ending in .db, .sqlite or .sqlite3. Flags may come before or after the command. --json makes every command print exactly one JSON document.
+// path ending in .db, .sqlite or .sqlite3. stats alone takes several databases: --dsn
+// given more than once, or --dsn-file with one DSN a line. Flags may come before or after the command. --json makes every command print exactly one JSON document.
 // The exit code is 0 on success, 1 when the operation failed and 2 for bad input; the
 // error is one line on stderr that says what to do. A DSN's password is never printed.
 //
@@ -62,6 +63,13 @@ func usagef(format string, args ...any) error {
 	return &usageError{msg: fmt.Sprintf(format, args...)}
 }
 
+// reportedError is a failure whose details the command has printed already, in its
+// output: it exits with exitFail and its one line on stderr, and --json prints no error
+// document over the one already written (stats over several databases, when some fail).
+type reportedError struct{ msg string }
+
+func (e *reportedError) Error() string { return e.msg }
+
 // cli is one invocation: its streams, environment and the flags every command shares.
 type cli struct {
 	stdout, stderr io.Writer
@@ -73,8 +81,11 @@ type cli struct {
 
 // globalFlags are accepted before the command and by every command.
 type globalFlags struct {
-	dialect   string
+	dialect string
+	// dsn is the last --dsn given; dsns every one, in order (only stats takes several).
 	dsn       string
+	dsns      []string
+	dsnFile   string
 	table     string
 	namespace string
 	topics    []string
@@ -119,7 +130,8 @@ func run(ctx context.Context, args []string, env func(string) string, stdout, st
 	}
 	// Library errors begin with "outbox: " too; say it once.
 	msg := c.scrub(strings.ReplaceAll(oneLine(err.Error()), ": outbox: ", ": "))
-	if c.global.json {
+	var re *reportedError
+	if c.global.json && !errors.As(err, &re) {
 		c.printJSON(map[string]string{"error": msg})
 	}
 	fmt.Fprintln(stderr, "outbox: "+msg)
@@ -172,7 +184,12 @@ func (c *cli) flagSet(name string) *flag.FlagSet {
 	defer func() { c.global = saved }()
 	g := &c.global
 	fs.StringVar(&g.dialect, "dialect", "", "database: postgres, mysql or sqlite (env OUTBOX_DIALECT; inferred from the DSN when it can be)")
-	fs.StringVar(&g.dsn, "dsn", "", "data source name (env OUTBOX_DSN): postgres://..., mysql://user:pass@host:port/db, user:pass@tcp(host:port)/db, sqlite:path or file:path")
+	fs.Func("dsn", "the database, a DSN `string` (env OUTBOX_DSN): postgres://..., mysql://user:pass@host:port/db, user:pass@tcp(host:port)/db, sqlite:path or file:path; stats takes it more than once", func(s string) error {
+		g.dsn = s
+		g.dsns = append(g.dsns, s)
+		return nil
+	})
+	fs.StringVar(&g.dsnFile, "dsn-file", "", "stats only: a file of DSNs, one a line (blank lines and # comments ignored)")
 	fs.StringVar(&g.table, "table", "", "outbox table (default "+outbox.DefaultTable+")")
 	fs.StringVar(&g.namespace, "namespace", "", "only rows of this namespace (env OUTBOX_NAMESPACE)")
 	fs.Func("topic", "only rows of this topic (repeatable)", func(s string) error {

@@ -9,10 +9,13 @@ import (
 )
 
 const statsUsage = `  outbox stats [--namespace NS] [--topic T]... [--tenant ID] [--json]
+  outbox stats --dsn DSN --dsn DSN... | --dsn-file F [--timeout D] [--json]
 
 Counts rows by state: pending (due now), scheduled (pending, not yet due), processing,
 delivered and dead, and the age of the oldest due pending row, overall and per namespace
-and topic.`
+and topic. Given several databases (--dsn more than once, or --dsn-file with one DSN a
+line), prints a row per database and their total; a database that cannot be read is
+reported in its row, and the command then exits with 1.`
 
 // statsJSON is the stats document. Its keys are part of the command's interface.
 type statsJSON struct {
@@ -40,6 +43,7 @@ type countsJSON struct {
 
 func runStats(ctx context.Context, c *cli, args []string) error {
 	fs := c.flagSet("stats")
+	timeout := fs.Duration("timeout", defaultStatsTimeout, "several databases: how long each may take to connect and count before its row reports an error")
 	pos, err := c.parse(fs, statsUsage, args)
 	if err != nil {
 		return err
@@ -47,9 +51,15 @@ func runStats(ctx context.Context, c *cli, args []string) error {
 	if len(pos) > 0 {
 		return usagef("stats takes no arguments, got %q", pos[0])
 	}
+	if *timeout <= 0 {
+		return usagef("--timeout must be positive, got %s", *timeout)
+	}
 	sc, err := c.scope()
 	if err != nil {
 		return err
+	}
+	if len(c.global.dsns) > 1 || c.global.dsnFile != "" {
+		return c.statsMany(ctx, sc, *timeout)
 	}
 	cn, err := c.connect(ctx, needTable)
 	if err != nil {
@@ -61,19 +71,24 @@ func runStats(ctx context.Context, c *cli, args []string) error {
 		return fmt.Errorf("stats of %s: %w", cn.table.Name(), err)
 	}
 	if c.global.json {
-		out := statsJSON{
-			countsJSON: countsJSON{st.Pending, st.Scheduled, st.Processing, st.Delivered, st.Dead, st.OldestPendingAge.Seconds(), st.DeliveredEstimated},
-			Topics:     make([]topicStatsJSON, 0, len(st.Topics)),
-		}
-		for _, t := range st.Topics {
-			out.Topics = append(out.Topics, topicStatsJSON{Namespace: t.Namespace, Topic: t.Topic,
-				countsJSON: countsJSON{t.Pending, t.Scheduled, t.Processing, t.Delivered, t.Dead, t.OldestPendingAge.Seconds(), st.DeliveredEstimated}})
-		}
-		c.printJSON(out)
+		c.printJSON(statsDocument(st))
 		return nil
 	}
 	printStats(c, st)
 	return nil
+}
+
+// statsDocument is st as the stats document.
+func statsDocument(st outbox.Stats) statsJSON {
+	out := statsJSON{
+		countsJSON: countsJSON{st.Pending, st.Scheduled, st.Processing, st.Delivered, st.Dead, st.OldestPendingAge.Seconds(), st.DeliveredEstimated},
+		Topics:     make([]topicStatsJSON, 0, len(st.Topics)),
+	}
+	for _, t := range st.Topics {
+		out.Topics = append(out.Topics, topicStatsJSON{Namespace: t.Namespace, Topic: t.Topic,
+			countsJSON: countsJSON{t.Pending, t.Scheduled, t.Processing, t.Delivered, t.Dead, t.OldestPendingAge.Seconds(), st.DeliveredEstimated}})
+	}
+	return out
 }
 
 func printStats(c *cli, st outbox.Stats) {
