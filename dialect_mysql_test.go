@@ -1347,3 +1347,27 @@ func TestMySQLPacketTooLargeNamesTheSetting(t *testing.T) {
 	require.ErrorIs(t, err, outbox.ErrInvalid)
 	require.ErrorContains(t, err, "(Options.MaxPayloadBytes)")
 }
+
+// TestMySQLMissingStripe: a dedupe key whose lock stripe is missing from <table>_dedupe_lock
+// (a table not migrated up to date, or emptied by hand) fails the enqueue with a CheckError
+// that says to migrate; it is never reported as a duplicate, and nothing is written.
+func TestMySQLMissingStripe(t *testing.T) {
+	t.Parallel()
+	e := setupMySQL(t, "")
+	_, err := e.db.ExecContext(e.ctx, "DELETE FROM outbox_events_dedupe_lock")
+	require.NoError(t, err)
+	m, m2 := myMsg(1), myMsg(3)
+	m.DedupeKey, m2.DedupeKey = "k", "k2"
+	// One key (the short statement) and two (the derived table).
+	for _, batch := range [][]outbox.Message{{m, myMsg(2)}, {m, m2, myMsg(2)}} {
+		tx, err := e.db.BeginTx(e.ctx, nil)
+		require.NoError(t, err)
+		_, err = e.store.EnqueueBatch(e.ctx, tx, batch)
+		require.ErrorIs(t, err, outbox.ErrMisconfigured)
+		require.ErrorContains(t, err, "outbox migrate up")
+		require.NoError(t, tx.Commit())
+	}
+	var n int
+	require.NoError(t, e.db.QueryRowContext(e.ctx, "SELECT (SELECT COUNT(*) FROM outbox_events) + (SELECT COUNT(*) FROM outbox_events_dedupe)").Scan(&n))
+	require.Zero(t, n, "nothing written")
+}
