@@ -2,7 +2,6 @@ package outbox_test
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,44 +16,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/internal/transporttest"
 )
-
-// claimCounter wraps a dialect and records when each claim ran, through Claim or, keeping
-// the ability, CompleteAndClaim.
-type claimCounter struct {
-	outbox.Dialect
-	mu    sync.Mutex
-	times []time.Time
-}
-
-func (d *claimCounter) note() {
-	d.mu.Lock()
-	d.times = append(d.times, time.Now())
-	d.mu.Unlock()
-}
-
-func (d *claimCounter) Claim(ctx context.Context, db *sql.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Record, error) {
-	d.note()
-	return d.Dialect.Claim(ctx, db, t, p)
-}
-
-func (d *claimCounter) CompleteAndClaim(ctx context.Context, db *sql.DB, t outbox.Table, outs []outbox.Outcome, p outbox.ClaimParams) ([]uuid.UUID, []outbox.Record, error) {
-	d.note()
-	return d.Dialect.(outbox.SettleClaimer).CompleteAndClaim(ctx, db, t, outs, p)
-}
-
-// between counts the claims in (from, to).
-func (d *claimCounter) between(from, to time.Time) int {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	n := 0
-	for _, at := range d.times {
-		if at.After(from) && at.Before(to) {
-			n++
-		}
-	}
-	return n
-}
 
 // logCounter counts log records by level and message prefix, and passes Warn and above on
 // to the test log.
@@ -102,7 +65,7 @@ func TestPublisherCircuitOutage(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, e *pubEnv) {
 		const n = 600
-		d := &claimCounter{Dialect: pubDialect(e.backend)}
+		d := &transporttest.ClaimCounter{Dialect: pubDialect(e.backend)}
 		store := e.newStore(t, e.db, d)
 		ids := e.enqueue(t, "cb", n)
 		poison := ids[7]
@@ -171,7 +134,7 @@ func TestPublisherCircuitOutage(t *testing.T) {
 		st := p.Stats()
 		require.True(t, st.CircuitOpen, "%+v", st)
 		restored := time.Now()
-		claimsOpen := d.between(openedAt, restored)
+		claimsOpen := d.Between(openedAt, restored)
 		// Probes come at 200ms, 400ms, 800ms, 800ms, ... (plus jitter): in 3s, at most 6.
 		maxClaims := 1 + int(restored.Sub(openedAt)/o.Circuit.ProbeMin)
 		t.Logf("%s: %d claims in the %s the circuit was open (bound %d); stats %+v", e.backend, claimsOpen,

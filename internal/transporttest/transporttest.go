@@ -8,6 +8,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -396,40 +397,50 @@ func RequireCancelled(t testing.TB, tr outbox.Transport, batch []outbox.Delivery
 	}
 }
 
-// claimCounter wraps a dialect and records when each claim ran, through Claim or
-// CompleteAndClaim, keeping the abilities the publisher uses (settle-and-claim, NOTIFY).
-type claimCounter struct {
+// ClaimCounter wraps a dialect and records when each claim ran, through Claim or
+// CompleteAndClaim, keeping the abilities the publisher uses (settle-and-claim, NOTIFY):
+// tests of the circuit breaker count the claims made while it was open with Between.
+type ClaimCounter struct {
 	outbox.Dialect
 	mu    sync.Mutex
 	times []time.Time
 }
 
-func (d *claimCounter) note() {
+func (d *ClaimCounter) note() {
 	d.mu.Lock()
 	d.times = append(d.times, time.Now())
 	d.mu.Unlock()
 }
 
-func (d *claimCounter) Claim(ctx context.Context, db *sql.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Record, error) {
+func (d *ClaimCounter) Claim(ctx context.Context, db *sql.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Record, error) {
 	d.note()
 	return d.Dialect.Claim(ctx, db, t, p)
 }
 
-func (d *claimCounter) CompleteAndClaim(ctx context.Context, db *sql.DB, t outbox.Table, outs []outbox.Outcome, p outbox.ClaimParams) ([]uuid.UUID, []outbox.Record, error) {
+func (d *ClaimCounter) CompleteAndClaim(ctx context.Context, db *sql.DB, t outbox.Table, outs []outbox.Outcome, p outbox.ClaimParams) ([]uuid.UUID, []outbox.Record, error) {
 	d.note()
 	return d.Dialect.(outbox.SettleClaimer).CompleteAndClaim(ctx, db, t, outs, p)
 }
 
-func (d *claimCounter) Signal(ctx context.Context, q outbox.DBTX, t outbox.Table, ns string) error {
-	return d.Dialect.(outbox.Notifier).Signal(ctx, q, t, ns)
+// Signal and Listen pass NOTIFY through where the wrapped dialect has it; elsewhere a
+// signal is nothing and listening is unsupported, as the publisher expects of a driver
+// that cannot listen.
+func (d *ClaimCounter) Signal(ctx context.Context, q outbox.DBTX, t outbox.Table, ns string) error {
+	if n, ok := d.Dialect.(outbox.Notifier); ok {
+		return n.Signal(ctx, q, t, ns)
+	}
+	return nil
 }
 
-func (d *claimCounter) Listen(ctx context.Context, db *sql.DB, t outbox.Table, ready func(), wake func(string)) error {
-	return d.Dialect.(outbox.Notifier).Listen(ctx, db, t, ready, wake)
+func (d *ClaimCounter) Listen(ctx context.Context, db *sql.DB, t outbox.Table, ready func(), wake func(string)) error {
+	if n, ok := d.Dialect.(outbox.Notifier); ok {
+		return n.Listen(ctx, db, t, ready, wake)
+	}
+	return errors.ErrUnsupported
 }
 
-// between counts the claims in (from, to).
-func (d *claimCounter) between(from, to time.Time) int {
+// Between counts the claims in (from, to).
+func (d *ClaimCounter) Between(from, to time.Time) int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	n := 0
@@ -482,7 +493,7 @@ func CircuitOutage(t *testing.T, ns string, tr outbox.Transport, cut, restore fu
 	const n, cutFor = 5000, 10 * time.Second
 	db := testdb.Postgres(t)
 	require.NoError(t, migrations.Up(context.Background(), db, "postgres", migrations.Options{}))
-	counter := &claimCounter{Dialect: outbox.Postgres()}
+	counter := &ClaimCounter{Dialect: outbox.Postgres()}
 	store, err := outbox.New(db, counter, outbox.Options{})
 	require.NoError(t, err)
 	ob := &Outbox{DB: db, Store: store}
@@ -513,7 +524,7 @@ func CircuitOutage(t *testing.T, ns string, tr outbox.Transport, cut, restore fu
 	deliveredAtRestore, _ := ob.attempts(t)
 	restore()
 	restoredAt := time.Now()
-	claims := counter.between(openedAt, restoredAt)
+	claims := counter.Between(openedAt, restoredAt)
 	openFor := restoredAt.Sub(openedAt)
 	t.Logf("circuit opened %s after the cut; %d claims in the %s it was open before the broker came back; %+v",
 		openedAt.Sub(cutAt).Round(time.Millisecond), claims, openFor.Round(time.Millisecond), during)
