@@ -72,6 +72,7 @@ import (
 	"path/filepath"
 	"runtime/pprof"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -255,6 +256,8 @@ func main() {
 		rounds   = flag.Int("burn-rounds", 0, "alternating library/raw pairs of the headline burn-down (default: 3 quick, 10 full)")
 		retained = flag.Int("retained", 0, "retained delivered rows in the growth scenario (default: 100000 quick, 1000000 full)")
 		only     = flag.String("only", "", "run only these scenarios (comma list of enqueue, batch, burndown, breakdown, latency, growth, stats, purge, ordered, broker, shortdrain, relay, costs, tablecost, ui, storeloop, guarded, scaleout, sustained; latency needs burndown; tablecost, scaleout and sustained run only when named)")
+		storeB   = flag.String("store-batches", "", "batch sizes of the storeloop scenario, comma list (default 100,500)")
+		storeW   = flag.String("store-workers", "", "claim loops of the storeloop scenario, comma list (default: 1 quick, 1,2 full)")
 		cpuprof  = flag.String("cpuprofile", "", "write a CPU profile of the bench process (library and raw alike) to this file")
 		from     = flag.String("from", "", "measure nothing: re-render the table, JSON lines, Markdown and plot of an earlier results.json")
 	)
@@ -293,6 +296,24 @@ func main() {
 		cfg.Retained = *retained
 	}
 
+	for _, l := range []struct {
+		flag string
+		dst  *[]int
+	}{{*storeB, &cfg.StoreBatches}, {*storeW, &cfg.StoreWorkers}} {
+		if l.flag == "" {
+			continue
+		}
+		var xs []int
+		for _, f := range strings.Split(l.flag, ",") {
+			x, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || x < 1 {
+				fmt.Fprintf(os.Stderr, "outbox-bench: %q is not a list of positive numbers\n", l.flag)
+				os.Exit(2)
+			}
+			xs = append(xs, x)
+		}
+		*l.dst = xs
+	}
 	if *only != "" {
 		cfg.Only = strings.Split(*only, ",")
 	}
