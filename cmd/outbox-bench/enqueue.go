@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -21,8 +22,13 @@ type enqueueResult struct {
 	// Quiet and LibVsQuiet, on a dialect with cross-process wake-ups (PostgreSQL's NOTIFY),
 	// measure the library with them turned off (Options.DisableNotify): what the signal
 	// costs an enqueueing transaction.
-	Quiet         *sample `json:"business_plus_library_enqueue_without_notify,omitempty"`
-	LibVsQuiet    float64 `json:"library_vs_without_notify,omitempty"`
+	Quiet      *sample `json:"business_plus_library_enqueue_without_notify,omitempty"`
+	LibVsQuiet float64 `json:"library_vs_without_notify,omitempty"`
+	// Keyed and KeyedVsLib measure the library enqueueing with a dedupe key (a new key every
+	// time, as a producer that keys every event does): what the key's uniqueness costs (on
+	// MySQL and MariaDB also the lock on the key's stripe).
+	Keyed         sample  `json:"business_plus_library_enqueue_keyed"`
+	KeyedVsLib    float64 `json:"library_keyed_vs_library"`
 	LibVsBusiness float64 `json:"library_vs_business"`
 	RawVsBusiness float64 `json:"raw_vs_business"`
 }
@@ -61,6 +67,15 @@ func runEnqueue(ctx context.Context, cfg config, b backend, res *backendResult) 
 				_, err := store.Enqueue(ctx, tx, message(i))
 				return err
 			},
+			"library_keyed": func(ctx context.Context, tx *sql.Tx, i int) error {
+				if err := raw.insertBusiness(ctx, tx, i); err != nil {
+					return err
+				}
+				m := message(i)
+				m.DedupeKey = "order-" + strconv.Itoa(i)
+				_, err := store.Enqueue(ctx, tx, m)
+				return err
+			},
 			"library_quiet": func(ctx context.Context, tx *sql.Tx, i int) error {
 				if err := raw.insertBusiness(ctx, tx, i); err != nil {
 					return err
@@ -78,7 +93,7 @@ func runEnqueue(ctx context.Context, cfg config, b backend, res *backendResult) 
 			}}
 		}
 		var warm, vs []variant
-		names := []string{"business", "raw", "library"}
+		names := []string{"business", "raw", "library", "library_keyed"}
 		if notifies {
 			names = append(names, "library_quiet")
 		}
@@ -99,6 +114,8 @@ func runEnqueue(ctx context.Context, cfg config, b backend, res *backendResult) 
 			Concurrency: conc,
 			Business:    summarize(got["business"]), Raw: summarize(got["raw"]), Library: summarize(got["library"]),
 			LibVsRaw:      pairedRatio(got["library"], got["raw"]),
+			Keyed:         summarize(got["library_keyed"]),
+			KeyedVsLib:    pairedRatio(got["library_keyed"], got["library"]),
 			LibVsBusiness: pairedRatio(got["library"], got["business"]),
 			RawVsBusiness: pairedRatio(got["raw"], got["business"]),
 		}
@@ -107,8 +124,8 @@ func runEnqueue(ctx context.Context, cfg config, b backend, res *backendResult) 
 			r.Quiet, r.LibVsQuiet = &q, pairedRatio(got["library"], got["library_quiet"])
 			logf("%s: enqueue c=%d: library without NOTIFY %.0f tx/s; with ÷ without %.3f", b.name(), conc, q.Median, r.LibVsQuiet)
 		}
-		logf("%s: enqueue c=%d: business %.0f, +raw %.0f, +library %.0f tx/s; library/raw %.3f", b.name(), conc,
-			r.Business.Median, r.Raw.Median, r.Library.Median, r.LibVsRaw)
+		logf("%s: enqueue c=%d: business %.0f, +raw %.0f, +library %.0f, +library keyed %.0f tx/s; library/raw %.3f, keyed/unkeyed %.3f",
+			b.name(), conc, r.Business.Median, r.Raw.Median, r.Library.Median, r.Keyed.Median, r.LibVsRaw, r.KeyedVsLib)
 		res.Enqueue = append(res.Enqueue, r)
 	}
 	return nil

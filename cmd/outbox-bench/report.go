@@ -213,10 +213,12 @@ func (r *backendResult) metrics(cfg config) []metric {
 	}
 	if e := r.enqueueAt(1); e != nil {
 		add("enqueue_vs_raw_c1", e.LibVsRaw)
+		add("enqueue_keyed_vs_unkeyed_c1", e.KeyedVsLib)
 	}
 	if e := r.enqueueAt(8); e != nil {
 		add("enqueue_vs_raw_c8", e.LibVsRaw)
 		add("enqueue_vs_business_c8", e.LibVsBusiness)
+		add("enqueue_keyed_vs_unkeyed_c8", e.KeyedVsLib)
 		if e.Quiet != nil {
 			add("enqueue_notify_vs_quiet_c8", e.LibVsQuiet)
 		}
