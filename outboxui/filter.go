@@ -4,13 +4,13 @@ import (
 	"fmt"
 	"html/template"
 	"net/url"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/internal/when"
 )
 
 // filter is the dead-letter filter of a request, as the form gave it (Fields, echoed back
@@ -44,10 +44,10 @@ func parseFilter(q url.Values, now time.Time) (filter, error) {
 		d.TenantID = id
 	}
 	var err error
-	if d.Since, err = parseWhen(f.Since, now); err != nil {
+	if d.Since, err = when.Parse(f.Since, now); err != nil {
 		return f, fmt.Errorf("died after: %w", err)
 	}
-	if d.Until, err = parseWhen(f.Until, now); err != nil {
+	if d.Until, err = when.Parse(f.Until, now); err != nil {
 		return f, fmt.Errorf("died before: %w", err)
 	}
 	if !d.Since.IsZero() && !d.Until.IsZero() && !d.Since.Before(d.Until) {
@@ -55,40 +55,6 @@ func parseFilter(q url.Values, now time.Time) (filter, error) {
 	}
 	f.Dead = d
 	return f, nil
-}
-
-// parseWhen parses a time or an age before now; "" is the zero time.
-func parseWhen(s string, now time.Time) (time.Time, error) {
-	if s == "" {
-		return time.Time{}, nil
-	}
-	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
-		return t.UTC(), nil
-	}
-	if t, err := time.Parse(time.DateOnly, s); err == nil {
-		return t, nil
-	}
-	d, err := parseAge(s)
-	if err != nil {
-		return time.Time{}, fmt.Errorf("%q is neither a time (2026-01-02T15:04:05Z, 2026-01-02) nor an age (90m, 72h, 7d)", s)
-	}
-	return now.Add(-d).UTC(), nil
-}
-
-// parseAge reads a positive duration, with d for days.
-func parseAge(s string) (time.Duration, error) {
-	if n, ok := strings.CutSuffix(s, "d"); ok {
-		days, err := strconv.ParseFloat(n, 64)
-		if err != nil || days <= 0 || days > 36500 {
-			return 0, fmt.Errorf("bad age")
-		}
-		return time.Duration(days * 24 * float64(time.Hour)), nil
-	}
-	d, err := time.ParseDuration(s)
-	if err != nil || d <= 0 {
-		return 0, fmt.Errorf("bad age")
-	}
-	return d, nil
 }
 
 // values returns the filter as query values, empty fields left out.

@@ -15,6 +15,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/internal/when"
 )
 
 const deadUsage = `  outbox dead list [--limit N] [--cursor C] [--since T] [--until T] [--payloads]
@@ -152,35 +153,16 @@ func (c *cli) deadFilter(since, until string) (outbox.DeadFilter, error) {
 	}
 	f := outbox.DeadFilter{Scope: sc}
 	now := time.Now()
-	if f.Since, err = parseWhen(since, now); err != nil {
+	if f.Since, err = when.Parse(since, now); err != nil {
 		return f, usagef("invalid --since: %v", err)
 	}
-	if f.Until, err = parseWhen(until, now); err != nil {
+	if f.Until, err = when.Parse(until, now); err != nil {
 		return f, usagef("invalid --until: %v", err)
 	}
 	if !f.Since.IsZero() && !f.Until.IsZero() && !f.Since.Before(f.Until) {
 		return f, usagef("--since must be before --until")
 	}
 	return f, nil
-}
-
-// parseWhen parses a time (RFC 3339, or a date as UTC midnight) or an age before now
-// (a duration as parseDuration reads it). "" is the zero time.
-func parseWhen(s string, now time.Time) (time.Time, error) {
-	if s == "" {
-		return time.Time{}, nil
-	}
-	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
-		return t.UTC(), nil
-	}
-	if t, err := time.Parse(time.DateOnly, s); err == nil {
-		return t, nil
-	}
-	d, err := parseDuration(s)
-	if err != nil {
-		return time.Time{}, fmt.Errorf("%q is neither a time (2026-01-02T15:04:05Z, 2026-01-02) nor an age (72h, 7d)", s)
-	}
-	return now.Add(-d).UTC(), nil
 }
 
 // parseIDs parses every id before anything runs, so one bad id changes nothing.

@@ -122,22 +122,6 @@ func TestPasswordNeverPrinted(t *testing.T) {
 	require.Contains(t, r.stdout, "-dsn string")
 }
 
-func TestParseDuration(t *testing.T) {
-	t.Parallel()
-	for s, want := range map[string]string{"72h": "72h0m0s", "7d": "168h0m0s", "1d12h": "36h0m0s", "90m": "1h30m0s", "0d": "0s", "1ms": "1ms"} {
-		d, err := parseDuration(s)
-		require.NoError(t, err, s)
-		require.Equal(t, want, d.String(), s)
-	}
-	for _, s := range []string{"", "d", "7", "7days", "1d-1h", "x1d", "99999999999d"} {
-		if s == "" {
-			continue
-		}
-		_, err := parseDuration(s)
-		require.Error(t, err, s)
-	}
-}
-
 // FuzzResolve: resolving and redacting any DSN never panics, and a password that appears
 // once in the DSN never appears in the form the command prints, nor in its error. In a
 // key=value DSN the password is taken by key, as a person reading the DSN would: every word

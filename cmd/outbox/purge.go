@@ -5,11 +5,10 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"regexp"
-	"strconv"
 	"time"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/internal/when"
 )
 
 const purgeUsage = `  outbox purge [--delivered-older-than D] [--dead-older-than D] [--batch-size N]
@@ -93,40 +92,12 @@ func retention(flag, s string) (time.Duration, error) {
 	if s == "" {
 		return 0, nil
 	}
-	d, err := parseDuration(s)
+	d, err := when.Duration(s)
 	if err != nil {
 		return 0, usagef("invalid %s: %v", flag, err)
 	}
 	if d <= 0 {
 		return 0, usagef("invalid %s: %q must be more than zero (leave the flag out to keep those rows)", flag, s)
-	}
-	return d, nil
-}
-
-// days matches a leading whole number of days, as in 7d or 1d12h.
-var days = regexp.MustCompile(`^(\d+)d`)
-
-// parseDuration reads a Go duration (72h, 90m) that may begin with whole days (7d, 1d12h).
-func parseDuration(s string) (time.Duration, error) {
-	var d time.Duration
-	rest := s
-	if m := days.FindStringSubmatch(s); m != nil {
-		n, err := strconv.ParseInt(m[1], 10, 64)
-		if err != nil || n > int64(time.Duration(1<<63-1)/(24*time.Hour)) {
-			return 0, fmt.Errorf("%q is too long", s)
-		}
-		d = time.Duration(n) * 24 * time.Hour
-		rest = s[len(m[0]):]
-	}
-	if rest != "" {
-		r, err := time.ParseDuration(rest)
-		if err != nil || (d > 0 && r < 0) {
-			return 0, fmt.Errorf("%q is not a duration (use 72h, 90m or 7d)", s)
-		}
-		if d > 0 && r > time.Duration(1<<63-1)-d {
-			return 0, fmt.Errorf("%q is too long", s)
-		}
-		d += r
 	}
 	return d, nil
 }
