@@ -14,12 +14,22 @@ import (
 // dialect implements it (Listen needs the pgx driver). A [Publisher] listens when its
 // dialect has the ability, and polls as well, so a lost signal costs at most a poll
 // interval.
+//
+// The rules, which the conformance suite's Notify section checks:
+//
+//  1. A signal is delivered only once its transaction commits: an open transaction wakes
+//     nobody, nor does a rolled-back one.
+//  2. A signal wakes only the listeners of its own table in its own database (or schema):
+//     not those of another table, nor those of a table of the same name elsewhere on the
+//     server, whose publishers would claim for nothing.
+//  3. Listen calls ready once, when it listens; it returns soon after ctx ends, and the
+//     connection it held is closed, never given back to the pool while it listens.
 type Notifier interface {
 	// Signal is called on the caller's transaction after the rows of namespace were
 	// inserted. Several calls in one transaction may be merged into one signal.
 	Signal(ctx context.Context, q DBTX, t Table, namespace string) error
 
-	// Listen calls ready once it listens, then wake with the namespace of every signal,
+	// Listen calls ready once, when it listens, then wake with the namespace of every signal,
 	// until ctx ends or the connection fails; it returns why it stopped. It returns an
 	// error matching [errors.ErrUnsupported] when db's driver cannot listen.
 	Listen(ctx context.Context, db *sql.DB, t Table, ready func(), wake func(namespace string)) error

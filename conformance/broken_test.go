@@ -239,6 +239,13 @@ var broken = map[string]outbox.Dialect{
 	"cursor-blind":  cursorBlindDialect{withAbilities{outbox.SQLite()}},
 	"claim-first":   claimFirstDialect{outbox.SQLite()},
 	"refund-blind":  refundBlindDialect{outbox.SQLite()},
+	// broken_notify_test.go: on PostgreSQL
+	"silent":       silentDialect{pgNotifier{outbox.Postgres()}},
+	"eager-signal": eagerSignalDialect{pgNotifier{outbox.Postgres()}},
+	"never-ready":  neverReadyDialect{pgNotifier{outbox.Postgres()}},
+	"table-blind":  tableBlindDialect{pgNotifier{outbox.Postgres()}},
+	"schema-blind": schemaBlindDialect{pgNotifier{outbox.Postgres()}},
+	"deaf":         deafDialect{pgNotifier{outbox.Postgres()}},
 }
 
 // TestBrokenDialectChild runs the suite against one broken dialect; it does something
@@ -248,11 +255,15 @@ func TestBrokenDialectChild(t *testing.T) {
 	if name == "" {
 		t.Skip("run by TestSuiteCatchesBrokenDialects")
 	}
-	conformance.Run(t, conformance.Harness{
+	h := conformance.Harness{
 		Dialect:     broken[name],
 		OpenDB:      func(t testing.TB) *sql.DB { return testdb.SQLite(t) },
 		OtherServer: func(t testing.TB) *sql.DB { return testdb.Postgres(t) },
-	})
+	}
+	if h.Dialect.Name() == "postgres" {
+		h.OpenDB, h.OtherServer, h.Reopen = h.OtherServer, h.OpenDB, testdb.Reopen
+	}
+	conformance.Run(t, h)
 }
 
 func TestSuiteCatchesBrokenDialects(t *testing.T) {
@@ -274,6 +285,12 @@ func TestSuiteCatchesBrokenDialects(t *testing.T) {
 		{"ordered-check", []string{"Ordered/NeedsOrderedMigrations"}},
 		{"column-blind", []string{"Check/MissingColumn"}},
 		{"refund-blind", []string{"Settle/UnavailableRefundsAttempt", "Settle/UnavailableNeverDies", "SettleAndClaim/UnavailableRefundsAttempt"}},
+		{"silent", []string{"Notify/CommitWakes", "Notify/PublisherWokenAcrossPools"}},
+		{"eager-signal", []string{"Notify/RollbackWakesNobody", "Notify/BatchWakesAfterCommit"}},
+		{"never-ready", []string{"Notify/CommitWakes", "Notify/ListenReturnsOnCancel", "Notify/PublisherWokenAcrossPools"}},
+		{"table-blind", []string{"Notify/OtherTableWakesNobody"}},
+		{"schema-blind", []string{"Notify/OtherDatabaseWakesNobody"}},
+		{"deaf", []string{"Notify/ListenReturnsOnCancel", "Notify/PublisherWokenAcrossPools"}},
 	}
 	// only limits a child to some subtests (a -test.run pattern below TestBrokenDialectChild)
 	// where the bug cannot show elsewhere, with Enqueue/CommitLeavesExactlyOne as the
@@ -284,6 +301,12 @@ func TestSuiteCatchesBrokenDialects(t *testing.T) {
 		"stale-extend":  "^(Enqueue|Lease)$",
 		"ordered-check": "^(Enqueue|Ordered)$/^(CommitLeavesExactlyOne|NeedsOrderedMigrations)$",
 		"column-blind":  "^(Enqueue|Check)$",
+		"silent":        onlyNotify("CommitWakes", "PublisherWokenAcrossPools"),
+		"eager-signal":  onlyNotify(),
+		"never-ready":   onlyNotify("CommitWakes", "ListenReturnsOnCancel", "PublisherWokenAcrossPools"),
+		"table-blind":   onlyNotify(),
+		"schema-blind":  onlyNotify(),
+		"deaf":          onlyNotify("ListenReturnsOnCancel", "PublisherWokenAcrossPools"),
 	}
 	for _, c := range cases {
 		t.Run(c.dialect, func(t *testing.T) {

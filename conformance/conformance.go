@@ -49,6 +49,12 @@
 //     [outbox.OrderedClaimer].
 //  13. Check ([outbox.Checker]): a ready table passes; a missing table, a missing column and
 //     a database of another kind are each reported as an [*outbox.CheckError].
+//  14. Notify ([outbox.Notifier]): a listener reports ready, a committed enqueue wakes it
+//     with its namespace, a rolled-back one wakes nobody, several in one transaction wake
+//     it only at commit; signals stay within their table and database; Listen returns when
+//     its context ends and releases its connection; a publisher that polls once a minute
+//     delivers within seconds an event enqueued through another pool. Skipped, saying so,
+//     for a dialect without the ability or a driver that cannot listen.
 //
 // The suite reads and damages the table only through the [Harness] hooks, whose defaults
 // fit the built-in schemas. Timing uses short leases and polling with deadlines, never
@@ -226,6 +232,7 @@ func Run(t *testing.T, h Harness) {
 		{"Admin", adminTests},
 		{"Inspect", inspectTests},
 		{"Retention", retentionTests},
+		{"Notify", notifyTests},
 	}
 	for _, a := range areas {
 		t.Run(a.name, func(t *testing.T) {

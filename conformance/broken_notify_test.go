@@ -1,0 +1,125 @@
+package conformance_test
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"strings"
+	"sync"
+
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/internal/testdb"
+)
+
+// Broken notifiers. SQLite has no Notifier, so these wrap the PostgreSQL dialect, and
+// TestBrokenDialectChild runs them on PostgreSQL.
+
+// pgNotifier is the PostgreSQL dialect with its Notifier, which embedding the Dialect
+// interface alone would hide; the broken notifiers below each override one method.
+type pgNotifier struct{ outbox.Dialect }
+
+func (d pgNotifier) notifier() outbox.Notifier { return d.Dialect.(outbox.Notifier) }
+
+func (d pgNotifier) Signal(ctx context.Context, q outbox.DBTX, t outbox.Table, ns string) error {
+	return d.notifier().Signal(ctx, q, t, ns)
+}
+
+func (d pgNotifier) Listen(ctx context.Context, db *sql.DB, t outbox.Table, ready func(), wake func(string)) error {
+	return d.notifier().Listen(ctx, db, t, ready, wake)
+}
+
+var outside struct {
+	once sync.Once
+	db   *sql.DB
+	err  error
+}
+
+// eagerSignalDialect notifies at once, on a connection of its own, instead of on the
+// enqueue's transaction: listeners are woken before the commit, and by rollbacks.
+type eagerSignalDialect struct{ pgNotifier }
+
+func (eagerSignalDialect) Signal(ctx context.Context, q outbox.DBTX, t outbox.Table, ns string) error {
+	outside.once.Do(func() { outside.db, outside.err = sql.Open("pgx", testdb.PostgresDSN()) })
+	if outside.err != nil {
+		return outside.err
+	}
+	var schema string
+	if err := q.QueryRowContext(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
+		return err
+	}
+	// The built-in dialect's channel and payload, so that its Listen hears it.
+	_, err := outside.db.ExecContext(ctx, `SELECT pg_notify($1, $2)`, t.Name(), schema+":"+ns)
+	return err
+}
+
+// silentDialect never signals: only polling finds other processes' rows.
+type silentDialect struct{ pgNotifier }
+
+func (silentDialect) Signal(context.Context, outbox.DBTX, outbox.Table, string) error { return nil }
+
+// neverReadyDialect listens but never says so.
+type neverReadyDialect struct{ pgNotifier }
+
+func (d neverReadyDialect) Listen(ctx context.Context, db *sql.DB, t outbox.Table, _ func(), wake func(string)) error {
+	return d.notifier().Listen(ctx, db, t, func() {}, wake)
+}
+
+// tableBlindDialect listens to the default table whatever table it is given.
+type tableBlindDialect struct{ pgNotifier }
+
+func (d tableBlindDialect) Listen(ctx context.Context, db *sql.DB, _ outbox.Table, ready func(), wake func(string)) error {
+	def, err := outbox.NewTable(outbox.DefaultTable)
+	if err != nil {
+		return err
+	}
+	return d.notifier().Listen(ctx, db, def, ready, wake)
+}
+
+// deafDialect's Listen does not stop when its context ends: it holds its connection for
+// good, and a publisher's Run never returns.
+type deafDialect struct{ pgNotifier }
+
+func (d deafDialect) Listen(ctx context.Context, db *sql.DB, t outbox.Table, ready func(), wake func(string)) error {
+	return d.notifier().Listen(context.WithoutCancel(ctx), db, t, ready, wake)
+}
+
+// schemaBlindDialect's Listen hears the table's channel in every schema of the database:
+// the built-in channel without the built-in's check of the schema in the payload.
+type schemaBlindDialect struct{ pgNotifier }
+
+func (schemaBlindDialect) Listen(ctx context.Context, db *sql.DB, t outbox.Table, ready func(), wake func(string)) error {
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	return conn.Raw(func(dc any) error {
+		c := dc.(*stdlib.Conn).Conn()
+		if _, err := c.Exec(ctx, `LISTEN "`+t.Name()+`"`); err != nil {
+			return err
+		}
+		ready()
+		for {
+			n, err := c.WaitForNotification(ctx)
+			if err != nil {
+				return errors.Join(driver.ErrBadConn, err)
+			}
+			_, ns, _ := strings.Cut(n.Payload, ":")
+			wake(ns)
+		}
+	})
+}
+
+// onlyNotify limits a broken notifier's child to Enqueue/CommitLeavesExactlyOne, the healthy
+// test, and the Notify section: the named tests of it, or all when none is named. A
+// listener that is never ready or never stops costs each test a 10s deadline.
+func onlyNotify(tests ...string) string {
+	if len(tests) == 0 {
+		tests = []string{"CommitWakes", "RollbackWakesNobody", "BatchWakesAfterCommit", "OtherTableWakesNobody",
+			"OtherDatabaseWakesNobody", "ListenReturnsOnCancel", "PublisherWokenAcrossPools"}
+	}
+	return "^(Enqueue|Notify)$/^(CommitLeavesExactlyOne|" + strings.Join(tests, "|") + ")$"
+}
