@@ -29,6 +29,11 @@ type burnRun struct {
 	Acks   int64 `json:"acks,omitempty"`
 	// Library runs report the publisher's counters.
 	Stats *outbox.PublisherStats `json:"publisher_stats,omitempty"`
+	// StartupSeconds and SteadyRate, for library runs of a drainSpec with startup set: the
+	// time from Run to the start of the Publisher's first claim (its Store.Check and what
+	// else it does once), and the rate counted from then.
+	StartupSeconds float64 `json:"startup_seconds,omitempty"`
+	SteadyRate     float64 `json:"rows_per_second_from_first_claim,omitempty"`
 }
 
 // burnResult is scenario 3: the headline pairs and the commit counts.
@@ -109,6 +114,9 @@ type drainSpec struct {
 	// publish is how long publishing one batch takes (a broker's round trip): the
 	// library's transport and the raw loop, between its claim and its ack, wait that long.
 	publish time.Duration
+	// startup, for the library, also times the Publisher's start-up (burnRun.StartupSeconds)
+	// through a ClaimObserver, which the run then carries.
+	startup bool
 }
 
 // drain is burn with the rows and the table's SQL of s.
@@ -148,7 +156,17 @@ func drain(ctx context.Context, b backend, s drainSpec) (burnRun, error) {
 	timeout := time.Duration(max(120, n/200)) * time.Second
 	var elapsed time.Duration
 	if kind == "library" {
-		elapsed, run.Stats, err = burnPublisher(ctx, b, db, table, n, batch, workers, timeout, false, s.publish)
+		var first *firstClaim
+		if s.startup {
+			first = &firstClaim{}
+		}
+		elapsed, run.Stats, err = burnPublisher(ctx, b, db, table, n, batch, workers, timeout, false, s.publish, first)
+		if err == nil && first != nil {
+			if t := first.after.Load(); t > 0 && time.Duration(t) < elapsed {
+				run.StartupSeconds = time.Duration(t).Seconds()
+				run.SteadyRate = float64(n) / (elapsed - time.Duration(t)).Seconds()
+			}
+		}
 	} else {
 		var step func(ctx context.Context, worker string) (int, error)
 		switch {
@@ -190,11 +208,32 @@ func drain(ctx context.Context, b backend, s drainSpec) (burnRun, error) {
 // burnLibrary drains n rows of table with a Publisher, in order per partition key when
 // ordered is set.
 func burnLibrary(ctx context.Context, b backend, db *sql.DB, table string, n, batch, workers int, timeout time.Duration, ordered bool) (time.Duration, *outbox.PublisherStats, error) {
-	return burnPublisher(ctx, b, db, table, n, batch, workers, timeout, ordered, 0)
+	return burnPublisher(ctx, b, db, table, n, batch, workers, timeout, ordered, 0, nil)
 }
 
-// burnPublisher is burnLibrary with a transport that takes publish to publish a batch.
-func burnPublisher(ctx context.Context, b backend, db *sql.DB, table string, n, batch, workers int, timeout time.Duration, ordered bool, publish time.Duration) (time.Duration, *outbox.PublisherStats, error) {
+// firstClaim is a PublisherObserver that records when the first claim of a Run began,
+// as the time since start.
+type firstClaim struct {
+	start time.Time
+	after atomic.Int64 // nanoseconds from start to the first StartClaim; 0 until then
+}
+
+func (f *firstClaim) StartClaim(ctx context.Context) context.Context {
+	if f.after.Load() == 0 {
+		f.after.CompareAndSwap(0, int64(max(time.Since(f.start), 1)))
+	}
+	return ctx
+}
+func (*firstClaim) EndClaim(context.Context, int, error) {}
+func (*firstClaim) StartPublish(ctx context.Context, _ []outbox.Delivery) context.Context {
+	return ctx
+}
+func (*firstClaim) EndPublish(context.Context, []outbox.Delivery, []outbox.AttemptResult) {}
+func (*firstClaim) Settled(context.Context, []outbox.Settled)                             {}
+
+// burnPublisher is burnLibrary with a transport that takes publish to publish a batch, and,
+// when first is not nil, an observer that times the start of the first claim.
+func burnPublisher(ctx context.Context, b backend, db *sql.DB, table string, n, batch, workers int, timeout time.Duration, ordered bool, publish time.Duration, first *firstClaim) (time.Duration, *outbox.PublisherStats, error) {
 	store, err := outbox.New(db, b.dialect(), outbox.Options{Table: table})
 	if err != nil {
 		return 0, nil, err
@@ -218,10 +257,14 @@ func burnPublisher(ctx context.Context, b backend, db *sql.DB, table string, n, 
 		}
 		return nil
 	})
-	pub, err := outbox.NewPublisher(store, noop, outbox.PublisherOptions{
+	opts := outbox.PublisherOptions{
 		Scope:     outbox.Scope{Namespace: benchNamespace},
 		BatchSize: batch, Concurrency: workers, Logger: discard, Ordered: ordered,
-	})
+	}
+	if first != nil {
+		opts.Observer = first
+	}
+	pub, err := outbox.NewPublisher(store, noop, opts)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -229,6 +272,9 @@ func burnPublisher(ctx context.Context, b backend, db *sql.DB, table string, n, 
 	defer cancel()
 	done := make(chan error, 1)
 	start := time.Now()
+	if first != nil {
+		first.start = start
+	}
 	go func() { done <- pub.Run(rctx) }()
 	fail := func(why string) (time.Duration, *outbox.PublisherStats, error) {
 		cancel()

@@ -283,6 +283,7 @@ func (r *backendResult) metrics(cfg config) []metric {
 	}
 	for i := range r.StoreLoop {
 		add(r.StoreLoop[i].metricName(), r.StoreLoop[i].Ratio)
+		add(strings.Replace(r.StoreLoop[i].metricName(), "publisher_", "publisher_from_first_claim_", 1), r.StoreLoop[i].SteadyRatio)
 	}
 	if g := r.Guarded; g != nil {
 		add("burndown_vs_raw_guarded", g.LibraryVsGuarded)
