@@ -10,7 +10,7 @@
 // The engine owns validation, ids, hashing, the retry policy and the state machine; a
 // [Dialect] owns the SQL and runs it on the [DBTX] or *sql.DB the engine passes it. The
 // built-in dialects are outbox.Postgres, outbox.MySQL and outbox.SQLite. A dialect for
-// another database implements the six methods of [Dialect], following the numbered
+// another database implements the seven methods of [Dialect], following the numbered
 // checklist in its documentation.
 //
 // # Optional abilities

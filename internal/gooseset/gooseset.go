@@ -156,9 +156,15 @@ func (s Set) table(name string) (string, error) {
 	}
 	t, err := dialect.NewTable(name)
 	if err != nil {
-		return "", err
+		return "", invalidTable(err)
 	}
 	return t.Name(), nil
+}
+
+// invalidTable reports a name dialect.NewTable refused as the library reports bad input: a
+// *outbox.ValidationError matching outbox.ErrInvalid.
+func invalidTable(err error) error {
+	return &outbox.ValidationError{Index: -1, Field: "table", Reason: err.Error()}
 }
 
 // tables validates the table name and returns it with the version table's. A version table
@@ -172,7 +178,7 @@ func (s Set) tables(table, versionTable string) (t, vt string, err error) {
 	}
 	if versionTable != "" {
 		if _, err := dialect.NewTable(versionTable); err != nil {
-			return "", "", err
+			return "", "", invalidTable(err)
 		}
 		return t, versionTable, nil
 	}
