@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/outboxgo/outbox/dialect"
 )
 
 // Operations bounds and defaults.
@@ -51,25 +53,17 @@ type Stats struct {
 	Topics []TopicStats
 }
 
-// TopicStats are the counts of one (namespace, topic), as in [Stats].
-type TopicStats struct {
-	Namespace, Topic                                string
-	Pending, Scheduled, Processing, Delivered, Dead int64
-	OldestPendingAge                                time.Duration
-}
+// TopicStats are the counts of one (namespace, topic), as in [Stats]: its Pending,
+// Scheduled, Processing, Delivered and Dead rows and its OldestPendingAge.
+type TopicStats = dialect.TopicStats
 
 // DeadFilter selects dead rows: those in Scope (namespace, topics, tenant) that died
 // (the updated_at of a dead row) at Since or later and before Until, and whose last error
-// contains ErrorContains and equals LastError. Zero values are open ends.
-type DeadFilter struct {
-	Scope
-	Since, Until time.Time
-	// ErrorContains selects rows whose last error contains it (case-sensitive), LastError
-	// rows whose last error is exactly it (a group of [Store.DeadGroups]). Both need a
-	// dialect with [InspectDialect]; other dialects refuse them with an error matching
-	// [errors.ErrUnsupported]. Each is at most [MaxLastErrorBytes].
-	ErrorContains, LastError string
-}
+// contains ErrorContains (case-sensitive) or equals LastError (a group of
+// [Store.DeadGroups]). Zero values are open ends. The error filters need a dialect that
+// implements [dialect.Inspector]; other dialects refuse them with an error matching
+// [errors.ErrUnsupported]. Each is at most [MaxLastErrorBytes].
+type DeadFilter = dialect.DeadFilter
 
 // ListDeadOptions are the arguments of [Store.ListDead].
 type ListDeadOptions struct {
@@ -124,8 +118,8 @@ type PurgeOptions struct {
 // PurgeResult counts the rows [Store.Purge] deleted.
 type PurgeResult struct{ Delivered, Dead int64 }
 
-func (s *Store) admin(op string) (AdminDialect, error) {
-	d, ok := s.dialect.(AdminDialect)
+func (s *Store) admin(op string) (dialect.Administrator, error) {
+	d, ok := s.dialect.(dialect.Administrator)
 	if !ok {
 		return nil, fmt.Errorf("outbox: %s: dialect %q has no admin queries: %w", op, s.dialect.Name(), errors.ErrUnsupported)
 	}
@@ -136,7 +130,7 @@ func (s *Store) admin(op string) (AdminDialect, error) {
 // dead rows are counted exactly, through the claim and retention indexes; delivered rows
 // exactly up to [StatsDeliveredSample] of them and estimated beyond (see
 // [Stats.DeliveredEstimated]), so the cost does not grow with the delivered rows a table
-// retains. A dialect without [AdminDialect] returns an error matching
+// retains. A dialect without [dialect.Administrator] returns an error matching
 // [errors.ErrUnsupported].
 func (s *Store) Stats(ctx context.Context, scope Scope) (Stats, error) {
 	if err := validateScope(scope); err != nil {
@@ -146,7 +140,7 @@ func (s *Store) Stats(ctx context.Context, scope Scope) (Stats, error) {
 	if err != nil {
 		return Stats{}, err
 	}
-	raw, err := d.Stats(ctx, s.db, s.table, StatsParams{Scope: scope, DeliveredSample: StatsDeliveredSample})
+	raw, err := d.Stats(ctx, s.db, s.table, dialect.StatsParams{Scope: scope, DeliveredSample: StatsDeliveredSample})
 	if err != nil {
 		return Stats{}, fmt.Errorf("outbox: stats: %w", err)
 	}
@@ -197,7 +191,8 @@ func decodeDeadCursor(c string) (time.Time, uuid.UUID, error) {
 	return time.UnixMicro(int64(binary.BigEndian.Uint64(b[1:9]))).UTC(), id, nil
 }
 
-func (f DeadFilter) validate() error {
+// validateDeadFilter refuses a filter the dialects must not see.
+func validateDeadFilter(f DeadFilter) error {
 	if err := validateScope(f.Scope); err != nil {
 		return err
 	}
@@ -218,7 +213,7 @@ func (f DeadFilter) validate() error {
 // Cursor until it is "". Rows that die while an operator pages are newer than the first
 // page and do not shift the later ones. A malformed cursor returns a [*ValidationError].
 func (s *Store) ListDead(ctx context.Context, o ListDeadOptions) (DeadPage, error) {
-	if err := o.validate(); err != nil {
+	if err := validateDeadFilter(o.DeadFilter); err != nil {
 		return DeadPage{}, err
 	}
 	switch {
@@ -227,7 +222,7 @@ func (s *Store) ListDead(ctx context.Context, o ListDeadOptions) (DeadPage, erro
 	case o.Limit < 1 || o.Limit > MaxBatch:
 		return DeadPage{}, invalid("Limit", "must be between 1 and %d, got %d", MaxBatch, o.Limit)
 	}
-	p := ListDeadParams{DeadFilter: o.DeadFilter, Limit: o.Limit + 1}
+	p := dialect.ListDeadParams{DeadFilter: o.DeadFilter, Limit: o.Limit + 1}
 	var err error
 	if o.Cursor != "" {
 		if p.AfterTime, p.AfterID, err = decodeDeadCursor(o.Cursor); err != nil {
@@ -301,7 +296,7 @@ func (s *Store) Replay(ctx context.Context, ids ...uuid.UUID) (ReplayResult, err
 	if err != nil {
 		return ReplayResult{}, err
 	}
-	done, err := d.Replay(ctx, s.db, s.table, ReplayParams{IDs: ids, Token: uuid.New()})
+	done, err := d.Replay(ctx, s.db, s.table, dialect.ReplayParams{IDs: ids, Token: uuid.New()})
 	if err != nil {
 		return ReplayResult{}, fmt.Errorf("outbox: replay: %w", err)
 	}
@@ -368,7 +363,7 @@ func (s *Store) Discard(ctx context.Context, ids ...uuid.UUID) (DiscardResult, e
 	if err != nil {
 		return DiscardResult{}, err
 	}
-	done, err := d.Discard(ctx, s.db, s.table, DiscardParams{IDs: ids})
+	done, err := d.Discard(ctx, s.db, s.table, dialect.DiscardParams{IDs: ids})
 	if err != nil {
 		return DiscardResult{}, fmt.Errorf("outbox: discard: %w", err)
 	}
@@ -401,7 +396,7 @@ func (o *PurgeOptions) validate() error {
 // is held for long and a cancelled purge keeps what it deleted. Pending and processing rows
 // are never touched. Several purges, and publishers' retention loops, may run at once: each
 // skips the rows another is deleting. It returns how many rows went, also when ctx ends
-// half way (with ctx's error). A dialect without [RetentionDialect] returns an error
+// half way (with ctx's error). A dialect without [dialect.Purger] returns an error
 // matching [errors.ErrUnsupported].
 func (s *Store) Purge(ctx context.Context, o PurgeOptions) (PurgeResult, error) {
 	if err := o.validate(); err != nil {
@@ -432,8 +427,8 @@ func (s *Store) Purge(ctx context.Context, o PurgeOptions) (PurgeResult, error) 
 	return res, nil
 }
 
-func (s *Store) retention() (RetentionDialect, error) {
-	d, ok := s.dialect.(RetentionDialect)
+func (s *Store) retention() (dialect.Purger, error) {
+	d, ok := s.dialect.(dialect.Purger)
 	if !ok {
 		return nil, fmt.Errorf("outbox: purge: dialect %q has no retention: %w", s.dialect.Name(), errors.ErrUnsupported)
 	}
@@ -446,7 +441,7 @@ func (s *Store) purgeBatch(ctx context.Context, status Status, older time.Durati
 	if err != nil {
 		return 0, err
 	}
-	n, err := d.Purge(ctx, s.db, s.table, PurgeParams{Status: status, OlderThan: older, Limit: limit})
+	n, err := d.Purge(ctx, s.db, s.table, dialect.PurgeParams{Status: status, OlderThan: older, Limit: limit})
 	if err != nil {
 		return 0, fmt.Errorf("outbox: purge %s rows: %w", status, err)
 	}

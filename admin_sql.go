@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/outboxgo/outbox/dialect"
 )
 
 // This file holds what the built-in dialects' admin and retention statements share: the
@@ -29,8 +31,8 @@ type statsReads struct {
 // topicKey is the (namespace, topic) of a TopicStats entry.
 type topicKey struct{ ns, topic string }
 
-// runStatsReads runs r on q and merges its rows into a StatsSample.
-func runStatsReads(ctx context.Context, q DBTX, sc Scope, limit int, r statsReads) (StatsSample, error) {
+// runStatsReads runs r on q and merges its rows into a dialect.StatsSample.
+func runStatsReads(ctx context.Context, q dialect.DBTX, sc Scope, limit int, r statsReads) (dialect.StatsSample, error) {
 	byTopic := map[topicKey]*TopicStats{}
 	entry := func(ns, topic string) *TopicStats {
 		k := topicKey{ns, topic}
@@ -53,7 +55,7 @@ func runStatsReads(ctx context.Context, q DBTX, sc Scope, limit int, r statsRead
 		return struct{}{}, nil
 	})
 	if err != nil {
-		return StatsSample{}, err
+		return dialect.StatsSample{}, err
 	}
 	_, err = queryAll(ctx, q, r.dead, r.deadArgs, func(s rowScanner) (struct{}, error) {
 		var (
@@ -67,9 +69,9 @@ func runStatsReads(ctx context.Context, q DBTX, sc Scope, limit int, r statsRead
 		return struct{}{}, nil
 	})
 	if err != nil {
-		return StatsSample{}, err
+		return dialect.StatsSample{}, err
 	}
-	var out StatsSample
+	var out dialect.StatsSample
 	_, err = queryAll(ctx, q, r.sample, r.sampArg, func(s rowScanner) (struct{}, error) {
 		var (
 			ns, topic string
@@ -86,7 +88,7 @@ func runStatsReads(ctx context.Context, q DBTX, sc Scope, limit int, r statsRead
 		return struct{}{}, nil
 	})
 	if err != nil {
-		return StatsSample{}, err
+		return dialect.StatsSample{}, err
 	}
 	if out.DeliveredSampled >= int64(limit) {
 		var counted int64
@@ -94,7 +96,7 @@ func runStatsReads(ctx context.Context, q DBTX, sc Scope, limit int, r statsRead
 			counted += e.Pending + e.Scheduled + e.Processing + e.Dead
 		}
 		if out.DeliveredTotal, err = r.total(counted); err != nil {
-			return StatsSample{}, err
+			return dialect.StatsSample{}, err
 		}
 		out.DeliveredTotal = max(out.DeliveredTotal, out.DeliveredSampled)
 	}
@@ -134,7 +136,7 @@ func sqliteRetained(status Status) string {
 // deadWhere renders the WHERE terms of ListDead: dead rows in the filter, after the keyset.
 // at binds a time the way the dialect compares updated_at; enc binds a UUID; contains
 // renders the dialect's case-sensitive substring test of last_error.
-func deadWhere(a *args, p ListDeadParams, at func(a *args, t time.Time) string, enc func(uuid.UUID) any, contains func(ph string) string) string {
+func deadWhere(a *args, p dialect.ListDeadParams, at func(a *args, t time.Time) string, enc func(uuid.UUID) any, contains func(ph string) string) string {
 	w := sqliteRetained(StatusDead) + scopeSQL(a, p.Scope, "", enc)
 	if !p.Since.IsZero() {
 		w += ` AND updated_at >= ` + at(a, p.Since)
@@ -145,7 +147,7 @@ func deadWhere(a *args, p ListDeadParams, at func(a *args, t time.Time) string, 
 	w += errorWhere(a, p.DeadFilter, contains)
 	if p.AfterID != uuid.Nil {
 		w += ` AND updated_at <= ` + at(a, p.AfterTime) + ` AND (updated_at < ` + at(a, p.AfterTime) +
-			` OR id < ` + a.add(enc(p.AfterID)) + `)`
+			` OR id < ` + a.Add(enc(p.AfterID)) + `)`
 	}
 	return w
 }
@@ -156,43 +158,37 @@ func deadWhere(a *args, p ListDeadParams, at func(a *args, t time.Time) string, 
 func errorWhere(a *args, f DeadFilter, contains func(ph string) string) string {
 	w := ""
 	if f.ErrorContains != "" {
-		w += ` AND ` + contains(a.add(f.ErrorContains))
+		w += ` AND ` + contains(a.Add(f.ErrorContains))
 	}
 	if f.LastError != "" {
-		w += ` AND last_error = ` + a.add(f.LastError)
+		w += ` AND last_error = ` + a.Add(f.LastError)
 	}
 	return w
 }
 
 // runDeadGroups runs DeadGroups' two reads: groups yields last error, count, first and last
 // death; total yields the count and the newest death.
-func runDeadGroups(ctx context.Context, q DBTX, groups, total string, gargs, targs []any) (DeadGroups, error) {
+func runDeadGroups(ctx context.Context, q dialect.DBTX, groups, total string, gargs, targs []any) (DeadGroups, error) {
 	var out DeadGroups
 	var err error
 	out.Groups, err = queryAll(ctx, q, groups, gargs, func(s rowScanner) (DeadGroup, error) {
-		var (
-			g           DeadGroup
-			first, last timeCol
-		)
-		err := s.Scan(&g.LastError, &g.Count, &first, &last)
-		g.FirstDied, g.LastDied = first.t, last.t
+		var g DeadGroup
+		err := s.Scan(&g.LastError, &g.Count, dialect.ScanTime(&g.FirstDied), dialect.ScanTime(&g.LastDied))
 		return g, err
 	})
 	if err != nil {
 		return DeadGroups{}, err
 	}
-	var newest timeCol
-	if err := q.QueryRowContext(ctx, total, targs...).Scan(&out.Total, &newest); err != nil {
+	if err := q.QueryRowContext(ctx, total, targs...).Scan(&out.Total, dialect.ScanTime(&out.Newest)); err != nil {
 		return DeadGroups{}, err
 	}
-	out.Newest = newest.t
 	return out, nil
 }
 
 // runActivity runs Activity's read of each status (query renders it; its arguments are the
 // window in microseconds and the limit) and merges them with the clock's now.
-func runActivity(ctx context.Context, q DBTX, now time.Time, query func(Status) string, window int64, limit int) (ActivitySample, error) {
-	out := ActivitySample{Now: now.UTC(), Delivered: map[int64]int64{}, Dead: map[int64]int64{}}
+func runActivity(ctx context.Context, q dialect.DBTX, now time.Time, query func(Status) string, window int64, limit int) (dialect.ActivitySample, error) {
+	out := dialect.ActivitySample{Now: now.UTC(), Delivered: map[int64]int64{}, Dead: map[int64]int64{}}
 	for _, st := range []struct {
 		status  Status
 		counts  map[int64]int64
@@ -208,7 +204,7 @@ func runActivity(ctx context.Context, q DBTX, now time.Time, query func(Status) 
 			return struct{}{}, nil
 		})
 		if err != nil {
-			return ActivitySample{}, err
+			return dialect.ActivitySample{}, err
 		}
 	}
 	return out, nil

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/dialect"
 )
 
 // TestAdminStatsEstimate: beyond StatsDeliveredSample delivered rows, Stats says its
@@ -60,8 +61,11 @@ func TestAdminStatsEstimate(t *testing.T) {
 }
 
 // adminOnly is a dialect with the admin ability but not the inspection one, as a dialect
-// written before InspectDialect existed would be.
-type adminOnly struct{ outbox.AdminDialect }
+// written before the inspection ability existed would be.
+type adminOnly struct {
+	outbox.Dialect
+	dialect.Administrator
+}
 
 // TestErrorFilterNeedsInspect: a dialect that may not know the error filters refuses them,
 // rather than listing, replaying or discarding more rows than the filter selects.
@@ -69,7 +73,8 @@ func TestErrorFilterNeedsInspect(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	_, db := newSQLiteStore(ctx, t)
-	store, err := outbox.New(db, adminOnly{outbox.SQLite().(outbox.AdminDialect)}, outbox.Options{})
+	d := outbox.SQLite()
+	store, err := outbox.New(db, adminOnly{d, d.(dialect.Administrator)}, outbox.Options{})
 	require.NoError(t, err)
 	f := outbox.DeadFilter{ErrorContains: "timeout"}
 	_, err = store.ListDead(ctx, outbox.ListDeadOptions{DeadFilter: f})

@@ -25,6 +25,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/outboxgo/outbox/dialect"
 )
 
 // benchPayload is a typical 350-byte order event.
@@ -88,7 +90,7 @@ func BenchmarkHeadersValue(b *testing.B) {
 // execute in one function; their client-side total is BenchmarkClaim, BenchmarkComplete and
 // BenchmarkEnqueue below.
 func BenchmarkRender(b *testing.B) {
-	t, _ := NewTable(DefaultTable)
+	t, _ := dialect.NewTable(DefaultTable)
 	b.Run("postgres-statements", func(b *testing.B) {
 		for b.Loop() {
 			_ = renderPgStatements(t)
@@ -102,11 +104,11 @@ func BenchmarkRender(b *testing.B) {
 	for _, dollar := range []bool{false, true} {
 		b.Run(fmt.Sprintf("placeholders=100x5/dollar=%v", dollar), func(b *testing.B) {
 			for b.Loop() {
-				a := &args{dollar: dollar}
+				a := &args{Numbered: dollar}
 				var sb strings.Builder
 				for range 100 {
 					for range 5 {
-						sb.WriteString(a.add(nil))
+						sb.WriteString(a.Add(nil))
 					}
 				}
 			}
@@ -219,7 +221,7 @@ func BenchmarkComplete(b *testing.B) {
 func BenchmarkScanRecords(b *testing.B) {
 	db := benchNullDB()
 	ctx := context.Background()
-	p := ClaimParams{Lease: 30 * time.Second, WorkerID: "worker-1", Token: uuid.New()}
+	p := dialect.ClaimParams{Lease: 30 * time.Second, WorkerID: "worker-1", Token: uuid.New()}
 	for _, read := range []string{"claimed", "record"} {
 		for _, flavor := range []string{"native", "micros"} {
 			b.Run(fmt.Sprintf("%s/%s/rows=100", read, flavor), func(b *testing.B) {

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/outboxgo/outbox/dialect"
 	"github.com/outboxgo/outbox/internal/dbkind"
 )
 
@@ -17,44 +18,12 @@ import (
 // [Store] is configured: the table is missing or incomplete, the dialect does not match
 // the server, or SQLite is opened without the settings concurrent writers need. Retrying
 // does not help; the [*CheckError] that matches it says what to change.
-var ErrMisconfigured = errors.New("outbox: misconfigured")
+var ErrMisconfigured = dialect.ErrMisconfigured
 
 // CheckError is a setup problem found by [Store.Check], or met by an operation (a missing
-// table), with what to do about it. It matches [ErrMisconfigured].
-type CheckError struct {
-	// Problem says what is wrong.
-	Problem string
-	// Fix says what to do.
-	Fix string
-	// Err is the database error behind the problem, if there was one.
-	Err error
-}
-
-func (e *CheckError) Error() string {
-	sep := ": "
-	if strings.HasPrefix(e.Fix, "\n") {
-		sep = ":" // a fix of several lines begins on a line of its own
-	}
-	msg := "outbox: " + e.Problem + sep + e.Fix
-	if e.Err != nil {
-		msg += " (" + e.Err.Error() + ")"
-	}
-	return msg
-}
-
-// Unwrap returns the database error behind the problem.
-func (e *CheckError) Unwrap() error { return e.Err }
-
-// Is reports whether target is [ErrMisconfigured].
-func (e *CheckError) Is(target error) bool { return target == ErrMisconfigured }
-
-// Checker is an optional ability of a [Dialect]: it checks that db is a database the
-// dialect is written for and that the table t is ready to use. [Store.Check] calls it. It
-// returns a [*CheckError] for a problem that configuration must fix, and any other error
-// (the server cannot be reached) as it is. The built-in dialects implement it.
-type Checker interface {
-	Check(ctx context.Context, db *sql.DB, t Table) error
-}
+// table): its Problem says what is wrong, its Fix what to do, and Err is the database
+// error behind it, if any. It matches [ErrMisconfigured].
+type CheckError = dialect.CheckError
 
 // Check verifies that the store can work: the database answers, it is the kind the dialect
 // is written for, the table exists with every column the library uses, and, on SQLite, the
@@ -65,10 +34,10 @@ type Checker interface {
 // and an outbox table that Citus distributes. A setup problem returns a [*CheckError]
 // (matching [ErrMisconfigured]) that says what to do; a database that cannot be reached
 // returns its error, which may pass. A [Publisher] runs Check when it starts; call it from a
-// readiness probe or at startup to fail fast. A dialect that does not implement [Checker]
+// readiness probe or at startup to fail fast. A dialect that does not implement [dialect.Checker]
 // returns an error matching [errors.ErrUnsupported].
 func (s *Store) Check(ctx context.Context) error {
-	c, ok := s.dialect.(Checker)
+	c, ok := s.dialect.(dialect.Checker)
 	if !ok {
 		return fmt.Errorf("outbox: check: dialect %s cannot check its database: %w", s.dialect.Name(), errors.ErrUnsupported)
 	}
@@ -104,7 +73,7 @@ func wrongDialect(desc, kind, name string) *CheckError {
 // checkBuiltin is the check the built-in dialects share: the server kind, then the
 // columns of each table the dialect needs (listed by columns, which returns none for a
 // missing table).
-func checkBuiltin(ctx context.Context, db *sql.DB, name string, t Table,
+func checkBuiltin(ctx context.Context, db *sql.DB, name string, t dialect.Table,
 	columns func(ctx context.Context, db *sql.DB, table string) ([]string, error), tables map[string][]string) error {
 	kind, desc, err := dbkind.Detect(ctx, db)
 	if err != nil {
@@ -160,7 +129,7 @@ func queryStrings(ctx context.Context, db *sql.DB, query string, args ...any) ([
 // missingTable returns a [*CheckError] wrapping err, from a statement on the outbox table,
 // when the database says the table does not exist, so that the caller learns to migrate;
 // nil otherwise.
-func missingTable(d Dialect, t Table, err error) *CheckError {
+func missingTable(d Dialect, t dialect.Table, err error) *CheckError {
 	msg := err.Error()
 	var state interface{ SQLState() string }
 	gone := strings.Contains(msg, "no such table") || // SQLite
@@ -211,7 +180,7 @@ func packetTooLarge(err error) *CheckError {
 // sometimes finds the connection closed before it reads the server's error. It returns nil
 // for another dialect, a smaller write or another error. The connection may have broken for
 // another reason, so the error is not a [*CheckError]; it wraps err.
-func brokenBigWrite(d Dialect, err error, rows []Row) error {
+func brokenBigWrite(d Dialect, err error, rows []dialect.Row) error {
 	if _, ok := d.(mysqlDialect); !ok || !errors.Is(err, driver.ErrBadConn) {
 		return nil
 	}
@@ -227,17 +196,17 @@ func brokenBigWrite(d Dialect, err error, rows []Row) error {
 		"configuration file) or lower Options.MaxPayloadBytes below it: %w", size, err)
 }
 
-// Check implements [Checker].
-func (d *postgresDialect) Check(ctx context.Context, db *sql.DB, t Table) error {
+// Check implements [dialect.Checker].
+func (d *postgresDialect) Check(ctx context.Context, db *sql.DB, t dialect.Table) error {
 	return checkBuiltin(ctx, db, d.Name(), t, func(ctx context.Context, db *sql.DB, table string) ([]string, error) {
 		return queryStrings(ctx, db, `SELECT attname FROM pg_attribute WHERE attrelid = to_regclass($1)`+
 			` AND attnum > 0 AND NOT attisdropped`, quoteIdent(table, '"'))
 	}, map[string][]string{t.Name(): recordColumns})
 }
 
-// Check implements [Checker]. MySQL keeps dedupe keys in a second table, <table>_dedupe,
+// Check implements [dialect.Checker]. MySQL keeps dedupe keys in a second table, <table>_dedupe,
 // and their lock stripes in a third, <table>_dedupe_lock.
-func (d mysqlDialect) Check(ctx context.Context, db *sql.DB, t Table) error {
+func (d mysqlDialect) Check(ctx context.Context, db *sql.DB, t dialect.Table) error {
 	return checkBuiltin(ctx, db, d.Name(), t, func(ctx context.Context, db *sql.DB, table string) ([]string, error) {
 		return queryStrings(ctx, db, `SELECT column_name FROM information_schema.columns`+
 			` WHERE table_schema = DATABASE() AND table_name = ?`, table)
@@ -251,11 +220,11 @@ func (d mysqlDialect) Check(ctx context.Context, db *sql.DB, t Table) error {
 // sqliteDSN is the connection string the SQLite checks recommend.
 const sqliteDSN = "file:app.db?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_txlock=immediate"
 
-// Check implements [Checker]. Besides the table, it reads the connection's journal mode and
+// Check implements [dialect.Checker]. Besides the table, it reads the connection's journal mode and
 // busy timeout: without WAL, readers block the writer, and without a busy timeout a writer
 // that finds the database locked fails at once with SQLITE_BUSY instead of waiting its
 // turn. An in-memory database (journal mode "memory") needs neither.
-func (d sqliteDialect) Check(ctx context.Context, db *sql.DB, t Table) error {
+func (d sqliteDialect) Check(ctx context.Context, db *sql.DB, t dialect.Table) error {
 	err := checkBuiltin(ctx, db, d.Name(), t, func(ctx context.Context, db *sql.DB, table string) ([]string, error) {
 		return queryStrings(ctx, db, `SELECT name FROM pragma_table_info(?)`, table)
 	}, map[string][]string{t.Name(): recordColumns})
@@ -295,29 +264,29 @@ func sqliteSettings(mode string, timeout int) error {
 
 // The built-in dialects check what ordered claims need.
 var (
-	_ OrderedClaimer = (*postgresDialect)(nil)
-	_ OrderedClaimer = mysqlDialect{}
-	_ OrderedClaimer = sqliteDialect{}
+	_ dialect.OrderedClaimer = (*postgresDialect)(nil)
+	_ dialect.OrderedClaimer = mysqlDialect{}
+	_ dialect.OrderedClaimer = sqliteDialect{}
 )
 
 // orderedFix says how to create what ordered claims need on the table t, after why, on
 // lines of their own, one way to fix it each, so that the error reads well where it is
 // printed whole (log.Fatal(err) of Publisher.Run, say).
-func orderedFix(why, dialect string, t Table) string {
+func orderedFix(why, name string, t dialect.Table) string {
 	return fmt.Sprintf("\n%s.\nIt is in the ordered migration set, which is opt in; create it with one of:\n"+
 		"  migrations.Up(ctx, db, %q, migrations.Options{Table: %q, Ordered: true})\n"+
 		"  outbox migrate up --ordered --dialect %s --table %s\n"+
 		"  migrations.OrderedVersions(%q, %q), added to the goose migrations that create the table",
-		why, dialect, t.Name(), dialect, t.Name(), dialect, t.Name())
+		why, name, t.Name(), name, t.Name(), name, t.Name())
 }
 
 // checkOrderedBuiltin is the ordered check the built-in dialects share: want lists what
 // ordered claims need on the table t ("index <name>", "column <name>"), and have tells which
 // of them exist; exists tells whether the table does.
-func checkOrderedBuiltin(dialect string, t Table, exists bool, want []string, have map[string]bool) error {
+func checkOrderedBuiltin(name string, t dialect.Table, exists bool, want []string, have map[string]bool) error {
 	if !exists {
 		return &CheckError{Problem: fmt.Sprintf("the outbox table %q does not exist", t.Name()),
-			Fix: orderedFix("ordered delivery (PublisherOptions.Ordered) needs it with its order index", dialect, t)}
+			Fix: orderedFix("ordered delivery (PublisherOptions.Ordered) needs it with its order index", name, t)}
 	}
 	var missing []string
 	for _, w := range want {
@@ -330,16 +299,16 @@ func checkOrderedBuiltin(dialect string, t Table, exists bool, want []string, ha
 	}
 	return &CheckError{
 		Problem: fmt.Sprintf("table %q lacks %s", t.Name(), strings.Join(missing, " and ")),
-		Fix:     orderedFix("ordered delivery (PublisherOptions.Ordered) needs the order index", dialect, t),
+		Fix:     orderedFix("ordered delivery (PublisherOptions.Ordered) needs the order index", name, t),
 	}
 }
 
-// CheckOrdered implements [OrderedClaimer]: the order index and the unkeyed index, found
+// CheckOrdered implements [dialect.OrderedClaimer]: the order index and the unkeyed index, found
 // among the table's own indexes (so in its schema, whichever the search_path resolves the
 // table to), and valid. A CREATE INDEX CONCURRENTLY that failed leaves an invalid index,
 // which PostgreSQL maintains but never reads, and which the migration's CREATE INDEX IF NOT
 // EXISTS would skip.
-func (d *postgresDialect) CheckOrdered(ctx context.Context, db *sql.DB, t Table) error {
+func (d *postgresDialect) CheckOrdered(ctx context.Context, db *sql.DB, t dialect.Table) error {
 	want := []string{t.Index("order"), t.Index("unkeyed")}
 	rows, err := db.QueryContext(ctx, `SELECT c.relname, x.indisvalid FROM pg_index x JOIN pg_class c ON c.oid = x.indexrelid`+
 		` WHERE x.indrelid = to_regclass($1) AND c.relname IN ($2, $3)`, quoteIdent(t.Name(), '"'), want[0], want[1])
@@ -384,9 +353,9 @@ func (d *postgresDialect) CheckOrdered(ctx context.Context, db *sql.DB, t Table)
 	return checkOrderedBuiltin(d.Name(), t, exists, []string{"index " + want[0], "index " + want[1]}, have)
 }
 
-// CheckOrdered implements [OrderedClaimer]: the virtual column order_key and the order
+// CheckOrdered implements [dialect.OrderedClaimer]: the virtual column order_key and the order
 // index on it, in the connection's database.
-func (d mysqlDialect) CheckOrdered(ctx context.Context, db *sql.DB, t Table) error {
+func (d mysqlDialect) CheckOrdered(ctx context.Context, db *sql.DB, t dialect.Table) error {
 	var tables, columns, indexes int
 	err := db.QueryRowContext(ctx, `SELECT`+
 		` (SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?),`+
@@ -400,8 +369,8 @@ func (d mysqlDialect) CheckOrdered(ctx context.Context, db *sql.DB, t Table) err
 	return checkOrderedBuiltin(d.Name(), t, tables > 0, []string{col, idx}, map[string]bool{col: columns > 0, idx: indexes > 0})
 }
 
-// CheckOrdered implements [OrderedClaimer]: the order index and the unkeyed index.
-func (d sqliteDialect) CheckOrdered(ctx context.Context, db *sql.DB, t Table) error {
+// CheckOrdered implements [dialect.OrderedClaimer]: the order index and the unkeyed index.
+func (d sqliteDialect) CheckOrdered(ctx context.Context, db *sql.DB, t dialect.Table) error {
 	want := []string{t.Index("order"), t.Index("unkeyed")}
 	names, err := queryStrings(ctx, db, `SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ? AND name IN (?, ?)`,
 		t.Name(), want[0], want[1])

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/outboxgo/outbox/dialect"
 )
 
 // TestPacketTooLarge: the errors of MySQL, MariaDB and go-sql-driver for a statement over
@@ -34,8 +36,8 @@ func TestPacketTooLarge(t *testing.T) {
 // payload is explained with the server's setting; a small write or another dialect is not.
 func TestBrokenBigWrite(t *testing.T) {
 	t.Parallel()
-	big := []Row{{Payload: make([]byte, 1<<20)}}
-	small := []Row{{Payload: make([]byte, 1<<10)}}
+	big := []dialect.Row{{Payload: make([]byte, 1<<20)}}
+	small := []dialect.Row{{Payload: make([]byte, 1<<10)}}
 	err := brokenBigWrite(MySQL(), fmt.Errorf("wrapped: %w", driver.ErrBadConn), big)
 	require.ErrorIs(t, err, driver.ErrBadConn)
 	require.ErrorContains(t, err, "max_allowed_packet")

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/outboxgo/outbox/dialect"
 )
 
 // MySQL returns the dialect for MySQL 8.0+ and MariaDB 10.6+ (InnoDB), tested with
@@ -36,6 +38,17 @@ import (
 // DSN, which would make a duplicate dedupe key look enqueued; interpolateParams=true saves
 // a round trip per statement.
 func MySQL() Dialect { return mysqlDialect{visits: &mysqlVisits{}} }
+
+// The abilities the dialect has, checked at compile time.
+var (
+	_ dialect.Dialect        = mysqlDialect{}
+	_ dialect.Checker        = mysqlDialect{}
+	_ dialect.SettleClaimer  = mysqlDialect{}
+	_ dialect.OrderedClaimer = mysqlDialect{}
+	_ dialect.Purger         = mysqlDialect{}
+	_ dialect.Administrator  = mysqlDialect{}
+	_ dialect.Inspector      = mysqlDialect{}
+)
 
 // mysqlDialect renders its statements per call (they depend on the batch size), and the
 // parts that never change are package constants. Its one state is where the ordered
@@ -194,7 +207,7 @@ const (
 const mysqlEpoch = `TIMESTAMP'1970-01-01 00:00:00'`
 
 // mysqlMicros renders a DATETIME expression as integer Unix microseconds (NULL stays
-// NULL), the form [timeCol] scans.
+// NULL), the form [dialect.ScanTime] scans.
 func mysqlMicros(expr string) string {
 	return `TIMESTAMPDIFF(MICROSECOND, ` + mysqlEpoch + `, ` + expr + `)`
 }
@@ -215,10 +228,10 @@ var mysqlColumns = selectList(recordColumns, "", mysqlMicros)
 // are before the claim's UPDATE, followed by the database clock.
 var mysqlClaimColumns = selectList(claimColumns, "", mysqlMicros) + `, ` + mysqlMicros(`UTC_TIMESTAMP(6)`)
 
-func mysqlTable(t Table) string { return quoteIdent(t.Name(), '`') }
+func mysqlTable(t dialect.Table) string { return quoteIdent(t.Name(), '`') }
 
 // mysqlDedupeTable is the table whose primary key holds the dedupe keys: <table>_dedupe.
-func mysqlDedupeTable(t Table) string { return quoteIdent(t.Name()+"_dedupe", '`') }
+func mysqlDedupeTable(t dialect.Table) string { return quoteIdent(t.Name()+"_dedupe", '`') }
 
 // mysqlInsertHeads and mysqlInsertGroups are, per insert shape (insert.go), the INSERT
 // from the column list to VALUES and one row of placeholders.
@@ -243,11 +256,11 @@ var mysqlInsertHeads, mysqlInsertGroups = func() (heads, groups [shapeCount]stri
 // the two steps commit together. If the second step fails, the reservations of the first
 // are removed before the error is returned, so a caller that commits anyway does not leave
 // a key reserved for an event that was never written.
-func (d mysqlDialect) Insert(ctx context.Context, q DBTX, t Table, rows []Row) ([]bool, error) {
+func (d mysqlDialect) Insert(ctx context.Context, q dialect.DBTX, t dialect.Table, rows []dialect.Row) ([]bool, error) {
 	return d.insert(ctx, q, t, rows)
 }
 
-func (d mysqlDialect) insert(ctx context.Context, q DBTX, t Table, rows []Row) ([]bool, error) {
+func (d mysqlDialect) insert(ctx context.Context, q dialect.DBTX, t dialect.Table, rows []dialect.Row) ([]bool, error) {
 	inserted := make([]bool, len(rows))
 	var keyed []int
 	for i := range rows {
@@ -279,7 +292,7 @@ func (d mysqlDialect) insert(ctx context.Context, q DBTX, t Table, rows []Row) (
 	}
 	write := rows
 	if len(keyed) > 0 {
-		write = make([]Row, 0, len(rows))
+		write = make([]dialect.Row, 0, len(rows))
 		for i := range rows {
 			if inserted[i] {
 				write = append(write, rows[i])
@@ -301,7 +314,7 @@ func (d mysqlDialect) insert(ctx context.Context, q DBTX, t Table, rows []Row) (
 const mysqlStripes = 4096
 
 // mysqlStripe is the lock stripe of a dedupe key: FNV-1a of its namespace, topic and key.
-func mysqlStripe(r *Row) int {
+func mysqlStripe(r *dialect.Row) int {
 	h := fnv.New32a()
 	for _, s := range [...]string{r.Namespace, r.Topic, r.DedupeKey} {
 		_, _ = h.Write([]byte(s))
@@ -315,7 +328,7 @@ func mysqlStripe(r *Row) int {
 // binary-cast values joined to their stripes (the casts keep keys byte for byte, never
 // compared through the connection's collation or a type guessed from the first row). The
 // derived table's materialisation cost a sixth of a keyed enqueue, hence the short form.
-func mysqlReserveStatement(t Table, rows []Row, chunk []int, stripes map[int]int) (string, []any) {
+func mysqlReserveStatement(t dialect.Table, rows []dialect.Row, chunk []int, stripes map[int]int) (string, []any) {
 	dedupe := mysqlDedupeTable(t)
 	lock := quoteIdent(t.Name()+"_dedupe_lock", '`')
 	odku := ` FOR UPDATE ON DUPLICATE KEY UPDATE id = ` + dedupe + `.id`
@@ -364,7 +377,7 @@ func mysqlReserveStatement(t Table, rows []Row, chunk []int, stripes map[int]int
 // carries our id, another enqueue's when it carries another, and a key with no row at all
 // means its stripe is missing from <table>_dedupe_lock (the join dropped it), which is
 // reported, never taken for a duplicate.
-func mysqlReserve(ctx context.Context, q DBTX, t Table, rows []Row, chunk []int, stripes map[int]int, inserted []bool) error {
+func mysqlReserve(ctx context.Context, q dialect.DBTX, t dialect.Table, rows []dialect.Row, chunk []int, stripes map[int]int, inserted []bool) error {
 	dedupe := mysqlDedupeTable(t)
 	query, vals := mysqlReserveStatement(t, rows, chunk, stripes)
 	res, err := q.ExecContext(ctx, query, vals...)
@@ -390,10 +403,10 @@ func mysqlReserve(ctx context.Context, q DBTX, t Table, rows []Row, chunk []int,
 			s.WriteString(` OR `)
 		}
 		r := &rows[i]
-		s.WriteString(`(namespace = ` + a.add(r.Namespace) + ` AND topic = ` + a.add(r.Topic) + ` AND dedupe_key = ` + a.add(r.DedupeKey) + `)`)
+		s.WriteString(`(namespace = ` + a.Add(r.Namespace) + ` AND topic = ` + a.Add(r.Topic) + ` AND dedupe_key = ` + a.Add(r.DedupeKey) + `)`)
 	}
 	held := make(map[key]uuid.UUID, len(chunk))
-	rs, err := q.QueryContext(ctx, s.String(), a.vals...)
+	rs, err := q.QueryContext(ctx, s.String(), a.Values...)
 	if err != nil {
 		return err
 	}
@@ -429,11 +442,11 @@ func mysqlReserve(ctx context.Context, q DBTX, t Table, rows []Row, chunk []int,
 // caller that commits after the error would keep part of the batch, or (worse) keys reserved
 // for events that were never written, which would turn later enqueues of those keys into
 // duplicates. It is best effort, like mysqlRelease.
-func mysqlUndo(ctx context.Context, q DBTX, t Table, rows []Row, keyed []int, inserted []bool, written []Row) {
+func mysqlUndo(ctx context.Context, q dialect.DBTX, t dialect.Table, rows []dialect.Row, keyed []int, inserted []bool, written []dialect.Row) {
 	for chunk := range slices.Chunk(written, mysqlRowsPerInsert) {
 		a := &args{}
-		in := a.list(len(chunk), func(i int) any { return uuidBytes(chunk[i].ID) })
-		_, _ = q.ExecContext(context.WithoutCancel(ctx), `DELETE FROM `+mysqlTable(t)+` WHERE id IN `+in, a.vals...)
+		in := a.List(len(chunk), func(i int) any { return uuidBytes(chunk[i].ID) })
+		_, _ = q.ExecContext(context.WithoutCancel(ctx), `DELETE FROM `+mysqlTable(t)+` WHERE id IN `+in, a.Values...)
 	}
 	if len(keyed) > 0 {
 		mysqlRelease(ctx, q, t, rows, keyed, inserted)
@@ -443,7 +456,7 @@ func mysqlUndo(ctx context.Context, q DBTX, t Table, rows []Row, keyed []int, in
 // mysqlRelease removes the reservations this call made, after its outbox insert failed.
 // It is best effort: the error that matters is the insert's, and a transaction whose
 // connection broke is rolled back by the server anyway.
-func mysqlRelease(ctx context.Context, q DBTX, t Table, rows []Row, keyed []int, inserted []bool) {
+func mysqlRelease(ctx context.Context, q dialect.DBTX, t dialect.Table, rows []dialect.Row, keyed []int, inserted []bool) {
 	// By primary key: the table has no index on id, and a scan would lock every key it
 	// passed until the caller's transaction ends. The id check keeps other callers' keys.
 	a := &args{}
@@ -459,18 +472,18 @@ func mysqlRelease(ctx context.Context, q DBTX, t Table, rows []Row, keyed []int,
 		}
 		first = false
 		r := &rows[i]
-		b.WriteString(`(namespace = ` + a.add(r.Namespace) + ` AND topic = ` + a.add(r.Topic) +
-			` AND dedupe_key = ` + a.add(r.DedupeKey) + ` AND id = ` + a.add(uuidBytes(r.ID)) + `)`)
+		b.WriteString(`(namespace = ` + a.Add(r.Namespace) + ` AND topic = ` + a.Add(r.Topic) +
+			` AND dedupe_key = ` + a.Add(r.DedupeKey) + ` AND id = ` + a.Add(uuidBytes(r.ID)) + `)`)
 	}
 	if first {
 		return
 	}
-	_, _ = q.ExecContext(context.WithoutCancel(ctx), b.String(), a.vals...)
+	_, _ = q.ExecContext(context.WithoutCancel(ctx), b.String(), a.Values...)
 }
 
 // mysqlInsertChunk returns how many leading rows one INSERT takes: at most
 // mysqlRowsPerInsert, and no more than mysqlBytesPerInsert of data unless it is one row.
-func mysqlInsertChunk(rows []Row) int {
+func mysqlInsertChunk(rows []dialect.Row) int {
 	size := 0
 	for i := range rows {
 		if i == mysqlRowsPerInsert {
@@ -490,7 +503,7 @@ func mysqlInsertChunk(rows []Row) int {
 
 // mysqlInsertRows writes outbox rows whose keys, if any, are reserved: a plain INSERT, so
 // every error surfaces.
-func mysqlInsertRows(ctx context.Context, q DBTX, t Table, rows []Row) error {
+func mysqlInsertRows(ctx context.Context, q dialect.DBTX, t dialect.Table, rows []dialect.Row) error {
 	shape := shapeOf(rows)
 	vals := make([]any, 0, len(rows)*len(insertColumns))
 	for i := range rows {
@@ -516,28 +529,28 @@ const (
 	mysqlDue     = `status = 'pending' AND next_attempt_at <= UTC_TIMESTAMP(6)`
 )
 
-func (d mysqlDialect) Claim(ctx context.Context, db *sql.DB, t Table, p ClaimParams) ([]Record, error) {
+func (d mysqlDialect) Claim(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.ClaimParams) ([]Record, error) {
 	if p.Limit <= 0 {
 		return nil, nil
 	}
-	_, recs, err := d.CompleteAndClaim(ctx, db, t, nil, p)
+	recs, _, err := d.CompleteAndClaim(ctx, db, t, nil, p)
 	return recs, err
 }
 
-// CompleteAndClaim implements [SettleClaimer]: Complete's statement runs first in the
+// CompleteAndClaim implements [dialect.SettleClaimer]: Complete's statement runs first in the
 // claim's transaction, so the claim sees the settled rows as they now are (an ordered
 // claim sees the keys they released) and both commit at once. The settle locks only rows
 // this worker holds, by primary key; the claim's locking reads skip locked rows and never
 // wait, so the longer hold adds no lock wait to anyone's claim. A deadlock or lock wait
 // timeout retries the whole transaction, settle included, as it does a claim.
-func (d mysqlDialect) CompleteAndClaim(ctx context.Context, db *sql.DB, t Table, outcomes []Outcome, p ClaimParams) ([]uuid.UUID, []Record, error) {
+func (d mysqlDialect) CompleteAndClaim(ctx context.Context, db *sql.DB, t dialect.Table, outcomes []Outcome, p dialect.ClaimParams) ([]Record, []uuid.UUID, error) {
 	for try := 1; ; try++ {
 		lost, recs, err := d.claim(ctx, db, t, outcomes, p)
 		if err == nil || try == mysqlTries || !mysqlRetryable(err) {
 			if err != nil && try > 1 {
 				err = fmt.Errorf("after %d tries: %w", try, err)
 			}
-			return lost, recs, err
+			return recs, lost, err
 		}
 		if err := mysqlPause(ctx, try); err != nil {
 			return nil, nil, err
@@ -546,7 +559,7 @@ func (d mysqlDialect) CompleteAndClaim(ctx context.Context, db *sql.DB, t Table,
 }
 
 // claim runs one claim transaction, which settles outcomes first.
-func (d mysqlDialect) claim(ctx context.Context, db *sql.DB, t Table, outcomes []Outcome, p ClaimParams) (lost []uuid.UUID, _ []Record, _ error) {
+func (d mysqlDialect) claim(ctx context.Context, db *sql.DB, t dialect.Table, outcomes []Outcome, p dialect.ClaimParams) (lost []uuid.UUID, _ []Record, _ error) {
 	tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
 		return nil, nil, err
@@ -581,8 +594,8 @@ func (d mysqlDialect) claim(ctx context.Context, db *sql.DB, t Table, outcomes [
 			a := &args{}
 			more, now2, err = mysqlLockRecords(ctx, tx, `SELECT `+mysqlClaimColumns+
 				` FROM `+mysqlTable(t)+` FORCE INDEX (`+quoteIdent(t.Index("claim"), '`')+`)`+
-				` WHERE `+mysqlDue+` AND attempts < `+a.add(p.MaxAttempts)+scopeSQL(a, p.Scope, "", uuidBytes)+
-				` ORDER BY created_at, id LIMIT `+a.add(p.Limit-len(recs))+` FOR UPDATE SKIP LOCKED`, a.vals)
+				` WHERE `+mysqlDue+` AND attempts < `+a.Add(p.MaxAttempts)+scopeSQL(a, p.Scope, "", uuidBytes)+
+				` ORDER BY created_at, id LIMIT `+a.Add(p.Limit-len(recs))+` FOR UPDATE SKIP LOCKED`, a.Values)
 		}
 		if err != nil {
 			return nil, nil, err
@@ -603,11 +616,11 @@ func (d mysqlDialect) claim(ctx context.Context, db *sql.DB, t Table, outcomes [
 	until := now + micros(p.Lease)
 	a := &args{}
 	var b strings.Builder
-	b.WriteString(`UPDATE ` + mysqlTable(t) + ` FORCE INDEX (PRIMARY) SET status = 'processing', attempts = attempts + 1, locked_by = ` + a.add(p.WorkerID) +
-		`, locked_until = ` + mysqlFromMicros(a.add(until)) + `, lease_token = ` + a.add(uuidBytes(p.Token)) +
-		`, updated_at = ` + mysqlFromMicros(a.add(now)) +
-		` WHERE id IN ` + a.list(len(recs), func(i int) any { return uuidBytes(recs[i].ID) }))
-	res, err := tx.ExecContext(ctx, b.String(), a.vals...)
+	b.WriteString(`UPDATE ` + mysqlTable(t) + ` FORCE INDEX (PRIMARY) SET status = 'processing', attempts = attempts + 1, locked_by = ` + a.Add(p.WorkerID) +
+		`, locked_until = ` + mysqlFromMicros(a.Add(until)) + `, lease_token = ` + a.Add(uuidBytes(p.Token)) +
+		`, updated_at = ` + mysqlFromMicros(a.Add(now)) +
+		` WHERE id IN ` + a.List(len(recs), func(i int) any { return uuidBytes(recs[i].ID) }))
+	res, err := tx.ExecContext(ctx, b.String(), a.Values...)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -644,7 +657,7 @@ func (d mysqlDialect) claim(ctx context.Context, db *sql.DB, t Table, outcomes [
 // index entry of every row in flight (all processing rows, expired or not) before their
 // primary key, the opposite order of the acks that settle them (primary key, then index
 // entry), and deadlock with them; usually there is nothing expired and no lock at all.
-func mysqlReclaim(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams) ([]Record, int64, error) {
+func mysqlReclaim(ctx context.Context, tx *sql.Tx, t dialect.Table, p dialect.ClaimParams) ([]Record, int64, error) {
 	return mysqlFindThenLock(ctx, tx, t, p, mysqlExpired, p.Limit)
 }
 
@@ -652,7 +665,7 @@ func mysqlReclaim(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams) ([]Re
 // mysqlDue) with a plain read of the claim index in claim order (mysqlFind), then locks
 // those that still match by primary key, FOR UPDATE SKIP LOCKED, and returns them with the
 // clock.
-func mysqlFindThenLock(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, pred string, limit int) ([]Record, int64, error) {
+func mysqlFindThenLock(ctx context.Context, tx *sql.Tx, t dialect.Table, p dialect.ClaimParams, pred string, limit int) ([]Record, int64, error) {
 	ids, err := mysqlFind(ctx, tx, t, p, pred, limit, nil)
 	if err != nil {
 		return nil, 0, err
@@ -663,21 +676,21 @@ func mysqlFindThenLock(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, 
 // mysqlFind returns the ids of up to limit rows in scope matching pred, in claim order,
 // read from the claim index without locking. bound, when not nil, renders one more term of
 // the read.
-func mysqlFind(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, pred string, limit int, bound func(a *args) string) ([]uuid.UUID, error) {
+func mysqlFind(ctx context.Context, tx *sql.Tx, t dialect.Table, p dialect.ClaimParams, pred string, limit int, bound func(a *args) string) ([]uuid.UUID, error) {
 	a := &args{}
-	where := pred + ` AND attempts < ` + a.add(p.MaxAttempts) + scopeSQL(a, p.Scope, "", uuidBytes) + mysqlOrdered(t, p)
+	where := pred + ` AND attempts < ` + a.Add(p.MaxAttempts) + scopeSQL(a, p.Scope, "", uuidBytes) + mysqlOrdered(t, p)
 	if bound != nil {
 		where += bound(a)
 	}
 	return queryIDs(ctx, tx, `SELECT id FROM `+mysqlTable(t)+` FORCE INDEX (`+quoteIdent(t.Index("claim"), '`')+`)`+
-		` WHERE `+where+` ORDER BY created_at, id LIMIT `+a.add(limit), a.vals...)
+		` WHERE `+where+` ORDER BY created_at, id LIMIT `+a.Add(limit), a.Values...)
 }
 
 // mysqlLock locks the rows of ids that still match pred by primary key, FOR UPDATE SKIP
 // LOCKED, and returns them with the clock. With limit > 0 it locks at most limit of them,
 // the first by id: the read goes through the primary key in id order and stops there, so
 // it locks no more.
-func mysqlLock(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, pred string, ids []uuid.UUID, limit int) ([]Record, int64, error) {
+func mysqlLock(ctx context.Context, tx *sql.Tx, t dialect.Table, p dialect.ClaimParams, pred string, ids []uuid.UUID, limit int) ([]Record, int64, error) {
 	if len(ids) == 0 {
 		return nil, 0, nil
 	}
@@ -685,15 +698,15 @@ func mysqlLock(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, pred str
 	a := &args{}
 	var b strings.Builder
 	b.WriteString(`SELECT ` + mysqlClaimColumns + ` FROM ` + tbl +
-		` FORCE INDEX (PRIMARY) WHERE id IN ` + a.list(len(ids), func(i int) any { return uuidBytes(ids[i]) }))
+		` FORCE INDEX (PRIMARY) WHERE id IN ` + a.List(len(ids), func(i int) any { return uuidBytes(ids[i]) }))
 	// The predicate again: the plain read saw the last committed state, the locking read
 	// sees the current one.
-	b.WriteString(` AND ` + pred + ` AND attempts < ` + a.add(p.MaxAttempts))
+	b.WriteString(` AND ` + pred + ` AND attempts < ` + a.Add(p.MaxAttempts))
 	if limit > 0 && limit < len(ids) {
-		b.WriteString(` ORDER BY id LIMIT ` + a.add(limit))
+		b.WriteString(` ORDER BY id LIMIT ` + a.Add(limit))
 	}
 	b.WriteString(` FOR UPDATE SKIP LOCKED`)
-	return mysqlLockRecords(ctx, tx, b.String(), a.vals)
+	return mysqlLockRecords(ctx, tx, b.String(), a.Values)
 }
 
 // mysqlLockRecords runs a locking read whose select list is mysqlClaimColumns, and returns
@@ -789,7 +802,7 @@ func mysqlPause(ctx context.Context, try int) error {
 // is a *sql.DB: in autocommit mode the server rolled back exactly that statement. On a
 // caller's transaction (or a *sql.Conn, which may be in one) the error is returned, since
 // a deadlock rolls back the whole transaction.
-func mysqlExec(ctx context.Context, q DBTX, query string, args ...any) (sql.Result, error) {
+func mysqlExec(ctx context.Context, q dialect.DBTX, query string, args ...any) (sql.Result, error) {
 	_, pool := q.(*sql.DB)
 	for try := 1; ; try++ {
 		res, err := q.ExecContext(ctx, query, args...)
@@ -828,7 +841,7 @@ func mysqlAlias(first bool, name string) string {
 	return ``
 }
 
-func (mysqlDialect) Complete(ctx context.Context, q DBTX, t Table, outcomes []Outcome) ([]uuid.UUID, error) {
+func (mysqlDialect) Complete(ctx context.Context, q dialect.DBTX, t dialect.Table, outcomes []Outcome) ([]uuid.UUID, error) {
 	if len(outcomes) == 0 {
 		return nil, nil
 	}
@@ -838,9 +851,9 @@ func (mysqlDialect) Complete(ctx context.Context, q DBTX, t Table, outcomes []Ou
 	if token, ok := uniformAck(outcomes); ok {
 		b.WriteString(`UPDATE ` + tbl + ` FORCE INDEX (PRIMARY) SET status = 'delivered', delivered_at = UTC_TIMESTAMP(6),` +
 			` locked_by = NULL, locked_until = NULL, updated_at = UTC_TIMESTAMP(6)` +
-			` WHERE id IN ` + a.list(len(outcomes), func(i int) any { return uuidBytes(outcomes[i].ID) }) + ` AND lease_token = ` + a.add(uuidBytes(token)) +
+			` WHERE id IN ` + a.List(len(outcomes), func(i int) any { return uuidBytes(outcomes[i].ID) }) + ` AND lease_token = ` + a.Add(uuidBytes(token)) +
 			` AND status = 'processing'`)
-		return mysqlSettled(ctx, q, t, outcomes, b.String(), a.vals)
+		return mysqlSettled(ctx, q, t, outcomes, b.String(), a.Values)
 	}
 	b.WriteString(`UPDATE `)
 	mysqlLeaseJoin(&b, tbl, len(outcomes), func(i int, first bool) string {
@@ -849,12 +862,12 @@ func (mysqlDialect) Complete(ctx context.Context, q DBTX, t Table, outcomes []Ou
 		if o.RefundAttempt {
 			refund = 1
 		}
-		return `CAST(` + a.add(uuidBytes(o.ID)) + ` AS BINARY(16))` + mysqlAlias(first, "o_id") +
-			`, CAST(` + a.add(uuidBytes(o.Token)) + ` AS BINARY(16))` + mysqlAlias(first, "o_token") +
-			`, CAST(` + a.add(string(o.Status)) + ` AS CHAR(10))` + mysqlAlias(first, "o_status") +
-			`, CAST(` + a.add(micros(o.Delay)) + ` AS SIGNED)` + mysqlAlias(first, "o_delay") +
-			`, CAST(` + a.add(o.Error) + ` AS CHAR(1024))` + mysqlAlias(first, "o_error") +
-			`, CAST(` + a.add(refund) + ` AS SIGNED)` + mysqlAlias(first, "o_refund")
+		return `CAST(` + a.Add(uuidBytes(o.ID)) + ` AS BINARY(16))` + mysqlAlias(first, "o_id") +
+			`, CAST(` + a.Add(uuidBytes(o.Token)) + ` AS BINARY(16))` + mysqlAlias(first, "o_token") +
+			`, CAST(` + a.Add(string(o.Status)) + ` AS CHAR(10))` + mysqlAlias(first, "o_status") +
+			`, CAST(` + a.Add(micros(o.Delay)) + ` AS SIGNED)` + mysqlAlias(first, "o_delay") +
+			`, CAST(` + a.Add(o.Error) + ` AS CHAR(1024))` + mysqlAlias(first, "o_error") +
+			`, CAST(` + a.Add(refund) + ` AS SIGNED)` + mysqlAlias(first, "o_refund")
 	})
 	// In a multiple-table UPDATE the server may apply assignments in any order, so none
 	// reads a column that another one writes.
@@ -865,11 +878,11 @@ func (mysqlDialect) Complete(ctx context.Context, q DBTX, t Table, outcomes []Ou
 		` t.attempts = GREATEST(t.attempts - u.o_refund, 0),` +
 		` t.locked_by = NULL, t.locked_until = NULL, t.updated_at = UTC_TIMESTAMP(6)` +
 		` WHERE t.status = 'processing'`)
-	return mysqlSettled(ctx, q, t, outcomes, b.String(), a.vals)
+	return mysqlSettled(ctx, q, t, outcomes, b.String(), a.Values)
 }
 
 // mysqlSettled runs a Complete statement and returns the leases it could not apply.
-func mysqlSettled(ctx context.Context, q DBTX, t Table, outcomes []Outcome, query string, vals []any) ([]uuid.UUID, error) {
+func mysqlSettled(ctx context.Context, q dialect.DBTX, t dialect.Table, outcomes []Outcome, query string, vals []any) ([]uuid.UUID, error) {
 	res, err := mysqlExec(ctx, q, query, vals...)
 	if err != nil {
 		return nil, err
@@ -878,12 +891,12 @@ func mysqlSettled(ctx context.Context, q DBTX, t Table, outcomes []Outcome, quer
 	if err != nil {
 		return nil, err
 	}
-	leases := leasesOf(outcomes)
+	leases := dialect.Leases(outcomes)
 	switch {
 	case n >= int64(len(outcomes)):
 		return nil, nil
 	case n == 0: // every applied row changes status, so 0 means none was applied
-		return missing(leases, nil), nil
+		return dialect.Lost(leases, nil), nil
 	}
 	// Some were applied. Without RETURNING, find them: a row this statement settled still
 	// carries the outcome's token and is no longer processing. A row of the same claim
@@ -911,10 +924,10 @@ func mysqlSettled(ctx context.Context, q DBTX, t Table, outcomes []Outcome, quer
 			applied = append(applied, r.id)
 		}
 	}
-	return missing(leases, applied), nil
+	return dialect.Lost(leases, applied), nil
 }
 
-func (mysqlDialect) Extend(ctx context.Context, q DBTX, t Table, p ExtendParams) ([]uuid.UUID, error) {
+func (mysqlDialect) Extend(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ExtendParams) ([]uuid.UUID, error) {
 	if len(p.Leases) == 0 {
 		return nil, nil
 	}
@@ -923,12 +936,12 @@ func (mysqlDialect) Extend(ctx context.Context, q DBTX, t Table, p ExtendParams)
 	b.WriteString(`UPDATE `)
 	mysqlLeaseJoin(&b, mysqlTable(t), len(p.Leases), func(i int, first bool) string {
 		l := &p.Leases[i]
-		return `CAST(` + a.add(uuidBytes(l.ID)) + ` AS BINARY(16))` + mysqlAlias(first, "o_id") +
-			`, CAST(` + a.add(uuidBytes(l.Token)) + ` AS BINARY(16))` + mysqlAlias(first, "o_token")
+		return `CAST(` + a.Add(uuidBytes(l.ID)) + ` AS BINARY(16))` + mysqlAlias(first, "o_id") +
+			`, CAST(` + a.Add(uuidBytes(l.Token)) + ` AS BINARY(16))` + mysqlAlias(first, "o_token")
 	})
-	b.WriteString(` SET t.locked_until = ` + mysqlLater(a.add(micros(p.Lease))) + `, t.updated_at = UTC_TIMESTAMP(6)` +
+	b.WriteString(` SET t.locked_until = ` + mysqlLater(a.Add(micros(p.Lease))) + `, t.updated_at = UTC_TIMESTAMP(6)` +
 		` WHERE t.status = 'processing'`)
-	res, err := mysqlExec(ctx, q, b.String(), a.vals...)
+	res, err := mysqlExec(ctx, q, b.String(), a.Values...)
 	if err != nil {
 		return nil, err
 	}
@@ -952,7 +965,7 @@ func (mysqlDialect) Extend(ctx context.Context, q DBTX, t Table, p ExtendParams)
 			held = append(held, r.id)
 		}
 	}
-	return missing(p.Leases, held), nil
+	return dialect.Lost(p.Leases, held), nil
 }
 
 // mysqlLeaseRow is the lease state of one row, read after a Complete or Extend that did
@@ -977,12 +990,12 @@ func (r mysqlLeaseRow) heldUnder(set map[Lease]bool) bool {
 	return set[Lease{ID: r.id, Token: r.token}]
 }
 
-func mysqlLeaseRows(ctx context.Context, q DBTX, t Table, leases []Lease) ([]mysqlLeaseRow, error) {
+func mysqlLeaseRows(ctx context.Context, q dialect.DBTX, t dialect.Table, leases []Lease) ([]mysqlLeaseRow, error) {
 	a := &args{}
 	var b strings.Builder
 	b.WriteString(`SELECT id, lease_token, status, ` + mysqlMicros(`updated_at`) + ` FROM ` + mysqlTable(t) +
-		` WHERE id IN ` + a.list(len(leases), func(i int) any { return uuidBytes(leases[i].ID) }))
-	rows, err := q.QueryContext(ctx, b.String(), a.vals...)
+		` WHERE id IN ` + a.List(len(leases), func(i int) any { return uuidBytes(leases[i].ID) }))
+	rows, err := q.QueryContext(ctx, b.String(), a.Values...)
 	if err != nil {
 		return nil, err
 	}
@@ -1011,7 +1024,7 @@ func mysqlLeaseRows(ctx context.Context, q DBTX, t Table, leases []Lease) ([]mys
 // scans across the pending set (next-key locks at the default REPEATABLE READ, blocking
 // enqueues), and finding its rows afterwards by lease_token, which has no index, would
 // scan the table.
-func (mysqlDialect) Bury(ctx context.Context, q DBTX, t Table, p BuryParams) ([]uuid.UUID, error) {
+func (mysqlDialect) Bury(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.BuryParams) ([]uuid.UUID, error) {
 	if p.Limit <= 0 {
 		return nil, nil
 	}
@@ -1019,18 +1032,18 @@ func (mysqlDialect) Bury(ctx context.Context, q DBTX, t Table, p BuryParams) ([]
 	a := &args{}
 	now := func() string { return `UTC_TIMESTAMP(6)` }
 	ids, err := queryIDs(ctx, q, `SELECT id FROM `+tbl+` FORCE INDEX (`+quoteIdent(t.Index("claim"), '`')+`) WHERE `+
-		buryCandidates(a, p, now, uuidBytes, "")+` ORDER BY created_at, id LIMIT `+a.add(p.Limit), a.vals...)
+		buryCandidates(a, p, now, uuidBytes, "")+` ORDER BY created_at, id LIMIT `+a.Add(p.Limit), a.Values...)
 	if err != nil || len(ids) == 0 {
 		return nil, err
 	}
 	a = &args{}
 	var b strings.Builder
-	b.WriteString(`UPDATE ` + tbl + ` FORCE INDEX (PRIMARY) SET status = 'dead', last_error = ` + a.add(p.Reason) +
-		`, locked_by = NULL, locked_until = NULL, lease_token = ` + a.add(uuidBytes(p.Token)) +
+	b.WriteString(`UPDATE ` + tbl + ` FORCE INDEX (PRIMARY) SET status = 'dead', last_error = ` + a.Add(p.Reason) +
+		`, locked_by = NULL, locked_until = NULL, lease_token = ` + a.Add(uuidBytes(p.Token)) +
 		`, updated_at = UTC_TIMESTAMP(6) WHERE id IN `)
-	inList := func(a *args) string { return a.list(len(ids), func(i int) any { return uuidBytes(ids[i]) }) }
-	b.WriteString(inList(a) + ` AND ` + buryCandidates(a, BuryParams{MaxAttempts: p.MaxAttempts, ExpiredOnly: p.ExpiredOnly}, now, uuidBytes, ""))
-	res, err := mysqlExec(ctx, q, b.String(), a.vals...)
+	inList := func(a *args) string { return a.List(len(ids), func(i int) any { return uuidBytes(ids[i]) }) }
+	b.WriteString(inList(a) + ` AND ` + buryCandidates(a, dialect.BuryParams{MaxAttempts: p.MaxAttempts, ExpiredOnly: p.ExpiredOnly}, now, uuidBytes, ""))
+	res, err := mysqlExec(ctx, q, b.String(), a.Values...)
 	if err != nil {
 		return nil, err
 	}
@@ -1043,10 +1056,10 @@ func (mysqlDialect) Bury(ctx context.Context, q DBTX, t Table, p BuryParams) ([]
 	}
 	a = &args{}
 	b.Reset()
-	b.WriteString(`SELECT id FROM ` + tbl + ` WHERE id IN ` + inList(a) + ` AND lease_token = ` + a.add(uuidBytes(p.Token)) + ` ORDER BY created_at, id`)
-	return queryIDs(ctx, q, b.String(), a.vals...)
+	b.WriteString(`SELECT id FROM ` + tbl + ` WHERE id IN ` + inList(a) + ` AND lease_token = ` + a.Add(uuidBytes(p.Token)) + ` ORDER BY created_at, id`)
+	return queryIDs(ctx, q, b.String(), a.Values...)
 }
 
-func (mysqlDialect) Get(ctx context.Context, q DBTX, t Table, id uuid.UUID) (Record, error) {
+func (mysqlDialect) Get(ctx context.Context, q dialect.DBTX, t dialect.Table, id uuid.UUID) (Record, error) {
 	return getRecord(q.QueryRowContext(ctx, `SELECT `+mysqlColumns+` FROM `+mysqlTable(t)+` WHERE id = ?`, uuidBytes(id)))
 }

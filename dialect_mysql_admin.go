@@ -8,18 +8,15 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-)
 
-var (
-	_ AdminDialect     = mysqlDialect{}
-	_ RetentionDialect = mysqlDialect{}
+	"github.com/outboxgo/outbox/dialect"
 )
 
 // mysqlAt binds a time as Unix microseconds, compared as a DATETIME(6) in UTC.
-func mysqlAt(a *args, t time.Time) string { return mysqlFromMicros(a.add(t.UnixMicro())) }
+func mysqlAt(a *args, t time.Time) string { return mysqlFromMicros(a.Add(t.UnixMicro())) }
 
 // mysqlIndex renders FORCE INDEX for one of the table's named indexes.
-func mysqlIndex(t Table, purpose string) string {
+func mysqlIndex(t dialect.Table, purpose string) string {
 	return ` FORCE INDEX (` + quoteIdent(t.Index(purpose), '`') + `)`
 }
 
@@ -30,7 +27,7 @@ func mysqlIndex(t Table, purpose string) string {
 // rows counted. An exact COUNT(*) of a million
 // delivered rows reads every index entry (0.2 to 0.6 s here), and the optimizer's estimate
 // for the index range is no help: InnoDB caps a range estimate at half the table.
-func (mysqlDialect) Stats(ctx context.Context, q DBTX, t Table, p StatsParams) (StatsSample, error) {
+func (mysqlDialect) Stats(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.StatsParams) (dialect.StatsSample, error) {
 	tbl := mysqlTable(t)
 	due := `status = 'pending' AND next_attempt_at <= UTC_TIMESTAMP(6)`
 	la, da := &args{}, &args{}
@@ -51,17 +48,17 @@ func (mysqlDialect) Stats(ctx context.Context, q DBTX, t Table, p StatsParams) (
 			return n - counted, err
 		},
 	}
-	r.liveArgs, r.deadArgs = la.vals, da.vals
+	r.liveArgs, r.deadArgs = la.Values, da.Values
 	return runStatsReads(ctx, q, p.Scope, p.DeliveredSample, r)
 }
 
 // ListDead walks the retention index (status, updated_at), whose entries end with the
 // primary key, so (updated_at, id) descending is the index order: no sort.
-func (mysqlDialect) ListDead(ctx context.Context, q DBTX, t Table, p ListDeadParams) ([]Record, error) {
+func (mysqlDialect) ListDead(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ListDeadParams) ([]Record, error) {
 	a := &args{}
 	query := `SELECT ` + mysqlColumns + ` FROM ` + mysqlTable(t) + mysqlIndex(t, "retention") +
-		` WHERE ` + deadWhere(a, p, mysqlAt, uuidBytes, mysqlContains) + ` ORDER BY updated_at DESC, id DESC LIMIT ` + a.add(p.Limit)
-	return queryAll(ctx, q, query, a.vals, scanRecord)
+		` WHERE ` + deadWhere(a, p, mysqlAt, uuidBytes, mysqlContains) + ` ORDER BY updated_at DESC, id DESC LIMIT ` + a.Add(p.Limit)
+	return queryAll(ctx, q, query, a.Values, scanRecord)
 }
 
 // mysqlInTx runs fn in a READ COMMITTED transaction on db (no gap locks, as for a claim),
@@ -93,15 +90,15 @@ func mysqlInTx[T any](ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) (T, e
 // Replay updates the dead rows by primary key and, when not every id was dead, reads back
 // which rows carry the replay's fresh token, in the same transaction: the rows it changed
 // stay locked until the commit, so no claim can have moved them in between.
-func (mysqlDialect) Replay(ctx context.Context, db *sql.DB, t Table, p ReplayParams) ([]uuid.UUID, error) {
+func (mysqlDialect) Replay(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.ReplayParams) ([]uuid.UUID, error) {
 	tbl := mysqlTable(t)
 	return mysqlInTx(ctx, db, func(tx *sql.Tx) ([]uuid.UUID, error) {
 		a := &args{}
-		token := a.add(uuidBytes(p.Token))
-		in := a.list(len(p.IDs), func(i int) any { return uuidBytes(p.IDs[i]) })
+		token := a.Add(uuidBytes(p.Token))
+		in := a.List(len(p.IDs), func(i int) any { return uuidBytes(p.IDs[i]) })
 		res, err := tx.ExecContext(ctx, `UPDATE `+tbl+` FORCE INDEX (PRIMARY) SET status = 'pending', attempts = 0,`+
 			` next_attempt_at = UTC_TIMESTAMP(6), locked_by = NULL, locked_until = NULL, lease_token = `+token+
-			`, replays = replays + 1, updated_at = UTC_TIMESTAMP(6) WHERE id IN `+in+` AND status = 'dead'`, a.vals...)
+			`, replays = replays + 1, updated_at = UTC_TIMESTAMP(6) WHERE id IN `+in+` AND status = 'dead'`, a.Values...)
 		if err != nil {
 			return nil, err
 		}
@@ -115,8 +112,8 @@ func (mysqlDialect) Replay(ctx context.Context, db *sql.DB, t Table, p ReplayPar
 			return p.IDs, nil
 		}
 		a = &args{}
-		return queryIDs(ctx, tx, `SELECT id FROM `+tbl+` WHERE id IN `+a.list(len(p.IDs), func(i int) any { return uuidBytes(p.IDs[i]) })+
-			` AND lease_token = `+a.add(uuidBytes(p.Token))+` AND status = 'pending'`, a.vals...)
+		return queryIDs(ctx, tx, `SELECT id FROM `+tbl+` WHERE id IN `+a.List(len(p.IDs), func(i int) any { return uuidBytes(p.IDs[i]) })+
+			` AND lease_token = `+a.Add(uuidBytes(p.Token))+` AND status = 'pending'`, a.Values...)
 	})
 }
 
@@ -137,13 +134,13 @@ func mysqlLockDoomed(ctx context.Context, tx *sql.Tx, query string, vals []any) 
 
 // mysqlDelete deletes locked rows and the dedupe keys they hold, in tx. A key is deleted
 // only while it still names the deleted row's id.
-func mysqlDelete(ctx context.Context, tx *sql.Tx, t Table, rows []mysqlDoomed) error {
+func mysqlDelete(ctx context.Context, tx *sql.Tx, t dialect.Table, rows []mysqlDoomed) error {
 	if len(rows) == 0 {
 		return nil
 	}
 	a := &args{}
 	if _, err := tx.ExecContext(ctx, `DELETE FROM `+mysqlTable(t)+` WHERE id IN `+
-		a.list(len(rows), func(i int) any { return uuidBytes(rows[i].id) }), a.vals...); err != nil {
+		a.List(len(rows), func(i int) any { return uuidBytes(rows[i].id) }), a.Values...); err != nil {
 		return err
 	}
 	a = &args{}
@@ -155,13 +152,13 @@ func mysqlDelete(ctx context.Context, tx *sql.Tx, t Table, rows []mysqlDoomed) e
 		if b.Len() > 0 {
 			b.WriteString(` OR `)
 		}
-		b.WriteString(`(namespace = ` + a.add(r.namespace) + ` AND topic = ` + a.add(r.topic) +
-			` AND dedupe_key = ` + a.add(r.dedupeKey.String) + ` AND id = ` + a.add(uuidBytes(r.id)) + `)`)
+		b.WriteString(`(namespace = ` + a.Add(r.namespace) + ` AND topic = ` + a.Add(r.topic) +
+			` AND dedupe_key = ` + a.Add(r.dedupeKey.String) + ` AND id = ` + a.Add(uuidBytes(r.id)) + `)`)
 	}
 	if b.Len() == 0 {
 		return nil
 	}
-	_, err := tx.ExecContext(ctx, `DELETE FROM `+mysqlDedupeTable(t)+` WHERE `+b.String(), a.vals...)
+	_, err := tx.ExecContext(ctx, `DELETE FROM `+mysqlDedupeTable(t)+` WHERE `+b.String(), a.Values...)
 	return err
 }
 
@@ -175,11 +172,11 @@ func mysqlDoomedIDs(rows []mysqlDoomed) []uuid.UUID {
 
 // Discard locks the dead rows among the ids by primary key, then deletes them and their
 // dedupe keys, in one transaction.
-func (mysqlDialect) Discard(ctx context.Context, db *sql.DB, t Table, p DiscardParams) ([]uuid.UUID, error) {
+func (mysqlDialect) Discard(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.DiscardParams) ([]uuid.UUID, error) {
 	return mysqlInTx(ctx, db, func(tx *sql.Tx) ([]uuid.UUID, error) {
 		a := &args{}
 		rows, err := mysqlLockDoomed(ctx, tx, `SELECT id, namespace, topic, dedupe_key FROM `+mysqlTable(t)+` FORCE INDEX (PRIMARY)`+
-			` WHERE id IN `+a.list(len(p.IDs), func(i int) any { return uuidBytes(p.IDs[i]) })+` AND status = 'dead' FOR UPDATE`, a.vals)
+			` WHERE id IN `+a.List(len(p.IDs), func(i int) any { return uuidBytes(p.IDs[i]) })+` AND status = 'dead' FOR UPDATE`, a.Values)
 		if err != nil {
 			return nil, err
 		}
@@ -190,7 +187,7 @@ func (mysqlDialect) Discard(ctx context.Context, db *sql.DB, t Table, p DiscardP
 // Purge locks the oldest rows of the status through the retention index with SKIP LOCKED
 // (concurrent purgers take different rows, and none waits on a claim or an ack), then
 // deletes them and their dedupe keys by primary key, in one short transaction.
-func (mysqlDialect) Purge(ctx context.Context, db *sql.DB, t Table, p PurgeParams) (int64, error) {
+func (mysqlDialect) Purge(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.PurgeParams) (int64, error) {
 	if p.Status != StatusDelivered && p.Status != StatusDead {
 		return 0, fmt.Errorf("purge of %q rows: only delivered and dead rows may be purged", p.Status)
 	}
@@ -204,7 +201,7 @@ func (mysqlDialect) Purge(ctx context.Context, db *sql.DB, t Table, p PurgeParam
 }
 
 // mysqlPurgeSQL renders the locking read of one purge batch.
-func mysqlPurgeSQL(t Table, status Status) string {
+func mysqlPurgeSQL(t dialect.Table, status Status) string {
 	return `SELECT id, namespace, topic, dedupe_key FROM ` + mysqlTable(t) + mysqlIndex(t, "retention") +
 		` WHERE status = '` + string(status) + `' AND updated_at < DATE_SUB(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND)` +
 		` ORDER BY updated_at LIMIT ? FOR UPDATE SKIP LOCKED`

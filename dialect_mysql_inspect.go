@@ -3,9 +3,9 @@ package outbox
 import (
 	"context"
 	"time"
-)
 
-var _ InspectDialect = mysqlDialect{}
+	"github.com/outboxgo/outbox/dialect"
+)
 
 // mysqlContains tests last_error for a substring; the table's binary collation makes it
 // case-sensitive, with no pattern syntax.
@@ -13,45 +13,45 @@ func mysqlContains(ph string) string { return `LOCATE(` + ph + `, last_error) > 
 
 // mysqlDeadGroupsSQL renders DeadGroups' two reads over the retention index (status,
 // updated_at).
-func mysqlDeadGroupsSQL(t Table, p DeadGroupsParams) (groups, total string, gargs, targs []any) {
+func mysqlDeadGroupsSQL(t dialect.Table, p dialect.DeadGroupsParams) (groups, total string, gargs, targs []any) {
 	from := mysqlTable(t) + mysqlIndex(t, "retention")
 	ga, ta := &args{}, &args{}
-	gw := deadWhere(ga, ListDeadParams{DeadFilter: p.DeadFilter}, mysqlAt, uuidBytes, mysqlContains)
+	gw := deadWhere(ga, dialect.ListDeadParams{DeadFilter: p.DeadFilter}, mysqlAt, uuidBytes, mysqlContains)
 	groups = `SELECT COALESCE(last_error, ''), COUNT(*), ` + mysqlMicros(`MIN(updated_at)`) + `, ` + mysqlMicros(`MAX(updated_at)`) +
-		` FROM ` + from + ` WHERE ` + gw + ` GROUP BY COALESCE(last_error, '') ORDER BY COUNT(*) DESC, COALESCE(last_error, '') LIMIT ` + ga.add(p.Limit)
+		` FROM ` + from + ` WHERE ` + gw + ` GROUP BY COALESCE(last_error, '') ORDER BY COUNT(*) DESC, COALESCE(last_error, '') LIMIT ` + ga.Add(p.Limit)
 	total = `SELECT COUNT(*), ` + mysqlMicros(`MAX(updated_at)`) + ` FROM ` + from + ` WHERE ` +
-		deadWhere(ta, ListDeadParams{DeadFilter: p.DeadFilter}, mysqlAt, uuidBytes, mysqlContains)
-	return groups, total, ga.vals, ta.vals
+		deadWhere(ta, dialect.ListDeadParams{DeadFilter: p.DeadFilter}, mysqlAt, uuidBytes, mysqlContains)
+	return groups, total, ga.Values, ta.Values
 }
 
-func (mysqlDialect) DeadGroups(ctx context.Context, q DBTX, t Table, p DeadGroupsParams) (DeadGroups, error) {
+func (mysqlDialect) DeadGroups(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.DeadGroupsParams) (DeadGroups, error) {
 	groups, total, gargs, targs := mysqlDeadGroupsSQL(t, p)
 	return runDeadGroups(ctx, q, groups, total, gargs, targs)
 }
 
 // mysqlActivitySQL renders the read of one status's most recent rows, per minute of Unix
 // time, a backward range of the retention index.
-func mysqlActivitySQL(t Table, status Status) string {
+func mysqlActivitySQL(t dialect.Table, status Status) string {
 	return `SELECT ` + mysqlMicros(`updated_at`) + ` DIV 60000000, COUNT(*) FROM (SELECT updated_at FROM ` + mysqlTable(t) + mysqlIndex(t, "retention") +
 		` WHERE status = '` + string(status) + `' AND updated_at >= DATE_SUB(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND)` +
 		` ORDER BY updated_at DESC LIMIT ?) s GROUP BY 1`
 }
 
-func (mysqlDialect) Activity(ctx context.Context, q DBTX, t Table, p ActivityParams) (ActivitySample, error) {
+func (mysqlDialect) Activity(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ActivityParams) (dialect.ActivitySample, error) {
 	var now int64
 	if err := q.QueryRowContext(ctx, `SELECT `+mysqlMicros(`UTC_TIMESTAMP(6)`)).Scan(&now); err != nil {
-		return ActivitySample{}, err
+		return dialect.ActivitySample{}, err
 	}
 	return runActivity(ctx, q, time.UnixMicro(now), func(s Status) string { return mysqlActivitySQL(t, s) }, micros(p.Window), p.Limit)
 }
 
 // mysqlDedupeKeySQL finds the key in <table>_dedupe by its primary key, then the row by
 // its primary key.
-func mysqlDedupeKeySQL(t Table) string {
+func mysqlDedupeKeySQL(t dialect.Table) string {
 	return `SELECT ` + mysqlColumns + ` FROM ` + mysqlTable(t) + ` WHERE id = (SELECT id FROM ` + mysqlDedupeTable(t) +
 		` WHERE namespace = ? AND topic = ? AND dedupe_key = ?)`
 }
 
-func (mysqlDialect) GetByDedupeKey(ctx context.Context, q DBTX, t Table, p DedupeKeyParams) (Record, error) {
+func (mysqlDialect) GetByDedupeKey(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.DedupeKeyParams) (Record, error) {
 	return getRecord(q.QueryRowContext(ctx, mysqlDedupeKeySQL(t), p.Namespace, p.Topic, p.DedupeKey))
 }

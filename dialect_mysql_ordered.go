@@ -9,6 +9,8 @@ import (
 	"sync"
 
 	"github.com/google/uuid"
+
+	"github.com/outboxgo/outbox/dialect"
 )
 
 // Ordered claims on MySQL and MariaDB find a key's head through the order index
@@ -45,7 +47,7 @@ import (
 // key sees the earlier one pending and is not read.
 
 // mysqlOrdered renders the head check for the claim's reads, or "" for an unordered claim.
-func mysqlOrdered(t Table, p ClaimParams) string {
+func mysqlOrdered(t dialect.Table, p dialect.ClaimParams) string {
 	if !p.Ordered {
 		return ""
 	}
@@ -58,7 +60,7 @@ func mysqlOrdered(t Table, p ClaimParams) string {
 // dead. So the default check needs no status term and reads the order index alone, without
 // a lookup of the entry's row (about a tenth of the pages per check); with skipDead the
 // status of the key's first entries is read from their rows.
-func mysqlHead(t Table, outer string, skipDead bool) string {
+func mysqlHead(t dialect.Table, outer string, skipDead bool) string {
 	return `(` + outer + `.partition_key IS NULL OR ` + outer + `.id = (SELECT e.id FROM ` + mysqlTable(t) + ` e FORCE INDEX (` +
 		quoteIdent(t.Index("order"), '`') + `) WHERE e.namespace = ` + outer + `.namespace AND e.order_key = ` + outer + `.partition_key` +
 		mysqlSkipDead(skipDead) + ` ORDER BY e.created_at, e.id LIMIT 1))`
@@ -79,7 +81,7 @@ func mysqlSkipDead(skipDead bool) string {
 // pending rows in scope (mysqlWindow), then, when that locked fewer than n rows and there
 // are pending rows beyond the window, a visit of the keys (mysqlHeadsByKey). Without a
 // namespace the walk has no bound.
-func mysqlClaimHeads(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, n int, visits *mysqlVisits) ([]Record, int64, error) {
+func mysqlClaimHeads(ctx context.Context, tx *sql.Tx, t dialect.Table, p dialect.ClaimParams, n int, visits *mysqlVisits) ([]Record, int64, error) {
 	if p.Namespace == "" {
 		// Twice n: concurrent claimers read the same heads and skip each other's locks, so
 		// a margin keeps their batches full.
@@ -112,13 +114,13 @@ func mysqlClaimHeads(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, n 
 // read, the edge; and whether the read reached the edge, so that pending rows may lie
 // beyond it. The head check runs on the rows read and no others: how many rows the walk
 // reads does not depend on how many of them are held back.
-func mysqlWindow(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, window int) (heads []uuid.UUID, edge mysqlPosition, beyond bool, err error) {
+func mysqlWindow(ctx context.Context, tx *sql.Tx, t dialect.Table, p dialect.ClaimParams, window int) (heads []uuid.UUID, edge mysqlPosition, beyond bool, err error) {
 	tbl := mysqlTable(t)
 	a := &args{}
-	eligible := `next_attempt_at <= UTC_TIMESTAMP(6) AND attempts < ` + a.add(p.MaxAttempts) + ` AND ` + mysqlHead(t, tbl, p.OrderedSkipDead)
+	eligible := `next_attempt_at <= UTC_TIMESTAMP(6) AND attempts < ` + a.Add(p.MaxAttempts) + ` AND ` + mysqlHead(t, tbl, p.OrderedSkipDead)
 	rows, err := tx.QueryContext(ctx, `SELECT id, `+mysqlMicros(`created_at`)+`, `+eligible+` FROM `+tbl+
 		` FORCE INDEX (`+quoteIdent(t.Index("claim"), '`')+`) WHERE status = 'pending'`+scopeSQL(a, p.Scope, "", uuidBytes)+
-		` ORDER BY created_at, id LIMIT `+a.add(window+1), a.vals...)
+		` ORDER BY created_at, id LIMIT `+a.Add(window+1), a.Values...)
 	if err != nil {
 		return nil, edge, false, err
 	}
@@ -144,7 +146,7 @@ func mysqlWindow(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, window
 // it takes: a margin locked until commit would be rows no other claimer can take.
 // Taking the first by id rather than by (created_at, id) only changes which of the oldest
 // heads a claim takes: the library's ids are time-ordered.
-func mysqlLockFirst(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, ids []uuid.UUID, n int) ([]Record, int64, error) {
+func mysqlLockFirst(ctx context.Context, tx *sql.Tx, t dialect.Table, p dialect.ClaimParams, ids []uuid.UUID, n int) ([]Record, int64, error) {
 	recs, now, err := mysqlLock(ctx, tx, t, p, mysqlDue, ids, n)
 	if err != nil {
 		return nil, 0, err
@@ -172,7 +174,7 @@ const mysqlVisitStep = 32
 // the locks, that each is still its key's head, and returns the oldest n that are. It
 // reads at most mysqlVisitStep index entries and a head per key visited, and the live
 // rows without a key past the edge, however many rows wait behind the heads.
-func mysqlHeadsByKey(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, n int, edge mysqlPosition, taken []Record, visits *mysqlVisits) ([]Record, int64, error) {
+func mysqlHeadsByKey(ctx context.Context, tx *sql.Tx, t dialect.Table, p dialect.ClaimParams, n int, edge mysqlPosition, taken []Record, visits *mysqlVisits) ([]Record, int64, error) {
 	tbl := mysqlTable(t)
 	order := tbl + ` e FORCE INDEX (` + quoteIdent(t.Index("order"), '`') + `)`
 	// One statement per step, with the last key of the step before it bound: neither
@@ -184,9 +186,9 @@ func mysqlHeadsByKey(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, n 
 	// them: one key per step when keys have many rows waiting, many when they have few.
 	a := &args{}
 	next, err := tx.PrepareContext(ctx, `SELECT d.pk, (SELECT h.id FROM `+tbl+` h FORCE INDEX (PRIMARY) WHERE h.id = (SELECT e.id FROM `+order+
-		` WHERE e.namespace = `+a.add(p.Namespace)+` AND e.order_key = d.pk`+mysqlSkipDead(p.OrderedSkipDead)+` ORDER BY e.created_at, e.id LIMIT 1)`+
-		` AND h.status = 'pending' AND h.next_attempt_at <= UTC_TIMESTAMP(6) AND h.attempts < `+a.add(p.MaxAttempts)+scopeSQL(a, p.Scope, "h.", uuidBytes)+
-		`) FROM (SELECT DISTINCT s.order_key AS pk FROM (SELECT e.order_key FROM `+order+` WHERE e.namespace = `+a.add(p.Namespace)+
+		` WHERE e.namespace = `+a.Add(p.Namespace)+` AND e.order_key = d.pk`+mysqlSkipDead(p.OrderedSkipDead)+` ORDER BY e.created_at, e.id LIMIT 1)`+
+		` AND h.status = 'pending' AND h.next_attempt_at <= UTC_TIMESTAMP(6) AND h.attempts < `+a.Add(p.MaxAttempts)+scopeSQL(a, p.Scope, "h.", uuidBytes)+
+		`) FROM (SELECT DISTINCT s.order_key AS pk FROM (SELECT e.order_key FROM `+order+` WHERE e.namespace = `+a.Add(p.Namespace)+
 		` AND e.order_key > ? ORDER BY e.order_key LIMIT `+strconv.Itoa(mysqlVisitStep)+`) s) d ORDER BY d.pk`)
 	if err != nil {
 		return nil, 0, err
@@ -206,7 +208,7 @@ func mysqlHeadsByKey(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, n 
 	)
 	// Partition keys are never empty (an empty key is no key), so every key sorts after "".
 	for after, wrapped := start, false; len(keyed) < want; {
-		rows, err := next.QueryContext(ctx, append(slices.Clone(a.vals), after)...)
+		rows, err := next.QueryContext(ctx, append(slices.Clone(a.Values), after)...)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -249,10 +251,10 @@ func mysqlHeadsByKey(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, n 
 
 	a = &args{}
 	unkeyed, err := queryIDs(ctx, tx, `SELECT e.id FROM `+order+
-		` WHERE e.namespace = `+a.add(p.Namespace)+` AND e.order_key = '' AND (e.created_at > `+mysqlFromMicros(a.add(edge.at))+
-		` OR (e.created_at = `+mysqlFromMicros(a.add(edge.at))+` AND e.id > `+a.add(uuidBytes(edge.id))+`))`+
-		` AND e.status = 'pending' AND e.next_attempt_at <= UTC_TIMESTAMP(6) AND e.partition_key IS NULL AND e.attempts < `+a.add(p.MaxAttempts)+
-		scopeSQL(a, p.Scope, "e.", uuidBytes)+` ORDER BY e.created_at, e.id LIMIT `+a.add(want), a.vals...)
+		` WHERE e.namespace = `+a.Add(p.Namespace)+` AND e.order_key = '' AND (e.created_at > `+mysqlFromMicros(a.Add(edge.at))+
+		` OR (e.created_at = `+mysqlFromMicros(a.Add(edge.at))+` AND e.id > `+a.Add(uuidBytes(edge.id))+`))`+
+		` AND e.status = 'pending' AND e.next_attempt_at <= UTC_TIMESTAMP(6) AND e.partition_key IS NULL AND e.attempts < `+a.Add(p.MaxAttempts)+
+		scopeSQL(a, p.Scope, "e.", uuidBytes)+` ORDER BY e.created_at, e.id LIMIT `+a.Add(want), a.Values...)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -299,13 +301,13 @@ func mysqlHeadsByKey(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, n 
 // the check runs in a snapshot taken after. A row that is still its key's head then stays
 // so until the claim commits: the rows before it are gone for good, and no one else can
 // take it.
-func mysqlStillHeads(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, recs []Record) ([]Record, error) {
+func mysqlStillHeads(ctx context.Context, tx *sql.Tx, t dialect.Table, p dialect.ClaimParams, recs []Record) ([]Record, error) {
 	if len(recs) == 0 {
 		return nil, nil
 	}
 	a := &args{}
 	heads, err := queryIDs(ctx, tx, `SELECT id FROM `+mysqlTable(t)+` FORCE INDEX (PRIMARY) WHERE id IN `+
-		a.list(len(recs), func(i int) any { return uuidBytes(recs[i].ID) })+mysqlOrdered(t, p), a.vals...)
+		a.List(len(recs), func(i int) any { return uuidBytes(recs[i].ID) })+mysqlOrdered(t, p), a.Values...)
 	if err != nil {
 		return nil, err
 	}
@@ -316,11 +318,11 @@ func mysqlStillHeads(ctx context.Context, tx *sql.Tx, t Table, p ClaimParams, re
 	return slices.DeleteFunc(recs, func(r Record) bool { return !still[r.ID] }), nil
 }
 
-// BlockedKeys implements [OrderedClaimer].
-func (mysqlDialect) BlockedKeys(ctx context.Context, q DBTX, t Table, p BlockedKeysParams) ([]BlockedKey, error) {
+// BlockedKeys implements [dialect.OrderedClaimer].
+func (mysqlDialect) BlockedKeys(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.BlockedKeysParams) ([]BlockedKey, error) {
 	a := &args{}
 	query := blockedKeysQuery(mysqlTable(t), "order_key", ` FORCE INDEX (`+quoteIdent(t.Index("order"), '`')+`)`, a, p, uuidBytes)
-	return queryBlockedKeys(ctx, q, query, a.vals)
+	return queryBlockedKeys(ctx, q, query, a.Values)
 }
 
 // sortClaimOrder sorts records in claim order, (created_at, id).

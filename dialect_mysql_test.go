@@ -22,6 +22,7 @@ import (
 
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/conformance"
+	"github.com/outboxgo/outbox/dialect"
 	"github.com/outboxgo/outbox/internal/testdb"
 	"github.com/outboxgo/outbox/migrations"
 )
@@ -914,7 +915,7 @@ func TestMySQLClaimRetriesLockWaits(t *testing.T) {
 	require.Equal(t, 4, counter(db, "Com_update")-before)
 	conn, err := db.Conn(e.ctx)
 	require.NoError(t, err)
-	table, err := outbox.NewTable(e.table)
+	table, err := dialect.NewTable(e.table)
 	require.NoError(t, err)
 	before = counter(conn, "Com_update")
 	_, err = outbox.MySQL().Complete(e.ctx, conn, table, []outbox.Outcome{{Lease: recs[0].Lease(), Status: outbox.StatusDelivered}})
@@ -1269,7 +1270,7 @@ func TestMySQLFailedBatchLeavesNothing(t *testing.T) {
 // afterFirstQuery is a DBTX that runs hook once, after the first query it passes on: as if
 // another worker acted between a dialect's read and its next statement.
 type afterFirstQuery struct {
-	outbox.DBTX
+	dialect.DBTX
 	hook func()
 	done bool
 }
@@ -1299,7 +1300,7 @@ func TestMySQLBuryRechecksCandidates(t *testing.T) {
 			q := &afterFirstQuery{DBTX: e.db, hook: func() {
 				require.EqualValues(t, 1, e.exec(t, "UPDATE $table SET locked_until = UTC_TIMESTAMP(6) + INTERVAL 1 HOUR WHERE id = ?", renewed.ID[:]))
 			}}
-			buried, err := outbox.MySQL().Bury(e.ctx, q, e.store.Table(), outbox.BuryParams{
+			buried, err := outbox.MySQL().Bury(e.ctx, q, e.store.Table(), dialect.BuryParams{
 				MaxAttempts: 1, Limit: 10, Reason: "test", Token: uuid.New(), ExpiredOnly: expiredOnly})
 			require.NoError(t, err)
 			require.True(t, q.done, "the hook ran after the candidate read")

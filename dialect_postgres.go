@@ -9,6 +9,8 @@ import (
 	"sync"
 
 	"github.com/google/uuid"
+
+	"github.com/outboxgo/outbox/dialect"
 )
 
 // Postgres returns the dialect for PostgreSQL 12 or newer, tested with the pgx driver
@@ -22,6 +24,18 @@ import (
 // server's now(): enqueue inside a long business transaction stamps created_at with that
 // transaction's start. Keep autovacuum on for the outbox table (see the README).
 func Postgres() Dialect { return &postgresDialect{} }
+
+// The abilities the dialect has, checked at compile time.
+var (
+	_ dialect.Dialect        = (*postgresDialect)(nil)
+	_ dialect.Checker        = (*postgresDialect)(nil)
+	_ dialect.Notifier       = (*postgresDialect)(nil)
+	_ dialect.SettleClaimer  = (*postgresDialect)(nil)
+	_ dialect.OrderedClaimer = (*postgresDialect)(nil)
+	_ dialect.Purger         = (*postgresDialect)(nil)
+	_ dialect.Administrator  = (*postgresDialect)(nil)
+	_ dialect.Inspector      = (*postgresDialect)(nil)
+)
 
 // postgresDialect keeps the statements that do not depend on call arguments rendered
 // once per table name. Claim and Bury depend on the scope and are rendered per call.
@@ -111,7 +125,7 @@ const pgOnConflict = ` ON CONFLICT (namespace, topic, dedupe_key) WHERE dedupe_k
 // as integers so the client never chooses the interval's text form.
 func pgMicros(expr string) string { return expr + ` * interval '1 microsecond'` }
 
-func renderPgStatements(t Table) *pgStatements {
+func renderPgStatements(t dialect.Table) *pgStatements {
 	tbl := quoteIdent(t.Name(), '"')
 	st := &pgStatements{
 		ack: `UPDATE ` + tbl + ` SET status = 'delivered', delivered_at = now(), locked_by = NULL, locked_until = NULL,` +
@@ -170,7 +184,7 @@ func renderPgInsert(tbl string, s insertShape) (one, many string) {
 	return one, many
 }
 
-func (d *postgresDialect) statements(t Table) *pgStatements {
+func (d *postgresDialect) statements(t dialect.Table) *pgStatements {
 	if s, ok := d.stmts.Load(t.Name()); ok {
 		return s.(*pgStatements)
 	}
@@ -230,7 +244,7 @@ func pgNullStr(s string) *string {
 
 func (*postgresDialect) Name() string { return "postgres" }
 
-func (d *postgresDialect) Insert(ctx context.Context, q DBTX, t Table, rows []Row) ([]bool, error) {
+func (d *postgresDialect) Insert(ctx context.Context, q dialect.DBTX, t dialect.Table, rows []dialect.Row) ([]bool, error) {
 	st := d.statements(t)
 	inserted := make([]bool, 0, len(rows))
 	for len(rows) > 0 {
@@ -257,7 +271,7 @@ func (d *postgresDialect) Insert(ctx context.Context, q DBTX, t Table, rows []Ro
 // pgChunkLen returns how many of rows go into the next statement: at least one, at most
 // pgRowsPerInsert, and no more than pgBytesPerInsert of payload and headers unless the
 // first row alone is bigger.
-func pgChunkLen(rows []Row) int {
+func pgChunkLen(rows []dialect.Row) int {
 	size := 0
 	for i := range rows {
 		if i == pgRowsPerInsert {
@@ -274,7 +288,7 @@ func pgChunkLen(rows []Row) int {
 	return len(rows)
 }
 
-func pgInsertOne(ctx context.Context, q DBTX, query string, shape insertShape, rows []Row) ([]bool, error) {
+func pgInsertOne(ctx context.Context, q dialect.DBTX, query string, shape insertShape, rows []dialect.Row) ([]bool, error) {
 	r := &rows[0]
 	headers, err := r.Headers.Value()
 	if err != nil {
@@ -292,7 +306,7 @@ func pgInsertOne(ctx context.Context, q DBTX, query string, shape insertShape, r
 // pgInsertMany binds each column of the shape as one array. unnest returns the elements in
 // order, so of two rows with one dedupe key in a batch the first goes in, as with VALUES
 // lists; the report comes from RETURNING either way, so it is always what the database did.
-func pgInsertMany(ctx context.Context, q DBTX, query string, shape insertShape, rows []Row) ([]bool, error) {
+func pgInsertMany(ctx context.Context, q dialect.DBTX, query string, shape insertShape, rows []dialect.Row) ([]bool, error) {
 	n := len(rows)
 	ids, namespaces, topics, payloads := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	hashes := make([][]byte, n)
@@ -353,31 +367,31 @@ func pgInsertMany(ctx context.Context, q DBTX, query string, shape insertShape, 
 
 // pgEligible renders the claim predicate. The leading status IN (...) term implies the
 // partial claim index's WHERE clause, which is what lets the planner use the index.
-func pgEligible(a *args, p ClaimParams) string {
+func pgEligible(a *args, p dialect.ClaimParams) string {
 	return `status IN ('pending', 'processing') AND ((status = 'pending' AND next_attempt_at <= now())` +
-		` OR (status = 'processing' AND locked_until < now())) AND attempts < ` + a.add(p.MaxAttempts) + `::bigint` +
+		` OR (status = 'processing' AND locked_until < now())) AND attempts < ` + a.Add(p.MaxAttempts) + `::bigint` +
 		scopeSQL(a, p.Scope, "", pgUUID)
 }
 
-func (*postgresDialect) Claim(ctx context.Context, db *sql.DB, t Table, p ClaimParams) ([]Record, error) {
+func (*postgresDialect) Claim(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.ClaimParams) ([]Record, error) {
 	return pgClaim(ctx, db, t, p)
 }
 
 // pgClaim claims on q: a *sql.DB (the statement is its own transaction) or a transaction.
-func pgClaim(ctx context.Context, q DBTX, t Table, p ClaimParams) ([]Record, error) {
+func pgClaim(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ClaimParams) ([]Record, error) {
 	if p.Ordered && p.Namespace != "" {
 		return pgClaimOrdered(ctx, q, t, p)
 	}
 	tbl := quoteIdent(t.Name(), '"')
-	a := &args{dollar: true}
+	a := &args{Numbered: true}
 	return pgLease(ctx, q, t, p, a, `WITH c AS MATERIALIZED (SELECT id FROM `+tbl+` WHERE `+pgEligible(a, p)+pgOrdered(tbl, p)+
-		` ORDER BY created_at, id LIMIT `+a.add(p.Limit)+`::bigint FOR UPDATE SKIP LOCKED)`)
+		` ORDER BY created_at, id LIMIT `+a.Add(p.Limit)+`::bigint FOR UPDATE SKIP LOCKED)`)
 }
 
 // pgLease runs a claim: with, a WITH clause whose last query c returns the locked ids
 // (its arguments already in a), followed by the UPDATE that leases them.
-func pgLease(ctx context.Context, q DBTX, t Table, p ClaimParams, a *args, with string) ([]Record, error) {
-	return queryClaimed(ctx, q, p, with+pgLeaseUpdate(quoteIdent(t.Name(), '"'), a, p), a.vals...)
+func pgLease(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ClaimParams, a *args, with string) ([]Record, error) {
+	return queryClaimed(ctx, q, p, with+pgLeaseUpdate(quoteIdent(t.Name(), '"'), a, p), a.Values...)
 }
 
 // pgLeaseUpdate renders the UPDATE that leases the rows of c and returns claimColumns.
@@ -387,13 +401,13 @@ func pgLease(ctx context.Context, q DBTX, t Table, p ClaimParams, a *args, with 
 // table of a few thousand pages whole into a hash join (a sequential scan of 20 000 rows
 // for 100 ids: 9-19 ms against 2 ms, EXPLAIN ANALYZE on PostgreSQL 15), the common case of
 // an outbox whose retention keeps it small.
-func pgLeaseUpdate(tbl string, a *args, p ClaimParams) string {
-	return ` UPDATE ` + tbl + ` AS t SET status = 'processing', attempts = t.attempts + 1, locked_by = ` + a.add(p.WorkerID) +
-		`, locked_until = now() + ` + pgMicros(a.add(micros(p.Lease))+`::bigint`) + `, lease_token = ` + a.add(pgUUID(p.Token)) +
+func pgLeaseUpdate(tbl string, a *args, p dialect.ClaimParams) string {
+	return ` UPDATE ` + tbl + ` AS t SET status = 'processing', attempts = t.attempts + 1, locked_by = ` + a.Add(p.WorkerID) +
+		`, locked_until = now() + ` + pgMicros(a.Add(micros(p.Lease))+`::bigint`) + `, lease_token = ` + a.Add(pgUUID(p.Token)) +
 		`, updated_at = now() WHERE t.id = ANY(ARRAY(SELECT id FROM c)) RETURNING ` + selectList(claimColumns, "t.", nil)
 }
 
-func (d *postgresDialect) Complete(ctx context.Context, q DBTX, t Table, outcomes []Outcome) ([]uuid.UUID, error) {
+func (d *postgresDialect) Complete(ctx context.Context, q dialect.DBTX, t dialect.Table, outcomes []Outcome) ([]uuid.UUID, error) {
 	if len(outcomes) == 0 {
 		return nil, nil
 	}
@@ -402,13 +416,13 @@ func (d *postgresDialect) Complete(ctx context.Context, q DBTX, t Table, outcome
 	if err != nil {
 		return nil, err
 	}
-	return missing(leasesOf(outcomes), got), nil
+	return dialect.Lost(dialect.Leases(outcomes), got), nil
 }
 
 // settle returns the statement that applies outcomes, returning the ids it applied, and
 // its arguments: the ack when every outcome acks under one token, the join otherwise. The
 // first argument is the array of the outcomes' ids in both.
-func (d *postgresDialect) settle(t Table, outcomes []Outcome) (string, []any) {
+func (d *postgresDialect) settle(t dialect.Table, outcomes []Outcome) (string, []any) {
 	n := len(outcomes)
 	ids := pgUUIDArray(n, func(i int) uuid.UUID { return outcomes[i].ID })
 	if token, ok := uniformAck(outcomes); ok {
@@ -427,7 +441,7 @@ func (d *postgresDialect) settle(t Table, outcomes []Outcome) (string, []any) {
 	return d.statements(t).complete, []any{ids, tokens, statuses, delays, errs, refunds}
 }
 
-func (d *postgresDialect) Extend(ctx context.Context, q DBTX, t Table, p ExtendParams) ([]uuid.UUID, error) {
+func (d *postgresDialect) Extend(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ExtendParams) ([]uuid.UUID, error) {
 	if len(p.Leases) == 0 {
 		return nil, nil
 	}
@@ -437,29 +451,29 @@ func (d *postgresDialect) Extend(ctx context.Context, q DBTX, t Table, p ExtendP
 	if err != nil {
 		return nil, err
 	}
-	return missing(p.Leases, got), nil
+	return dialect.Lost(p.Leases, got), nil
 }
 
 // Bury has the semantics of the SQLite dialect's UPDATE ... WHERE id IN (SELECT ...), in
 // the claim's CTE form: a LIMIT ... FOR UPDATE SKIP LOCKED subquery under IN may be
 // rescanned by a nested-loop semi-join and lock more than Limit rows; a materialized
 // CTE runs once.
-func (*postgresDialect) Bury(ctx context.Context, q DBTX, t Table, p BuryParams) ([]uuid.UUID, error) {
+func (*postgresDialect) Bury(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.BuryParams) ([]uuid.UUID, error) {
 	tbl := quoteIdent(t.Name(), '"')
-	a := &args{dollar: true}
+	a := &args{Numbered: true}
 	query := `WITH c AS MATERIALIZED (SELECT id FROM ` + tbl + ` WHERE ` + buryCandidates(a, p, func() string { return `now()` }, pgUUID, `::bigint`) +
-		` ORDER BY created_at, id LIMIT ` + a.add(p.Limit) + `::bigint FOR UPDATE SKIP LOCKED)` +
-		` UPDATE ` + tbl + ` AS t SET status = 'dead', last_error = ` + a.add(p.Reason) +
-		`, locked_by = NULL, locked_until = NULL, lease_token = ` + a.add(pgUUID(p.Token)) +
+		` ORDER BY created_at, id LIMIT ` + a.Add(p.Limit) + `::bigint FOR UPDATE SKIP LOCKED)` +
+		` UPDATE ` + tbl + ` AS t SET status = 'dead', last_error = ` + a.Add(p.Reason) +
+		`, locked_by = NULL, locked_until = NULL, lease_token = ` + a.Add(pgUUID(p.Token)) +
 		`, updated_at = now() WHERE t.id = ANY(ARRAY(SELECT id FROM c)) RETURNING t.id`
-	return queryIDs(ctx, q, query, a.vals...)
+	return queryIDs(ctx, q, query, a.Values...)
 }
 
-func (d *postgresDialect) Get(ctx context.Context, q DBTX, t Table, id uuid.UUID) (Record, error) {
+func (d *postgresDialect) Get(ctx context.Context, q dialect.DBTX, t dialect.Table, id uuid.UUID) (Record, error) {
 	return getRecord(q.QueryRowContext(ctx, d.statements(t).get, pgUUID(id)))
 }
 
-// CompleteAndClaim implements [SettleClaimer]. An unordered claim is one statement: the
+// CompleteAndClaim implements [dialect.SettleClaimer]. An unordered claim is one statement: the
 // settle (Complete's statement) and the claim (Claim's) as data-modifying CTEs, which run
 // once, on one snapshot, and commit together:
 //
@@ -482,16 +496,16 @@ func (d *postgresDialect) Get(ctx context.Context, q DBTX, t Table, id uuid.UUID
 // the claimed rows (returning every settled id instead cost a scan of a batch of rows more
 // per call). An ordered claim must see the keys the outcomes release, which a statement's snapshot
 // cannot, so it runs after Complete in one transaction instead.
-func (d *postgresDialect) CompleteAndClaim(ctx context.Context, db *sql.DB, t Table, outcomes []Outcome, p ClaimParams) ([]uuid.UUID, []Record, error) {
+func (d *postgresDialect) CompleteAndClaim(ctx context.Context, db *sql.DB, t dialect.Table, outcomes []Outcome, p dialect.ClaimParams) ([]Record, []uuid.UUID, error) {
 	if p.Ordered {
 		return pgCompleteThenClaimOrdered(ctx, d, db, t, outcomes, p)
 	}
 	tbl := quoteIdent(t.Name(), '"')
 	settle, vals := d.settle(t, outcomes)
-	a := &args{dollar: true, vals: vals}
+	a := &args{Numbered: true, Values: vals}
 	var b strings.Builder
 	b.WriteString(`WITH s AS (` + settle + `), c AS MATERIALIZED (SELECT id FROM ` + tbl + ` WHERE ` + pgEligible(a, p) + pgOrdered(tbl, p) +
-		` AND id NOT IN (SELECT unnest($1::uuid[])) ORDER BY created_at, id LIMIT ` + a.add(p.Limit) + `::bigint FOR UPDATE SKIP LOCKED),`)
+		` AND id NOT IN (SELECT unnest($1::uuid[])) ORDER BY created_at, id LIMIT ` + a.Add(p.Limit) + `::bigint FOR UPDATE SKIP LOCKED),`)
 	b.WriteString(` l AS (` + pgLeaseUpdate(tbl, a, p) + `) SELECT * FROM l UNION ALL SELECT x.id`)
 	for _, c := range claimColumns[1:] {
 		switch c {
@@ -505,7 +519,7 @@ func (d *postgresDialect) CompleteAndClaim(ctx context.Context, db *sql.DB, t Ta
 	}
 	// $1 is the outcomes' ids in both of settle's statements.
 	b.WriteString(` FROM (SELECT unnest($1::uuid[]) EXCEPT SELECT id FROM s) AS x(id)`)
-	rows, err := queryAll(ctx, db, b.String(), a.vals, scanClaimed)
+	rows, err := queryAll(ctx, db, b.String(), a.Values, scanClaimed)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -519,12 +533,12 @@ func (d *postgresDialect) CompleteAndClaim(ctx context.Context, db *sql.DB, t Ta
 		}
 	}
 	stampClaimed(recs, p)
-	return lost, recs, nil
+	return recs, lost, nil
 }
 
 // pgCompleteThenClaimOrdered settles and then claims in order in one transaction: one
 // commit, and the claim sees the keys the settle released.
-func pgCompleteThenClaimOrdered(ctx context.Context, d *postgresDialect, db *sql.DB, t Table, outcomes []Outcome, p ClaimParams) (lost []uuid.UUID, recs []Record, err error) {
+func pgCompleteThenClaimOrdered(ctx context.Context, d *postgresDialect, db *sql.DB, t dialect.Table, outcomes []Outcome, p dialect.ClaimParams) (recs []Record, lost []uuid.UUID, err error) {
 	err = inTx(ctx, db, nil, func(tx *sql.Tx) error {
 		if lost, err = d.Complete(ctx, tx, t, outcomes); err != nil {
 			return err
@@ -535,5 +549,5 @@ func pgCompleteThenClaimOrdered(ctx context.Context, d *postgresDialect, db *sql
 	if err != nil {
 		return nil, nil, err
 	}
-	return lost, recs, nil
+	return recs, lost, nil
 }

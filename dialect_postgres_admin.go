@@ -9,24 +9,21 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-)
 
-var (
-	_ AdminDialect     = (*postgresDialect)(nil)
-	_ RetentionDialect = (*postgresDialect)(nil)
+	"github.com/outboxgo/outbox/dialect"
 )
 
 // pgAt binds a time for a comparison with a timestamptz column.
-func pgAt(a *args, t time.Time) string { return a.add(t.UTC()) + `::timestamptz` }
+func pgAt(a *args, t time.Time) string { return a.Add(t.UTC()) + `::timestamptz` }
 
 // Stats reads the live rows through the partial claim index, the dead rows and the
 // delivered sample through the partial retention index, and estimates the delivered rows
 // from the planner's statistics (EXPLAIN), which cost no scan. Status values are literals,
 // not parameters, so that a generic plan can still prove a partial index's predicate.
-func (*postgresDialect) Stats(ctx context.Context, q DBTX, t Table, p StatsParams) (StatsSample, error) {
+func (*postgresDialect) Stats(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.StatsParams) (dialect.StatsSample, error) {
 	tbl := quoteIdent(t.Name(), '"')
 	due := `status = 'pending' AND next_attempt_at <= now()`
-	la, da := &args{dollar: true}, &args{dollar: true}
+	la, da := &args{Numbered: true}, &args{Numbered: true}
 	r := statsReads{
 		live: `SELECT namespace, topic, count(*) FILTER (WHERE ` + due + `),` +
 			` count(*) FILTER (WHERE status = 'pending' AND next_attempt_at > now()),` +
@@ -42,12 +39,12 @@ func (*postgresDialect) Stats(ctx context.Context, q DBTX, t Table, p StatsParam
 			return pgPlanRows(ctx, q, `SELECT 1 FROM `+tbl+` WHERE status = 'delivered'`)
 		},
 	}
-	r.liveArgs, r.deadArgs = la.vals, da.vals
+	r.liveArgs, r.deadArgs = la.Values, da.Values
 	return runStatsReads(ctx, q, p.Scope, p.DeliveredSample, r)
 }
 
 // pgPlanRows returns the planner's estimate of the rows query returns.
-func pgPlanRows(ctx context.Context, q DBTX, query string) (int64, error) {
+func pgPlanRows(ctx context.Context, q dialect.DBTX, query string) (int64, error) {
 	var out string
 	if err := q.QueryRowContext(ctx, `EXPLAIN (FORMAT JSON) `+query).Scan(&out); err != nil {
 		return 0, err
@@ -64,16 +61,16 @@ func pgPlanRows(ctx context.Context, q DBTX, query string) (int64, error) {
 }
 
 // ListDead walks the partial retention index (status, updated_at) backwards.
-func (d *postgresDialect) ListDead(ctx context.Context, q DBTX, t Table, p ListDeadParams) ([]Record, error) {
-	a := &args{dollar: true}
+func (d *postgresDialect) ListDead(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ListDeadParams) ([]Record, error) {
+	a := &args{Numbered: true}
 	query := `SELECT ` + selectList(recordColumns, "", nil) + ` FROM ` + quoteIdent(t.Name(), '"') +
-		` WHERE ` + deadWhere(a, p, pgAt, pgUUID, pgContains) + ` ORDER BY updated_at DESC, id DESC LIMIT ` + a.add(p.Limit) + `::bigint`
-	return queryAll(ctx, q, query, a.vals, scanRecord)
+		` WHERE ` + deadWhere(a, p, pgAt, pgUUID, pgContains) + ` ORDER BY updated_at DESC, id DESC LIMIT ` + a.Add(p.Limit) + `::bigint`
+	return queryAll(ctx, q, query, a.Values, scanRecord)
 }
 
 // Replay is one UPDATE ... RETURNING; the status = 'dead' term is checked again on the
 // row's current version when a concurrent claim, purge or replay held it.
-func (*postgresDialect) Replay(ctx context.Context, db *sql.DB, t Table, p ReplayParams) ([]uuid.UUID, error) {
+func (*postgresDialect) Replay(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.ReplayParams) ([]uuid.UUID, error) {
 	ids := pgUUIDArray(len(p.IDs), func(i int) uuid.UUID { return p.IDs[i] })
 	return queryIDs(ctx, db, `UPDATE `+quoteIdent(t.Name(), '"')+` SET status = 'pending', attempts = 0, next_attempt_at = now(),`+
 		` locked_by = NULL, locked_until = NULL, lease_token = $2, replays = replays + 1, updated_at = now()`+
@@ -81,7 +78,7 @@ func (*postgresDialect) Replay(ctx context.Context, db *sql.DB, t Table, p Repla
 }
 
 // Discard is one DELETE ... RETURNING.
-func (*postgresDialect) Discard(ctx context.Context, db *sql.DB, t Table, p DiscardParams) ([]uuid.UUID, error) {
+func (*postgresDialect) Discard(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.DiscardParams) ([]uuid.UUID, error) {
 	ids := pgUUIDArray(len(p.IDs), func(i int) uuid.UUID { return p.IDs[i] })
 	return queryIDs(ctx, db, `DELETE FROM `+quoteIdent(t.Name(), '"')+` WHERE id = ANY($1::uuid[]) AND status = 'dead' RETURNING id`, ids)
 }
@@ -89,14 +86,14 @@ func (*postgresDialect) Discard(ctx context.Context, db *sql.DB, t Table, p Disc
 // pgPurgeSQL renders the purge of one status: the oldest rows by the partial retention
 // index, locked with SKIP LOCKED so that concurrent purgers take different rows, in a
 // materialized CTE that runs once.
-func pgPurgeSQL(t Table, status Status) string {
+func pgPurgeSQL(t dialect.Table, status Status) string {
 	tbl := quoteIdent(t.Name(), '"')
 	return `WITH c AS MATERIALIZED (SELECT id FROM ` + tbl + ` WHERE status = '` + string(status) + `'` +
 		` AND updated_at < now() - ` + pgMicros(`$1::bigint`) + ` ORDER BY updated_at LIMIT $2::bigint FOR UPDATE SKIP LOCKED)` +
 		` DELETE FROM ` + tbl + ` AS t USING c WHERE t.id = c.id`
 }
 
-func (*postgresDialect) Purge(ctx context.Context, db *sql.DB, t Table, p PurgeParams) (int64, error) {
+func (*postgresDialect) Purge(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.PurgeParams) (int64, error) {
 	if p.Status != StatusDelivered && p.Status != StatusDead {
 		return 0, fmt.Errorf("purge of %q rows: only delivered and dead rows may be purged", p.Status)
 	}

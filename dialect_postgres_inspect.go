@@ -3,52 +3,52 @@ package outbox
 import (
 	"context"
 	"time"
-)
 
-var _ InspectDialect = (*postgresDialect)(nil)
+	"github.com/outboxgo/outbox/dialect"
+)
 
 // pgContains tests last_error for a substring, case-sensitively, with no pattern syntax.
 func pgContains(ph string) string { return `strpos(last_error, ` + ph + `) > 0` }
 
 // pgDeadGroupsSQL renders DeadGroups' two reads over the partial retention index: the groups,
 // and the total with the newest death.
-func pgDeadGroupsSQL(t Table, p DeadGroupsParams) (groups, total string, gargs, targs []any) {
+func pgDeadGroupsSQL(t dialect.Table, p dialect.DeadGroupsParams) (groups, total string, gargs, targs []any) {
 	tbl := quoteIdent(t.Name(), '"')
-	ga, ta := &args{dollar: true}, &args{dollar: true}
-	gw := deadWhere(ga, ListDeadParams{DeadFilter: p.DeadFilter}, pgAt, pgUUID, pgContains)
+	ga, ta := &args{Numbered: true}, &args{Numbered: true}
+	gw := deadWhere(ga, dialect.ListDeadParams{DeadFilter: p.DeadFilter}, pgAt, pgUUID, pgContains)
 	groups = `SELECT COALESCE(last_error, ''), count(*), min(updated_at), max(updated_at) FROM ` + tbl + ` WHERE ` + gw +
-		` GROUP BY COALESCE(last_error, '') ORDER BY count(*) DESC, COALESCE(last_error, '') LIMIT ` + ga.add(p.Limit) + `::bigint`
-	total = `SELECT count(*), max(updated_at) FROM ` + tbl + ` WHERE ` + deadWhere(ta, ListDeadParams{DeadFilter: p.DeadFilter}, pgAt, pgUUID, pgContains)
-	return groups, total, ga.vals, ta.vals
+		` GROUP BY COALESCE(last_error, '') ORDER BY count(*) DESC, COALESCE(last_error, '') LIMIT ` + ga.Add(p.Limit) + `::bigint`
+	total = `SELECT count(*), max(updated_at) FROM ` + tbl + ` WHERE ` + deadWhere(ta, dialect.ListDeadParams{DeadFilter: p.DeadFilter}, pgAt, pgUUID, pgContains)
+	return groups, total, ga.Values, ta.Values
 }
 
-func (*postgresDialect) DeadGroups(ctx context.Context, q DBTX, t Table, p DeadGroupsParams) (DeadGroups, error) {
+func (*postgresDialect) DeadGroups(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.DeadGroupsParams) (DeadGroups, error) {
 	groups, total, gargs, targs := pgDeadGroupsSQL(t, p)
 	return runDeadGroups(ctx, q, groups, total, gargs, targs)
 }
 
 // pgActivitySQL renders the read of one status's most recent rows, per minute of Unix time,
 // a backward walk of the partial retention index from now - window.
-func pgActivitySQL(t Table, status Status) string {
+func pgActivitySQL(t dialect.Table, status Status) string {
 	return `SELECT floor(extract(epoch FROM updated_at) / 60)::bigint, count(*) FROM (SELECT updated_at FROM ` + quoteIdent(t.Name(), '"') +
 		` WHERE status = '` + string(status) + `' AND updated_at >= now() - ` + pgMicros(`$1::bigint`) +
 		` ORDER BY updated_at DESC LIMIT $2::bigint) s GROUP BY 1`
 }
 
-func (*postgresDialect) Activity(ctx context.Context, q DBTX, t Table, p ActivityParams) (ActivitySample, error) {
+func (*postgresDialect) Activity(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ActivityParams) (dialect.ActivitySample, error) {
 	var now time.Time
 	if err := q.QueryRowContext(ctx, `SELECT now()`).Scan(&now); err != nil {
-		return ActivitySample{}, err
+		return dialect.ActivitySample{}, err
 	}
 	return runActivity(ctx, q, now, func(s Status) string { return pgActivitySQL(t, s) }, micros(p.Window), p.Limit)
 }
 
 // pgDedupeKeySQL reads a row by the unique partial dedupe index.
-func pgDedupeKeySQL(t Table) string {
+func pgDedupeKeySQL(t dialect.Table) string {
 	return `SELECT ` + selectList(recordColumns, "", nil) + ` FROM ` + quoteIdent(t.Name(), '"') +
 		` WHERE namespace = $1 AND topic = $2 AND dedupe_key = $3`
 }
 
-func (*postgresDialect) GetByDedupeKey(ctx context.Context, q DBTX, t Table, p DedupeKeyParams) (Record, error) {
+func (*postgresDialect) GetByDedupeKey(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.DedupeKeyParams) (Record, error) {
 	return getRecord(q.QueryRowContext(ctx, pgDedupeKeySQL(t), p.Namespace, p.Topic, p.DedupeKey))
 }

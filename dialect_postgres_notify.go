@@ -8,27 +8,27 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
+
+	"github.com/outboxgo/outbox/dialect"
 )
 
-var _ Notifier = (*postgresDialect)(nil)
-
-// Signal implements [Notifier] with NOTIFY on a channel named after the table, carrying the
+// Signal implements [dialect.Notifier] with NOTIFY on a channel named after the table, carrying the
 // schema and the namespace ("schema:namespace"): channels are shared by every schema of a
 // database, and tables of one name in several schemas must not wake each other's
 // publishers. PostgreSQL delivers it when the transaction commits, drops it on rollback,
 // and folds identical notifications of one transaction into one, so a transaction that
 // enqueues many events sends one signal per namespace.
-func (*postgresDialect) Signal(ctx context.Context, q DBTX, t Table, namespace string) error {
+func (*postgresDialect) Signal(ctx context.Context, q dialect.DBTX, t dialect.Table, namespace string) error {
 	_, err := q.ExecContext(ctx, `SELECT pg_notify($1, current_schema() || ':' || $2)`, t.Name(), namespace)
 	return err
 }
 
-// Listen implements [Notifier]: LISTEN on a connection of its own, taken from db and
+// Listen implements [dialect.Notifier]: LISTEN on a connection of its own, taken from db and
 // closed, never returned to the pool, when it stops. Waiting for notifications is not part
 // of database/sql, so it uses the pgx driver's connection (github.com/jackc/pgx/v5/stdlib),
 // found by its methods so that this package imports no driver; with another driver it
 // returns an error matching [errors.ErrUnsupported].
-func (*postgresDialect) Listen(ctx context.Context, db *sql.DB, t Table, ready func(), wake func(namespace string)) error {
+func (*postgresDialect) Listen(ctx context.Context, db *sql.DB, t dialect.Table, ready func(), wake func(namespace string)) error {
 	conn, err := db.Conn(ctx)
 	if err != nil {
 		return err

@@ -2,6 +2,8 @@ package outbox
 
 import (
 	"context"
+
+	"github.com/outboxgo/outbox/dialect"
 )
 
 // Ordered claims on PostgreSQL add one term to the claim's candidate read (pgOrdered):
@@ -33,7 +35,7 @@ import (
 // an earlier (created_at, id): see docs/ordering.md.
 
 // pgOrdered renders the ordered claim's extra term, or "" for an unordered claim.
-func pgOrdered(tbl string, p ClaimParams) string {
+func pgOrdered(tbl string, p dialect.ClaimParams) string {
 	if !p.Ordered {
 		return ""
 	}
@@ -46,19 +48,19 @@ func pgOrdered(tbl string, p ClaimParams) string {
 // orderedWindow rows, then, when that found less than a batch, by visiting the keys
 // (pgHeadsByKey). The window keeps the walk from passing a whole backlog of rows held back
 // by heads in flight; the visit finds the heads beyond it.
-func pgClaimOrdered(ctx context.Context, q DBTX, t Table, p ClaimParams) ([]Record, error) {
+func pgClaimOrdered(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ClaimParams) ([]Record, error) {
 	tbl := quoteIdent(t.Name(), '"')
-	a := &args{dollar: true}
+	a := &args{Numbered: true}
 	window := ` AND created_at <= COALESCE((SELECT w.created_at FROM ` + tbl + ` w WHERE w.status IN ('pending', 'processing')` +
-		scopeSQL(a, p.Scope, "w.", pgUUID) + ` ORDER BY w.created_at, w.id OFFSET ` + a.add(orderedWindow(p.Limit)) + `::bigint LIMIT 1), 'infinity')`
+		scopeSQL(a, p.Scope, "w.", pgUUID) + ` ORDER BY w.created_at, w.id OFFSET ` + a.Add(orderedWindow(p.Limit)) + `::bigint LIMIT 1), 'infinity')`
 	recs, err := pgLease(ctx, q, t, p, a, `WITH c AS MATERIALIZED (SELECT id FROM `+tbl+` WHERE `+pgEligible(a, p)+pgOrdered(tbl, p)+window+
-		` ORDER BY created_at, id LIMIT `+a.add(p.Limit)+`::bigint FOR UPDATE SKIP LOCKED)`)
+		` ORDER BY created_at, id LIMIT `+a.Add(p.Limit)+`::bigint FOR UPDATE SKIP LOCKED)`)
 	if err != nil || len(recs) == p.Limit {
 		return recs, err
 	}
 	rest := p
 	rest.Limit -= len(recs)
-	a = &args{dollar: true}
+	a = &args{Numbered: true}
 	more, err := pgLease(ctx, q, t, rest, a, pgHeadsByKey(tbl, a, rest))
 	return append(recs, more...), err
 }
@@ -68,8 +70,8 @@ func pgClaimOrdered(ctx context.Context, q DBTX, t Table, p ClaimParams) ([]Reco
 // that holds it back is its head; the unkeyed index gives the oldest rows without a key;
 // and the oldest eligible of both are locked. It costs a descent per key with rows, however
 // many rows wait behind the heads.
-func pgHeadsByKey(tbl string, a *args, p ClaimParams) string {
-	ns := a.add(p.Namespace)
+func pgHeadsByKey(tbl string, a *args, p dialect.ClaimParams) string {
+	ns := a.Add(p.Namespace)
 	keyed := ` AND e.status IN ('pending', 'processing', 'dead')`
 	return `WITH RECURSIVE k(pk) AS (SELECT min(e.partition_key) FROM ` + tbl + ` e WHERE e.namespace = ` + ns +
 		` AND e.partition_key IS NOT NULL` + keyed +
@@ -78,14 +80,14 @@ func pgHeadsByKey(tbl string, a *args, p ClaimParams) string {
 		` h AS MATERIALIZED (SELECT (SELECT e.id FROM ` + tbl + ` e WHERE e.namespace = ` + ns + ` AND e.partition_key = k.pk AND ` +
 		orderedLive(p.OrderedSkipDead) + ` ORDER BY e.created_at, e.id LIMIT 1) AS id FROM k WHERE k.pk IS NOT NULL),` +
 		` c AS MATERIALIZED (SELECT id FROM ` + tbl + ` WHERE id IN (SELECT h.id FROM h UNION ALL (SELECT id FROM ` + tbl +
-		` WHERE partition_key IS NULL AND ` + pgEligible(a, p) + ` ORDER BY created_at, id LIMIT ` + a.add(p.Limit) + `::bigint))` +
+		` WHERE partition_key IS NULL AND ` + pgEligible(a, p) + ` ORDER BY created_at, id LIMIT ` + a.Add(p.Limit) + `::bigint))` +
 		` AND ` + pgEligible(a, p) +
-		` ORDER BY created_at, id LIMIT ` + a.add(p.Limit) + `::bigint FOR UPDATE SKIP LOCKED)`
+		` ORDER BY created_at, id LIMIT ` + a.Add(p.Limit) + `::bigint FOR UPDATE SKIP LOCKED)`
 }
 
-// BlockedKeys implements [OrderedClaimer].
-func (*postgresDialect) BlockedKeys(ctx context.Context, q DBTX, t Table, p BlockedKeysParams) ([]BlockedKey, error) {
-	a := &args{dollar: true}
+// BlockedKeys implements [dialect.OrderedClaimer].
+func (*postgresDialect) BlockedKeys(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.BlockedKeysParams) ([]BlockedKey, error) {
+	a := &args{Numbered: true}
 	query := blockedKeysQuery(quoteIdent(t.Name(), '"'), "partition_key", "", a, p, pgUUID)
-	return queryBlockedKeys(ctx, q, query, a.vals)
+	return queryBlockedKeys(ctx, q, query, a.Values)
 }

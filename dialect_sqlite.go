@@ -13,6 +13,8 @@ import (
 	"weak"
 
 	"github.com/google/uuid"
+
+	"github.com/outboxgo/outbox/dialect"
 )
 
 // SQLite returns the dialect for SQLite 3.35 or newer, tested with modernc.org/sqlite.
@@ -35,6 +37,18 @@ import (
 // file per process, and one [Store] per pool: the Store keeps the hot statements prepared
 // on each connection of its pool.
 func SQLite() Dialect { return sqliteDialect{} }
+
+// The abilities the dialect has, checked at compile time.
+var (
+	_ dialect.Dialect        = sqliteDialect{}
+	_ dialect.Checker        = sqliteDialect{}
+	_ dialect.SettleClaimer  = sqliteDialect{}
+	_ dialect.OrderedClaimer = sqliteDialect{}
+	_ dialect.Purger         = sqliteDialect{}
+	_ dialect.Administrator  = sqliteDialect{}
+	_ dialect.Inspector      = sqliteDialect{}
+	_ dialect.PoolBinder     = sqliteDialect{}
+)
 
 // sqliteDialect, once New has bound it to a Store's pool, keeps its hot statements prepared
 // there (stmtCache): the claim and its probe, and the uniform ack; and it remembers which
@@ -74,7 +88,9 @@ type sqliteDialect struct {
 	backlog *sqliteBacklog
 }
 
-func (sqliteDialect) bindPool(db *sql.DB) Dialect {
+// BindPool implements [dialect.PoolBinder]: the copy it returns keeps the prepared
+// statements and the backlog of db.
+func (sqliteDialect) BindPool(db *sql.DB) Dialect {
 	return sqliteDialect{stmts: newStmtCache(db), backlog: &sqliteBacklog{db: db, m: map[string]*atomic.Bool{}}}
 }
 
@@ -84,7 +100,7 @@ func (sqliteDialect) Name() string { return "sqlite" }
 // bound parameters (12 per row).
 const sqliteRowsPerInsert = 500
 
-func (d sqliteDialect) Insert(ctx context.Context, q DBTX, t Table, rows []Row) ([]bool, error) {
+func (d sqliteDialect) Insert(ctx context.Context, q dialect.DBTX, t dialect.Table, rows []dialect.Row) ([]bool, error) {
 	inserted := make([]bool, 0, len(rows))
 	// Go's clock down to its millisecond: the resolution of SQLite's, which the claim
 	// compares next_attempt_at with (sqliteNow truncates the same way), so that a row
@@ -116,7 +132,7 @@ var sqliteInsertHeads, sqliteInsertGroups = func() (heads, groups [shapeCount]st
 	return heads, groups
 }()
 
-func (sqliteDialect) insert(ctx context.Context, q DBTX, t Table, rows []Row, now int64) ([]bool, error) {
+func (sqliteDialect) insert(ctx context.Context, q dialect.DBTX, t dialect.Table, rows []dialect.Row, now int64) ([]bool, error) {
 	shape := shapeOf(rows)
 	vals := make([]any, 0, len(rows)*(len(insertColumns)+3))
 	for i := range rows {
@@ -140,7 +156,7 @@ func (sqliteDialect) insert(ctx context.Context, q DBTX, t Table, rows []Row, no
 // Without dedupe keys every row went in or the statement failed; with one row the affected
 // count tells; otherwise the ids are read back with returning (or, where the database has
 // no INSERT ... RETURNING, by the caller's readBack).
-func insertOutcome(ctx context.Context, q DBTX, query string, vals []any, rows []Row, dedupe bool, returning string) ([]bool, error) {
+func insertOutcome(ctx context.Context, q dialect.DBTX, query string, vals []any, rows []dialect.Row, dedupe bool, returning string) ([]bool, error) {
 	inserted := make([]bool, len(rows))
 	if !dedupe || len(rows) == 1 {
 		res, err := q.ExecContext(ctx, query, vals...)
@@ -168,7 +184,7 @@ func insertOutcome(ctx context.Context, q DBTX, query string, vals []any, rows [
 	return inserted, nil
 }
 
-func markInserted(inserted []bool, rows []Row, ids []uuid.UUID) {
+func markInserted(inserted []bool, rows []dialect.Row, ids []uuid.UUID) {
 	got := make(map[uuid.UUID]bool, len(ids))
 	for _, id := range ids {
 		got[id] = true
@@ -188,13 +204,13 @@ const sqliteNow = `(CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS I
 // sqliteEligible renders the claim predicate: (pending and due) or (processing and
 // expired), below the attempt limit, in scope, at sqliteNow. The leading status IN (...)
 // term lets SQLite use the partial claim index, whose WHERE clause it must imply.
-func sqliteEligible(a *args, p ClaimParams) string {
+func sqliteEligible(a *args, p dialect.ClaimParams) string {
 	return `status IN ('pending', 'processing') AND ((status = 'pending' AND next_attempt_at <= ` + sqliteNow +
-		`) OR (status = 'processing' AND locked_until < ` + sqliteNow + `)) AND attempts < ` + a.add(p.MaxAttempts) +
+		`) OR (status = 'processing' AND locked_until < ` + sqliteNow + `)) AND attempts < ` + a.Add(p.MaxAttempts) +
 		scopeSQL(a, p.Scope, "", uuidBytes)
 }
 
-func (d sqliteDialect) Claim(ctx context.Context, db *sql.DB, t Table, p ClaimParams) (recs []Record, err error) {
+func (d sqliteDialect) Claim(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.ClaimParams) (recs []Record, err error) {
 	if p.Ordered && p.Namespace != "" {
 		return d.claimOrdered(ctx, db, t, p)
 	}
@@ -209,17 +225,17 @@ func (d sqliteDialect) Claim(ctx context.Context, db *sql.DB, t Table, p ClaimPa
 	a := &args{}
 	probe := `SELECT 1 FROM ` + quoteIdent(t.Name(), '"') + ` INDEXED BY ` + quoteIdent(t.Index("claim"), '"') +
 		` WHERE ` + sqliteEligible(a, p) + sqliteOrdered(t, p) + ` LIMIT 1`
-	backlog := d.backlog.of(db, probe, a.vals)
+	backlog := d.backlog.of(db, probe, a.Values)
 	if backlog == nil || !backlog.Load() {
 		var one int
-		switch err := d.stmts.on(db).QueryRowContext(ctx, probe, a.vals...).Scan(&one); {
+		switch err := d.stmts.on(db).QueryRowContext(ctx, probe, a.Values...).Scan(&one); {
 		case err == sql.ErrNoRows:
 			return nil, nil
 		case err != nil:
 			return nil, err
 		}
 	}
-	err = d.write(ctx, db, func(_, prep DBTX) error {
+	err = d.write(ctx, db, func(_, prep dialect.DBTX) error {
 		recs, err = sqliteClaim(ctx, prep, t, p)
 		return err
 	})
@@ -236,7 +252,7 @@ func (d sqliteDialect) Claim(ctx context.Context, db *sql.DB, t Table, p ClaimPa
 // that comes back short, or fails, turns probing back on; a claim that skipped the probe and
 // finds nothing has taken the write lock once for nothing, which is what every claim did
 // before there was a probe. It is bound to a Store's pool with the statement cache
-// (bindPool), serves claims on that pool only, and holds at most stmtCacheSize scopes;
+// (BindPool), serves claims on that pool only, and holds at most stmtCacheSize scopes;
 // claims of further scopes, or on another pool, always probe.
 type sqliteBacklog struct {
 	db *sql.DB
@@ -263,34 +279,34 @@ func (b *sqliteBacklog) of(db *sql.DB, probe string, vals []any) *atomic.Bool {
 // sqliteClaim leases rows in one statement (SQLite). locked_until is the claim's time plus
 // the lease, and the claim's time is the row's updated_at, sqliteStamp, so that stampClaimed
 // can give UpdatedAt as LockedUntil - Lease.
-func sqliteClaim(ctx context.Context, q DBTX, t Table, p ClaimParams) ([]Record, error) {
+func sqliteClaim(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ClaimParams) ([]Record, error) {
 	tbl := quoteIdent(t.Name(), '"')
 	return sqliteLease(ctx, q, t, p, func(a *args) string {
 		return `SELECT id FROM ` + tbl + ` INDEXED BY ` + quoteIdent(t.Index("claim"), '"') + ` WHERE ` + sqliteEligible(a, p) +
-			sqliteOrdered(t, p) + ` ORDER BY created_at, id LIMIT ` + a.add(p.Limit)
+			sqliteOrdered(t, p) + ` ORDER BY created_at, id LIMIT ` + a.Add(p.Limit)
 	})
 }
 
 // sqliteLease leases the rows that the query rendered by candidates selects (with the
 // eligibility guard), in one UPDATE ... RETURNING.
-func sqliteLease(ctx context.Context, q DBTX, t Table, p ClaimParams, candidates func(a *args) string) ([]Record, error) {
+func sqliteLease(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ClaimParams, candidates func(a *args) string) ([]Record, error) {
 	tbl := quoteIdent(t.Name(), '"')
 	a := &args{}
 	var b strings.Builder
-	b.WriteString(`UPDATE ` + tbl + ` SET status = 'processing', attempts = attempts + 1, locked_by = ` + a.add(p.WorkerID) +
-		`, locked_until = ` + sqliteStamp + ` + ` + a.add(micros(p.Lease)) + `, lease_token = ` + a.add(uuidBytes(p.Token)) +
+	b.WriteString(`UPDATE ` + tbl + ` SET status = 'processing', attempts = attempts + 1, locked_by = ` + a.Add(p.WorkerID) +
+		`, locked_until = ` + sqliteStamp + ` + ` + a.Add(micros(p.Lease)) + `, lease_token = ` + a.Add(uuidBytes(p.Token)) +
 		`, updated_at = ` + sqliteStamp)
 	b.WriteString(` WHERE id IN (` + candidates(a) + `)`)
 	b.WriteString(` AND ` + sqliteEligible(a, p)) // the guard: eligibility holds at write time
 	b.WriteString(` RETURNING ` + selectList(claimColumns, "", nil))
-	return queryClaimed(ctx, q, p, b.String(), a.vals...)
+	return queryClaimed(ctx, q, p, b.String(), a.Values...)
 }
 
-func (d sqliteDialect) Complete(ctx context.Context, q DBTX, t Table, outcomes []Outcome) (lost []uuid.UUID, err error) {
+func (d sqliteDialect) Complete(ctx context.Context, q dialect.DBTX, t dialect.Table, outcomes []Outcome) (lost []uuid.UUID, err error) {
 	if len(outcomes) == 0 {
 		return nil, nil
 	}
-	err = d.write(ctx, q, func(q, prep DBTX) error {
+	err = d.write(ctx, q, func(q, prep dialect.DBTX) error {
 		lost, err = sqliteComplete(ctx, q, prep, t, outcomes)
 		return err
 	})
@@ -317,24 +333,24 @@ func sqliteAckListLen(n int, prepared bool) int {
 }
 
 // sqliteComplete settles outcomes on q; prep is q with prepared statements (stmtCache).
-func sqliteComplete(ctx context.Context, q, prep DBTX, t Table, outcomes []Outcome) ([]uuid.UUID, error) {
+func sqliteComplete(ctx context.Context, q, prep dialect.DBTX, t dialect.Table, outcomes []Outcome) ([]uuid.UUID, error) {
 	a := &args{}
 	if token, ok := uniformAck(outcomes); ok {
 		prepared := isPrepared(prep) && len(outcomes) <= MaxBatch
 		n := sqliteAckListLen(len(outcomes), prepared)
 		query := `UPDATE ` + quoteIdent(t.Name(), '"') + ` SET status = 'delivered', delivered_at = ` + sqliteStamp +
 			`, locked_by = NULL, locked_until = NULL, updated_at = ` + sqliteStamp +
-			` WHERE id IN ` + a.list(n, func(i int) any { return uuidBytes(outcomes[min(i, len(outcomes)-1)].ID) }) +
-			` AND lease_token = ` + a.add(uuidBytes(token)) + ` AND status = 'processing' RETURNING id`
+			` WHERE id IN ` + a.List(n, func(i int) any { return uuidBytes(outcomes[min(i, len(outcomes)-1)].ID) }) +
+			` AND lease_token = ` + a.Add(uuidBytes(token)) + ` AND status = 'processing' RETURNING id`
 		pq := q
 		if prepared {
 			pq = prep
 		}
-		ids, err := queryIDs(ctx, pq, query, a.vals...)
+		ids, err := queryIDs(ctx, pq, query, a.Values...)
 		if err != nil {
 			return nil, err
 		}
-		return missing(leasesOf(outcomes), ids), nil
+		return dialect.Lost(dialect.Leases(outcomes), ids), nil
 	}
 	var b strings.Builder
 	b.WriteString(`WITH u(o_id, o_token, o_status, o_delay, o_error, o_refund) AS (VALUES `)
@@ -346,8 +362,8 @@ func sqliteComplete(ctx context.Context, q, prep DBTX, t Table, outcomes []Outco
 		if o.RefundAttempt {
 			refund = 1
 		}
-		b.WriteString("(" + a.add(uuidBytes(o.ID)) + ", " + a.add(uuidBytes(o.Token)) + ", " + a.add(string(o.Status)) +
-			", " + a.add(micros(o.Delay)) + ", " + a.add(o.Error) + ", " + a.add(refund) + ")")
+		b.WriteString("(" + a.Add(uuidBytes(o.ID)) + ", " + a.Add(uuidBytes(o.Token)) + ", " + a.Add(string(o.Status)) +
+			", " + a.Add(micros(o.Delay)) + ", " + a.Add(o.Error) + ", " + a.Add(refund) + ")")
 	}
 	b.WriteString(`) UPDATE ` + quoteIdent(t.Name(), '"') + ` SET status = u.o_status,` +
 		` next_attempt_at = CASE WHEN u.o_status = 'pending' THEN ` + sqliteNow + ` + u.o_delay ELSE next_attempt_at END,` +
@@ -356,25 +372,25 @@ func sqliteComplete(ctx context.Context, q, prep DBTX, t Table, outcomes []Outco
 		` attempts = max(attempts - u.o_refund, 0),` + // RefundAttempt: an outage gives the claim's attempt back
 		` locked_by = NULL, locked_until = NULL, updated_at = ` + sqliteStamp +
 		` FROM u WHERE id = u.o_id AND lease_token = u.o_token AND status = 'processing' RETURNING id`)
-	ids, err := queryIDs(ctx, q, b.String(), a.vals...)
+	ids, err := queryIDs(ctx, q, b.String(), a.Values...)
 	if err != nil {
 		return nil, err
 	}
-	return missing(leasesOf(outcomes), ids), nil
+	return dialect.Lost(dialect.Leases(outcomes), ids), nil
 }
 
-func (d sqliteDialect) Extend(ctx context.Context, q DBTX, t Table, p ExtendParams) (lost []uuid.UUID, err error) {
+func (d sqliteDialect) Extend(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ExtendParams) (lost []uuid.UUID, err error) {
 	if len(p.Leases) == 0 {
 		return nil, nil
 	}
-	err = d.write(ctx, q, func(q, _ DBTX) error {
+	err = d.write(ctx, q, func(q, _ dialect.DBTX) error {
 		lost, err = sqliteExtend(ctx, q, t, p)
 		return err
 	})
 	return lost, err
 }
 
-func sqliteExtend(ctx context.Context, q DBTX, t Table, p ExtendParams) ([]uuid.UUID, error) {
+func sqliteExtend(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ExtendParams) ([]uuid.UUID, error) {
 	a := &args{}
 	var b strings.Builder
 	b.WriteString(`WITH u(o_id, o_token) AS (VALUES `)
@@ -382,37 +398,37 @@ func sqliteExtend(ctx context.Context, q DBTX, t Table, p ExtendParams) ([]uuid.
 		if i > 0 {
 			b.WriteString(", ")
 		}
-		b.WriteString("(" + a.add(uuidBytes(l.ID)) + ", " + a.add(uuidBytes(l.Token)) + ")")
+		b.WriteString("(" + a.Add(uuidBytes(l.ID)) + ", " + a.Add(uuidBytes(l.Token)) + ")")
 	}
-	b.WriteString(`) UPDATE ` + quoteIdent(t.Name(), '"') + ` SET locked_until = ` + sqliteNow + ` + ` + a.add(micros(p.Lease)) +
+	b.WriteString(`) UPDATE ` + quoteIdent(t.Name(), '"') + ` SET locked_until = ` + sqliteNow + ` + ` + a.Add(micros(p.Lease)) +
 		`, updated_at = ` + sqliteStamp +
 		` FROM u WHERE id = u.o_id AND lease_token = u.o_token AND status = 'processing' RETURNING id`)
-	ids, err := queryIDs(ctx, q, b.String(), a.vals...)
+	ids, err := queryIDs(ctx, q, b.String(), a.Values...)
 	if err != nil {
 		return nil, err
 	}
-	return missing(p.Leases, ids), nil
+	return dialect.Lost(p.Leases, ids), nil
 }
 
-func (d sqliteDialect) Bury(ctx context.Context, q DBTX, t Table, p BuryParams) (ids []uuid.UUID, err error) {
-	err = d.write(ctx, q, func(q, _ DBTX) error {
+func (d sqliteDialect) Bury(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.BuryParams) (ids []uuid.UUID, err error) {
+	err = d.write(ctx, q, func(q, _ dialect.DBTX) error {
 		ids, err = sqliteBury(ctx, q, t, p)
 		return err
 	})
 	return ids, err
 }
 
-func sqliteBury(ctx context.Context, q DBTX, t Table, p BuryParams) ([]uuid.UUID, error) {
+func sqliteBury(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.BuryParams) ([]uuid.UUID, error) {
 	tbl := quoteIdent(t.Name(), '"')
 	a := &args{}
-	query := `UPDATE ` + tbl + ` SET status = 'dead', last_error = ` + a.add(p.Reason) +
-		`, locked_by = NULL, locked_until = NULL, lease_token = ` + a.add(uuidBytes(p.Token)) + `, updated_at = ` + sqliteStamp +
+	query := `UPDATE ` + tbl + ` SET status = 'dead', last_error = ` + a.Add(p.Reason) +
+		`, locked_by = NULL, locked_until = NULL, lease_token = ` + a.Add(uuidBytes(p.Token)) + `, updated_at = ` + sqliteStamp +
 		` WHERE id IN (SELECT id FROM ` + tbl + ` WHERE ` + buryCandidates(a, p, func() string { return sqliteNow }, uuidBytes, "") +
-		` ORDER BY created_at, id LIMIT ` + a.add(p.Limit) + `) RETURNING id`
-	return queryIDs(ctx, q, query, a.vals...)
+		` ORDER BY created_at, id LIMIT ` + a.Add(p.Limit) + `) RETURNING id`
+	return queryIDs(ctx, q, query, a.Values...)
 }
 
-func (sqliteDialect) Get(ctx context.Context, q DBTX, t Table, id uuid.UUID) (Record, error) {
+func (sqliteDialect) Get(ctx context.Context, q dialect.DBTX, t dialect.Table, id uuid.UUID) (Record, error) {
 	return getRecord(q.QueryRowContext(ctx, `SELECT `+selectList(recordColumns, "", nil)+` FROM `+quoteIdent(t.Name(), '"')+` WHERE id = ?`, uuidBytes(id)))
 }
 
@@ -445,7 +461,7 @@ func sqliteTurn(ctx context.Context, db *sql.DB) (release func(), err error) {
 // its wait for the write lock. A claim that commits while ctx ends can be reported as
 // cancelled; its rows then stay leased until the lease expires, as after a crash, which is
 // why the Publisher claims on a context that ends only at its shutdown deadline.
-func (d sqliteDialect) write(ctx context.Context, q DBTX, fn func(q, prep DBTX) error) error {
+func (d sqliteDialect) write(ctx context.Context, q dialect.DBTX, fn func(q, prep dialect.DBTX) error) error {
 	db, ok := q.(*sql.DB)
 	if !ok {
 		return fn(q, q)
@@ -485,7 +501,7 @@ func sqliteGateOf(db *sql.DB) chan struct{} {
 	return g.(chan struct{})
 }
 
-// CompleteAndClaim implements [SettleClaimer]: Complete's statement and the claim run in one
+// CompleteAndClaim implements [dialect.SettleClaimer]: Complete's statement and the claim run in one
 // transaction, in one turn of the pool's writes (sqliteTurn), so they take the write lock
 // and commit once. The transaction's first statement writes, so it takes the write lock
 // before it reads, as an autocommit write does. The claim sees the settled rows as they now
@@ -494,14 +510,14 @@ func sqliteGateOf(db *sql.DB) chan struct{} {
 // Statements that are not prepared yet run unprepared in the transaction, and are prepared
 // on the pool after it, once its connection is back: preparing them inside would wait for a
 // second connection while holding one, forever on a pool of one.
-func (d sqliteDialect) CompleteAndClaim(ctx context.Context, db *sql.DB, t Table, outcomes []Outcome, p ClaimParams) (lost []uuid.UUID, recs []Record, err error) {
+func (d sqliteDialect) CompleteAndClaim(ctx context.Context, db *sql.DB, t dialect.Table, outcomes []Outcome, p dialect.ClaimParams) (recs []Record, lost []uuid.UUID, err error) {
 	var missed []string
 	lost, recs, err = d.completeAndClaim(ctx, db, t, outcomes, p, &missed)
 	d.stmts.warm(ctx, missed)
-	return lost, recs, err
+	return recs, lost, err
 }
 
-func (d sqliteDialect) completeAndClaim(ctx context.Context, db *sql.DB, t Table, outcomes []Outcome, p ClaimParams, missed *[]string) (lost []uuid.UUID, recs []Record, err error) {
+func (d sqliteDialect) completeAndClaim(ctx context.Context, db *sql.DB, t dialect.Table, outcomes []Outcome, p dialect.ClaimParams, missed *[]string) (lost []uuid.UUID, recs []Record, err error) {
 	release, err := sqliteTurn(ctx, db)
 	if err != nil {
 		return nil, nil, err

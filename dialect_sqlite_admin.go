@@ -7,18 +7,15 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-)
 
-var (
-	_ AdminDialect     = sqliteDialect{}
-	_ RetentionDialect = sqliteDialect{}
+	"github.com/outboxgo/outbox/dialect"
 )
 
 // sqliteAt binds a time as the Unix microseconds SQLite stores.
-func sqliteAt(a *args, t time.Time) string { return a.add(t.UnixMicro()) }
+func sqliteAt(a *args, t time.Time) string { return a.Add(t.UnixMicro()) }
 
 // sqliteIndex renders INDEXED BY for one of the table's named indexes.
-func sqliteIndex(t Table, purpose string) string {
+func sqliteIndex(t dialect.Table, purpose string) string {
 	return ` INDEXED BY ` + quoteIdent(t.Index(purpose), '"')
 }
 
@@ -28,7 +25,7 @@ func sqliteIndex(t Table, purpose string) string {
 // appended with growing rowids and purged oldest first, so only rows deleted out of order,
 // by Discard, make it high), less the live and dead rows counted. An exact COUNT(*) of a
 // million delivered rows reads every entry of the retention index, a second or more here.
-func (sqliteDialect) Stats(ctx context.Context, q DBTX, t Table, p StatsParams) (StatsSample, error) {
+func (sqliteDialect) Stats(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.StatsParams) (dialect.StatsSample, error) {
 	tbl := quoteIdent(t.Name(), '"')
 	due := `status = 'pending' AND next_attempt_at <= ` + sqliteNow
 	la, da := &args{}, &args{}
@@ -50,39 +47,39 @@ func (sqliteDialect) Stats(ctx context.Context, q DBTX, t Table, p StatsParams) 
 			return n - counted, err
 		},
 	}
-	r.liveArgs, r.deadArgs = la.vals, da.vals
+	r.liveArgs, r.deadArgs = la.Values, da.Values
 	return runStatsReads(ctx, q, p.Scope, p.DeliveredSample, r)
 }
 
 // ListDead walks the partial retention index (status, updated_at) backwards.
-func (sqliteDialect) ListDead(ctx context.Context, q DBTX, t Table, p ListDeadParams) ([]Record, error) {
+func (sqliteDialect) ListDead(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ListDeadParams) ([]Record, error) {
 	a := &args{}
 	query := `SELECT ` + selectList(recordColumns, "", nil) + ` FROM ` + quoteIdent(t.Name(), '"') + sqliteIndex(t, "retention") +
-		` WHERE ` + deadWhere(a, p, sqliteAt, uuidBytes, sqliteContains) + ` ORDER BY updated_at DESC, id DESC LIMIT ` + a.add(p.Limit)
-	return queryAll(ctx, q, query, a.vals, scanRecord)
+		` WHERE ` + deadWhere(a, p, sqliteAt, uuidBytes, sqliteContains) + ` ORDER BY updated_at DESC, id DESC LIMIT ` + a.Add(p.Limit)
+	return queryAll(ctx, q, query, a.Values, scanRecord)
 }
 
 // Replay is one UPDATE ... RETURNING in autocommit, in the pool's turn with the library's
 // other writes.
-func (d sqliteDialect) Replay(ctx context.Context, db *sql.DB, t Table, p ReplayParams) (ids []uuid.UUID, err error) {
-	err = d.write(ctx, db, func(q, _ DBTX) error {
+func (d sqliteDialect) Replay(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.ReplayParams) (ids []uuid.UUID, err error) {
+	err = d.write(ctx, db, func(q, _ dialect.DBTX) error {
 		a := &args{}
 		query := `UPDATE ` + quoteIdent(t.Name(), '"') + ` SET status = 'pending', attempts = 0, next_attempt_at = ` + sqliteNow +
-			`, locked_by = NULL, locked_until = NULL, lease_token = ` + a.add(uuidBytes(p.Token)) +
+			`, locked_by = NULL, locked_until = NULL, lease_token = ` + a.Add(uuidBytes(p.Token)) +
 			`, replays = replays + 1, updated_at = ` + sqliteStamp +
-			` WHERE id IN ` + a.list(len(p.IDs), func(i int) any { return uuidBytes(p.IDs[i]) }) + ` AND status = 'dead' RETURNING id`
-		ids, err = queryIDs(ctx, q, query, a.vals...)
+			` WHERE id IN ` + a.List(len(p.IDs), func(i int) any { return uuidBytes(p.IDs[i]) }) + ` AND status = 'dead' RETURNING id`
+		ids, err = queryIDs(ctx, q, query, a.Values...)
 		return err
 	})
 	return ids, err
 }
 
 // Discard is one DELETE ... RETURNING in autocommit.
-func (d sqliteDialect) Discard(ctx context.Context, db *sql.DB, t Table, p DiscardParams) (ids []uuid.UUID, err error) {
-	err = d.write(ctx, db, func(q, _ DBTX) error {
+func (d sqliteDialect) Discard(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.DiscardParams) (ids []uuid.UUID, err error) {
+	err = d.write(ctx, db, func(q, _ dialect.DBTX) error {
 		a := &args{}
 		ids, err = queryIDs(ctx, q, `DELETE FROM `+quoteIdent(t.Name(), '"')+` WHERE id IN `+
-			a.list(len(p.IDs), func(i int) any { return uuidBytes(p.IDs[i]) })+` AND status = 'dead' RETURNING id`, a.vals...)
+			a.List(len(p.IDs), func(i int) any { return uuidBytes(p.IDs[i]) })+` AND status = 'dead' RETURNING id`, a.Values...)
 		return err
 	})
 	return ids, err
@@ -91,17 +88,17 @@ func (d sqliteDialect) Discard(ctx context.Context, db *sql.DB, t Table, p Disca
 // sqlitePurgeSQL renders one purge batch: the oldest rows of the status by the partial
 // retention index, deleted in one autocommit statement. SQLite has one writer, so
 // concurrent purgers simply take turns.
-func sqlitePurgeSQL(t Table, status Status) string {
+func sqlitePurgeSQL(t dialect.Table, status Status) string {
 	tbl := quoteIdent(t.Name(), '"')
 	return `DELETE FROM ` + tbl + ` WHERE id IN (SELECT id FROM ` + tbl + sqliteIndex(t, "retention") +
 		` WHERE ` + sqliteRetained(status) + ` AND updated_at < ` + sqliteNow + ` - ? ORDER BY updated_at LIMIT ?)`
 }
 
-func (d sqliteDialect) Purge(ctx context.Context, db *sql.DB, t Table, p PurgeParams) (n int64, err error) {
+func (d sqliteDialect) Purge(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.PurgeParams) (n int64, err error) {
 	if p.Status != StatusDelivered && p.Status != StatusDead {
 		return 0, fmt.Errorf("purge of %q rows: only delivered and dead rows may be purged", p.Status)
 	}
-	err = d.write(ctx, db, func(q, _ DBTX) error {
+	err = d.write(ctx, db, func(q, _ dialect.DBTX) error {
 		res, err := q.ExecContext(ctx, sqlitePurgeSQL(t, p.Status), micros(p.OlderThan), p.Limit)
 		if err != nil {
 			return err

@@ -14,6 +14,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 	_ "modernc.org/sqlite"
+
+	"github.com/outboxgo/outbox/dialect"
 )
 
 // TestSQLiteGateHonoursContext: a library write waiting for its turn at the pool's gate
@@ -24,7 +26,7 @@ func TestSQLiteGateHonoursContext(t *testing.T) {
 	defer db.Close()
 	gate := sqliteGateOf(db)
 	require.Equal(t, gate, sqliteGateOf(db), "one gate per pool")
-	tbl, err := NewTable(DefaultTable)
+	tbl, err := dialect.NewTable(DefaultTable)
 	require.NoError(t, err)
 	ack := []Outcome{{Lease: Lease{ID: uuid.New(), Token: uuid.New()}, Status: StatusDelivered}}
 

@@ -3,6 +3,8 @@ package outbox
 import (
 	"context"
 	"database/sql"
+
+	"github.com/outboxgo/outbox/dialect"
 )
 
 // Ordered claims on SQLite add one term to the claim's candidate read and to its probe
@@ -16,7 +18,7 @@ import (
 // within one claim a later row of a key sees the earlier one pending and is not taken.
 
 // sqliteOrdered renders the ordered claim's extra term, or "" for an unordered claim.
-func sqliteOrdered(t Table, p ClaimParams) string {
+func sqliteOrdered(t dialect.Table, p dialect.ClaimParams) string {
 	if !p.Ordered {
 		return ""
 	}
@@ -28,14 +30,14 @@ func sqliteOrdered(t Table, p ClaimParams) string {
 // claim index bounded to orderedWindow rows, then, when that found less than a batch, a
 // visit of the keys (sqliteHeadsByKey). Both are probed first without the write lock, so
 // that idle publishers leave the lock to producers; an ordered claim always probes.
-func (d sqliteDialect) claimOrdered(ctx context.Context, db *sql.DB, t Table, p ClaimParams) (recs []Record, err error) {
-	byKey := func(p ClaimParams) func(a *args) string {
+func (d sqliteDialect) claimOrdered(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.ClaimParams) (recs []Record, err error) {
+	byKey := func(p dialect.ClaimParams) func(a *args) string {
 		return func(a *args) string { return sqliteHeadsByKey(t, a, p) }
 	}
 	found := func(candidates func(a *args) string) (bool, error) {
 		a := &args{}
 		var one int
-		switch err := d.stmts.on(db).QueryRowContext(ctx, `SELECT 1 FROM (`+candidates(a)+`) LIMIT 1`, a.vals...).Scan(&one); {
+		switch err := d.stmts.on(db).QueryRowContext(ctx, `SELECT 1 FROM (`+candidates(a)+`) LIMIT 1`, a.Values...).Scan(&one); {
 		case err == sql.ErrNoRows:
 			return false, nil
 		case err != nil:
@@ -52,7 +54,7 @@ func (d sqliteDialect) claimOrdered(ctx context.Context, db *sql.DB, t Table, p 
 			return nil, err
 		}
 	}
-	err = d.write(ctx, db, func(q, _ DBTX) error {
+	err = d.write(ctx, db, func(q, _ dialect.DBTX) error {
 		recs, err = sqliteLeaseOrdered(ctx, q, t, p, inWindow)
 		return err
 	})
@@ -62,7 +64,7 @@ func (d sqliteDialect) claimOrdered(ctx context.Context, db *sql.DB, t Table, p 
 // sqliteLeaseOrdered leases in order on q, which must hold the write lock: from the walk of
 // the claim index when inWindow (a probe found a candidate there), then from the visit of
 // the keys for what the walk left of the batch.
-func sqliteLeaseOrdered(ctx context.Context, q DBTX, t Table, p ClaimParams, inWindow bool) (recs []Record, err error) {
+func sqliteLeaseOrdered(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ClaimParams, inWindow bool) (recs []Record, err error) {
 	if inWindow {
 		if recs, err = sqliteLease(ctx, q, t, p, sqliteWalk(t, p)); err != nil || len(recs) == p.Limit {
 			return recs, err
@@ -75,42 +77,42 @@ func sqliteLeaseOrdered(ctx context.Context, q DBTX, t Table, p ClaimParams, inW
 }
 
 // sqliteWalk renders the candidates of an ordered claim's bounded walk of the claim index.
-func sqliteWalk(t Table, p ClaimParams) func(a *args) string {
+func sqliteWalk(t dialect.Table, p dialect.ClaimParams) func(a *args) string {
 	return func(a *args) string {
 		return `SELECT id FROM ` + quoteIdent(t.Name(), '"') + ` INDEXED BY ` + quoteIdent(t.Index("claim"), '"') + ` WHERE ` + sqliteEligible(a, p) +
-			sqliteOrdered(t, p) + sqliteWindow(t, a, p) + ` ORDER BY created_at, id LIMIT ` + a.add(p.Limit)
+			sqliteOrdered(t, p) + sqliteWindow(t, a, p) + ` ORDER BY created_at, id LIMIT ` + a.Add(p.Limit)
 	}
 }
 
 // sqliteWindow bounds the ordered claim's walk to orderedWindow rows in scope.
-func sqliteWindow(t Table, a *args, p ClaimParams) string {
+func sqliteWindow(t dialect.Table, a *args, p dialect.ClaimParams) string {
 	return ` AND created_at <= coalesce((SELECT w.created_at FROM ` + quoteIdent(t.Name(), '"') + ` w INDEXED BY ` +
 		quoteIdent(t.Index("claim"), '"') + ` WHERE w.status IN ('pending', 'processing')` + scopeSQL(a, p.Scope, "w.", uuidBytes) +
-		` ORDER BY w.created_at, w.id LIMIT 1 OFFSET ` + a.add(orderedWindow(p.Limit)) + `), 9223372036854775807)`
+		` ORDER BY w.created_at, w.id LIMIT 1 OFFSET ` + a.Add(orderedWindow(p.Limit)) + `), 9223372036854775807)`
 }
 
 // sqliteHeadsByKey renders the candidates of a claim that visits the keys of p.Namespace:
 // a skip scan of the order index lists the keys, one descent per key, the key's first row
 // that holds it back is its head; the unkeyed index gives the oldest rows without a key; and
 // the oldest eligible of both are chosen.
-func sqliteHeadsByKey(t Table, a *args, p ClaimParams) string {
+func sqliteHeadsByKey(t dialect.Table, a *args, p dialect.ClaimParams) string {
 	tbl := quoteIdent(t.Name(), '"')
 	e := tbl + ` e INDEXED BY ` + quoteIdent(t.Index("order"), '"')
 	keyed := ` AND e.status IN ('pending', 'processing', 'dead') ORDER BY e.partition_key LIMIT 1`
-	return `WITH RECURSIVE k(pk) AS (SELECT (SELECT e.partition_key FROM ` + e + ` WHERE e.namespace = ` + a.add(p.Namespace) +
+	return `WITH RECURSIVE k(pk) AS (SELECT (SELECT e.partition_key FROM ` + e + ` WHERE e.namespace = ` + a.Add(p.Namespace) +
 		` AND e.partition_key IS NOT NULL` + keyed + `)` +
-		` UNION ALL SELECT (SELECT e.partition_key FROM ` + e + ` WHERE e.namespace = ` + a.add(p.Namespace) + ` AND e.partition_key > k.pk` +
+		` UNION ALL SELECT (SELECT e.partition_key FROM ` + e + ` WHERE e.namespace = ` + a.Add(p.Namespace) + ` AND e.partition_key > k.pk` +
 		keyed + `) FROM k WHERE k.pk IS NOT NULL)` +
-		` SELECT id FROM ` + tbl + ` WHERE id IN (SELECT (SELECT e.id FROM ` + e + ` WHERE e.namespace = ` + a.add(p.Namespace) +
+		` SELECT id FROM ` + tbl + ` WHERE id IN (SELECT (SELECT e.id FROM ` + e + ` WHERE e.namespace = ` + a.Add(p.Namespace) +
 		` AND e.partition_key = k.pk AND ` + orderedLive(p.OrderedSkipDead) + ` ORDER BY e.created_at, e.id LIMIT 1) FROM k WHERE k.pk IS NOT NULL` +
 		` UNION ALL SELECT * FROM (SELECT id FROM ` + tbl + ` INDEXED BY ` + quoteIdent(t.Index("unkeyed"), '"') +
-		` WHERE partition_key IS NULL AND ` + sqliteEligible(a, p) + ` ORDER BY created_at, id LIMIT ` + a.add(p.Limit) + `))` +
-		` AND ` + sqliteEligible(a, p) + ` ORDER BY created_at, id LIMIT ` + a.add(p.Limit)
+		` WHERE partition_key IS NULL AND ` + sqliteEligible(a, p) + ` ORDER BY created_at, id LIMIT ` + a.Add(p.Limit) + `))` +
+		` AND ` + sqliteEligible(a, p) + ` ORDER BY created_at, id LIMIT ` + a.Add(p.Limit)
 }
 
-// BlockedKeys implements [OrderedClaimer].
-func (sqliteDialect) BlockedKeys(ctx context.Context, q DBTX, t Table, p BlockedKeysParams) ([]BlockedKey, error) {
+// BlockedKeys implements [dialect.OrderedClaimer].
+func (sqliteDialect) BlockedKeys(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.BlockedKeysParams) ([]BlockedKey, error) {
 	a := &args{}
 	query := blockedKeysQuery(quoteIdent(t.Name(), '"'), "partition_key", ` INDEXED BY `+quoteIdent(t.Index("order"), '"'), a, p, uuidBytes)
-	return queryBlockedKeys(ctx, q, query, a.vals)
+	return queryBlockedKeys(ctx, q, query, a.Values)
 }

@@ -8,6 +8,8 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+
+	"github.com/outboxgo/outbox/dialect"
 )
 
 // Distributed SQL servers that speak the PostgreSQL or MySQL protocol report themselves as
@@ -130,12 +132,12 @@ func judgeServer(s serverInfo) *CheckError {
 // serverJudge is implemented by the built-in dialects that speak a protocol distributed
 // SQL servers imitate: it reads what [judgeServer] needs.
 type serverJudge interface {
-	serverInfo(ctx context.Context, db *sql.DB, t Table) (serverInfo, error)
+	serverInfo(ctx context.Context, db *sql.DB, t dialect.Table) (serverInfo, error)
 }
 
 // judge reads the server's description through d, when d can, and judges it. An error
 // reading it is left to the dialect's own check, which reports an unreachable server.
-func judge(ctx context.Context, d Dialect, db *sql.DB, t Table, notify bool) *CheckError {
+func judge(ctx context.Context, d Dialect, db *sql.DB, t dialect.Table, notify bool) *CheckError {
 	j, ok := d.(serverJudge)
 	if !ok {
 		return nil
@@ -150,7 +152,7 @@ func judge(ctx context.Context, d Dialect, db *sql.DB, t Table, notify bool) *Ch
 
 // serverInfo implements serverJudge: the version, and whether Citus is installed and
 // distributes the table. CockroachDB is recognised from its version alone.
-func (d *postgresDialect) serverInfo(ctx context.Context, db *sql.DB, t Table) (serverInfo, error) {
+func (d *postgresDialect) serverInfo(ctx context.Context, db *sql.DB, t dialect.Table) (serverInfo, error) {
 	var info serverInfo
 	if err := db.QueryRowContext(ctx, `SELECT version()`).Scan(&info.Version); err != nil {
 		return info, err
@@ -170,7 +172,7 @@ func (d *postgresDialect) serverInfo(ctx context.Context, db *sql.DB, t Table) (
 }
 
 // serverInfo implements serverJudge: the version.
-func (d mysqlDialect) serverInfo(ctx context.Context, db *sql.DB, _ Table) (serverInfo, error) {
+func (d mysqlDialect) serverInfo(ctx context.Context, db *sql.DB, _ dialect.Table) (serverInfo, error) {
 	var info serverInfo
 	err := db.QueryRowContext(ctx, `SELECT version()`).Scan(&info.Version)
 	return info, err

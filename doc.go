@@ -35,13 +35,16 @@
 //
 // A [Publisher] claims as soon as there is work instead of waiting for its next poll: an
 // enqueue on its [Store] wakes it in the same process, a commit anywhere wakes it on
-// PostgreSQL (LISTEN/NOTIFY, the [Notifier] ability), and [Publisher.Wake] takes a signal
-// of your own. Polling remains the fallback.
+// PostgreSQL (LISTEN/NOTIFY, the [dialect.Notifier] ability), and [Publisher.Wake] takes
+// a signal of your own. Polling remains the fallback.
 //
 // # Dialects
 //
 // The engine owns validation, ids, hashing, the retry policy and the state machine; a
 // [Dialect] owns the SQL. Built in: [Postgres], [MySQL], [SQLite]. The root package imports
-// no database driver; register the one you use. The conformance package proves a dialect,
-// built-in or your own, against the rules above.
+// no database driver; register the one you use. Writing a dialect of your own needs only
+// package [github.com/outboxgo/outbox/dialect], which holds the whole contract (this
+// package aliases the few of its types you meet as a user: [Record], [Status], [Scope],
+// [Lease], [Outcome], ...); the conformance package proves a dialect, built-in or your
+// own, against the rules above.
 package outbox

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/outboxgo/outbox/dialect"
 )
 
 // Sentinel errors. Match them with [errors.Is]; the typed errors below wrap them.
@@ -24,15 +26,16 @@ var (
 	// already. The row was not changed. A publisher logs this and does not nack.
 	ErrLeaseLost = errors.New("outbox: lease lost")
 
-	// ErrNotFound means no row has the requested id.
-	ErrNotFound = errors.New("outbox: not found")
+	// ErrNotFound means no row has the requested id ([Store.Get]) or dedupe key
+	// ([Store.GetByDedupeKey]).
+	ErrNotFound = dialect.ErrNotFound
 
 	// ErrIntegrity marks a row that is no longer as it was enqueued: its payload does not
 	// match the SHA-256 taken at enqueue, or its headers do not decode. The row was changed
 	// behind the library's back. [Record.Integrity] reports it; a [Publisher] dead-letters
 	// such a row at once and never hands it to the [Transport], and [DeadLetter.Err]
 	// matches it.
-	ErrIntegrity = errors.New("outbox: integrity check failed")
+	ErrIntegrity = dialect.ErrIntegrity
 )
 
 // ValidationError describes one refused input. It matches [ErrInvalid], and

@@ -1,5 +1,7 @@
 package outbox
 
+import "github.com/outboxgo/outbox/dialect"
+
 // InspectSQL renders, per built-in dialect, the statements of the inspection calls with
 // their arguments, for the EXPLAIN tests in package outbox_test: the two reads of
 // DeadGroups (groups, then total), Activity's read of one status, and GetByDedupeKey's.
@@ -10,14 +12,14 @@ type InspectStatement struct {
 }
 
 // InspectSQL returns the statements of one built-in dialect for filter f.
-func InspectSQL(dialect string, t Table, f DeadFilter) []InspectStatement {
-	p := DeadGroupsParams{DeadFilter: f, Limit: DefaultDeadGroupsLimit}
+func InspectSQL(name string, t dialect.Table, f DeadFilter) []InspectStatement {
+	p := dialect.DeadGroupsParams{DeadFilter: f, Limit: DefaultDeadGroupsLimit}
 	var (
-		groups, total func(Table, DeadGroupsParams) (string, string, []any, []any)
-		activity      func(Table, Status) string
-		dedupe        func(Table) string
+		groups, total func(dialect.Table, dialect.DeadGroupsParams) (string, string, []any, []any)
+		activity      func(dialect.Table, Status) string
+		dedupe        func(dialect.Table) string
 	)
-	switch dialect {
+	switch name {
 	case "postgres":
 		groups, activity, dedupe = pgDeadGroupsSQL, pgActivitySQL, pgDedupeKeySQL
 	case "mysql":

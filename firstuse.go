@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 
 	"github.com/outboxgo/outbox/internal/dbkind"
+
+	"github.com/outboxgo/outbox/dialect"
 )
 
 // firstUse holds the verdict of the check a [Store] runs at its first enqueue: nil until a
@@ -42,7 +44,7 @@ type firstUseVerdict struct{ err error }
 // already aborted) is no verdict: the call goes on as if the check had passed, the
 // statement that follows fails as it would have, and the next call checks again. A server it
 // does not recognise, or that answers neither version query, passes; Check still reports it.
-func (s *Store) checkFirstUse(ctx context.Context, q DBTX) error {
+func (s *Store) checkFirstUse(ctx context.Context, q dialect.DBTX) error {
 	if v := s.first.verdict.Load(); v != nil {
 		return v.err
 	}
@@ -58,7 +60,7 @@ func (s *Store) checkFirstUse(ctx context.Context, q DBTX) error {
 var passed = &firstUseVerdict{}
 
 // firstUseVerdict runs the check; nil when it reached no verdict.
-func (s *Store) firstUseVerdict(ctx context.Context, q DBTX) *firstUseVerdict {
+func (s *Store) firstUseVerdict(ctx context.Context, q dialect.DBTX) *firstUseVerdict {
 	var name string
 	switch s.dialect.(type) {
 	case *postgresDialect, mysqlDialect, sqliteDialect:

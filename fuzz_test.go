@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/dialect"
 	"github.com/outboxgo/outbox/internal/testdb"
 	"github.com/outboxgo/outbox/migrations"
 )
@@ -232,23 +233,24 @@ var fuzzTableName = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
 // fuzzTables counts the tables FuzzNewTable created, to give each a namespace of its own.
 var fuzzTables atomic.Int64
 
-// FuzzNewTable checks that NewTable accepts exactly the names [a-z_][a-z0-9_]* of at most
-// MaxTableBytes bytes that do not begin with SQLite's reserved prefix sqlite_, refusing others with a *ValidationError, and that an accepted name
-// works end to end on SQLite: migrate, enqueue, claim, ack, read back.
+// FuzzNewTable checks that dialect.NewTable accepts exactly the names [a-z_][a-z0-9_]* of at
+// most dialect.MaxTableBytes bytes that do not begin with SQLite's reserved prefix sqlite_,
+// that New refuses the others with a *ValidationError, and that an accepted name works end
+// to end on SQLite: migrate, enqueue, claim, ack, read back.
 func FuzzNewTable(f *testing.F) {
 	db := testdb.SQLite(f)
 	ctx := context.Background()
 	f.Fuzz(func(t *testing.T, name string) {
-		tbl, err := outbox.NewTable(name)
-		want := len(name) <= outbox.MaxTableBytes && fuzzTableName.MatchString(name) && !strings.HasPrefix(name, "sqlite_")
+		tbl, err := dialect.NewTable(name)
+		want := len(name) <= dialect.MaxTableBytes && fuzzTableName.MatchString(name) && !strings.HasPrefix(name, "sqlite_")
 		if err != nil {
 			require.False(t, want, "refused %q: %v", name, err)
-			var ve *outbox.ValidationError
-			require.ErrorAs(t, err, &ve)
-			require.ErrorIs(t, err, outbox.ErrInvalid)
 			if name != "" { // the empty name means the default table to New
 				_, err := outbox.New(db, outbox.SQLite(), outbox.Options{Table: name})
-				require.ErrorIs(t, err, outbox.ErrInvalid, "New accepts a table name NewTable refuses")
+				var ve *outbox.ValidationError
+				require.ErrorAs(t, err, &ve, "New accepts a table name NewTable refuses")
+				require.ErrorIs(t, err, outbox.ErrInvalid)
+				require.Equal(t, "table", ve.Field)
 			}
 			return
 		}

@@ -4,6 +4,8 @@ import (
 	"strings"
 
 	"github.com/google/uuid"
+
+	"github.com/outboxgo/outbox/dialect"
 )
 
 // This file holds the one mechanism every built-in dialect uses to shape its INSERT: a
@@ -36,7 +38,7 @@ const (
 )
 
 // shapeOf returns the shape that binds every column some row of rows sets.
-func shapeOf(rows []Row) insertShape {
+func shapeOf(rows []dialect.Row) insertShape {
 	var s insertShape
 	for i := range rows {
 		r := &rows[i]
@@ -119,7 +121,7 @@ func (s insertShape) rowGroup(next, now string) string {
 // rowValues appends the bound values of r for shape s, in columns order. uuidArg and
 // payload encode the values whose bound form differs between dialects; headers is r's
 // encoded Headers.
-func (s insertShape) rowValues(vals []any, r *Row, headers any, uuidArg func(uuid.UUID) any, payload any) []any {
+func (s insertShape) rowValues(vals []any, r *dialect.Row, headers any, uuidArg func(uuid.UUID) any, payload any) []any {
 	vals = append(vals, uuidArg(r.ID), r.Namespace, r.Topic)
 	if s&withTenant != 0 {
 		vals = append(vals, uuidArg(r.TenantID))

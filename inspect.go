@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/outboxgo/outbox/dialect"
 )
 
 // Bounds and defaults of the inspection calls.
@@ -23,34 +25,6 @@ const (
 	ActivitySampleRows = 10_000
 )
 
-// InspectDialect is the optional ability behind [Store.DeadGroups], [Store.Activity],
-// [Store.GetByDedupeKey], and the error filters of [DeadFilter] (ErrorContains and
-// LastError): what a dashboard such as package outboxui reads beyond [AdminDialect]. The
-// engine finds it by type assertion; without it those calls return an error matching
-// [errors.ErrUnsupported], and so do [Store.ListDead], [Store.ReplayWhere] and
-// [Store.DiscardWhere] with an error filter, so that no dialect that ignores the filter
-// replays or discards more than was asked. The checklist:
-//
-//  1. Its [AdminDialect.ListDead] honours [DeadFilter.ErrorContains] (a case-sensitive
-//     substring of last_error) and [DeadFilter.LastError] (last_error equal to it).
-//  2. DeadGroups counts the dead rows in p.DeadFilter per distinct last_error (NULL as
-//     ""), with the first and last death (updated_at) of each, most rows first, ties by
-//     the error text, at most p.Limit groups; and the total count and newest death of all
-//     the rows in the filter. It reads the dead rows through the index on (status,
-//     updated_at), never the delivered ones.
-//  3. Activity counts, per minute of Unix time (floor(updated_at / 1 min)), the most recent
-//     rows of each status, delivered and dead, settled (updated_at) at or after now -
-//     p.Window on the database clock, reading at most p.Limit rows of each status through
-//     the index on (status, updated_at), newest first; and returns the database clock's now.
-//  4. GetByDedupeKey reads the row that holds (namespace, topic, dedupe key) through the
-//     dedupe index (or table), or returns [ErrNotFound].
-type InspectDialect interface {
-	AdminDialect
-	DeadGroups(ctx context.Context, q DBTX, t Table, p DeadGroupsParams) (DeadGroups, error)
-	Activity(ctx context.Context, q DBTX, t Table, p ActivityParams) (ActivitySample, error)
-	GetByDedupeKey(ctx context.Context, q DBTX, t Table, p DedupeKeyParams) (Record, error)
-}
-
 // DeadGroupsOptions are the arguments of [Store.DeadGroups].
 type DeadGroupsOptions struct {
 	DeadFilter
@@ -59,54 +33,21 @@ type DeadGroupsOptions struct {
 	Limit int
 }
 
-// DeadGroupsParams are the arguments of [InspectDialect.DeadGroups].
-type DeadGroupsParams struct {
-	DeadFilter
-	Limit int
-}
+// DeadGroup is the dead rows that share one last error, as [Store.DeadGroups] returns them:
+// the LastError ("" when none was recorded), their Count, and their FirstDied and LastDied
+// (the oldest and newest updated_at).
+type DeadGroup = dialect.DeadGroup
 
-// DeadGroup is the dead rows that share one last error, as [Store.DeadGroups] returns them.
-type DeadGroup struct {
-	// LastError is the error the rows died of ("" when none was recorded).
-	LastError string
-	Count     int64
-	// FirstDied and LastDied are the oldest and newest death (updated_at) in the group.
-	FirstDied, LastDied time.Time
-}
-
-// DeadGroups is what [Store.DeadGroups] returns.
-type DeadGroups struct {
-	// Groups are the largest groups, most rows first, ties by LastError.
-	Groups []DeadGroup
-	// Total counts every dead row in the filter, in the groups returned or not.
-	Total int64
-	// Newest is the newest death among them (zero when Total is 0). A filter with Until
-	// set just after it selects exactly the rows counted, however many die later.
-	Newest time.Time
-}
+// DeadGroups is what [Store.DeadGroups] returns: the largest Groups, most rows first (ties
+// by LastError), the Total of dead rows in the filter, in the groups returned or not, and
+// the Newest death among them; a filter with Until set just after Newest selects exactly
+// the rows counted, however many die later.
+type DeadGroups = dialect.DeadGroups
 
 // ActivityOptions are the arguments of [Store.Activity].
 type ActivityOptions struct {
 	// Minutes is the window: default [DefaultActivityMinutes], at most [MaxActivityMinutes].
 	Minutes int
-}
-
-// ActivityParams are the arguments of [InspectDialect.Activity].
-type ActivityParams struct {
-	Window time.Duration
-	// Limit is how many rows of each status to read at most.
-	Limit int
-}
-
-// ActivitySample is what [InspectDialect.Activity] returns.
-type ActivitySample struct {
-	// Now is the database clock.
-	Now time.Time
-	// Delivered and Dead map a minute of Unix time (Unix seconds / 60) to how many rows
-	// the sample read of that status settled in it; SampledDelivered and SampledDead are
-	// how many rows each read.
-	Delivered, Dead               map[int64]int64
-	SampledDelivered, SampledDead int64
 }
 
 // MinuteActivity counts the rows that settled in one minute.
@@ -129,13 +70,8 @@ type Activity struct {
 	ExactSince time.Time
 }
 
-// DedupeKeyParams are the arguments of [InspectDialect.GetByDedupeKey].
-type DedupeKeyParams struct {
-	Namespace, Topic, DedupeKey string
-}
-
-func (s *Store) inspect(op string) (InspectDialect, error) {
-	d, ok := s.dialect.(InspectDialect)
+func (s *Store) inspect(op string) (dialect.Inspector, error) {
+	d, ok := s.dialect.(dialect.Inspector)
 	if !ok {
 		return nil, fmt.Errorf("outbox: %s: dialect %q has no inspection queries: %w", op, s.dialect.Name(), errors.ErrUnsupported)
 	}
@@ -156,10 +92,10 @@ func (s *Store) checkErrorFilter(op string, f DeadFilter) error {
 // rows each holds and when they died, and the total over all groups. Replay or discard a
 // group with [Store.ReplayWhere] or [Store.DiscardWhere] and [DeadFilter.LastError]. It
 // reads every dead row in the filter through the retention index, never a delivered or
-// live row. A dialect without [InspectDialect] returns an error matching
+// live row. A dialect without [dialect.Inspector] returns an error matching
 // [errors.ErrUnsupported].
 func (s *Store) DeadGroups(ctx context.Context, o DeadGroupsOptions) (DeadGroups, error) {
-	if err := o.validate(); err != nil {
+	if err := validateDeadFilter(o.DeadFilter); err != nil {
 		return DeadGroups{}, err
 	}
 	switch {
@@ -172,7 +108,7 @@ func (s *Store) DeadGroups(ctx context.Context, o DeadGroupsOptions) (DeadGroups
 	if err != nil {
 		return DeadGroups{}, err
 	}
-	g, err := d.DeadGroups(ctx, s.db, s.table, DeadGroupsParams(o))
+	g, err := d.DeadGroups(ctx, s.db, s.table, dialect.DeadGroupsParams(o))
 	if err != nil {
 		return DeadGroups{}, s.sqlError("dead groups", err)
 	}
@@ -185,7 +121,7 @@ func (s *Store) DeadGroups(ctx context.Context, o DeadGroupsOptions) (DeadGroups
 // the retention index, so its cost does not grow with the traffic; past that many, the
 // older minutes are incomplete and [Activity.ExactSince] says from where the counts are
 // exact. It counts the whole table, whatever the namespace. A dialect without
-// [InspectDialect] returns an error matching [errors.ErrUnsupported].
+// [dialect.Inspector] returns an error matching [errors.ErrUnsupported].
 func (s *Store) Activity(ctx context.Context, o ActivityOptions) (Activity, error) {
 	switch {
 	case o.Minutes == 0:
@@ -198,15 +134,15 @@ func (s *Store) Activity(ctx context.Context, o ActivityOptions) (Activity, erro
 		return Activity{}, err
 	}
 	window := time.Duration(o.Minutes) * time.Minute
-	raw, err := d.Activity(ctx, s.db, s.table, ActivityParams{Window: window, Limit: ActivitySampleRows})
+	raw, err := d.Activity(ctx, s.db, s.table, dialect.ActivityParams{Window: window, Limit: ActivitySampleRows})
 	if err != nil {
 		return Activity{}, s.sqlError("activity", err)
 	}
-	return raw.minutes(o.Minutes, ActivitySampleRows), nil
+	return activityMinutes(raw, o.Minutes, ActivitySampleRows), nil
 }
 
-// minutes lays the sample out over the n minutes that end with the current one.
-func (raw ActivitySample) minutes(n, limit int) Activity {
+// activityMinutes lays the sample out over the n minutes that end with the current one.
+func activityMinutes(raw dialect.ActivitySample, n, limit int) Activity {
 	now := raw.Now.UTC()
 	last := now.Unix() / 60
 	a := Activity{Now: now}
@@ -236,7 +172,7 @@ func (raw ActivitySample) minutes(n, limit int) Activity {
 
 // GetByDedupeKey reads the row that holds the dedupe key in its namespace and topic (see
 // [Message.DedupeKey]) through the dedupe index, or returns [ErrNotFound]; a key whose row
-// was purged or discarded is free, and not found. A dialect without [InspectDialect]
+// was purged or discarded is free, and not found. A dialect without [dialect.Inspector]
 // returns an error matching [errors.ErrUnsupported].
 func (s *Store) GetByDedupeKey(ctx context.Context, namespace, topic, key string) (Record, error) {
 	if err := checkText("Namespace", namespace, 1, MaxNamespaceBytes); err != nil {
@@ -252,7 +188,7 @@ func (s *Store) GetByDedupeKey(ctx context.Context, namespace, topic, key string
 	if err != nil {
 		return Record{}, err
 	}
-	r, err := d.GetByDedupeKey(ctx, s.db, s.table, DedupeKeyParams{Namespace: namespace, Topic: topic, DedupeKey: key})
+	r, err := d.GetByDedupeKey(ctx, s.db, s.table, dialect.DedupeKeyParams{Namespace: namespace, Topic: topic, DedupeKey: key})
 	if errors.Is(err, ErrNotFound) {
 		return Record{}, ErrNotFound
 	}

@@ -2,65 +2,20 @@ package outbox
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 
 	"github.com/google/uuid"
+
+	"github.com/outboxgo/outbox/dialect"
 )
 
-// OrderedClaimer is the optional ability of a [Dialect] to claim in order per partition key
-// ([ClaimParams.Ordered]) and to list the keys a dead row holds back. The engine finds it by
-// type assertion: [Store.Claim] with [ClaimOptions.Ordered], [Store.BlockedKeys] and a
-// [Publisher] with [PublisherOptions.Ordered] return an error matching
-// [errors.ErrUnsupported] for a dialect without it, instead of claiming out of order. The
-// built-in dialects implement it; their tables need the order index of the ordered
-// migration set (migrations.Options.Ordered), which is opt in.
-//
-// An implementation's Claim, given p.Ordered, returns a row with a partition key only when
-// it is the head of its key: the first row, by (created_at, id), among the rows of its
-// namespace and partition key that are pending, processing or (unless p.OrderedSkipDead)
-// dead. Two concurrent claims must never return two rows of one key. A dialect that can
-// claim in order only in some configurations returns [errors.ErrUnsupported] from Claim in
-// the others. The conformance suite's Ordered section is the checklist.
-type OrderedClaimer interface {
-	Dialect
-	// BlockedKeys lists up to p.Limit partition keys in p.Scope whose head is dead while
-	// rows wait behind it, oldest head first.
-	BlockedKeys(ctx context.Context, q DBTX, t Table, p BlockedKeysParams) ([]BlockedKey, error)
-	// CheckOrdered checks that the table t has what ordered claims and BlockedKeys need
-	// beyond what [Checker] checks (the built-in dialects: the order index), so that they
-	// never run without it, which would read the whole table on every claim. It returns a
-	// [*CheckError] that says what to run when something is missing, nil when nothing is
-	// (or nothing is needed), an error matching [errors.ErrUnsupported] when it cannot tell,
-	// and any other error (the server cannot be reached) as it is. A [Store] runs it before
-	// its first ordered claim or BlockedKeys until it passes once, and a [Publisher] with
-	// [PublisherOptions.Ordered] when it starts.
-	CheckOrdered(ctx context.Context, db *sql.DB, t Table) error
-}
-
-// BlockedKeysParams are the arguments of [OrderedClaimer.BlockedKeys].
-type BlockedKeysParams struct {
-	// Scope filters on the dead head row.
-	Scope
-	Limit int
-}
-
-// BlockedKey is a partition key whose head row is dead, as [Store.BlockedKeys] reports it.
-// Ordered publishers with the default head-of-line policy deliver nothing more of the key
-// until an operator replays the head (it goes back to pending and is delivered first) or
-// discards it (the next row becomes the head).
-type BlockedKey struct {
-	Namespace    string
-	PartitionKey string
-	// HeadID is the dead row at the head of the key.
-	HeadID uuid.UUID
-	// Topic and LastError are the dead row's topic and why it died.
-	Topic     string
-	LastError string
-	// Waiting is how many rows of the key are pending or processing behind the head.
-	Waiting int64
-}
+// BlockedKey is a partition key whose head row is dead, as [Store.BlockedKeys] reports it:
+// its Namespace and PartitionKey, the dead head row (HeadID, Topic, LastError) and how many
+// rows are Waiting behind it. Ordered publishers with the default head-of-line policy
+// deliver nothing more of the key until an operator replays the head (it goes back to
+// pending and is delivered first) or discards it (the next row becomes the head).
+type BlockedKey = dialect.BlockedKey
 
 // orderedWindow is how many rows of the claim index an ordered claim of limit rows walks
 // before it visits the keys instead (when it has a namespace to visit): enough to fill a
@@ -73,21 +28,21 @@ func errOrderedUnsupported(d Dialect) error {
 	return fmt.Errorf("outbox: dialect %s cannot claim in order per partition key: %w", d.Name(), errors.ErrUnsupported)
 }
 
-// orderedClaimer returns the store's dialect as an [OrderedClaimer], or the error to report.
-func (s *Store) orderedClaimer() (OrderedClaimer, error) {
-	oc, ok := s.dialect.(OrderedClaimer)
+// orderedClaimer returns the store's dialect as an [dialect.OrderedClaimer], or the error to report.
+func (s *Store) orderedClaimer() (dialect.OrderedClaimer, error) {
+	oc, ok := s.dialect.(dialect.OrderedClaimer)
 	if !ok {
 		return nil, errOrderedUnsupported(s.dialect)
 	}
 	return oc, nil
 }
 
-// checkOrdered runs the dialect's [OrderedClaimer.CheckOrdered] until it passes once for
+// checkOrdered runs the dialect's [dialect.OrderedClaimer.CheckOrdered] until it passes once for
 // the store, and returns its [*CheckError] when the table lacks what ordered claims need:
 // an ordered claim without the order index would not fail, it would read the whole table
 // each time. After the check passed, ordered claims run no extra query. A dialect that
 // cannot tell passes.
-func (s *Store) checkOrdered(ctx context.Context, oc OrderedClaimer) error {
+func (s *Store) checkOrdered(ctx context.Context, oc dialect.OrderedClaimer) error {
 	if s.orderedReady.Load() {
 		return nil
 	}
@@ -107,7 +62,7 @@ func (s *Store) checkOrdered(ctx context.Context, oc OrderedClaimer) error {
 // dead while at least one later row of the key is pending or processing, oldest head
 // first: the keys that ordered publishers with the default head-of-line policy hold back.
 // Replay or discard the head to release a key. A dialect without the ordered ability
-// ([OrderedClaimer]) returns an error matching [errors.ErrUnsupported], and a table without
+// ([dialect.OrderedClaimer]) returns an error matching [errors.ErrUnsupported], and a table without
 // the order index (the ordered migration set) a [*CheckError].
 //
 // It reads every dead row in scope (through the retention index), so it is an operator's
@@ -126,7 +81,7 @@ func (s *Store) BlockedKeys(ctx context.Context, scope Scope, limit int) ([]Bloc
 	if err := s.checkOrdered(ctx, oc); err != nil {
 		return nil, err
 	}
-	keys, err := oc.BlockedKeys(ctx, s.db, s.table, BlockedKeysParams{Scope: scope, Limit: limit})
+	keys, err := oc.BlockedKeys(ctx, s.db, s.table, dialect.BlockedKeysParams{Scope: scope, Limit: limit})
 	if err != nil {
 		return nil, s.sqlError("blocked keys", err)
 	}
@@ -168,7 +123,7 @@ func orderedLive(skipDead bool) string {
 // Counting in the filter instead read every waiting row of every dead head, twice, and on
 // PostgreSQL its estimate (10,000 dead rows: above jit_above_cost) set off JIT compilation,
 // which took longer than the query: 75 ms against 36 ms.
-func blockedKeysQuery(tbl, keyCol, index string, a *args, p BlockedKeysParams, enc func(uuid.UUID) any) string {
+func blockedKeysQuery(tbl, keyCol, index string, a *args, p dialect.BlockedKeysParams, enc func(uuid.UUID) any) string {
 	live := func(alias, of string) string {
 		return alias + `.namespace = ` + of + `.namespace AND ` + alias + `.` + keyCol + ` = ` + of +
 			`.partition_key AND ` + alias + `.status IN ('pending', 'processing', 'dead') AND ` + alias + `.status <> 'dead'`
@@ -178,11 +133,11 @@ func blockedKeysQuery(tbl, keyCol, index string, a *args, p BlockedKeysParams, e
 		` WHERE h.status = 'dead' AND h.partition_key IS NOT NULL` + scopeSQL(a, p.Scope, "h.", enc) +
 		` AND ` + orderedHead(tbl, "h", keyCol, index, orderedLive(false)) +
 		` AND EXISTS (SELECT 1 FROM ` + tbl + ` x` + index + ` WHERE ` + live("x", "h") + `)` +
-		` ORDER BY h.created_at, h.id LIMIT ` + a.add(p.Limit) + `) b ORDER BY b.created_at, b.id`
+		` ORDER BY h.created_at, h.id LIMIT ` + a.Add(p.Limit) + `) b ORDER BY b.created_at, b.id`
 }
 
 // queryBlockedKeys runs a query rendered by blockedKeysQuery.
-func queryBlockedKeys(ctx context.Context, q DBTX, query string, vals []any) ([]BlockedKey, error) {
+func queryBlockedKeys(ctx context.Context, q dialect.DBTX, query string, vals []any) ([]BlockedKey, error) {
 	return queryAll(ctx, q, query, vals, func(s rowScanner) (BlockedKey, error) {
 		var (
 			k       BlockedKey

@@ -15,6 +15,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/uuid"
+
+	"github.com/outboxgo/outbox/dialect"
 )
 
 // Field bounds, in bytes of UTF-8. They fit every built-in schema (MySQL's index key limit
@@ -51,7 +53,7 @@ type Options struct {
 	// PostgreSQL caps a value near 1 GiB.
 	MaxPayloadBytes int
 	// DisableNotify turns off the wake-ups that cross processes, on dialects that have
-	// them ([Notifier]: PostgreSQL's NOTIFY): enqueues send no signal, and publishers on
+	// them ([dialect.Notifier]: PostgreSQL's NOTIFY): enqueues send no signal, and publishers on
 	// this store do not listen. Publishers then find rows from other processes by polling.
 	// Wake-ups within the process stay on. A publisher's listener keeps one connection of
 	// the pool; on a pool of one connection it does not listen, and warns unless this is set.
@@ -66,9 +68,9 @@ type Options struct {
 type Store struct {
 	db         *sql.DB
 	dialect    Dialect
-	table      Table
+	table      dialect.Table
 	maxPayload int
-	notifier   Notifier // nil when the dialect has none or DisableNotify is set
+	notifier   dialect.Notifier // nil when the dialect has none or DisableNotify is set
 	signalled  signalLimiter
 	hub        wakeHub
 	hooks      StoreHooks
@@ -91,9 +93,9 @@ func New(db *sql.DB, d Dialect, opts Options) (*Store, error) {
 	if name == "" {
 		name = DefaultTable
 	}
-	t, err := NewTable(name)
+	t, err := dialect.NewTable(name)
 	if err != nil {
-		return nil, err
+		return nil, invalid("table", "%s", err)
 	}
 	maxPayload := opts.MaxPayloadBytes
 	switch {
@@ -102,11 +104,11 @@ func New(db *sql.DB, d Dialect, opts Options) (*Store, error) {
 	case maxPayload < 0 || maxPayload > 1<<30:
 		return nil, invalid("MaxPayloadBytes", "must be between 1 and 1 GiB, got %d", maxPayload)
 	}
-	if b, ok := d.(poolBinder); ok {
-		d = b.bindPool(db) // per-pool state, such as prepared statements, lives with the Store
+	if b, ok := d.(dialect.PoolBinder); ok {
+		d = b.BindPool(db) // per-pool state, such as prepared statements, lives with the Store
 	}
 	s := &Store{db: db, dialect: d, table: t, maxPayload: maxPayload, hooks: opts.Hooks}
-	if n, ok := d.(Notifier); ok && !opts.DisableNotify {
+	if n, ok := d.(dialect.Notifier); ok && !opts.DisableNotify {
 		s.notifier = n
 	}
 	return s, nil
@@ -121,7 +123,7 @@ func (s *Store) DB() *sql.DB { return s.db }
 func (s *Store) Dialect() Dialect { return s.dialect }
 
 // Table returns the store's table.
-func (s *Store) Table() Table { return s.table }
+func (s *Store) Table() dialect.Table { return s.table }
 
 // Message is one event to enqueue.
 type Message struct {
@@ -172,7 +174,7 @@ type Result struct {
 // when the business change rolls back. To enqueue without a business transaction, use
 // [Store.EnqueueStandalone].
 type Tx interface {
-	DBTX
+	dialect.DBTX
 	Commit() error
 	Rollback() error
 }
@@ -236,13 +238,13 @@ func (s *Store) EnqueueStandalone(ctx context.Context, msgs ...Message) ([]Resul
 	return res, nil
 }
 
-func (s *Store) enqueue(ctx context.Context, q DBTX, msgs []Message, firstIndex int) (res []Result, err error) {
+func (s *Store) enqueue(ctx context.Context, q dialect.DBTX, msgs []Message, firstIndex int) (res []Result, err error) {
 	if s.hooks.Enqueue != nil {
 		var state []enqueueHooked
 		msgs, state = s.startEnqueueHooks(ctx, msgs)
 		defer func() { s.endEnqueueHooks(msgs, state, res, err) }()
 	}
-	rows := make([]Row, len(msgs))
+	rows := make([]dialect.Row, len(msgs))
 	for i := range msgs {
 		if err := s.validate(&msgs[i]); err != nil {
 			if firstIndex >= 0 {
@@ -256,7 +258,7 @@ func (s *Store) enqueue(ctx context.Context, q DBTX, msgs []Message, firstIndex 
 		}
 		m := &msgs[i]
 		sum := sha256.Sum256(m.Payload)
-		rows[i] = Row{
+		rows[i] = dialect.Row{
 			ID: id, Namespace: m.Namespace, Topic: m.Topic, TenantID: m.TenantID,
 			DedupeKey: m.DedupeKey, PartitionKey: m.PartitionKey, Headers: m.Headers,
 			Payload: m.Payload, PayloadHash: sum[:], Delay: m.Delay,
@@ -391,7 +393,7 @@ type ClaimOptions struct {
 	// when no earlier row (by created_at, id) of its namespace and key is pending, processing
 	// or dead, so one row per key is in flight at a time, and a row waiting for a retry holds
 	// back the rows after it. Rows without a partition key are claimed as usual. It needs a
-	// dialect that implements [OrderedClaimer]; with another, Claim returns an error
+	// dialect that implements [dialect.OrderedClaimer]; with another, Claim returns an error
 	// matching [errors.ErrUnsupported]. It also needs the table's order index (the ordered
 	// migration set): the first ordered claim of a [Store] checks for it and returns a
 	// [*CheckError] without it, and so does every one after, until the check passes. See
@@ -456,41 +458,30 @@ func (s *Store) Claim(ctx context.Context, o ClaimOptions) ([]Record, error) {
 	if err != nil {
 		return nil, s.sqlError("claim", err)
 	}
-	sortClaimed(recs)
+	dialect.SortClaimed(recs)
 	return recs, nil
 }
 
 // claimParams validates o and turns it into the dialect's arguments, with a fresh token.
 // An ordered claim needs the ordered ability and, until its check passed once, the
 // dialect's check of the table (checkOrdered).
-func (s *Store) claimParams(ctx context.Context, o ClaimOptions) (ClaimParams, error) {
+func (s *Store) claimParams(ctx context.Context, o ClaimOptions) (dialect.ClaimParams, error) {
 	if err := o.validate(); err != nil {
-		return ClaimParams{}, err
+		return dialect.ClaimParams{}, err
 	}
 	if o.Ordered {
 		oc, err := s.orderedClaimer()
 		if err != nil {
-			return ClaimParams{}, err
+			return dialect.ClaimParams{}, err
 		}
 		if err := s.checkOrdered(ctx, oc); err != nil {
-			return ClaimParams{}, err
+			return dialect.ClaimParams{}, err
 		}
 	}
-	return ClaimParams{
+	return dialect.ClaimParams{
 		Scope: o.Scope, Limit: o.Limit, Lease: o.Lease, MaxAttempts: o.MaxAttempts,
 		WorkerID: o.WorkerID, Token: uuid.New(), Ordered: o.Ordered, OrderedSkipDead: o.OrderedSkipDead,
 	}, nil
-}
-
-// sortClaimed puts claimed records in (created_at, id) order, whatever order the dialect
-// returned them in.
-func sortClaimed(recs []Record) {
-	slices.SortFunc(recs, func(a, b Record) int {
-		if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
-			return c
-		}
-		return strings.Compare(string(a.ID[:]), string(b.ID[:]))
-	})
 }
 
 // Ack marks claimed rows delivered. Rows whose lease was lost are left unchanged and
@@ -581,7 +572,7 @@ func (s *Store) Extend(ctx context.Context, d time.Duration, leases ...Lease) er
 	}
 	var lost []uuid.UUID
 	for chunk := range slices.Chunk(leases, MaxBatch) {
-		l, err := s.dialect.Extend(ctx, s.db, s.table, ExtendParams{Leases: chunk, Lease: d})
+		l, err := s.dialect.Extend(ctx, s.db, s.table, dialect.ExtendParams{Leases: chunk, Lease: d})
 		if err != nil {
 			return fmt.Errorf("outbox: extend: %w", err)
 		}
@@ -626,7 +617,7 @@ func (s *Store) bury(ctx context.Context, scope Scope, maxAttempts, limit int, e
 	if limit < 1 || limit > MaxBatch {
 		return nil, invalid("Limit", "must be between 1 and %d, got %d", MaxBatch, limit)
 	}
-	ids, err := s.dialect.Bury(ctx, s.db, s.table, BuryParams{
+	ids, err := s.dialect.Bury(ctx, s.db, s.table, dialect.BuryParams{
 		Scope: scope, MaxAttempts: maxAttempts, Limit: limit, Token: uuid.New(), ExpiredOnly: expiredOnly,
 		Reason: fmt.Sprintf("attempt limit reached (%d attempts)", maxAttempts),
 	})

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/outboxgo/outbox/dialect"
 )
 
 // Defaults of [PublisherOptions].
@@ -81,7 +83,7 @@ type PublisherOptions struct {
 	//
 	// The default depends on what wakes the publisher. Enqueues in the same process (on
 	// the same [Store]) always wake it, and on PostgreSQL with the pgx driver so do
-	// enqueues anywhere (LISTEN/NOTIFY; see [Notifier]). While such a listener is
+	// enqueues anywhere (LISTEN/NOTIFY; see [dialect.Notifier]). While such a listener is
 	// connected, polling is a safety net, for the few enqueues whose signal was folded
 	// into an earlier one (a Store signals at most every 50ms) and committed late, and the
 	// default is [DefaultIdleBackoffMax];
@@ -185,7 +187,7 @@ type PublisherOptions struct {
 	// serves the same rows must set it alike: an unordered publisher ignores the order.
 	// An ordered publisher records a full batch's outcomes with its next claim, which it makes
 	// only once the batch is published, not during its publish (see [Publisher.Run]).
-	// It needs a dialect that implements [OrderedClaimer]; [NewPublisher] refuses another
+	// It needs a dialect that implements [dialect.OrderedClaimer]; [NewPublisher] refuses another
 	// dialect with an error matching [errors.ErrUnsupported]. It also needs the table's
 	// order index, which the ordered migration set creates: it is opt in because it costs
 	// every table that has it (migrations.Options.Ordered, `outbox migrate up --ordered`).
@@ -430,7 +432,7 @@ func (p *Publisher) Wake() {
 // batch, dead-letters rows whose payload fails its hash check, publishes the rest while
 // renewing their leases every Lease/3, and records all outcomes in one statement. After a
 // full batch it records them together with the next claim, in one transaction
-// ([Store.CompleteAndClaim], where the dialect is a [SettleClaimer]: every built-in one), so
+// ([Store.CompleteAndClaim], where the dialect is a [dialect.SettleClaimer]: every built-in one), so
 // that a backlog drains at one commit per batch, and claims that batch while the full one
 // is in the transport (not ordered publishers); after a partial batch it records them
 // alone ([Store.Complete]) and waits PollInterval;
@@ -510,7 +512,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 }
 
 // awaitReady runs [Store.Check], and for an ordered publisher the check of the order index
-// ([OrderedClaimer.CheckOrdered]), until they pass, and returns their error when they find
+// ([dialect.OrderedClaimer.CheckOrdered]), until they pass, and returns their error when they find
 // a setup problem (a [*CheckError]): a missing table, the wrong dialect or a missing order
 // index will not mend itself, and a publisher that claimed regardless would only log failed
 // claims forever. A database that cannot be reached is waited for, with backoff, until ctx
@@ -556,7 +558,7 @@ type run struct {
 	abandoned atomic.Int64
 	// wakers wake the claim loops, one each.
 	wakers []waker
-	// listening is true while a Notifier listener is connected.
+	// listening is true while a dialect.Notifier listener is connected.
 	listening atomic.Bool
 	// slow is true from the warning about a slow claim until a claim returns in time.
 	slow atomic.Bool
@@ -578,7 +580,7 @@ func (r *run) idleCap() time.Duration {
 	return r.p.opts.IdleBackoffMax
 }
 
-// listenLoop keeps a Notifier listener connected while Run runs, waking the claim loops on
+// listenLoop keeps a dialect.Notifier listener connected while Run runs, waking the claim loops on
 // every signal for the publisher's namespace, and once after each (re)connection, for what
 // was committed while it was away. A driver that cannot listen is logged once and left to
 // polling.
@@ -628,7 +630,7 @@ func (r *run) claimLoop(w waker) {
 	p := r.p
 	o := ClaimOptions{Scope: p.opts.Scope, Limit: p.opts.BatchSize, Lease: p.opts.Lease, MaxAttempts: p.opts.Retry.MaxAttempts, WorkerID: p.opts.WorkerID,
 		Ordered: p.opts.Ordered, OrderedSkipDead: p.opts.OrderedSkipDead}
-	_, fold := p.store.dialect.(SettleClaimer)
+	_, fold := p.store.dialect.(dialect.SettleClaimer)
 	// Ordered publishers do not claim ahead: a batch claimed while the one before is in the
 	// transport holds its keys too, so a publisher would hold the heads of twice as many
 	// keys, which the other publishers' claims then walk past (eight of them on one SQLite
@@ -797,7 +799,7 @@ func (r *run) claimFailed(err error, delay *time.Duration) {
 }
 
 // next records the outcomes of *prev, if any, and claims the next batch: in one
-// transaction when fold (the dialect is a SettleClaimer), one after the other otherwise.
+// transaction when fold (the dialect is a dialect.SettleClaimer), one after the other otherwise.
 func (r *run) next(prev **outcomes, o ClaimOptions, fold bool) ([]Record, error) {
 	defer r.watch("a claim")()
 	b := *prev
@@ -1170,7 +1172,7 @@ func (r *run) settle(b *outcomes, maybeApplied bool) {
 		p.errs.Add(1)
 		if attempt == settleAttempts {
 			p.log.Error("outbox publisher: could not record outcomes; the rows keep their lease and will be redelivered after it expires",
-				"err", err, idsAttr(leasesOf(outs)), "count", len(outs))
+				"err", err, idsAttr(dialect.Leases(outs)), "count", len(outs))
 			return
 		}
 		p.log.Warn("outbox publisher: recording outcomes failed; retrying", "err", err, "retry_in", delay, "count", len(outs))
@@ -1190,7 +1192,7 @@ func (r *run) settle(b *outcomes, maybeApplied bool) {
 		r.lostLeases(ids, b.lost, "settling")
 	default: // the shutdown deadline passed
 		p.log.Warn("outbox publisher: shutdown deadline passed before the batch was settled; its rows keep their lease until it expires",
-			idsAttr(leasesOf(outs)), "count", len(outs))
+			idsAttr(dialect.Leases(outs)), "count", len(outs))
 		return
 	}
 	r.report(b)

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/dialect"
 	"github.com/outboxgo/outbox/migrations"
 )
 
@@ -32,16 +33,18 @@ func newFoldingDialect(backend string) *foldingDialect {
 	return &foldingDialect{faultyDialect: &faultyDialect{Dialect: pubDialect(backend)}}
 }
 
-func (d *foldingDialect) CompleteAndClaim(ctx context.Context, db *sql.DB, t outbox.Table, o []outbox.Outcome, p outbox.ClaimParams) ([]uuid.UUID, []outbox.Record, error) {
+var _ dialect.SettleClaimer = (*foldingDialect)(nil)
+
+func (d *foldingDialect) CompleteAndClaim(ctx context.Context, db *sql.DB, t dialect.Table, o []outbox.Outcome, p dialect.ClaimParams) ([]outbox.Record, []uuid.UUID, error) {
 	d.folds.Add(1)
 	if d.hang {
 		fmt.Println("folding")
 		<-ctx.Done()
 		return nil, nil, ctx.Err()
 	}
-	lost, recs, err := d.Dialect.(outbox.SettleClaimer).CompleteAndClaim(ctx, db, t, o, p)
+	recs, lost, err := d.Dialect.(dialect.SettleClaimer).CompleteAndClaim(ctx, db, t, o, p)
 	d.foldLost.Add(int64(len(lost)))
-	return lost, recs, err
+	return recs, lost, err
 }
 
 // TestPublisherFoldsSettleIntoClaim: after a full batch the publisher records its outcomes
@@ -224,12 +227,12 @@ func TestPublisherClaimsWhilePublishing(t *testing.T) {
 // dialect it wraps.
 type orderedFoldingDialect struct{ *foldingDialect }
 
-func (d orderedFoldingDialect) BlockedKeys(ctx context.Context, q outbox.DBTX, t outbox.Table, p outbox.BlockedKeysParams) ([]outbox.BlockedKey, error) {
-	return d.Dialect.(outbox.OrderedClaimer).BlockedKeys(ctx, q, t, p)
+func (d orderedFoldingDialect) BlockedKeys(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.BlockedKeysParams) ([]outbox.BlockedKey, error) {
+	return d.Dialect.(dialect.OrderedClaimer).BlockedKeys(ctx, q, t, p)
 }
 
-func (d orderedFoldingDialect) CheckOrdered(ctx context.Context, db *sql.DB, t outbox.Table) error {
-	return d.Dialect.(outbox.OrderedClaimer).CheckOrdered(ctx, db, t)
+func (d orderedFoldingDialect) CheckOrdered(ctx context.Context, db *sql.DB, t dialect.Table) error {
+	return d.Dialect.(dialect.OrderedClaimer).CheckOrdered(ctx, db, t)
 }
 
 // TestPublisherOrderedFoldsWithoutClaimingAhead: an ordered publisher records a full

@@ -24,6 +24,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/dialect"
 	"github.com/outboxgo/outbox/internal/testdb"
 	"github.com/outboxgo/outbox/migrations"
 )
@@ -675,7 +676,7 @@ type countingDialect struct {
 	claims atomic.Int64
 }
 
-func (d *countingDialect) Claim(ctx context.Context, db *sql.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Record, error) {
+func (d *countingDialect) Claim(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.ClaimParams) ([]outbox.Record, error) {
 	d.claims.Add(1)
 	return d.Dialect.Claim(ctx, db, t, p)
 }
@@ -1105,14 +1106,14 @@ type faultyDialect struct {
 
 var errInjected = errors.New("injected database failure")
 
-func (d *faultyDialect) Claim(ctx context.Context, db *sql.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Record, error) {
+func (d *faultyDialect) Claim(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.ClaimParams) ([]outbox.Record, error) {
 	if d.claimFails.Add(-1) >= 0 {
 		return nil, errInjected
 	}
 	return d.Dialect.Claim(ctx, db, t, p)
 }
 
-func (d *faultyDialect) Complete(ctx context.Context, q outbox.DBTX, t outbox.Table, o []outbox.Outcome) ([]uuid.UUID, error) {
+func (d *faultyDialect) Complete(ctx context.Context, q dialect.DBTX, t dialect.Table, o []outbox.Outcome) ([]uuid.UUID, error) {
 	d.completes.Add(1)
 	if d.completeFails.Add(-1) >= 0 {
 		return nil, errInjected
@@ -1126,7 +1127,7 @@ func (d *faultyDialect) Complete(ctx context.Context, q outbox.DBTX, t outbox.Ta
 	return d.Dialect.Complete(ctx, q, t, o)
 }
 
-func (d *faultyDialect) Extend(ctx context.Context, q outbox.DBTX, t outbox.Table, p outbox.ExtendParams) ([]uuid.UUID, error) {
+func (d *faultyDialect) Extend(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ExtendParams) ([]uuid.UUID, error) {
 	if d.skipExtend.Load() {
 		return nil, nil
 	}
@@ -1345,7 +1346,7 @@ type buryRecorder struct {
 	expired []bool
 }
 
-func (d *buryRecorder) Bury(ctx context.Context, q outbox.DBTX, t outbox.Table, p outbox.BuryParams) ([]uuid.UUID, error) {
+func (d *buryRecorder) Bury(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.BuryParams) ([]uuid.UUID, error) {
 	d.mu.Lock()
 	d.expired = append(d.expired, p.ExpiredOnly)
 	first := len(d.expired) == 1

@@ -20,6 +20,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/dialect"
 	"github.com/outboxgo/outbox/internal/testdb"
 	"github.com/outboxgo/outbox/migrations"
 )
@@ -546,7 +547,7 @@ type sharedCountingDialect struct {
 	claims *atomic.Int64
 }
 
-func (d *sharedCountingDialect) Claim(ctx context.Context, db *sql.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Record, error) {
+func (d *sharedCountingDialect) Claim(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.ClaimParams) ([]outbox.Record, error) {
 	d.claims.Add(1)
 	return d.Dialect.Claim(ctx, db, t, p)
 }

@@ -2,30 +2,13 @@ package outbox
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 
 	"github.com/google/uuid"
-)
 
-// SettleClaimer is the optional ability of a [Dialect] to record the outcomes of one batch
-// and claim the next in a single round trip or transaction: one commit where
-// [Dialect.Complete] and [Dialect.Claim] take two. A [Publisher] uses it after every full
-// batch; [Store.CompleteAndClaim] exposes it to relays of one's own. The built-in dialects
-// implement it.
-//
-// CompleteAndClaim applies outcomes exactly as Complete does and claims exactly as Claim
-// does, atomically: when it returns an error, neither took effect, or (the reply was lost)
-// both did. The claim sees the outcomes applied: a settled row is claimable again only if
-// its outcome made it so (a retry without delay), never because its old lease expired
-// while it was being published, and an ordered claim sees the keys the outcomes released.
-// It reports the outcomes' ids whose lease was lost, as Complete does. The conformance
-// suite's SettleAndClaim section checks it when the dialect has it.
-type SettleClaimer interface {
-	Dialect
-	CompleteAndClaim(ctx context.Context, db *sql.DB, t Table, outcomes []Outcome, p ClaimParams) (lost []uuid.UUID, claimed []Record, err error)
-}
+	"github.com/outboxgo/outbox/dialect"
+)
 
 // CompleteAndClaim records outcomes, as [Store.Complete] does, and claims the next batch, as
 // [Store.Claim] does, in one transaction, so that a relay of one's own pays one commit per
@@ -36,10 +19,10 @@ type SettleClaimer interface {
 // nothing was claimed for the caller and the outcomes may or may not have been recorded
 // (the transaction's end can race a lost connection, as for any write): settle them again
 // with Complete, and count a lost lease on a row that already carries the outcome as
-// settled. At most [MaxBatch] outcomes. A dialect without the ability ([SettleClaimer])
+// settled. At most [MaxBatch] outcomes. A dialect without the ability ([dialect.SettleClaimer])
 // returns an error matching [errors.ErrUnsupported]; call Complete, then Claim.
 func (s *Store) CompleteAndClaim(ctx context.Context, outcomes []Outcome, o ClaimOptions) (claimed []Record, lost []uuid.UUID, err error) {
-	sc, ok := s.dialect.(SettleClaimer)
+	sc, ok := s.dialect.(dialect.SettleClaimer)
 	if !ok {
 		return nil, nil, fmt.Errorf("outbox: dialect %s cannot settle and claim in one transaction: %w", s.dialect.Name(), errors.ErrUnsupported)
 	}
@@ -57,11 +40,11 @@ func (s *Store) CompleteAndClaim(ctx context.Context, outcomes []Outcome, o Clai
 	if len(outcomes) == 0 {
 		claimed, err = s.dialect.Claim(ctx, s.db, s.table, p)
 	} else {
-		lost, claimed, err = sc.CompleteAndClaim(ctx, s.db, s.table, outcomes, p)
+		claimed, lost, err = sc.CompleteAndClaim(ctx, s.db, s.table, outcomes, p)
 	}
 	if err != nil {
 		return nil, nil, s.sqlError("complete and claim", err)
 	}
-	sortClaimed(claimed)
+	dialect.SortClaimed(claimed)
 	return claimed, lost, nil
 }

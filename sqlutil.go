@@ -1,15 +1,14 @@
 package outbox
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
-	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/outboxgo/outbox/dialect"
 )
 
 // This file holds what the built-in dialects share: the column list, one record scanner,
@@ -32,7 +31,7 @@ var timeColumns = map[string]bool{
 // claimColumns are what a claim reads back (RETURNING, or MySQL's locking read), in the
 // order scanClaimed reads them: recordColumns without those whose values the engine knows
 // once the claim has written them (stampClaimed). status, locked_by and lease_token come
-// from ClaimParams, updated_at is locked_until - Lease (both written from one now),
+// from dialect.ClaimParams, updated_at is locked_until - Lease (both written from one now),
 // delivered_at is NULL on every claimable row (only an ack sets it, and delivered is
 // terminal). Reading those five back cost scan time on every claimed row and decided
 // nothing.
@@ -67,13 +66,12 @@ func scanRecord(s rowScanner) (Record, error) {
 		r                                     Record
 		tenant, token                         uuid.NullUUID
 		dedupe, pkey, lockedBy, lastErr, stat sql.NullString
-		next, until, created, updated, deliv  timeCol
-		payload                               []byte
-		headers                               rawCol
+		payload                               []byte // database/sql converts a string only into []byte, not json.RawMessage
 	)
-	err := s.Scan(&r.ID, &r.Namespace, &r.Topic, &tenant, &dedupe, &pkey, &headers,
-		&payload, &r.PayloadHash, &stat, &r.Attempts, &next, &lockedBy,
-		&until, &token, &lastErr, &created, &updated, &deliv, &r.Replays)
+	err := s.Scan(&r.ID, &r.Namespace, &r.Topic, &tenant, &dedupe, &pkey, dialect.ScanHeaders(&r),
+		&payload, &r.PayloadHash, &stat, &r.Attempts, dialect.ScanTime(&r.NextAttemptAt), &lockedBy,
+		dialect.ScanTime(&r.LockedUntil), &token, &lastErr, dialect.ScanTime(&r.CreatedAt),
+		dialect.ScanTime(&r.UpdatedAt), dialect.ScanTime(&r.DeliveredAt), &r.Replays)
 	if err != nil {
 		return Record{}, err
 	}
@@ -81,9 +79,6 @@ func scanRecord(s rowScanner) (Record, error) {
 	r.DedupeKey, r.PartitionKey, r.LockedBy, r.LastError = dedupe.String, pkey.String, lockedBy.String, lastErr.String
 	r.Status = Status(stat.String)
 	r.Payload = payload
-	r.setHeaders(headers.v)
-	r.NextAttemptAt, r.LockedUntil, r.CreatedAt, r.UpdatedAt, r.DeliveredAt =
-		next.t, until.t, created.t, updated.t, deliv.t
 	return r, nil
 }
 
@@ -93,27 +88,24 @@ func scanClaimed(s rowScanner) (Record, error) {
 		r                     Record
 		tenant                uuid.NullUUID
 		dedupe, pkey, lastErr sql.NullString
-		next, until, created  timeCol
 		payload               []byte
-		headers               rawCol
 	)
-	err := s.Scan(&r.ID, &r.Namespace, &r.Topic, &tenant, &dedupe, &pkey, &headers,
-		&payload, &r.PayloadHash, &r.Attempts, &next, &until, &lastErr, &created)
+	err := s.Scan(&r.ID, &r.Namespace, &r.Topic, &tenant, &dedupe, &pkey, dialect.ScanHeaders(&r),
+		&payload, &r.PayloadHash, &r.Attempts, dialect.ScanTime(&r.NextAttemptAt),
+		dialect.ScanTime(&r.LockedUntil), &lastErr, dialect.ScanTime(&r.CreatedAt))
 	if err != nil {
 		return Record{}, err
 	}
 	r.TenantID = tenant.UUID
 	r.DedupeKey, r.PartitionKey, r.LastError = dedupe.String, pkey.String, lastErr.String
 	r.Payload = payload
-	r.setHeaders(headers.v)
-	r.NextAttemptAt, r.LockedUntil, r.CreatedAt = next.t, until.t, created.t
 	return r, nil
 }
 
 // stampClaimed sets on claimed records the columns that claimColumns leaves out, from the
 // claim's parameters and each record's locked_until. DeliveredAt stays zero, as
 // scanClaimed left it.
-func stampClaimed(recs []Record, p ClaimParams) {
+func stampClaimed(recs []Record, p dialect.ClaimParams) {
 	lease := time.Duration(micros(p.Lease)) * time.Microsecond // as the dialects bind it
 	for i := range recs {
 		r := &recs[i]
@@ -123,69 +115,21 @@ func stampClaimed(recs []Record, p ClaimParams) {
 }
 
 // queryClaimed runs a claim whose RETURNING list is claimColumns and completes its records.
-func queryClaimed(ctx context.Context, q DBTX, p ClaimParams, query string, args ...any) ([]Record, error) {
+func queryClaimed(ctx context.Context, q dialect.DBTX, p dialect.ClaimParams, query string, args ...any) ([]Record, error) {
 	recs, err := queryAll(ctx, q, query, args, scanClaimed)
 	stampClaimed(recs, p)
 	return recs, err
 }
 
-// setHeaders decodes the headers column. A row whose headers were damaged in the table is
-// returned, not refused: failing the scan would fail every claim that meets it, and after a
-// claim has committed it would leave the whole batch leased and unpublished.
-// Record.Integrity reports it instead.
-func (r *Record) setHeaders(v any) {
-	if err := r.Headers.Scan(v); err != nil {
-		r.Headers, r.HeadersErr = nil, err
-	}
-}
-
-// rawCol keeps whatever the driver returned, to be decoded after the scan.
-type rawCol struct{ v any }
-
-func (c *rawCol) Scan(src any) error {
-	if b, ok := src.([]byte); ok {
-		src = bytes.Clone(b) // the driver may reuse its buffer after Scan returns
-	}
-	c.v = src
-	return nil
-}
-
-// timeCol scans a time stored natively (time.Time) or as integer Unix microseconds, the
-// form SQLite stores and MySQL's select list converts to. NULL gives the zero time.
-type timeCol struct{ t time.Time }
-
-func (c *timeCol) Scan(src any) error {
-	switch v := src.(type) {
-	case nil:
-		c.t = time.Time{}
-	case time.Time:
-		c.t = v.UTC()
-	case int64:
-		c.t = time.UnixMicro(v).UTC()
-	case []byte: // some drivers return numbers as text
-		var n int64
-		if _, err := fmt.Sscan(string(v), &n); err != nil {
-			return fmt.Errorf("outbox: scan time %q: %w", v, err)
-		}
-		c.t = time.UnixMicro(n).UTC()
-	default:
-		return fmt.Errorf("outbox: cannot scan %T into a time", src)
-	}
-	return nil
-}
-
-// queryIDs runs a query returning one id column.
-func queryIDs(ctx context.Context, q DBTX, query string, args ...any) ([]uuid.UUID, error) {
-	return queryAll(ctx, q, query, args, func(s rowScanner) (id uuid.UUID, err error) {
-		err = s.Scan(&id)
-		return id, err
-	})
+// queryIDs is [dialect.QueryIDs].
+func queryIDs(ctx context.Context, q dialect.DBTX, query string, args ...any) ([]uuid.UUID, error) {
+	return dialect.QueryIDs(ctx, q, query, args...)
 }
 
 // queryAll runs query and scans every row with scan. The queries are often writes (UPDATE
 // ... RETURNING), so the error of closing the rows counts too: SQLite commits an
 // autocommit statement only when it completes, and may report a failed commit there.
-func queryAll[T any](ctx context.Context, q DBTX, query string, args []any, scan func(rowScanner) (T, error)) (out []T, err error) {
+func queryAll[T any](ctx context.Context, q dialect.DBTX, query string, args []any, scan func(rowScanner) (T, error)) (out []T, err error) {
 	rows, err := q.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err
@@ -203,32 +147,6 @@ func queryAll[T any](ctx context.Context, q DBTX, query string, args []any, scan
 		out = append(out, v)
 	}
 	return out, rows.Err()
-}
-
-// missing returns the ids of want that are not in got, in want's order.
-func missing(want []Lease, got []uuid.UUID) []uuid.UUID {
-	if len(got) == len(want) {
-		return nil
-	}
-	seen := make(map[uuid.UUID]struct{}, len(got))
-	for _, id := range got {
-		seen[id] = struct{}{}
-	}
-	var lost []uuid.UUID
-	for _, l := range want {
-		if _, ok := seen[l.ID]; !ok {
-			lost = append(lost, l.ID)
-		}
-	}
-	return lost
-}
-
-func leasesOf(outcomes []Outcome) []Lease {
-	ls := make([]Lease, len(outcomes))
-	for i, o := range outcomes {
-		ls[i] = o.Lease
-	}
-	return ls
 }
 
 // nullStr binds "" as NULL.
@@ -268,49 +186,21 @@ func quoteIdent(name string, q byte) string {
 // micros converts a duration to whole microseconds, the unit every built-in schema keeps.
 func micros(d time.Duration) int64 { return d.Microseconds() }
 
-// args collects bind arguments and renders their placeholders: "?" or, for PostgreSQL,
-// "$n". Building SQL and arguments in one pass keeps them in step.
-type args struct {
-	vals   []any
-	dollar bool
-}
-
-// add appends v and returns its placeholder.
-func (a *args) add(v any) string {
-	a.vals = append(a.vals, v)
-	if a.dollar {
-		return "$" + strconv.Itoa(len(a.vals))
-	}
-	return "?"
-}
-
-// list binds n values, v(0) to v(n-1), and returns their placeholders as "(p1, p2, ...)":
-// the IN lists of ids and topics every dialect writes.
-func (a *args) list(n int, v func(i int) any) string {
-	var b strings.Builder
-	b.WriteString("(")
-	for i := range n {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString(a.add(v(i)))
-	}
-	b.WriteString(")")
-	return b.String()
-}
+// args is [dialect.Args], under the short name the built-in dialects' SQL builders use.
+type args = dialect.Args
 
 // scopeSQL renders the optional scope filters as " AND ..." terms. col prefixes column
 // names (an alias such as "t."); enc binds a UUID the way the dialect stores it.
 func scopeSQL(a *args, sc Scope, col string, enc func(uuid.UUID) any) string {
 	var b strings.Builder
 	if sc.Namespace != "" {
-		b.WriteString(" AND " + col + "namespace = " + a.add(sc.Namespace))
+		b.WriteString(" AND " + col + "namespace = " + a.Add(sc.Namespace))
 	}
 	if len(sc.Topics) > 0 {
-		b.WriteString(" AND " + col + "topic IN " + a.list(len(sc.Topics), func(i int) any { return sc.Topics[i] }))
+		b.WriteString(" AND " + col + "topic IN " + a.List(len(sc.Topics), func(i int) any { return sc.Topics[i] }))
 	}
 	if sc.TenantID != uuid.Nil {
-		b.WriteString(" AND " + col + "tenant_id = " + a.add(enc(sc.TenantID)))
+		b.WriteString(" AND " + col + "tenant_id = " + a.Add(enc(sc.TenantID)))
 	}
 	return b.String()
 }
@@ -323,12 +213,12 @@ func scopeSQL(a *args, sc Scope, col string, enc func(uuid.UUID) any) string {
 // renders the dialect's clock (it may bind an argument); enc binds a UUID as scopeSQL's does;
 // intCast follows the attempt limit's placeholder (PostgreSQL's "::bigint", so that a limit
 // beyond int4 is bound, not refused).
-func buryCandidates(a *args, p BuryParams, now func() string, enc func(uuid.UUID) any, intCast string) string {
+func buryCandidates(a *args, p dialect.BuryParams, now func() string, enc func(uuid.UUID) any, intCast string) string {
 	if p.ExpiredOnly {
 		return `status IN ('pending', 'processing') AND status = 'processing' AND locked_until < ` + now() +
-			` AND attempts >= ` + a.add(p.MaxAttempts) + intCast + scopeSQL(a, p.Scope, "", enc)
+			` AND attempts >= ` + a.Add(p.MaxAttempts) + intCast + scopeSQL(a, p.Scope, "", enc)
 	}
-	return `status IN ('pending', 'processing') AND attempts >= ` + a.add(p.MaxAttempts) + intCast +
+	return `status IN ('pending', 'processing') AND attempts >= ` + a.Add(p.MaxAttempts) + intCast +
 		` AND (status = 'pending' OR locked_until < ` + now() + `)` + scopeSQL(a, p.Scope, "", enc)
 }
 

@@ -6,15 +6,9 @@ import (
 	"runtime"
 	"slices"
 	"sync"
-)
 
-// poolBinder is implemented by a built-in dialect that keeps state per pool (prepared
-// statements): New binds it to the Store's pool, so the state lives and dies with the
-// Store. A dialect value that is not bound (used directly, or wrapped by another dialect)
-// keeps no such state and runs every statement unprepared.
-type poolBinder interface {
-	bindPool(db *sql.DB) Dialect
-}
+	"github.com/outboxgo/outbox/dialect"
+)
 
 // stmtCacheSize bounds a stmtCache. A dialect caches only statements with few texts (they
 // depend on the table and the scope's shape, or on a batch size rounded to a power of two),
@@ -31,7 +25,7 @@ const stmtCacheSize = 64
 // parsing was a sixth of the SQLite claim's CPU and a seventh of its ack's (BENCHMARKS.md).
 // pgx caches statements by itself.
 //
-// It is bound to one pool by New (poolBinder) and lives as long as the Store: database/sql
+// It is bound to one pool by New ([dialect.PoolBinder]) and lives as long as the Store: database/sql
 // keeps a pool's statements until they are closed or the pool is, so a cleanup closes them
 // once the cache is unreachable, and a program that makes Stores over and over on one pool
 // does not pile them up. No global map holds it, which would keep every *sql.DB alive.
@@ -91,10 +85,10 @@ func (c *stmtCache) prepare(ctx context.Context, query string) (*sql.Stmt, error
 	return s, nil
 }
 
-// on returns a DBTX that runs each query on db as c's prepared statement. When db is not
+// on returns a dialect.DBTX that runs each query on db as c's prepared statement. When db is not
 // c's pool, or c is nil, db comes back as it is. Use it only for statements with few texts
 // (stmtCacheSize).
-func (c *stmtCache) on(db *sql.DB) DBTX {
+func (c *stmtCache) on(db *sql.DB) dialect.DBTX {
 	if c == nil || db != c.db {
 		return db
 	}
@@ -135,7 +129,7 @@ func (p preparedDBTX) QueryRowContext(ctx context.Context, query string, args ..
 	return s.QueryRowContext(ctx, args...)
 }
 
-// inTx returns a DBTX that runs each query in tx, as c's prepared statement when db is c's
+// inTx returns a dialect.DBTX that runs each query in tx, as c's prepared statement when db is c's
 // pool and the statement is prepared already (database/sql reuses its preparation on the
 // transaction's connection, or prepares it there), and as it is otherwise.
 //
@@ -144,7 +138,7 @@ func (p preparedDBTX) QueryRowContext(ctx context.Context, query string, args ..
 // by callers waiting for the same turn) it would wait forever. A statement it finds
 // unprepared runs unprepared and is recorded in missed; prepare them with [stmtCache.warm]
 // once the transaction has ended and its connection is back in the pool.
-func (c *stmtCache) inTx(db *sql.DB, tx *sql.Tx, missed *[]string) DBTX {
+func (c *stmtCache) inTx(db *sql.DB, tx *sql.Tx, missed *[]string) dialect.DBTX {
 	if c == nil || db != c.db {
 		return tx
 	}
@@ -203,7 +197,7 @@ func (p txPrepared) QueryRowContext(ctx context.Context, query string, args ...a
 }
 
 // isPrepared reports whether q runs its queries as prepared statements (stmtCache).
-func isPrepared(q DBTX) bool {
+func isPrepared(q dialect.DBTX) bool {
 	switch q.(type) {
 	case preparedDBTX, txPrepared:
 		return true

@@ -2,38 +2,9 @@ package outbox
 
 import (
 	"context"
-	"database/sql"
 	"sync"
 	"time"
 )
-
-// Notifier is an optional ability of a [Dialect]: wake-ups that cross processes. Signal,
-// run on an enqueue's transaction, arranges for the database to tell every listener of the
-// table once that transaction commits, and never if it rolls back (PostgreSQL's NOTIFY);
-// Listen waits for those signals on a connection of its own. The built-in PostgreSQL
-// dialect implements it (Listen needs the pgx driver). A [Publisher] listens when its
-// dialect has the ability, and polls as well, so a lost signal costs at most a poll
-// interval.
-//
-// The rules, which the conformance suite's Notify section checks:
-//
-//  1. A signal is delivered only once its transaction commits: an open transaction wakes
-//     nobody, nor does a rolled-back one.
-//  2. A signal wakes only the listeners of its own table in its own database (or schema):
-//     not those of another table, nor those of a table of the same name elsewhere on the
-//     server, whose publishers would claim for nothing.
-//  3. Listen calls ready once, when it listens; it returns soon after ctx ends, and the
-//     connection it held is closed, never given back to the pool while it listens.
-type Notifier interface {
-	// Signal is called on the caller's transaction after the rows of namespace were
-	// inserted. Several calls in one transaction may be merged into one signal.
-	Signal(ctx context.Context, q DBTX, t Table, namespace string) error
-
-	// Listen calls ready once, when it listens, then wake with the namespace of every signal,
-	// until ctx ends or the connection fails; it returns why it stopped. It returns an
-	// error matching [errors.ErrUnsupported] when db's driver cannot listen.
-	Listen(ctx context.Context, db *sql.DB, t Table, ready func(), wake func(namespace string)) error
-}
 
 // wakeHub connects a Store's enqueues to the publishers running on it in the same process:
 // an enqueue wakes them at once instead of leaving its rows to the next poll.

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/dialect"
 )
 
 // slowPolling are publisher options whose polling is too slow to explain a delivery within
@@ -249,10 +250,10 @@ func TestIdleDefaultFollowsTheListener(t *testing.T) {
 // notifyingCounter is a countingDialect that keeps PostgreSQL's Notifier ability.
 type notifyingCounter struct{ *countingDialect }
 
-func (n notifyingCounter) Signal(ctx context.Context, q outbox.DBTX, t outbox.Table, ns string) error {
-	return n.Dialect.(outbox.Notifier).Signal(ctx, q, t, ns)
+func (n notifyingCounter) Signal(ctx context.Context, q dialect.DBTX, t dialect.Table, ns string) error {
+	return n.Dialect.(dialect.Notifier).Signal(ctx, q, t, ns)
 }
 
-func (n notifyingCounter) Listen(ctx context.Context, db *sql.DB, t outbox.Table, ready func(), wake func(string)) error {
-	return n.Dialect.(outbox.Notifier).Listen(ctx, db, t, ready, wake)
+func (n notifyingCounter) Listen(ctx context.Context, db *sql.DB, t dialect.Table, ready func(), wake func(string)) error {
+	return n.Dialect.(dialect.Notifier).Listen(ctx, db, t, ready, wake)
 }

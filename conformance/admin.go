@@ -13,9 +13,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/dialect"
 )
 
-// adminTests need [outbox.AdminDialect]; retentionTests need [outbox.RetentionDialect].
+// adminTests need [dialect.Administrator]; retentionTests need [dialect.Purger].
 // Each skips, saying so, when the dialect lacks the ability.
 var adminTests = []test{
 	{"StatsCounts", testStatsCounts},
@@ -37,15 +38,15 @@ var retentionTests = []test{
 
 func needAdmin(t *testing.T, e *env) {
 	t.Helper()
-	if _, ok := e.store.Dialect().(outbox.AdminDialect); !ok {
-		t.Skipf("dialect %q does not implement outbox.AdminDialect (stats, dead letters, replay, discard)", e.h.Dialect.Name())
+	if _, ok := e.store.Dialect().(dialect.Administrator); !ok {
+		t.Skipf("dialect %q does not implement dialect.Administrator (stats, dead letters, replay, discard)", e.h.Dialect.Name())
 	}
 }
 
 func needRetention(t *testing.T, e *env) {
 	t.Helper()
-	if _, ok := e.store.Dialect().(outbox.RetentionDialect); !ok {
-		t.Skipf("dialect %q does not implement outbox.RetentionDialect (purge)", e.h.Dialect.Name())
+	if _, ok := e.store.Dialect().(dialect.Purger); !ok {
+		t.Skipf("dialect %q does not implement dialect.Purger (purge)", e.h.Dialect.Name())
 	}
 }
 
@@ -520,7 +521,7 @@ func testPurgeConcurrent(t *testing.T, h Harness) {
 	require.Equal(t, 1, e.count(t), "the pending row stays")
 }
 
-// inspectTests need [outbox.InspectDialect]; each skips, saying so, without it.
+// inspectTests need [dialect.Inspector]; each skips, saying so, without it.
 var inspectTests = []test{
 	{"DeadGroups", testDeadGroups},
 	{"ErrorFilters", testErrorFilters},
@@ -532,8 +533,8 @@ var inspectTests = []test{
 
 func needInspect(t *testing.T, e *env) {
 	t.Helper()
-	if _, ok := e.store.Dialect().(outbox.InspectDialect); !ok {
-		t.Skipf("dialect %q does not implement outbox.InspectDialect (dead groups, activity, dedupe key lookup)", e.h.Dialect.Name())
+	if _, ok := e.store.Dialect().(dialect.Inspector); !ok {
+		t.Skipf("dialect %q does not implement dialect.Inspector (dead groups, activity, dedupe key lookup)", e.h.Dialect.Name())
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/dialect"
 	"github.com/outboxgo/outbox/internal/testdb"
 )
 
@@ -21,13 +22,13 @@ import (
 // interface alone would hide; the broken notifiers below each override one method.
 type pgNotifier struct{ outbox.Dialect }
 
-func (d pgNotifier) notifier() outbox.Notifier { return d.Dialect.(outbox.Notifier) }
+func (d pgNotifier) notifier() dialect.Notifier { return d.Dialect.(dialect.Notifier) }
 
-func (d pgNotifier) Signal(ctx context.Context, q outbox.DBTX, t outbox.Table, ns string) error {
+func (d pgNotifier) Signal(ctx context.Context, q dialect.DBTX, t dialect.Table, ns string) error {
 	return d.notifier().Signal(ctx, q, t, ns)
 }
 
-func (d pgNotifier) Listen(ctx context.Context, db *sql.DB, t outbox.Table, ready func(), wake func(string)) error {
+func (d pgNotifier) Listen(ctx context.Context, db *sql.DB, t dialect.Table, ready func(), wake func(string)) error {
 	return d.notifier().Listen(ctx, db, t, ready, wake)
 }
 
@@ -41,7 +42,7 @@ var outside struct {
 // enqueue's transaction: listeners are woken before the commit, and by rollbacks.
 type eagerSignalDialect struct{ pgNotifier }
 
-func (eagerSignalDialect) Signal(ctx context.Context, q outbox.DBTX, t outbox.Table, ns string) error {
+func (eagerSignalDialect) Signal(ctx context.Context, q dialect.DBTX, t dialect.Table, ns string) error {
 	outside.once.Do(func() { outside.db, outside.err = sql.Open("pgx", testdb.PostgresDSN()) })
 	if outside.err != nil {
 		return outside.err
@@ -58,20 +59,20 @@ func (eagerSignalDialect) Signal(ctx context.Context, q outbox.DBTX, t outbox.Ta
 // silentDialect never signals: only polling finds other processes' rows.
 type silentDialect struct{ pgNotifier }
 
-func (silentDialect) Signal(context.Context, outbox.DBTX, outbox.Table, string) error { return nil }
+func (silentDialect) Signal(context.Context, dialect.DBTX, dialect.Table, string) error { return nil }
 
 // neverReadyDialect listens but never says so.
 type neverReadyDialect struct{ pgNotifier }
 
-func (d neverReadyDialect) Listen(ctx context.Context, db *sql.DB, t outbox.Table, _ func(), wake func(string)) error {
+func (d neverReadyDialect) Listen(ctx context.Context, db *sql.DB, t dialect.Table, _ func(), wake func(string)) error {
 	return d.notifier().Listen(ctx, db, t, func() {}, wake)
 }
 
 // tableBlindDialect listens to the default table whatever table it is given.
 type tableBlindDialect struct{ pgNotifier }
 
-func (d tableBlindDialect) Listen(ctx context.Context, db *sql.DB, _ outbox.Table, ready func(), wake func(string)) error {
-	def, err := outbox.NewTable(outbox.DefaultTable)
+func (d tableBlindDialect) Listen(ctx context.Context, db *sql.DB, _ dialect.Table, ready func(), wake func(string)) error {
+	def, err := dialect.NewTable(outbox.DefaultTable)
 	if err != nil {
 		return err
 	}
@@ -82,7 +83,7 @@ func (d tableBlindDialect) Listen(ctx context.Context, db *sql.DB, _ outbox.Tabl
 // good, and a publisher's Run never returns.
 type deafDialect struct{ pgNotifier }
 
-func (d deafDialect) Listen(ctx context.Context, db *sql.DB, t outbox.Table, ready func(), wake func(string)) error {
+func (d deafDialect) Listen(ctx context.Context, db *sql.DB, t dialect.Table, ready func(), wake func(string)) error {
 	return d.notifier().Listen(context.WithoutCancel(ctx), db, t, ready, wake)
 }
 
@@ -90,7 +91,7 @@ func (d deafDialect) Listen(ctx context.Context, db *sql.DB, t outbox.Table, rea
 // the built-in channel without the built-in's check of the schema in the payload.
 type schemaBlindDialect struct{ pgNotifier }
 
-func (schemaBlindDialect) Listen(ctx context.Context, db *sql.DB, t outbox.Table, ready func(), wake func(string)) error {
+func (schemaBlindDialect) Listen(ctx context.Context, db *sql.DB, t dialect.Table, ready func(), wake func(string)) error {
 	conn, err := db.Conn(ctx)
 	if err != nil {
 		return err

@@ -14,6 +14,7 @@ import (
 
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/conformance"
+	"github.com/outboxgo/outbox/dialect"
 	"github.com/outboxgo/outbox/internal/testdb"
 )
 
@@ -25,7 +26,7 @@ import (
 // leaseBlindDialect claims rows whatever their lease: the double-claim bug.
 type leaseBlindDialect struct{ outbox.Dialect }
 
-func (d leaseBlindDialect) Claim(ctx context.Context, db *sql.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Record, error) {
+func (d leaseBlindDialect) Claim(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.ClaimParams) ([]outbox.Record, error) {
 	// Forget every lease first, then claim as usual: live leases no longer protect rows.
 	if _, err := db.ExecContext(ctx, `UPDATE `+t.Name()+` SET locked_until = 0 WHERE status = 'processing'`); err != nil {
 		return nil, err
@@ -37,7 +38,7 @@ func (d leaseBlindDialect) Claim(ctx context.Context, db *sql.DB, t outbox.Table
 // overwrites the new owner's outcome.
 type tokenBlindDialect struct{ outbox.Dialect }
 
-func (d tokenBlindDialect) Complete(ctx context.Context, q outbox.DBTX, t outbox.Table, outcomes []outbox.Outcome) ([]uuid.UUID, error) {
+func (d tokenBlindDialect) Complete(ctx context.Context, q dialect.DBTX, t dialect.Table, outcomes []outbox.Outcome) ([]uuid.UUID, error) {
 	for i := range outcomes {
 		var token []byte
 		if err := q.QueryRowContext(ctx, `SELECT lease_token FROM `+t.Name()+` WHERE id = ?`, outcomes[i].ID[:]).Scan(&token); err == nil {
@@ -51,7 +52,7 @@ func (d tokenBlindDialect) Complete(ctx context.Context, q outbox.DBTX, t outbox
 // module's publisher would dead-letter another module's events.
 type scopeBlindDialect struct{ outbox.Dialect }
 
-func (d scopeBlindDialect) Bury(ctx context.Context, q outbox.DBTX, t outbox.Table, p outbox.BuryParams) ([]uuid.UUID, error) {
+func (d scopeBlindDialect) Bury(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.BuryParams) ([]uuid.UUID, error) {
 	p.Scope = outbox.Scope{}
 	return d.Dialect.Bury(ctx, q, t, p)
 }
@@ -68,44 +69,46 @@ func noRefunds(outcomes []outbox.Outcome) []outbox.Outcome {
 	return out
 }
 
-func (d refundBlindDialect) Complete(ctx context.Context, q outbox.DBTX, t outbox.Table, outcomes []outbox.Outcome) ([]uuid.UUID, error) {
+func (d refundBlindDialect) Complete(ctx context.Context, q dialect.DBTX, t dialect.Table, outcomes []outbox.Outcome) ([]uuid.UUID, error) {
 	return d.Dialect.Complete(ctx, q, t, noRefunds(outcomes))
 }
 
-func (d refundBlindDialect) CompleteAndClaim(ctx context.Context, db *sql.DB, t outbox.Table, outcomes []outbox.Outcome, p outbox.ClaimParams) ([]uuid.UUID, []outbox.Record, error) {
-	return d.Dialect.(outbox.SettleClaimer).CompleteAndClaim(ctx, db, t, noRefunds(outcomes), p)
+var _ dialect.SettleClaimer = refundBlindDialect{}
+
+func (d refundBlindDialect) CompleteAndClaim(ctx context.Context, db *sql.DB, t dialect.Table, outcomes []outbox.Outcome, p dialect.ClaimParams) ([]outbox.Record, []uuid.UUID, error) {
+	return d.Dialect.(dialect.SettleClaimer).CompleteAndClaim(ctx, db, t, noRefunds(outcomes), p)
 }
 
 // withAbilities forwards the optional abilities of the dialect it wraps, which embedding
 // the Dialect interface alone would hide from the engine's type assertions.
 type withAbilities struct{ outbox.Dialect }
 
-func (d withAbilities) admin() outbox.AdminDialect { return d.Dialect.(outbox.AdminDialect) }
+func (d withAbilities) admin() dialect.Administrator { return d.Dialect.(dialect.Administrator) }
 
-func (d withAbilities) Stats(ctx context.Context, q outbox.DBTX, t outbox.Table, p outbox.StatsParams) (outbox.StatsSample, error) {
+func (d withAbilities) Stats(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.StatsParams) (dialect.StatsSample, error) {
 	return d.admin().Stats(ctx, q, t, p)
 }
 
-func (d withAbilities) ListDead(ctx context.Context, q outbox.DBTX, t outbox.Table, p outbox.ListDeadParams) ([]outbox.Record, error) {
+func (d withAbilities) ListDead(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ListDeadParams) ([]outbox.Record, error) {
 	return d.admin().ListDead(ctx, q, t, p)
 }
 
-func (d withAbilities) Replay(ctx context.Context, db *sql.DB, t outbox.Table, p outbox.ReplayParams) ([]uuid.UUID, error) {
+func (d withAbilities) Replay(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.ReplayParams) ([]uuid.UUID, error) {
 	return d.admin().Replay(ctx, db, t, p)
 }
 
-func (d withAbilities) Discard(ctx context.Context, db *sql.DB, t outbox.Table, p outbox.DiscardParams) ([]uuid.UUID, error) {
+func (d withAbilities) Discard(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.DiscardParams) ([]uuid.UUID, error) {
 	return d.admin().Discard(ctx, db, t, p)
 }
 
-func (d withAbilities) Purge(ctx context.Context, db *sql.DB, t outbox.Table, p outbox.PurgeParams) (int64, error) {
-	return d.Dialect.(outbox.RetentionDialect).Purge(ctx, db, t, p)
+func (d withAbilities) Purge(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.PurgeParams) (int64, error) {
+	return d.Dialect.(dialect.Purger).Purge(ctx, db, t, p)
 }
 
 // purgeAllDialect purges the oldest rows whatever their status: pending events vanish.
 type purgeAllDialect struct{ withAbilities }
 
-func (purgeAllDialect) Purge(ctx context.Context, db *sql.DB, t outbox.Table, p outbox.PurgeParams) (int64, error) {
+func (purgeAllDialect) Purge(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.PurgeParams) (int64, error) {
 	res, err := db.ExecContext(ctx, `DELETE FROM `+t.Name()+` WHERE id IN (SELECT id FROM `+t.Name()+` ORDER BY updated_at LIMIT ?)`, p.Limit)
 	if err != nil {
 		return 0, err
@@ -117,7 +120,7 @@ func (purgeAllDialect) Purge(ctx context.Context, db *sql.DB, t outbox.Table, p 
 // flight loses its lease.
 type replayAnyDialect struct{ withAbilities }
 
-func (replayAnyDialect) Replay(ctx context.Context, db *sql.DB, t outbox.Table, p outbox.ReplayParams) ([]uuid.UUID, error) {
+func (replayAnyDialect) Replay(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.ReplayParams) ([]uuid.UUID, error) {
 	var out []uuid.UUID
 	for _, id := range p.IDs {
 		res, err := db.ExecContext(ctx, `UPDATE `+t.Name()+` SET status = 'pending', attempts = 0, lease_token = ?, replays = replays + 1 WHERE id = ?`, p.Token[:], id[:])
@@ -134,7 +137,7 @@ func (replayAnyDialect) Replay(ctx context.Context, db *sql.DB, t outbox.Table, 
 // cursorBlindDialect ignores the keyset and serves the first page again and again.
 type cursorBlindDialect struct{ withAbilities }
 
-func (d cursorBlindDialect) ListDead(ctx context.Context, q outbox.DBTX, t outbox.Table, p outbox.ListDeadParams) ([]outbox.Record, error) {
+func (d cursorBlindDialect) ListDead(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ListDeadParams) ([]outbox.Record, error) {
 	p.AfterID = uuid.Nil
 	return d.withAbilities.ListDead(ctx, q, t, p)
 }
@@ -143,17 +146,17 @@ func (d cursorBlindDialect) ListDead(ctx context.Context, q outbox.DBTX, t outbo
 // row, whatever its partition key.
 type orderBlindDialect struct{ outbox.Dialect }
 
-func (d orderBlindDialect) Claim(ctx context.Context, db *sql.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Record, error) {
+func (d orderBlindDialect) Claim(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.ClaimParams) ([]outbox.Record, error) {
 	p.Ordered, p.OrderedSkipDead = false, false
 	return d.Dialect.Claim(ctx, db, t, p)
 }
 
-func (d orderBlindDialect) BlockedKeys(ctx context.Context, q outbox.DBTX, t outbox.Table, p outbox.BlockedKeysParams) ([]outbox.BlockedKey, error) {
-	return d.Dialect.(outbox.OrderedClaimer).BlockedKeys(ctx, q, t, p)
+func (d orderBlindDialect) BlockedKeys(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.BlockedKeysParams) ([]outbox.BlockedKey, error) {
+	return d.Dialect.(dialect.OrderedClaimer).BlockedKeys(ctx, q, t, p)
 }
 
-func (d orderBlindDialect) CheckOrdered(ctx context.Context, db *sql.DB, t outbox.Table) error {
-	return d.Dialect.(outbox.OrderedClaimer).CheckOrdered(ctx, db, t)
+func (d orderBlindDialect) CheckOrdered(ctx context.Context, db *sql.DB, t dialect.Table) error {
+	return d.Dialect.(dialect.OrderedClaimer).CheckOrdered(ctx, db, t)
 }
 
 // indexBlindDialect claims in order but never finds the order index missing: on a table
@@ -161,24 +164,24 @@ func (d orderBlindDialect) CheckOrdered(ctx context.Context, db *sql.DB, t outbo
 // PostgreSQL they would read the whole table) instead of saying what to migrate.
 type indexBlindDialect struct{ outbox.Dialect }
 
-func (d indexBlindDialect) BlockedKeys(ctx context.Context, q outbox.DBTX, t outbox.Table, p outbox.BlockedKeysParams) ([]outbox.BlockedKey, error) {
-	return d.Dialect.(outbox.OrderedClaimer).BlockedKeys(ctx, q, t, p)
+func (d indexBlindDialect) BlockedKeys(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.BlockedKeysParams) ([]outbox.BlockedKey, error) {
+	return d.Dialect.(dialect.OrderedClaimer).BlockedKeys(ctx, q, t, p)
 }
 
-func (indexBlindDialect) CheckOrdered(context.Context, *sql.DB, outbox.Table) error { return nil }
+func (indexBlindDialect) CheckOrdered(context.Context, *sql.DB, dialect.Table) error { return nil }
 
 // staleExtendDialect extends leases but forgets to advance updated_at: locked_until -
 // updated_at no longer equals the lease, and the row looks older than its last change.
 type staleExtendDialect struct{ outbox.Dialect }
 
-func (d staleExtendDialect) Extend(ctx context.Context, q outbox.DBTX, t outbox.Table, p outbox.ExtendParams) ([]uuid.UUID, error) {
+func (d staleExtendDialect) Extend(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ExtendParams) ([]uuid.UUID, error) {
 	var lost []uuid.UUID
 	for _, l := range p.Leases {
 		var before int64
 		if err := q.QueryRowContext(ctx, `SELECT updated_at FROM `+t.Name()+` WHERE id = ?`, l.ID[:]).Scan(&before); err != nil {
 			return nil, err
 		}
-		ids, err := d.Dialect.Extend(ctx, q, t, outbox.ExtendParams{Leases: []outbox.Lease{l}, Lease: p.Lease})
+		ids, err := d.Dialect.Extend(ctx, q, t, dialect.ExtendParams{Leases: []outbox.Lease{l}, Lease: p.Lease})
 		if err != nil {
 			return nil, err
 		}
@@ -194,31 +197,31 @@ func (d staleExtendDialect) Extend(ctx context.Context, q outbox.DBTX, t outbox.
 // the table lacks.
 type passingOrderedCheckDialect struct{ orderedSQLite }
 
-func (passingOrderedCheckDialect) CheckOrdered(context.Context, *sql.DB, outbox.Table) error {
+func (passingOrderedCheckDialect) CheckOrdered(context.Context, *sql.DB, dialect.Table) error {
 	return nil
 }
 
 // orderedSQLite forwards the SQLite dialect's checks and ordered claims.
 type orderedSQLite struct{ outbox.Dialect }
 
-func (d orderedSQLite) Check(ctx context.Context, db *sql.DB, t outbox.Table) error {
-	return d.Dialect.(outbox.Checker).Check(ctx, db, t)
+func (d orderedSQLite) Check(ctx context.Context, db *sql.DB, t dialect.Table) error {
+	return d.Dialect.(dialect.Checker).Check(ctx, db, t)
 }
 
-func (d orderedSQLite) BlockedKeys(ctx context.Context, q outbox.DBTX, t outbox.Table, p outbox.BlockedKeysParams) ([]outbox.BlockedKey, error) {
-	return d.Dialect.(outbox.OrderedClaimer).BlockedKeys(ctx, q, t, p)
+func (d orderedSQLite) BlockedKeys(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.BlockedKeysParams) ([]outbox.BlockedKey, error) {
+	return d.Dialect.(dialect.OrderedClaimer).BlockedKeys(ctx, q, t, p)
 }
 
-func (d orderedSQLite) CheckOrdered(ctx context.Context, db *sql.DB, t outbox.Table) error {
-	return d.Dialect.(outbox.OrderedClaimer).CheckOrdered(ctx, db, t)
+func (d orderedSQLite) CheckOrdered(ctx context.Context, db *sql.DB, t dialect.Table) error {
+	return d.Dialect.(dialect.OrderedClaimer).CheckOrdered(ctx, db, t)
 }
 
 // columnBlindDialect's Check finds a missing table and a server of another kind, but takes
 // a table that lacks a column for a ready one.
 type columnBlindDialect struct{ outbox.Dialect }
 
-func (d columnBlindDialect) Check(ctx context.Context, db *sql.DB, t outbox.Table) error {
-	err := d.Dialect.(outbox.Checker).Check(ctx, db, t)
+func (d columnBlindDialect) Check(ctx context.Context, db *sql.DB, t dialect.Table) error {
+	err := d.Dialect.(dialect.Checker).Check(ctx, db, t)
 	if err != nil && strings.Contains(err.Error(), "lacks column") {
 		return nil
 	}
@@ -343,11 +346,13 @@ func TestSuiteCatchesBrokenDialects(t *testing.T) {
 // and its settle then finds them under another token.
 type claimFirstDialect struct{ outbox.Dialect }
 
-func (d claimFirstDialect) CompleteAndClaim(ctx context.Context, db *sql.DB, t outbox.Table, outcomes []outbox.Outcome, p outbox.ClaimParams) ([]uuid.UUID, []outbox.Record, error) {
+var _ dialect.SettleClaimer = claimFirstDialect{}
+
+func (d claimFirstDialect) CompleteAndClaim(ctx context.Context, db *sql.DB, t dialect.Table, outcomes []outbox.Outcome, p dialect.ClaimParams) ([]outbox.Record, []uuid.UUID, error) {
 	recs, err := d.Claim(ctx, db, t, p)
 	if err != nil {
 		return nil, nil, err
 	}
 	lost, err := d.Complete(ctx, db, t, outcomes)
-	return lost, recs, err
+	return recs, lost, err
 }

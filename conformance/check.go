@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/dialect"
 )
 
 var checkTests = []test{
@@ -20,8 +21,8 @@ var checkTests = []test{
 // requireChecker skips when the dialect cannot check its database.
 func requireChecker(t *testing.T, h Harness) {
 	t.Helper()
-	if _, ok := h.Dialect.(outbox.Checker); !ok {
-		t.Skipf("dialect %s does not implement outbox.Checker", h.Dialect.Name())
+	if _, ok := h.Dialect.(dialect.Checker); !ok {
+		t.Skipf("dialect %s does not implement dialect.Checker", h.Dialect.Name())
 	}
 }
 

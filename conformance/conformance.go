@@ -20,7 +20,7 @@
 //     attempt limit and burying exhausted rows.
 //  5. Settle: ack, nack with jittered backoff inside its bounds, retry-after, permanent
 //     errors, the attempt limit, terminal states that never move, updated_at advancing.
-//     SettleAndClaim ([outbox.SettleClaimer]): outcomes recorded and the next rows claimed
+//     SettleAndClaim ([dialect.SettleClaimer]): outcomes recorded and the next rows claimed
 //     in one call, lost leases reported, settled rows never claimed again by the same call,
 //     an ordered claim seeing the keys the outcomes released. Skipped, saying so, for a
 //     dialect without the ability.
@@ -29,14 +29,14 @@
 //  7. Concurrency: many claimers never share a row; claims racing enqueues lose nothing.
 //  8. Migrations: up, down, up with a custom table name, through [Harness.Up],
 //     [Harness.UpOrdered] and [Harness.Down].
-//  9. Admin ([outbox.AdminDialect]): stats by state and topic, the dead-letter list and its
+//  9. Admin ([dialect.Administrator]): stats by state and topic, the dead-letter list and its
 //     pages and filters, replay (only dead rows change, idempotent, the row is delivered
 //     again), discard. Skipped, saying so, for a dialect without the ability.
-//  10. Inspect ([outbox.InspectDialect]): dead rows grouped by last error, the error
+//  10. Inspect ([dialect.Inspector]): dead rows grouped by last error, the error
 //     filters of the dead-letter list, replay and discard of a group, delivered and dead
 //     rows per minute, the lookup by dedupe key. Skipped, saying so, for a dialect without
 //     the ability.
-//  11. Retention ([outbox.RetentionDialect]): purge never touches pending or processing
+//  11. Retention ([dialect.Purger]): purge never touches pending or processing
 //     rows, frees dedupe keys, runs in batches, and purgers may run at once. Skipped, saying
 //     so, for a dialect without the ability.
 //  12. Ordered: ordered claims per partition key take only each key's head; a retried or
@@ -46,10 +46,10 @@
 //     without [Harness.UpOrdered], ordered claims, BlockedKeys and ordered publishers fail
 //     with an [outbox.CheckError] (with the built-in migrations: one that says to apply the
 //     ordered set), and work once UpOrdered ran. Skipped for a dialect without
-//     [outbox.OrderedClaimer].
-//  13. Check ([outbox.Checker]): a ready table passes; a missing table, a missing column and
+//     [dialect.OrderedClaimer].
+//  13. Check ([dialect.Checker]): a ready table passes; a missing table, a missing column and
 //     a database of another kind are each reported as an [*outbox.CheckError].
-//  14. Notify ([outbox.Notifier]): a listener reports ready, a committed enqueue wakes it
+//  14. Notify ([dialect.Notifier]): a listener reports ready, a committed enqueue wakes it
 //     with its namespace, a rolled-back one wakes nobody, several in one transaction wake
 //     it only at commit; signals stay within their table and database; Listen returns when
 //     its context ends and releases its connection; a publisher that polls once a minute
@@ -74,6 +74,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/dialect"
 	"github.com/outboxgo/outbox/migrations"
 )
 
@@ -94,10 +95,10 @@ type Harness struct {
 	// Default: migrations.Up for Dialect.Name().
 	Up func(ctx context.Context, db *sql.DB, table string) error
 	// UpOrdered adds to a table made by Up what ordered claims need (the ordered migration
-	// set; the built-in dialects: the order index), so that [outbox.OrderedClaimer.CheckOrdered]
+	// set; the built-in dialects: the order index), so that [dialect.OrderedClaimer.CheckOrdered]
 	// passes. The suite runs it after Up for every test, and checks that ordered claims
 	// refuse a table that has had only Up. Required with Up when the dialect implements
-	// [outbox.OrderedClaimer]; default: migrations.Up with migrations.Options.Ordered.
+	// [dialect.OrderedClaimer]; default: migrations.Up with migrations.Options.Ordered.
 	UpOrdered func(ctx context.Context, db *sql.DB, table string) error
 	// Down drops the outbox table named table and whatever Up and UpOrdered made for it.
 	// Default: migrations.Down.
@@ -113,11 +114,11 @@ type Harness struct {
 	Corrupt func(ctx context.Context, db *sql.DB, table string, id uuid.UUID, column string) error
 	// DropColumn removes from the table one column that the dialect needs, as an older or
 	// half-applied migration would leave it, so that the suite can check that
-	// [outbox.Checker] reports it. Default: ALTER TABLE ... DROP COLUMN replays.
+	// [dialect.Checker] reports it. Default: ALTER TABLE ... DROP COLUMN replays.
 	DropColumn func(ctx context.Context, db *sql.DB, table string) error
 	// OtherServer returns a fresh database of another kind than the dialect is written for
 	// (MySQL for a PostgreSQL dialect, say), and arranges its cleanup, so that the suite can
-	// check that [outbox.Checker] refuses it. Nil skips that one check: leave it nil only
+	// check that [dialect.Checker] refuses it. Nil skips that one check: leave it nil only
 	// when no other kind of database can be reached through the dialect's driver.
 	OtherServer func(t testing.TB) *sql.DB
 	// Reopen, when set, returns another pool on the database of db, one that OpenDB
@@ -211,8 +212,8 @@ func Run(t *testing.T, h Harness) {
 	if h.Dialect == nil || h.OpenDB == nil {
 		t.Fatal("conformance: Harness needs Dialect and OpenDB")
 	}
-	if _, ok := h.Dialect.(outbox.OrderedClaimer); ok && h.Up != nil && h.UpOrdered == nil {
-		t.Fatal("conformance: the dialect implements outbox.OrderedClaimer and Harness.Up is set: set Harness.UpOrdered too")
+	if _, ok := h.Dialect.(dialect.OrderedClaimer); ok && h.Up != nil && h.UpOrdered == nil {
+		t.Fatal("conformance: the dialect implements dialect.OrderedClaimer and Harness.Up is set: set Harness.UpOrdered too")
 	}
 	areas := []struct {
 		name  string

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/dialect"
 )
 
 var enqueueTests = []test{
@@ -354,7 +355,7 @@ func testBadBatchWritesNothing(t *testing.T, h Harness) {
 
 func testBadTableName(t *testing.T, h Harness) {
 	db := h.OpenDB(t)
-	for _, name := range []string{"x; DROP TABLE y", `x"y`, "x`y", "Outbox", "1abc", strings.Repeat("a", outbox.MaxTableBytes+1), "a.b", "a b"} {
+	for _, name := range []string{"x; DROP TABLE y", `x"y`, "x`y", "Outbox", "1abc", strings.Repeat("a", dialect.MaxTableBytes+1), "a.b", "a b"} {
 		_, err := outbox.New(db, h.Dialect, outbox.Options{Table: name})
 		require.ErrorIs(t, err, outbox.ErrInvalid, "table %q", name)
 	}

@@ -16,9 +16,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/dialect"
 )
 
-// notifyTests check [outbox.Notifier], the wake-ups that cross processes; each is skipped,
+// notifyTests check [dialect.Notifier], the wake-ups that cross processes; each is skipped,
 // saying so, for a dialect without the ability, or whose driver cannot listen.
 //
 // A signal that must not come is proved absent by ordering, never by waiting a while: after
@@ -40,11 +41,11 @@ var notifyTests = []test{
 const notifyWithin = 10 * time.Second
 
 // needNotifier skips when the dialect has no Notifier, and returns it otherwise.
-func needNotifier(t *testing.T, h Harness) outbox.Notifier {
+func needNotifier(t *testing.T, h Harness) dialect.Notifier {
 	t.Helper()
-	n, ok := h.Dialect.(outbox.Notifier)
+	n, ok := h.Dialect.(dialect.Notifier)
 	if !ok {
-		t.Skipf("dialect %s does not implement outbox.Notifier", h.Dialect.Name())
+		t.Skipf("dialect %s does not implement dialect.Notifier", h.Dialect.Name())
 	}
 	return n
 }
@@ -67,9 +68,9 @@ type listener struct {
 // listen starts n.Listen on db for table and waits until it reports ready. It skips the
 // test when Listen says the driver cannot listen. At cleanup it cancels Listen and
 // requires it to return.
-func listen(t *testing.T, e *env, n outbox.Notifier, db *sql.DB, table string) *listener {
+func listen(t *testing.T, e *env, n dialect.Notifier, db *sql.DB, table string) *listener {
 	t.Helper()
-	tbl, err := outbox.NewTable(table)
+	tbl, err := dialect.NewTable(table)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(e.ctx)
 	l := &listener{ready: make(chan struct{}), done: make(chan error, 1), cancel: cancel}
@@ -341,14 +342,14 @@ func testNotifyPublisher(t *testing.T, h Harness) {
 // which the publisher does without.
 type observedNotifier struct {
 	outbox.Dialect
-	n         outbox.Notifier
+	n         dialect.Notifier
 	ready     chan struct{}
 	readyOnce sync.Once
 	claims    atomic.Int64
 	lastClaim atomic.Int64 // unix nanoseconds of the end of the last claim
 }
 
-func (o *observedNotifier) Claim(ctx context.Context, db *sql.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Record, error) {
+func (o *observedNotifier) Claim(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.ClaimParams) ([]outbox.Record, error) {
 	defer func() {
 		o.lastClaim.Store(time.Now().UnixNano())
 		o.claims.Add(1)
@@ -356,11 +357,11 @@ func (o *observedNotifier) Claim(ctx context.Context, db *sql.DB, t outbox.Table
 	return o.Dialect.Claim(ctx, db, t, p)
 }
 
-func (o *observedNotifier) Signal(ctx context.Context, q outbox.DBTX, t outbox.Table, namespace string) error {
+func (o *observedNotifier) Signal(ctx context.Context, q dialect.DBTX, t dialect.Table, namespace string) error {
 	return o.n.Signal(ctx, q, t, namespace)
 }
 
-func (o *observedNotifier) Listen(ctx context.Context, db *sql.DB, t outbox.Table, ready func(), wake func(namespace string)) error {
+func (o *observedNotifier) Listen(ctx context.Context, db *sql.DB, t dialect.Table, ready func(), wake func(namespace string)) error {
 	return o.n.Listen(ctx, db, t, func() {
 		ready()
 		o.readyOnce.Do(func() { close(o.ready) })

@@ -15,10 +15,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/dialect"
 )
 
 // orderedTests check ordered claims per partition key ([outbox.ClaimOptions.Ordered]). A
-// dialect without the ability ([outbox.OrderedClaimer]) skips them.
+// dialect without the ability ([dialect.OrderedClaimer]) skips them.
 var orderedTests = []test{
 	{"HeadOnly", testOrderedHeadOnly},
 	{"RetryHoldsKey", testOrderedRetryHoldsKey},
@@ -193,11 +194,11 @@ func testOrderedDeadHeadBlocks(t *testing.T, h Harness) {
 }
 
 // requireAdmin returns the store for the replay and discard an operator would run, and
-// skips when the dialect has no [outbox.AdminDialect] to run them.
+// skips when the dialect has no [dialect.Administrator] to run them.
 func requireAdmin(t *testing.T, e *env) *outbox.Store {
 	t.Helper()
-	if _, ok := e.h.Dialect.(outbox.AdminDialect); !ok {
-		t.Skipf("dialect %s does not implement outbox.AdminDialect (replay, discard)", e.h.Dialect.Name())
+	if _, ok := e.h.Dialect.(dialect.Administrator); !ok {
+		t.Skipf("dialect %s does not implement dialect.Administrator (replay, discard)", e.h.Dialect.Name())
 	}
 	return e.store
 }
@@ -367,8 +368,8 @@ func testOrderedPublishers(t *testing.T, h Harness) {
 // built-in migrations, one that says to apply the ordered set), and nothing is claimed;
 // unordered claims work. Once UpOrdered ran, the same Store claims in order.
 func testOrderedNeedsMigrations(t *testing.T, h Harness) {
-	if _, ok := h.Dialect.(outbox.OrderedClaimer); !ok {
-		t.Skipf("dialect %s does not implement outbox.OrderedClaimer", h.Dialect.Name())
+	if _, ok := h.Dialect.(dialect.OrderedClaimer); !ok {
+		t.Skipf("dialect %s does not implement dialect.OrderedClaimer", h.Dialect.Name())
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -395,7 +396,7 @@ func testOrderedNeedsMigrations(t *testing.T, h Harness) {
 	}
 	_, err = s.BlockedKeys(ctx, outbox.Scope{}, 10)
 	misconfigured("BlockedKeys", err)
-	if _, ok := h.Dialect.(outbox.SettleClaimer); ok {
+	if _, ok := h.Dialect.(dialect.SettleClaimer); ok {
 		_, _, err = s.CompleteAndClaim(ctx, nil, orderedOpts(10))
 		misconfigured("CompleteAndClaim", err)
 	}

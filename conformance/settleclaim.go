@@ -9,9 +9,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/dialect"
 )
 
-// settleClaimTests check [outbox.SettleClaimer] through Store.CompleteAndClaim; each is
+// settleClaimTests check [dialect.SettleClaimer] through Store.CompleteAndClaim; each is
 // skipped, saying so, for a dialect without the ability.
 var settleClaimTests = []test{
 	{"SettlesAndClaimsNext", testCompleteAndClaim},
@@ -24,10 +25,10 @@ var settleClaimTests = []test{
 
 func needSettleClaimer(t *testing.T, e *env) {
 	t.Helper()
-	if _, ok := e.h.Dialect.(outbox.SettleClaimer); !ok {
+	if _, ok := e.h.Dialect.(dialect.SettleClaimer); !ok {
 		_, _, err := e.store.CompleteAndClaim(e.ctx, nil, claimOpts(1, time.Minute))
 		require.ErrorIs(t, err, errors.ErrUnsupported)
-		t.Skipf("dialect %s does not implement outbox.SettleClaimer", e.h.Dialect.Name())
+		t.Skipf("dialect %s does not implement dialect.SettleClaimer", e.h.Dialect.Name())
 	}
 }
 
@@ -142,8 +143,8 @@ func testCompleteAndClaimNothingLeft(t *testing.T, h Harness) {
 func testCompleteAndClaimOrdered(t *testing.T, h Harness) {
 	e := setup(t, h)
 	needSettleClaimer(t, e)
-	if _, ok := e.h.Dialect.(outbox.OrderedClaimer); !ok {
-		t.Skipf("dialect %s does not implement outbox.OrderedClaimer", e.h.Dialect.Name())
+	if _, ok := e.h.Dialect.(dialect.OrderedClaimer); !ok {
+		t.Skipf("dialect %s does not implement dialect.OrderedClaimer", e.h.Dialect.Name())
 	}
 	var all []uuid.UUID
 	for i := range 4 {

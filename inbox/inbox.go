@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/dialect"
 )
 
 // DefaultTable is the inbox table used when [Options.Table] is empty.
@@ -31,7 +32,7 @@ const (
 // Options configure an [Inbox]. The zero value is valid.
 type Options struct {
 	// Table is the inbox table: lowercase letters, digits and underscores, starting with a
-	// letter or underscore, at most [outbox.MaxTableBytes] bytes. Default [DefaultTable].
+	// letter or underscore, at most [dialect.MaxTableBytes] bytes. Default [DefaultTable].
 	Table string
 	// Isolation is the isolation level of the transactions [Inbox.Process] begins. Default
 	// [sql.LevelDefault], the database's own: READ COMMITTED on PostgreSQL, REPEATABLE READ on
@@ -49,32 +50,32 @@ type Options struct {
 // safe for concurrent use.
 type Inbox struct {
 	db        *sql.DB
-	d         dialect
-	table     outbox.Table
+	d         statements
+	table     dialect.Table
 	isolation sql.IsolationLevel
 	obs       Observer
 }
 
-// New returns an Inbox on db for the dialect named dialect: "postgres", "mysql" (MySQL 8.0+
+// New returns an Inbox on db for the dialect named dialectName: "postgres", "mysql" (MySQL 8.0+
 // and MariaDB 10.6+) or "sqlite", the names [outbox.Dialect.Name] returns for the built-in
 // dialects. Another name returns an error matching [errors.ErrUnsupported]; bad options a
 // [*outbox.ValidationError]. The table must exist: create it with the migrations of package
 // github.com/outboxgo/outbox/inbox/migrations.
-func New(db *sql.DB, dialect string, opts Options) (*Inbox, error) {
+func New(db *sql.DB, dialectName string, opts Options) (*Inbox, error) {
 	if db == nil {
 		return nil, invalid("db", "is nil")
 	}
-	render, ok := dialects[dialect]
+	render, ok := dialects[dialectName]
 	if !ok {
-		return nil, fmt.Errorf("inbox: no inbox for dialect %q (want postgres, mysql or sqlite): %w", dialect, errors.ErrUnsupported)
+		return nil, fmt.Errorf("inbox: no inbox for dialect %q (want postgres, mysql or sqlite): %w", dialectName, errors.ErrUnsupported)
 	}
 	name := opts.Table
 	if name == "" {
 		name = DefaultTable
 	}
-	t, err := outbox.NewTable(name)
+	t, err := dialect.NewTable(name)
 	if err != nil {
-		return nil, err
+		return nil, invalid("table", "%s", err)
 	}
 	if opts.Isolation < sql.LevelDefault || opts.Isolation > sql.LevelLinearizable {
 		return nil, invalid("Isolation", "unknown isolation level %d", int(opts.Isolation))
@@ -83,7 +84,7 @@ func New(db *sql.DB, dialect string, opts Options) (*Inbox, error) {
 }
 
 // Table returns the inbox table.
-func (in *Inbox) Table() outbox.Table { return in.table }
+func (in *Inbox) Table() dialect.Table { return in.table }
 
 // Handler processes one message on tx, the transaction that records it in the inbox. It
 // must do all its database work on tx and must not commit or roll it back. An error rolls

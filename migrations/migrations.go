@@ -82,7 +82,7 @@ func sub(fsys fs.FS, dir string) fs.FS {
 // Options choose the table to migrate.
 type Options struct {
 	// Table is the outbox table name; default outbox.DefaultTable. It is validated with
-	// [outbox.NewTable].
+	// [dialect.NewTable].
 	Table string
 	// VersionTable is goose's version table of the base set; default
 	// "<Table>_goose_version".

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/dialect"
 	"github.com/outboxgo/outbox/internal/gooseset"
 	"github.com/outboxgo/outbox/internal/testdb"
 	"github.com/outboxgo/outbox/migrations"
@@ -257,7 +258,7 @@ func TestOrderedSetUpDown(t *testing.T) {
 // longer than a table name may be, and still within PostgreSQL's identifier limit.
 func TestLongestTableName(t *testing.T) {
 	t.Parallel()
-	table := strings.Repeat("t", outbox.MaxTableBytes)
+	table := strings.Repeat("t", dialect.MaxTableBytes)
 	for backend, b := range backends {
 		t.Run(backend, func(t *testing.T) {
 			t.Parallel()

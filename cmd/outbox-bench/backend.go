@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/dialect"
 	"github.com/outboxgo/outbox/migrations"
 )
 
@@ -65,7 +66,7 @@ type relay interface {
 	// is the baseline of batch enqueue, and diagnostic ones (the library's statement shape
 	// written by hand) that split a gap into SQL cost and client cost.
 	insertForms() []insertForm
-	insertMany(ctx context.Context, q outbox.DBTX, form string, rows []rawRow) error
+	insertMany(ctx context.Context, q dialect.DBTX, form string, rows []rawRow) error
 	// claim leases up to limit pending rows in one statement (one short transaction on
 	// MySQL) and reads what a transport needs.
 	claim(ctx context.Context, db *sql.DB, limit int, worker string) (rawClaim, error)

@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/dialect"
 )
 
 // myBackend runs on a database of its own on the MariaDB/MySQL server, created for the run
@@ -318,7 +319,7 @@ const (
 	myLibRow  = "(?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', 0, DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))"
 )
 
-func (r *myRaw) insertMany(ctx context.Context, q outbox.DBTX, form string, rows []rawRow) error {
+func (r *myRaw) insertMany(ctx context.Context, q dialect.DBTX, form string, rows []rawRow) error {
 	if form == "library-shape" {
 		args := make([]any, 0, 10*len(rows))
 		for i := range rows {
@@ -496,7 +497,7 @@ func (l *myLean) insertOne(ctx context.Context, tx *sql.Tx, row *rawRow) error {
 
 func (l *myLean) insertForms() []insertForm { return []insertForm{{"values", false}} }
 
-func (l *myLean) insertMany(ctx context.Context, q outbox.DBTX, _ string, rows []rawRow) error {
+func (l *myLean) insertMany(ctx context.Context, q dialect.DBTX, _ string, rows []rawRow) error {
 	args := make([]any, 0, 3*len(rows))
 	for i := range rows {
 		args = append(args, rows[i].id[:], rows[i].topic, rows[i].payload)

@@ -15,6 +15,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/dialect"
 )
 
 // maxAttempts is the attempt limit of library and raw claims (the library's default).
@@ -302,7 +303,7 @@ func (r *pgRaw) insertForms() []insertForm {
 	return []insertForm{{"values", false}, {"unnest", false}, {"library-shape", true}}
 }
 
-func (r *pgRaw) insertMany(ctx context.Context, q outbox.DBTX, form string, rows []rawRow) error {
+func (r *pgRaw) insertMany(ctx context.Context, q dialect.DBTX, form string, rows []rawRow) error {
 	if form == "library-shape" {
 		n := len(rows)
 		ids, ns, topics, payloads := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -495,7 +496,7 @@ func (r *pgLean) insertOne(ctx context.Context, tx *sql.Tx, row *rawRow) error {
 
 func (r *pgLean) insertForms() []insertForm { return []insertForm{{"values", false}} }
 
-func (r *pgLean) insertMany(ctx context.Context, q outbox.DBTX, _ string, rows []rawRow) error {
+func (r *pgLean) insertMany(ctx context.Context, q dialect.DBTX, _ string, rows []rawRow) error {
 	query, args := r.insertStmt(rows)
 	_, err := q.ExecContext(ctx, query, args...)
 	return err

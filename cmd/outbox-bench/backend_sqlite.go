@@ -17,6 +17,7 @@ import (
 	"modernc.org/sqlite"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/dialect"
 )
 
 // sqliteDSN is the library's documented DSN (WAL, busy timeout, immediate transactions)
@@ -244,7 +245,7 @@ const (
 	liteLibRow  = `(?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', 0, ?, ?, ?)`
 )
 
-func (r *liteRaw) insertMany(ctx context.Context, q outbox.DBTX, form string, rows []rawRow) error {
+func (r *liteRaw) insertMany(ctx context.Context, q dialect.DBTX, form string, rows []rawRow) error {
 	now := time.Now().UnixMicro()
 	if form == "library-shape" {
 		args := make([]any, 0, 12*len(rows))
@@ -393,7 +394,7 @@ func (l *liteLean) insertOne(ctx context.Context, tx *sql.Tx, row *rawRow) error
 
 func (l *liteLean) insertForms() []insertForm { return []insertForm{{"values", false}} }
 
-func (l *liteLean) insertMany(ctx context.Context, q outbox.DBTX, _ string, rows []rawRow) error {
+func (l *liteLean) insertMany(ctx context.Context, q dialect.DBTX, _ string, rows []rawRow) error {
 	now := time.Now().UnixMicro()
 	args := make([]any, 0, 5*len(rows))
 	for i := range rows {

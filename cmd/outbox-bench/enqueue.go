@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/dialect"
 )
 
 // enqueueResult is scenario 1 at one concurrency: transactions per second.
@@ -49,7 +50,7 @@ func runEnqueue(ctx context.Context, cfg config, b backend, res *backendResult) 
 		if err != nil {
 			return err
 		}
-		_, notifies := b.dialect().(outbox.Notifier)
+		_, notifies := b.dialect().(dialect.Notifier)
 		var seq atomic.Int64
 		bodies := map[string]func(ctx context.Context, tx *sql.Tx, i int) error{
 			"business": raw.insertBusiness,

@@ -16,6 +16,7 @@ import (
 	_ "modernc.org/sqlite"             // registers "sqlite"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/dialect"
 	"github.com/outboxgo/outbox/migrations"
 )
 
@@ -26,7 +27,7 @@ const connectTimeout = 15 * time.Second
 type conn struct {
 	target
 	db    *sql.DB
-	table outbox.Table
+	table dialect.Table
 	store *outbox.Store
 }
 
@@ -47,16 +48,14 @@ const (
 )
 
 // tableName validates --table.
-func (c *cli) tableName() (outbox.Table, error) {
+func (c *cli) tableName() (dialect.Table, error) {
 	name := c.global.table
 	if name == "" {
 		name = outbox.DefaultTable
 	}
-	t, err := outbox.NewTable(name)
-	if ve := (*outbox.ValidationError)(nil); errors.As(err, &ve) {
-		return outbox.Table{}, usagef("invalid --table: %s", ve.Reason)
-	} else if err != nil {
-		return outbox.Table{}, err
+	t, err := dialect.NewTable(name)
+	if err != nil {
+		return dialect.Table{}, usagef("invalid --table: %s", err)
 	}
 	return t, nil
 }
@@ -122,7 +121,7 @@ func (t target) secrets() []string {
 
 // open opens a resolved database with the command's table on it; see [cli.connect]. It
 // touches nothing of the cli, so that stats may open several side by side.
-func open(ctx context.Context, t target, table outbox.Table, n needs) (*conn, error) {
+func open(ctx context.Context, t target, table dialect.Table, n needs) (*conn, error) {
 	if t.sqlitePath != "" && n != needServer {
 		if _, err := os.Stat(t.sqlitePath); errors.Is(err, fs.ErrNotExist) {
 			return nil, fmt.Errorf("no SQLite database at %s (create it with: outbox migrate up)", t.sqlitePath)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/dialect"
 )
 
 const (
@@ -143,7 +144,7 @@ func (c *cli) statsMany(ctx context.Context, sc outbox.Scope, timeout time.Durat
 }
 
 // statsOf opens one database on one connection, counts and closes it, all within timeout.
-func statsOf(ctx context.Context, t target, table outbox.Table, sc outbox.Scope, timeout time.Duration) (outbox.Stats, error) {
+func statsOf(ctx context.Context, t target, table dialect.Table, sc outbox.Scope, timeout time.Duration) (outbox.Stats, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	st, err := func() (outbox.Stats, error) {

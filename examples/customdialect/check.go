@@ -10,18 +10,18 @@ import (
 
 	"github.com/jackc/pgx/v5/stdlib"
 
-	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/dialect"
 )
 
 // Check tells a server of another kind, a missing table and a missing column apart, each
 // with what to do.
-func (*Dialect) Check(ctx context.Context, db *sql.DB, t outbox.Table) error {
+func (*Dialect) Check(ctx context.Context, db *sql.DB, t dialect.Table) error {
 	if err := db.PingContext(ctx); err != nil {
 		return err // unreachable: not a matter of configuration
 	}
 	var version string
 	if err := db.QueryRowContext(ctx, `SELECT version()`).Scan(&version); err != nil || !strings.HasPrefix(version, "PostgreSQL") {
-		return &outbox.CheckError{
+		return &dialect.CheckError{
 			Problem: "the database is not PostgreSQL",
 			Fix:     "open a PostgreSQL database with the pgx driver for this dialect",
 			Err:     err,
@@ -38,7 +38,7 @@ func (*Dialect) Check(ctx context.Context, db *sql.DB, t outbox.Table) error {
 	}
 	fix := fmt.Sprintf("run customdialect.Up(ctx, db, %q)", t.Name())
 	if len(have) == 0 {
-		return &outbox.CheckError{Problem: fmt.Sprintf("table %q does not exist", t.Name()), Fix: fix}
+		return &dialect.CheckError{Problem: fmt.Sprintf("table %q does not exist", t.Name()), Fix: fix}
 	}
 	var missing []string
 	for _, c := range columns {
@@ -47,7 +47,7 @@ func (*Dialect) Check(ctx context.Context, db *sql.DB, t outbox.Table) error {
 		}
 	}
 	if len(missing) > 0 {
-		return &outbox.CheckError{
+		return &dialect.CheckError{
 			Problem: fmt.Sprintf("table %q lacks column(s) %s", t.Name(), strings.Join(missing, ", ")),
 			Fix:     "it was made by other migrations: drop it and " + fix,
 		}
@@ -57,7 +57,7 @@ func (*Dialect) Check(ctx context.Context, db *sql.DB, t outbox.Table) error {
 
 // CheckOrdered refuses ordered claims on a table without the index they need: without it
 // each claim would walk every live row of a key.
-func (*Dialect) CheckOrdered(ctx context.Context, db *sql.DB, t outbox.Table) error {
+func (*Dialect) CheckOrdered(ctx context.Context, db *sql.DB, t dialect.Table) error {
 	var n int
 	err := db.QueryRowContext(ctx, `SELECT count(*) FROM pg_indexes WHERE schemaname = current_schema() AND indexname = $1`,
 		orderIndex(t.Name())).Scan(&n)
@@ -65,7 +65,7 @@ func (*Dialect) CheckOrdered(ctx context.Context, db *sql.DB, t outbox.Table) er
 		return err
 	}
 	if n == 0 {
-		return &outbox.CheckError{
+		return &dialect.CheckError{
 			Problem: fmt.Sprintf("table %q lacks the index %q that ordered claims need", t.Name(), orderIndex(t.Name())),
 			Fix:     fmt.Sprintf("run customdialect.UpOrdered(ctx, db, %q)", t.Name()),
 		}
@@ -88,18 +88,18 @@ func collect(rows *sql.Rows) ([]string, error) {
 
 // channel is the LISTEN channel of a table: the schema is in the payload, so that tables
 // of one name in several schemas do not wake each other's publishers.
-func channel(t outbox.Table) string { return "outbox_custom_" + t.Name() }
+func channel(t dialect.Table) string { return "outbox_custom_" + t.Name() }
 
 // Signal queues a notification on the caller's transaction: PostgreSQL delivers it when
 // the transaction commits, never when it rolls back, and merges duplicates within it.
-func (*Dialect) Signal(ctx context.Context, q outbox.DBTX, t outbox.Table, namespace string) error {
+func (*Dialect) Signal(ctx context.Context, q dialect.DBTX, t dialect.Table, namespace string) error {
 	_, err := q.ExecContext(ctx, `SELECT pg_notify($1, current_schema() || '/' || $2)`, channel(t), namespace)
 	return err
 }
 
 // Listen holds one connection of db for as long as it listens; it never returns it to the
 // pool, since a connection that listens must serve nobody else.
-func (*Dialect) Listen(ctx context.Context, db *sql.DB, t outbox.Table, ready func(), wake func(namespace string)) error {
+func (*Dialect) Listen(ctx context.Context, db *sql.DB, t dialect.Table, ready func(), wake func(namespace string)) error {
 	conn, err := db.Conn(ctx)
 	if err != nil {
 		return err

@@ -1,24 +1,21 @@
-// Package customdialect is an outbox.Dialect written from scratch, outside the library, as
-// a user would write one for a database of their own: PostgreSQL through database/sql and
-// the pgx driver, with a schema, migrations and SQL of its own (see schema.go). It has every
-// optional ability (Checker, Notifier, AdminDialect, InspectDialect, RetentionDialect,
-// OrderedClaimer, SettleClaimer) and passes the whole conformance suite with nothing skipped.
-// It uses only the public API of package outbox.
+// Package customdialect is a dialect written from scratch, outside the library, as a user
+// would write one for a database of their own: PostgreSQL through database/sql and the pgx
+// driver, with a schema, migrations and SQL of its own (see schema.go). It has every
+// optional ability of package dialect (Checker, Notifier, Administrator, Inspector, Purger,
+// OrderedClaimer, SettleClaimer) and passes the whole conformance suite with nothing
+// skipped. It uses only the public API: the contract and helpers of package dialect, and
+// package outbox to run it.
 package customdialect
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
-	"encoding/json"
-	"slices"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/google/uuid"
 
-	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/dialect"
 )
 
 // Dialect is the example dialect. Its zero value is ready to use.
@@ -29,14 +26,14 @@ func New() *Dialect { return &Dialect{} }
 
 // Every ability, checked at compile time.
 var (
-	_ outbox.Dialect          = (*Dialect)(nil)
-	_ outbox.Checker          = (*Dialect)(nil)
-	_ outbox.Notifier         = (*Dialect)(nil)
-	_ outbox.AdminDialect     = (*Dialect)(nil)
-	_ outbox.InspectDialect   = (*Dialect)(nil)
-	_ outbox.RetentionDialect = (*Dialect)(nil)
-	_ outbox.OrderedClaimer   = (*Dialect)(nil)
-	_ outbox.SettleClaimer    = (*Dialect)(nil)
+	_ dialect.Dialect        = (*Dialect)(nil)
+	_ dialect.Checker        = (*Dialect)(nil)
+	_ dialect.Notifier       = (*Dialect)(nil)
+	_ dialect.Administrator  = (*Dialect)(nil)
+	_ dialect.Inspector      = (*Dialect)(nil)
+	_ dialect.Purger         = (*Dialect)(nil)
+	_ dialect.OrderedClaimer = (*Dialect)(nil)
+	_ dialect.SettleClaimer  = (*Dialect)(nil)
 )
 
 // Name is the dialect's name. It names no directory of the migrations package: this
@@ -61,12 +58,12 @@ func prefixed(alias string) string {
 	return strings.Join(cols, ", ")
 }
 
-var statusOf = map[int16]outbox.Status{
-	statePending: outbox.StatusPending, stateProcessing: outbox.StatusProcessing,
-	stateDelivered: outbox.StatusDelivered, stateDead: outbox.StatusDead,
+var statusOf = map[int16]dialect.Status{
+	statePending: dialect.StatusPending, stateProcessing: dialect.StatusProcessing,
+	stateDelivered: dialect.StatusDelivered, stateDead: dialect.StatusDead,
 }
 
-func stateOf(s outbox.Status) int16 {
+func stateOf(s dialect.Status) int16 {
 	for k, v := range statusOf {
 		if v == s {
 			return k
@@ -77,48 +74,32 @@ func stateOf(s outbox.Status) int16 {
 
 type scanner interface{ Scan(dest ...any) error }
 
-// scanRecord reads one row of selectCols. Headers that do not decode into outbox.Headers
-// (someone edited the table) do not fail the read: the record carries the damage in
-// HeadersErr, and Record.Integrity reports it, so one damaged row never fails a claim.
-func scanRecord(s scanner) (outbox.Record, error) {
+// scanRecord reads one row of selectCols. dialect.ScanHeaders keeps headers that do not
+// decode into dialect.Headers (someone edited the table) from failing the read: the record
+// carries the damage in HeadersErr, and Record.Integrity reports it, so one damaged row
+// never fails a claim. dialect.ScanTime returns every time in UTC, NULL as the zero time.
+func scanRecord(s scanner) (dialect.Record, error) {
 	var (
-		r                            outbox.Record
+		r                            dialect.Record
 		tenant, token                uuid.NullUUID
 		dedupe, pkey, owner, lastErr sql.NullString
-		headers                      []byte
 		state                        int16
-		until, delivered             sql.NullTime
-		due, created, updated        time.Time
 	)
-	err := s.Scan(&r.ID, &r.Namespace, &r.Topic, &tenant, &dedupe, &pkey, &headers, &r.Payload, &r.PayloadHash,
-		&state, &r.Attempts, &due, &owner, &until, &token, &lastErr, &created, &updated, &delivered, &r.Replays)
+	err := s.Scan(&r.ID, &r.Namespace, &r.Topic, &tenant, &dedupe, &pkey, dialect.ScanHeaders(&r), &r.Payload, &r.PayloadHash,
+		&state, &r.Attempts, dialect.ScanTime(&r.NextAttemptAt), &owner, dialect.ScanTime(&r.LockedUntil), &token, &lastErr,
+		dialect.ScanTime(&r.CreatedAt), dialect.ScanTime(&r.UpdatedAt), dialect.ScanTime(&r.DeliveredAt), &r.Replays)
 	if err != nil {
-		return outbox.Record{}, err
+		return dialect.Record{}, err
 	}
 	r.TenantID, r.LeaseToken = tenant.UUID, token.UUID
 	r.DedupeKey, r.PartitionKey, r.LockedBy, r.LastError = dedupe.String, pkey.String, owner.String, lastErr.String
 	r.Status = statusOf[state]
-	r.NextAttemptAt, r.CreatedAt, r.UpdatedAt = due.UTC(), created.UTC(), updated.UTC()
-	if until.Valid {
-		r.LockedUntil = until.Time.UTC()
-	}
-	if delivered.Valid {
-		r.DeliveredAt = delivered.Time.UTC()
-	}
-	if headers != nil {
-		var h map[string]string
-		if err := json.Unmarshal(headers, &h); err != nil {
-			r.HeadersErr = err
-		} else if len(h) > 0 {
-			r.Headers = h
-		}
-	}
 	return r, nil
 }
 
 // query runs a statement that returns rows and scans each with scan. The error of closing
 // the rows counts: for an UPDATE ... RETURNING it can carry the statement's failure.
-func query[T any](ctx context.Context, q outbox.DBTX, scan func(scanner) (T, error), stmt string, args ...any) (out []T, err error) {
+func query[T any](ctx context.Context, q dialect.DBTX, scan func(scanner) (T, error), stmt string, args ...any) (out []T, err error) {
 	rows, err := q.QueryContext(ctx, stmt, args...)
 	if err != nil {
 		return nil, err
@@ -138,28 +119,11 @@ func query[T any](ctx context.Context, q outbox.DBTX, scan func(scanner) (T, err
 	return out, rows.Err()
 }
 
-func scanID(s scanner) (id uuid.UUID, err error) {
-	err = s.Scan(&id)
-	return id, err
-}
+// args binds arguments with PostgreSQL's $n placeholders (dialect.Args), and adds the
+// forms of this schema: uuid arrays, intervals, scope filters.
+type args struct{ dialect.Args }
 
-// byClaimOrder sorts records by (created_at, id): RETURNING has no order of its own.
-func byClaimOrder(recs []outbox.Record) {
-	slices.SortFunc(recs, func(a, b outbox.Record) int {
-		if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
-			return c
-		}
-		return bytes.Compare(a.ID[:], b.ID[:])
-	})
-}
-
-// args collects bind arguments and returns their $n placeholders.
-type args []any
-
-func (a *args) add(v any) string {
-	*a = append(*a, v)
-	return "$" + strconv.Itoa(len(*a))
-}
+func newArgs() *args { return &args{dialect.Args{Numbered: true}} }
 
 // uuids binds ids as one uuid[] argument.
 func (a *args) uuids(ids []uuid.UUID) string {
@@ -167,7 +131,7 @@ func (a *args) uuids(ids []uuid.UUID) string {
 	for i, id := range ids {
 		s[i] = id.String()
 	}
-	return a.add(s) + "::uuid[]"
+	return a.Add(s) + "::uuid[]"
 }
 
 func nullable(s string) any {
@@ -186,33 +150,22 @@ func nullUUID(id uuid.UUID) any {
 
 // interval binds d as a PostgreSQL interval, in whole microseconds.
 func (a *args) interval(d time.Duration) string {
-	return "(" + a.add(d.Microseconds()) + "::bigint * interval '1 microsecond')"
+	return "(" + a.Add(d.Microseconds()) + "::bigint * interval '1 microsecond')"
 }
 
 // scope renders the optional filters of sc as " AND ..." terms on columns of alias.
-func (a *args) scope(sc outbox.Scope, alias string) string {
+func (a *args) scope(sc dialect.Scope, alias string) string {
 	var b strings.Builder
 	if sc.Namespace != "" {
-		b.WriteString(" AND " + alias + "namespace = " + a.add(sc.Namespace))
+		b.WriteString(" AND " + alias + "namespace = " + a.Add(sc.Namespace))
 	}
 	if len(sc.Topics) > 0 {
-		b.WriteString(" AND " + alias + "topic = ANY(" + a.add(sc.Topics) + "::text[])")
+		b.WriteString(" AND " + alias + "topic = ANY(" + a.Add(sc.Topics) + "::text[])")
 	}
 	if sc.TenantID != uuid.Nil {
-		b.WriteString(" AND " + alias + "tenant = " + a.add(sc.TenantID.String()) + "::uuid")
+		b.WriteString(" AND " + alias + "tenant = " + a.Add(sc.TenantID.String()) + "::uuid")
 	}
 	return b.String()
-}
-
-// lost returns the ids of want that are not in got.
-func lost(want []outbox.Lease, got []uuid.UUID) []uuid.UUID {
-	var out []uuid.UUID
-	for _, l := range want {
-		if !slices.Contains(got, l.ID) {
-			out = append(out, l.ID)
-		}
-	}
-	return out
 }
 
 // inTx runs fn in a transaction on db and commits it; any error rolls it back, with a

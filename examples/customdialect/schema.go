@@ -5,13 +5,13 @@ import (
 	"database/sql"
 	"fmt"
 
-	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/dialect"
 )
 
 // The schema is this dialect's own, not the built-in PostgreSQL one: state is a smallint
 // (see the state* constants), headers are jsonb, the payload is bytea (kept byte for byte,
 // so that its SHA-256 still matches), and the columns have names of their own. The meaning
-// of each column is the one outbox.Record gives its field:
+// of each column is the one dialect.Record gives its field:
 //
 //	id uuid            Record.ID            state smallint       Record.Status
 //	namespace text     Record.Namespace     attempts integer     Record.Attempts
@@ -101,7 +101,7 @@ func Down(ctx context.Context, db *sql.DB, table string) error {
 }
 
 func runDDL(ctx context.Context, db *sql.DB, table string, ddl func(string) []string) error {
-	t, err := outbox.NewTable(table)
+	t, err := dialect.NewTable(table)
 	if err != nil {
 		return err
 	}

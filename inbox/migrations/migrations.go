@@ -35,7 +35,7 @@ var set = gooseset.Set{Name: "inbox/migrations", FS: FS, Placeholder: Placeholde
 // Options choose the table to migrate.
 type Options struct {
 	// Table is the inbox table name; default [inbox.DefaultTable]. It is validated with
-	// outbox.NewTable.
+	// dialect.NewTable.
 	Table string
 	// VersionTable is goose's version table; default "<Table>_goose_version".
 	VersionTable string

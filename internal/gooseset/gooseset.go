@@ -19,6 +19,7 @@ import (
 	"github.com/pressly/goose/v3"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/dialect"
 	"github.com/outboxgo/outbox/internal/dbkind"
 )
 
@@ -42,12 +43,12 @@ type Set struct {
 	// VersionSuffix names the default goose version table, "<table>" + VersionSuffix;
 	// default "_goose_version". Two sets on one table need different suffixes. At most
 	// 14 bytes, so that the name fits PostgreSQL's 63-byte identifiers after a table name
-	// of [outbox.MaxTableBytes].
+	// of [dialect.MaxTableBytes].
 	VersionSuffix string
 }
 
 // maxSuffixBytes is the longest VersionSuffix: 48 + 14 is within PostgreSQL's 63 bytes.
-const maxSuffixBytes = 63 - outbox.MaxTableBytes - 1
+const maxSuffixBytes = 63 - dialect.MaxTableBytes - 1
 
 // Dialects lists the dialect names that have migrations.
 func Dialects() []string { return slices.Sorted(maps.Keys(dialects)) }
@@ -153,16 +154,22 @@ func (s Set) table(name string) (string, error) {
 	if name == "" {
 		name = s.DefaultTable
 	}
-	t, err := outbox.NewTable(name)
+	t, err := dialect.NewTable(name)
 	if err != nil {
-		return "", err
+		return "", invalidTable(err)
 	}
 	return t.Name(), nil
 }
 
+// invalidTable reports a name dialect.NewTable refused as the library reports bad input: a
+// *outbox.ValidationError matching outbox.ErrInvalid.
+func invalidTable(err error) error {
+	return &outbox.ValidationError{Index: -1, Field: "table", Reason: err.Error()}
+}
+
 // tables validates the table name and returns it with the version table's. A version table
-// given by the caller must pass [outbox.NewTable]; the default one is the valid table name
-// and the set's fixed suffix, which may take it past [outbox.MaxTableBytes] but never past
+// given by the caller must pass [dialect.NewTable]; the default one is the valid table name
+// and the set's fixed suffix, which may take it past [dialect.MaxTableBytes] but never past
 // PostgreSQL's identifier limit.
 func (s Set) tables(table, versionTable string) (t, vt string, err error) {
 	t, err = s.table(table)
@@ -170,8 +177,8 @@ func (s Set) tables(table, versionTable string) (t, vt string, err error) {
 		return "", "", err
 	}
 	if versionTable != "" {
-		if _, err := outbox.NewTable(versionTable); err != nil {
-			return "", "", err
+		if _, err := dialect.NewTable(versionTable); err != nil {
+			return "", "", invalidTable(err)
 		}
 		return t, versionTable, nil
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/dialect"
 	"github.com/outboxgo/outbox/internal/testdb"
 	"github.com/outboxgo/outbox/migrations"
 )
@@ -412,28 +413,30 @@ func (d *ClaimCounter) note() {
 	d.mu.Unlock()
 }
 
-func (d *ClaimCounter) Claim(ctx context.Context, db *sql.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Record, error) {
+func (d *ClaimCounter) Claim(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.ClaimParams) ([]outbox.Record, error) {
 	d.note()
 	return d.Dialect.Claim(ctx, db, t, p)
 }
 
-func (d *ClaimCounter) CompleteAndClaim(ctx context.Context, db *sql.DB, t outbox.Table, outs []outbox.Outcome, p outbox.ClaimParams) ([]uuid.UUID, []outbox.Record, error) {
+var _ dialect.SettleClaimer = (*ClaimCounter)(nil)
+
+func (d *ClaimCounter) CompleteAndClaim(ctx context.Context, db *sql.DB, t dialect.Table, outs []outbox.Outcome, p dialect.ClaimParams) ([]outbox.Record, []uuid.UUID, error) {
 	d.note()
-	return d.Dialect.(outbox.SettleClaimer).CompleteAndClaim(ctx, db, t, outs, p)
+	return d.Dialect.(dialect.SettleClaimer).CompleteAndClaim(ctx, db, t, outs, p)
 }
 
 // Signal and Listen pass NOTIFY through where the wrapped dialect has it; elsewhere a
 // signal is nothing and listening is unsupported, as the publisher expects of a driver
 // that cannot listen.
-func (d *ClaimCounter) Signal(ctx context.Context, q outbox.DBTX, t outbox.Table, ns string) error {
-	if n, ok := d.Dialect.(outbox.Notifier); ok {
+func (d *ClaimCounter) Signal(ctx context.Context, q dialect.DBTX, t dialect.Table, ns string) error {
+	if n, ok := d.Dialect.(dialect.Notifier); ok {
 		return n.Signal(ctx, q, t, ns)
 	}
 	return nil
 }
 
-func (d *ClaimCounter) Listen(ctx context.Context, db *sql.DB, t outbox.Table, ready func(), wake func(string)) error {
-	if n, ok := d.Dialect.(outbox.Notifier); ok {
+func (d *ClaimCounter) Listen(ctx context.Context, db *sql.DB, t dialect.Table, ready func(), wake func(string)) error {
+	if n, ok := d.Dialect.(dialect.Notifier); ok {
 		return n.Listen(ctx, db, t, ready, wake)
 	}
 	return errors.ErrUnsupported

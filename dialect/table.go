@@ -1,6 +1,9 @@
-package outbox
+package dialect
 
-import "strings"
+import (
+	"fmt"
+	"strings"
+)
 
 // Table is a validated outbox table name. Dialects receive only Tables, so no unchecked
 // string can reach their SQL; they quote [Table.Name] once when rendering statements.
@@ -13,20 +16,21 @@ const MaxTableBytes = 48
 // NewTable validates name: lowercase ASCII letters, digits and underscores, beginning with
 // a letter or underscore, 1..[MaxTableBytes] bytes, and not beginning with "sqlite_", a
 // prefix SQLite reserves for its own tables. Lowercase only, because MySQL's table name case
-// sensitivity depends on the server's file system. A bad name returns a [*ValidationError].
+// sensitivity depends on the server's file system. A bad name returns an error that says
+// why; outbox.New reports it as an outbox.ValidationError of Options.Table.
 func NewTable(name string) (Table, error) {
 	if name == "" || len(name) > MaxTableBytes {
-		return Table{}, invalid("table", "name must be 1..%d bytes, got %d", MaxTableBytes, len(name))
+		return Table{}, fmt.Errorf("name must be 1..%d bytes, got %d", MaxTableBytes, len(name))
 	}
 	for i := 0; i < len(name); i++ {
 		c := name[i]
 		ok := c == '_' || (c >= 'a' && c <= 'z') || (i > 0 && c >= '0' && c <= '9')
 		if !ok {
-			return Table{}, invalid("table", "name %q must match [a-z_][a-z0-9_]*", name)
+			return Table{}, fmt.Errorf("name %q must match [a-z_][a-z0-9_]*", name)
 		}
 	}
 	if strings.HasPrefix(name, "sqlite_") {
-		return Table{}, invalid("table", "name %q begins with sqlite_, which SQLite reserves for its own tables", name)
+		return Table{}, fmt.Errorf("name %q begins with sqlite_, which SQLite reserves for its own tables", name)
 	}
 	return Table{name: name}, nil
 }

@@ -1,0 +1,205 @@
+package dialect
+
+import (
+	"context"
+	"database/sql"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// DBTX is what [*sql.DB], [*sql.Tx] and [*sql.Conn] have in common: the three methods a
+// [Dialect] runs its statements with, on the transaction or pool the engine passes it.
+// The engine's Enqueue does not take a DBTX but an outbox.Tx, so that a *sql.DB cannot be
+// passed in place of the caller's transaction.
+type DBTX interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// Dialect adapts the outbox to one database. The engine (outbox.Store, outbox.Publisher) owns
+// validation, ids, hashing, retry policy and the state machine; a Dialect owns the SQL and
+// executes it. Built-in dialects: outbox.Postgres, outbox.MySQL, outbox.SQLite.
+//
+// A dialect for another database (CockroachDB, SQL Server, ...) implements these methods
+// and proves itself by calling conformance.Run from its own test. The checklist:
+//
+//  1. Schema: one table with the columns of [Record] (types are yours; the meaning is fixed),
+//     a unique index on (namespace, topic, dedupe_key) that lets rows without a dedupe key
+//     coexist, an index that serves the claim in (created_at, id) order without sorting the
+//     pending set or touching delivered rows, and an index for retention on (status, updated_at).
+//     Quote the table name from [Table.Name]; it is already validated.
+//  2. Time: use one clock for every worker, the database's where it has one. Never trust the
+//     client's clock or session time zone for leases and schedules.
+//  3. Insert writes rows with status pending, attempts 0, no lease and next_attempt_at =
+//     now + Row.Delay, on q. The engine always passes a transaction (the caller's outbox.Tx,
+//     or its own for Store.EnqueueStandalone), so several statements are atomic. Insert
+//     never commits, never rolls back and never aborts the transaction on a dedupe
+//     conflict: a conflicting row is skipped and reported as not inserted. Any other error
+//     is returned, never swallowed.
+//  4. Claim selects eligible rows, (pending and due) or (processing and lease expired), with
+//     attempts < MaxAttempts and within [Scope], in (created_at, id) order, at most Limit, and
+//     atomically sets status processing, attempts+1, locked_by, locked_until = now + Lease,
+//     lease_token = Token and updated_at = now, from one now: locked_until - updated_at is
+//     exactly the lease. Concurrent claimers must never return the same row while its lease
+//     is valid (FOR UPDATE SKIP LOCKED, or a single-writer guard). It runs in its own short
+//     transaction on db, never in a caller's, and returns the records as they are after the
+//     claim, in (created_at, id) order (RETURNING has no order of its own: sort).
+//  5. Complete applies each [Outcome] only where the row is still processing under the
+//     outcome's token, in one statement, and returns the ids it could not apply (lease lost).
+//     Every outcome clears the lease (locked_by and locked_until NULL) and advances
+//     updated_at; pending sets next_attempt_at = now + Delay and last_error; dead sets
+//     last_error; delivered sets delivered_at = updated_at (one now). An outcome with
+//     RefundAttempt also sets attempts = max(attempts - 1, 0): the claim counted an attempt
+//     that the destination's outage did not let happen. A dialect written before
+//     RefundAttempt existed ignores it and fails the conformance suite's
+//     Settle/UnavailableRefundsAttempt.
+//  6. Extend pushes locked_until to now + Lease and sets updated_at = now (one now, so that
+//     locked_until - updated_at is the new lease) for rows still held under their token, and
+//     returns the ids it could not extend.
+//  7. Bury moves rows at or over the attempt limit that no live lease protects to dead, with
+//     last_error = Reason and lease_token = Token, clearing locked_by and locked_until.
+//  8. Get reads one row by id and returns [ErrNotFound] when there is none.
+//  9. Connections: no method (nor any optional ability's) holds a connection of db, a
+//     transaction or a *sql.Conn taken from it, while it waits for another connection of
+//     db: no db.PrepareContext, db.QueryContext or second BeginTx inside a transaction.
+//     On a pool of one connection such a call waits forever, and users run pools that
+//     small. The conformance suite runs every call on a one-connection pool.
+//  10. Every change of a row's state (claim, settle, extend, bury, replay) strictly
+//     advances updated_at on the database clock: two statements of one transaction (a
+//     settle and the claim after it) must not share a now that would tie them.
+//  11. Reading a row never fails because one stored value is damaged: payload and
+//     payload_hash are returned as stored (the engine compares them), and headers that do
+//     not decode into [Headers] are reported in [Record.HeadersErr] with Headers nil, so
+//     that one row edited by hand does not fail a claim of many ([ScanHeaders] does this).
+//  12. Times are returned in UTC, a NULL time as the zero time ([ScanTime] does both); an
+//     empty string and uuid.Nil mean NULL in both directions.
+//
+// The conformance suite checks each rule. It touches the table only through hooks of
+// conformance.Harness (Up, UpOrdered, Down, Count, Corrupt, DropColumn, OtherServer), whose
+// defaults fit the built-in schemas: a dialect with a schema of its own sets them.
+//
+// The interface is kept this small on purpose. Abilities that only some databases have come
+// as separate optional interfaces that the engine finds by type assertion ([Checker],
+// [Notifier], [SettleClaimer], [OrderedClaimer], [Purger], [Administrator], [Inspector],
+// [PoolBinder]), returning [errors.ErrUnsupported] when a dialect lacks one, so adding an
+// ability never breaks an existing dialect.
+//
+// The methods' parameters and results are the types of this package; [Args], [ScanTime],
+// [ScanHeaders], [QueryIDs], [Lost] and [SortClaimed] help write them.
+type Dialect interface {
+	// Name is a short stable name: "postgres", "mysql", "sqlite". The migrations package
+	// uses it to pick its directory.
+	Name() string
+
+	// Insert writes rows and reports for each whether it was inserted (false: a row with
+	// the same namespace, topic and dedupe key exists). It may split rows into several
+	// statements to stay within the database's placeholder limits.
+	Insert(ctx context.Context, q DBTX, t Table, rows []Row) (inserted []bool, err error)
+
+	// Claim leases up to p.Limit eligible rows and returns them as they are after the claim.
+	Claim(ctx context.Context, db *sql.DB, t Table, p ClaimParams) ([]Record, error)
+
+	// Complete settles claimed rows and returns the ids whose lease was lost.
+	Complete(ctx context.Context, q DBTX, t Table, outcomes []Outcome) (lost []uuid.UUID, err error)
+
+	// Extend renews leases and returns the ids whose lease was lost.
+	Extend(ctx context.Context, q DBTX, t Table, p ExtendParams) (lost []uuid.UUID, err error)
+
+	// Bury dead-letters up to p.Limit exhausted rows and returns their ids.
+	Bury(ctx context.Context, q DBTX, t Table, p BuryParams) ([]uuid.UUID, error)
+
+	// Get returns one row, or [ErrNotFound].
+	Get(ctx context.Context, q DBTX, t Table, id uuid.UUID) (Record, error)
+}
+
+// Row is one validated message ready to insert, as the engine hands it to [Dialect.Insert].
+// Empty strings and [uuid.Nil] mean NULL.
+type Row struct {
+	ID           uuid.UUID
+	Namespace    string
+	Topic        string
+	TenantID     uuid.UUID
+	DedupeKey    string
+	PartitionKey string
+	Headers      Headers
+	Payload      []byte
+	PayloadHash  []byte
+	// Delay is added to the database clock's now to give next_attempt_at.
+	Delay time.Duration
+}
+
+// Scope restricts which rows a claim or a sweep may touch. Zero fields match everything.
+type Scope struct {
+	Namespace string
+	Topics    []string
+	TenantID  uuid.UUID
+}
+
+// ClaimParams are the arguments of [Dialect.Claim]. New fields may be added; a dialect that
+// does not understand a non-zero new field must return [errors.ErrUnsupported].
+type ClaimParams struct {
+	Scope
+	Limit       int
+	Lease       time.Duration
+	MaxAttempts int
+	WorkerID    string
+	// Token is written to lease_token on every claimed row; Complete and Extend present it.
+	Token uuid.UUID
+	// Ordered claims a row that has a partition key only while it is the head of its key:
+	// no earlier row (by created_at, id) of the same namespace and partition key is pending,
+	// processing or, unless OrderedSkipDead, dead. Rows without a partition key are claimed
+	// as usual. A dialect that cannot must return [errors.ErrUnsupported]; the engine calls
+	// it with Ordered only when it implements [OrderedClaimer].
+	Ordered bool
+	// OrderedSkipDead, with Ordered, lets a dead row stop holding back the rows after it.
+	OrderedSkipDead bool
+}
+
+// Lease names one claimed row and the token of the claim that holds it.
+type Lease struct {
+	ID    uuid.UUID
+	Token uuid.UUID
+}
+
+// Outcome is the fate of one claimed row, applied by [Dialect.Complete].
+type Outcome struct {
+	Lease
+	// Status is StatusDelivered, StatusPending (retry) or StatusDead.
+	Status Status
+	// Delay, for StatusPending, gives next_attempt_at = now + Delay.
+	Delay time.Duration
+	// Error is recorded in last_error for StatusPending and StatusDead (already bounded).
+	Error string
+	// RefundAttempt, for StatusPending only, gives back the attempt that the claim counted:
+	// attempts = max(attempts - 1, 0), in the same statement. It is set when the delivery
+	// failed because the destination was unreachable (outbox.Unavailable): the message was
+	// never tried, so an outage of any length spends none of its attempts and never
+	// dead-letters it. Attempts are still counted at claim, so that a message which crashes
+	// its publisher uses them up. The engine never sets it with any other status.
+	RefundAttempt bool
+}
+
+// ExtendParams are the arguments of [Dialect.Extend].
+type ExtendParams struct {
+	Leases []Lease
+	Lease  time.Duration
+}
+
+// BuryParams are the arguments of [Dialect.Bury]: rows in Scope with attempts >= MaxAttempts
+// that are pending, or processing with an expired lease, become dead with last_error =
+// Reason and lease_token = Token.
+type BuryParams struct {
+	Scope
+	MaxAttempts int
+	Limit       int
+	Reason      string
+	Token       uuid.UUID
+	// ExpiredOnly narrows the sweep to processing rows whose lease expired, the only
+	// exhausted rows that appear while the attempt limit stays the same (a worker crashed
+	// during the last attempt). They are few, and a dialect should find them without
+	// walking the pending backlog where an index allows it (one that leads with status). A
+	// dialect may ignore it and sweep pending rows too: burying those is right as well.
+	ExpiredOnly bool
+}
