@@ -388,6 +388,7 @@ func newNames(root string) *names {
 			"outboxotel":      "otel",
 			"conformance":     "conformance",
 			"outboxui":        "outboxui",
+			"cloudevents":     "cloudevents",
 			"amqp":            "transport/amqp",
 			"webhook":         "transport/webhook",
 		},

@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	cloudevents "github.com/cloudevents/sdk-go/v2"
+	cesdk "github.com/cloudevents/sdk-go/v2"
 	"github.com/cloudevents/sdk-go/v2/binding"
 	"github.com/cloudevents/sdk-go/v2/binding/format"
 	"github.com/cloudevents/sdk-go/v2/binding/spec"
@@ -27,6 +27,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/cloudevents"
 	"github.com/outboxgo/outbox/internal/testdb"
 	"github.com/outboxgo/outbox/internal/testproxy"
 	"github.com/outboxgo/outbox/internal/transporttest"
@@ -605,15 +606,15 @@ func (m ceMessage) Finish(error) error { return nil }
 // header extensions and the payload as data.
 func TestCloudEvents(t *testing.T) {
 	t.Parallel()
-	for _, mode := range []outbox.CloudEventsMode{outbox.CloudEventsBinary, outbox.CloudEventsStructured} {
+	for _, mode := range []cloudevents.Mode{cloudevents.Binary, cloudevents.Structured} {
 		t.Run(fmt.Sprint(mode), func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, "#", nil)
-			tr := newTransport(t, amqp.Options{URL: b.url, CloudEvents: &outbox.CloudEvents{Source: "/shop/orders", Mode: mode,
+			tr := newTransport(t, amqp.Options{URL: b.url, CloudEvents: &cloudevents.Options{Source: "/shop/orders", Mode: mode,
 				Type: func(d outbox.Delivery) string { return "com.example." + d.Topic }}})
 			batch := []outbox.Delivery{delivery(b.exchange, "order.created", `{"order":1,"note":"héllo"}`), delivery(b.exchange, "order.paid", `[1, 2]`)}
 			contentType := "application/vnd.shop+json"
-			if mode == outbox.CloudEventsStructured {
+			if mode == cloudevents.Structured {
 				contentType = "text/json" // the SDK reads "+json" structured data as a string
 			}
 			batch[0].PartitionKey = "order-1"
@@ -621,7 +622,7 @@ func TestCloudEvents(t *testing.T) {
 			batch[1].Headers = outbox.Headers{"content-type": contentType, "Tenant": "acme"}
 			require.Empty(t, nonNil(tr.Publish(context.Background(), batch)))
 
-			events := map[string]cloudevents.Event{}
+			events := map[string]cesdk.Event{}
 			raw := map[string]amqp091.Delivery{}
 			for _, d := range b.waitFor(t, len(batch), 10*time.Second) {
 				e, err := binding.ToEvent(context.Background(), ceMessage{d})
@@ -635,7 +636,7 @@ func TestCloudEvents(t *testing.T) {
 				require.Equal(t, "com.example."+d.Topic, e.Type())
 				require.True(t, d.CreatedAt.Equal(e.Time()), "%s", e.Time())
 				require.JSONEq(t, string(d.Payload), string(e.Data()))
-				if mode == outbox.CloudEventsBinary {
+				if mode == cloudevents.Binary {
 					require.Equal(t, string(d.Payload), string(e.Data()))
 				}
 			}
@@ -654,10 +655,10 @@ func TestCloudEvents(t *testing.T) {
 // an attribute is refused for good and the rest of the batch is delivered.
 func TestCloudEventsRefusals(t *testing.T) {
 	t.Parallel()
-	_, err := amqp.New(amqp.Options{CloudEvents: &outbox.CloudEvents{}})
+	_, err := amqp.New(amqp.Options{CloudEvents: &cloudevents.Options{}})
 	require.ErrorIs(t, err, outbox.ErrInvalid)
 	b := setup(t, "#", nil)
-	tr := newTransport(t, amqp.Options{URL: b.url, CloudEvents: &outbox.CloudEvents{Source: "/s"}})
+	tr := newTransport(t, amqp.Options{URL: b.url, CloudEvents: &cloudevents.Options{Source: "/s"}})
 	batch := []outbox.Delivery{delivery(b.exchange, "t", `{}`), delivery(b.exchange, "t", `{}`)}
 	batch[0].Headers = outbox.Headers{"cloudEvents:id": "forged"}
 	errs := tr.Publish(context.Background(), batch)

@@ -8,6 +8,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/cloudevents"
 )
 
 // Defaults of [Options].
@@ -77,7 +78,7 @@ type Options struct {
 	// structured mode, the event as JSON in the body with content-type
 	// application/cloudevents+json. The message-id, type, timestamp and outbox-* headers
 	// are set as before. Default nil: no CloudEvents.
-	CloudEvents *outbox.CloudEvents
+	CloudEvents *cloudevents.Options
 }
 
 // DefaultRoute routes a message to the exchange named after its namespace with its topic

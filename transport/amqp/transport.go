@@ -12,6 +12,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/cloudevents"
 	"github.com/outboxgo/outbox/internal/netfail"
 )
 
@@ -267,16 +268,16 @@ func (t *Transport) publishing(d *outbox.Delivery) (amqp091.Publishing, error) {
 	contentType := DefaultContentType
 	own, body := d.Headers, []byte(d.Payload)
 	if ce := t.opts.CloudEvents; ce != nil {
-		e, err := outbox.CloudEventOf(ce, *d)
+		e, err := cloudevents.Of(ce, *d)
 		if err != nil {
 			return amqp091.Publishing{}, err
 		}
 		own, contentType = e.Other, e.DataContentType
-		if ce.Mode == outbox.CloudEventsStructured {
+		if ce.Mode == cloudevents.Structured {
 			if body, err = e.JSON(d.Payload); err != nil {
 				return amqp091.Publishing{}, fmt.Errorf("amqp: CloudEvent of message %s: %w", d.ID, err)
 			}
-			contentType = outbox.CloudEventsJSON
+			contentType = cloudevents.ContentType
 		} else {
 			for _, a := range e.Attributes {
 				h[CloudEventsPrefix+a.Name] = a.Value

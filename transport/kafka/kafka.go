@@ -62,6 +62,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/cloudevents"
 	"github.com/outboxgo/outbox/internal/netfail"
 )
 
@@ -111,7 +112,7 @@ type Options struct {
 	// structured mode, the event as JSON in the value with content-type
 	// application/cloudevents+json. The record key stays the partition key and the Outbox-*
 	// headers are sent as before. Default nil: no CloudEvents.
-	CloudEvents *outbox.CloudEvents
+	CloudEvents *cloudevents.Options
 }
 
 // CloudEventsPrefix starts the record header names of a CloudEvent's attributes in the
@@ -249,16 +250,16 @@ func (t *Transport) record(d outbox.Delivery) (*kgo.Record, error) {
 	add(HeaderAttempt, strconv.Itoa(d.Attempt))
 	own, value := d.Headers, []byte(d.Payload)
 	if ce := t.opts.CloudEvents; ce != nil {
-		e, err := outbox.CloudEventOf(ce, d)
+		e, err := cloudevents.Of(ce, d)
 		if err != nil {
 			return nil, fmt.Errorf("%w %w", ErrInvalid, err)
 		}
 		own = e.Other
-		if ce.Mode == outbox.CloudEventsStructured {
+		if ce.Mode == cloudevents.Structured {
 			if value, err = e.JSON(d.Payload); err != nil {
 				return nil, fmt.Errorf("%w CloudEvent of message %s: %w", ErrInvalid, d.ID, err)
 			}
-			add(HeaderContentType, outbox.CloudEventsJSON)
+			add(HeaderContentType, cloudevents.ContentType)
 		} else {
 			for _, a := range e.Attributes {
 				add(CloudEventsPrefix+a.Name, a.Value)

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	cloudevents "github.com/cloudevents/sdk-go/v2"
+	cesdk "github.com/cloudevents/sdk-go/v2"
 	"github.com/cloudevents/sdk-go/v2/binding"
 	"github.com/cloudevents/sdk-go/v2/binding/format"
 	"github.com/cloudevents/sdk-go/v2/binding/spec"
@@ -29,6 +29,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/cloudevents"
 	"github.com/outboxgo/outbox/internal/testproxy"
 	"github.com/outboxgo/outbox/internal/transporttest"
 	"github.com/outboxgo/outbox/transport/kafka"
@@ -372,14 +373,14 @@ func (m ceMessage) Finish(error) error { return nil }
 // payload as data; the record key is still the partition key.
 func TestCloudEvents(t *testing.T) {
 	t.Parallel()
-	for _, mode := range []outbox.CloudEventsMode{outbox.CloudEventsBinary, outbox.CloudEventsStructured} {
+	for _, mode := range []cloudevents.Mode{cloudevents.Binary, cloudevents.Structured} {
 		t.Run(fmt.Sprint(mode), func(t *testing.T) {
 			t.Parallel()
 			c, ns := cluster(t)
-			tr := newTransport(t, client(t, c), kafka.Options{CloudEvents: &outbox.CloudEvents{Source: "/shop/orders", Mode: mode}})
+			tr := newTransport(t, client(t, c), kafka.Options{CloudEvents: &cloudevents.Options{Source: "/shop/orders", Mode: mode}})
 			batch := transporttest.Deliveries(transporttest.Messages(ns, 12))
 			contentType := "application/vnd.shop+json"
-			if mode == outbox.CloudEventsStructured {
+			if mode == cloudevents.Structured {
 				contentType = "text/json" // the SDK reads "+json" structured data as a string
 			}
 			batch[1].Headers = outbox.Headers{"content-type": contentType, "x-request-id": "r-1", "Tenant": "acme"}
@@ -393,7 +394,7 @@ func TestCloudEvents(t *testing.T) {
 				kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 			require.NoError(t, err)
 			defer cl.Close()
-			byID := map[string]cloudevents.Event{}
+			byID := map[string]cesdk.Event{}
 			keys := map[string]string{}
 			var other map[string]string
 			transporttest.Poll(t, 15*time.Second, func() bool {
@@ -419,7 +420,7 @@ func TestCloudEvents(t *testing.T) {
 				require.Equal(t, d.Topic, e.Type())
 				require.True(t, d.CreatedAt.Equal(e.Time()))
 				require.JSONEq(t, string(d.Payload), string(e.Data()))
-				if mode == outbox.CloudEventsBinary {
+				if mode == cloudevents.Binary {
 					require.Equal(t, string(d.Payload), string(e.Data()))
 				}
 				pk, _ := e.Extensions()["partitionkey"].(string)
@@ -443,9 +444,9 @@ func TestCloudEvents(t *testing.T) {
 func TestCloudEventsRefusals(t *testing.T) {
 	t.Parallel()
 	c, ns := cluster(t)
-	_, err := kafka.New(client(t, c), kafka.Options{CloudEvents: &outbox.CloudEvents{}})
+	_, err := kafka.New(client(t, c), kafka.Options{CloudEvents: &cloudevents.Options{}})
 	require.ErrorIs(t, err, outbox.ErrInvalid)
-	tr := newTransport(t, client(t, c), kafka.Options{CloudEvents: &outbox.CloudEvents{Source: "/s"}})
+	tr := newTransport(t, client(t, c), kafka.Options{CloudEvents: &cloudevents.Options{Source: "/s"}})
 	batch := transporttest.Deliveries(transporttest.Messages(ns, 2))
 	batch[0].Headers = outbox.Headers{"ce_id": "forged"}
 	batch[1].Headers = outbox.Headers{"content-type": "a/b", "Content-Type": "c/d"}

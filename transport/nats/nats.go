@@ -60,6 +60,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/cloudevents"
 	"github.com/outboxgo/outbox/internal/netfail"
 )
 
@@ -117,7 +118,7 @@ type Options struct {
 	// datacontenttype as Content-Type, the payload as the data; in the structured mode, the
 	// event as JSON in the payload with Content-Type application/cloudevents+json. The
 	// Outbox-* headers and Nats-Msg-Id are sent as before. Default nil: no CloudEvents.
-	CloudEvents *outbox.CloudEvents
+	CloudEvents *cloudevents.Options
 }
 
 // DefaultSubject returns "<namespace>.<topic>".
@@ -254,16 +255,16 @@ func (t *Transport) message(d outbox.Delivery) (*nats.Msg, error) {
 	own, data := d.Headers, []byte(d.Payload)
 	h := make(nats.Header, len(d.Headers)+16)
 	if ce := t.opts.CloudEvents; ce != nil {
-		e, err := outbox.CloudEventOf(ce, d)
+		e, err := cloudevents.Of(ce, d)
 		if err != nil {
 			return nil, fmt.Errorf("%w %w", ErrInvalid, err)
 		}
 		own = e.Other
-		if ce.Mode == outbox.CloudEventsStructured {
+		if ce.Mode == cloudevents.Structured {
 			if data, err = e.JSON(d.Payload); err != nil {
 				return nil, fmt.Errorf("%w CloudEvent of message %s: %w", ErrInvalid, d.ID, err)
 			}
-			h[HeaderContentType] = []string{outbox.CloudEventsJSON}
+			h[HeaderContentType] = []string{cloudevents.ContentType}
 		} else {
 			for _, a := range e.Attributes {
 				h[CloudEventsPrefix+a.Name] = []string{a.Value}

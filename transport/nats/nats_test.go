@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	cloudevents "github.com/cloudevents/sdk-go/v2"
+	cesdk "github.com/cloudevents/sdk-go/v2"
 	"github.com/cloudevents/sdk-go/v2/binding"
 	"github.com/cloudevents/sdk-go/v2/binding/format"
 	"github.com/cloudevents/sdk-go/v2/binding/spec"
@@ -26,6 +26,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/cloudevents"
 	"github.com/outboxgo/outbox/internal/testdb"
 	"github.com/outboxgo/outbox/internal/testproxy"
 	"github.com/outboxgo/outbox/internal/transporttest"
@@ -432,13 +433,13 @@ func (m ceMessage) Finish(error) error { return nil }
 
 // cloudEvents reads every message of s and decodes each with the CloudEvents SDK, which
 // must find a valid event.
-func cloudEvents(t testing.TB, s jetstream.Stream, n int) []cloudevents.Event {
+func cloudEvents(t testing.TB, s jetstream.Stream, n int) []cesdk.Event {
 	t.Helper()
 	c, err := s.OrderedConsumer(context.Background(), jetstream.OrderedConsumerConfig{})
 	require.NoError(t, err)
 	batch, err := c.Fetch(n, jetstream.FetchMaxWait(2*time.Second))
 	require.NoError(t, err)
-	var out []cloudevents.Event
+	var out []cesdk.Event
 	for m := range batch.Messages() {
 		e, err := binding.ToEvent(context.Background(), ceMessage{h: m.Headers(), body: m.Data()})
 		require.NoError(t, err)
@@ -455,12 +456,12 @@ func cloudEvents(t testing.TB, s jetstream.Stream, n int) []cloudevents.Event {
 // payload as data.
 func TestCloudEvents(t *testing.T) {
 	t.Parallel()
-	for _, mode := range []outbox.CloudEventsMode{outbox.CloudEventsBinary, outbox.CloudEventsStructured} {
+	for _, mode := range []cloudevents.Mode{cloudevents.Binary, cloudevents.Structured} {
 		t.Run(fmt.Sprint(mode), func(t *testing.T) {
 			t.Parallel()
 			js := connect(t, server(t))
 			ns, s := stream(t, js, nil)
-			tr := newTransport(t, js, nats.Options{CloudEvents: &outbox.CloudEvents{
+			tr := newTransport(t, js, nats.Options{CloudEvents: &cloudevents.Options{
 				Source: "https://shop.example/orders", Mode: mode,
 				Type: func(d outbox.Delivery) string { return "com.example." + d.Topic },
 			}})
@@ -469,13 +470,13 @@ func TestCloudEvents(t *testing.T) {
 			// text/json (not for "+json" types, which the JSON format also calls JSON), so
 			// the structured run sends a type it reads as JSON.
 			contentType := "application/vnd.shop+json"
-			if mode == outbox.CloudEventsStructured {
+			if mode == cloudevents.Structured {
 				contentType = "text/json"
 			}
 			batch[1].Headers = outbox.Headers{"content-type": contentType, "x-request-id": "r-1", "Tenant": "acme"}
 			require.Empty(t, transporttest.Failures(tr.Publish(context.Background(), batch)))
 
-			byID := map[string]cloudevents.Event{}
+			byID := map[string]cesdk.Event{}
 			for _, e := range cloudEvents(t, s, len(batch)) {
 				byID[e.ID()] = e
 			}
@@ -487,7 +488,7 @@ func TestCloudEvents(t *testing.T) {
 				require.Equal(t, "com.example."+d.Topic, e.Type())
 				require.True(t, d.CreatedAt.Equal(e.Time()), "time %s, want %s", e.Time(), d.CreatedAt)
 				require.JSONEq(t, string(d.Payload), string(e.Data()))
-				if mode == outbox.CloudEventsBinary {
+				if mode == cloudevents.Binary {
 					require.Equal(t, string(d.Payload), string(e.Data()), "binary data is the payload byte for byte")
 				}
 				pk, _ := e.Extensions()["partitionkey"].(string)
@@ -517,12 +518,12 @@ func TestCloudEvents(t *testing.T) {
 func TestCloudEventsRefusals(t *testing.T) {
 	t.Parallel()
 	js := connect(t, server(t))
-	_, err := nats.New(js, nats.Options{CloudEvents: &outbox.CloudEvents{}})
+	_, err := nats.New(js, nats.Options{CloudEvents: &cloudevents.Options{}})
 	require.ErrorIs(t, err, nats.ErrInvalid)
 	require.ErrorIs(t, err, outbox.ErrInvalid)
 
 	ns, _ := stream(t, js, nil)
-	tr := newTransport(t, js, nats.Options{CloudEvents: &outbox.CloudEvents{Source: "/shop"}})
+	tr := newTransport(t, js, nats.Options{CloudEvents: &cloudevents.Options{Source: "/shop"}})
 	batch := transporttest.Deliveries(transporttest.Messages(ns, 2))
 	batch[0].Headers = outbox.Headers{"ce-id": "forged"}
 	batch[1].Headers = outbox.Headers{"content-type": "a/b", "Content-Type": "c/d"}

@@ -54,6 +54,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/cloudevents"
 	"github.com/outboxgo/outbox/internal/netfail"
 )
 
@@ -91,7 +92,7 @@ type Options struct {
 	// payload field is the event's data, and the headers field keeps only the headers that
 	// are not attribute names. CloudEvents defines no binding for Redis: the names follow
 	// its Kafka binding. Only the binary mode is accepted. Default nil: no CloudEvents.
-	CloudEvents *outbox.CloudEvents
+	CloudEvents *cloudevents.Options
 }
 
 // CloudEventsPrefix starts the field names of a CloudEvent's attributes.
@@ -125,7 +126,7 @@ func New(client redis.UniversalClient, opts Options) (*Transport, error) {
 	if err := opts.CloudEvents.Validate(); err != nil {
 		return nil, fmt.Errorf("%w options: %w", ErrInvalid, err)
 	}
-	if opts.CloudEvents != nil && opts.CloudEvents.Mode != outbox.CloudEventsBinary {
+	if opts.CloudEvents != nil && opts.CloudEvents.Mode != cloudevents.Binary {
 		return nil, fmt.Errorf("%w options: CloudEvents.Mode: Redis has no CloudEvents binding that defines a structured mode", ErrInvalid)
 	}
 	return &Transport{client: client, opts: opts}, nil
@@ -186,7 +187,7 @@ func (t *Transport) args(d outbox.Delivery) (*redis.XAddArgs, error) {
 	v = append(v, FieldAttempt, strconv.Itoa(d.Attempt))
 	headers := d.Headers
 	if t.opts.CloudEvents != nil {
-		e, err := outbox.CloudEventOf(t.opts.CloudEvents, d)
+		e, err := cloudevents.Of(t.opts.CloudEvents, d)
 		if err != nil {
 			return nil, fmt.Errorf("%w %w", ErrInvalid, err)
 		}

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	cloudevents "github.com/cloudevents/sdk-go/v2"
+	cesdk "github.com/cloudevents/sdk-go/v2"
 	"github.com/cloudevents/sdk-go/v2/binding"
 	"github.com/cloudevents/sdk-go/v2/binding/spec"
 	"github.com/google/uuid"
@@ -23,6 +23,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/cloudevents"
 	"github.com/outboxgo/outbox/internal/testdb"
 	"github.com/outboxgo/outbox/internal/testproxy"
 	"github.com/outboxgo/outbox/internal/transporttest"
@@ -310,12 +311,12 @@ func TestCloudEvents(t *testing.T) {
 	t.Parallel()
 	c := client(t, server(t))
 	ns := namespace(t, c)
-	tr := newTransport(t, c, redis.Options{CloudEvents: &outbox.CloudEvents{Source: "/shop/orders"}})
+	tr := newTransport(t, c, redis.Options{CloudEvents: &cloudevents.Options{Source: "/shop/orders"}})
 	batch := transporttest.Deliveries(transporttest.Messages(ns, 12))
 	batch[1].Headers = outbox.Headers{"content-type": "application/vnd.shop+json", "x-request-id": "r-1", "Tenant": "acme"}
 	require.Empty(t, transporttest.Failures(tr.Publish(context.Background(), batch)))
 
-	byID := map[string]cloudevents.Event{}
+	byID := map[string]cesdk.Event{}
 	for _, tp := range topics {
 		msgs, err := c.XRange(context.Background(), ns+":"+tp, "-", "+").Result()
 		require.NoError(t, err)
@@ -351,9 +352,9 @@ func TestCloudEvents(t *testing.T) {
 		}
 	}
 
-	_, err := redis.New(c, redis.Options{CloudEvents: &outbox.CloudEvents{Source: "/s", Mode: outbox.CloudEventsStructured}})
+	_, err := redis.New(c, redis.Options{CloudEvents: &cloudevents.Options{Source: "/s", Mode: cloudevents.Structured}})
 	require.ErrorIs(t, err, redis.ErrInvalid)
-	_, err = redis.New(c, redis.Options{CloudEvents: &outbox.CloudEvents{}})
+	_, err = redis.New(c, redis.Options{CloudEvents: &cloudevents.Options{}})
 	require.ErrorIs(t, err, outbox.ErrInvalid)
 }
 

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/cloudevents"
 )
 
 // Defaults of [Options].
@@ -91,7 +92,7 @@ type Options struct {
 	// payload as the body; in the structured mode, the event as JSON in the body with
 	// Content-Type application/cloudevents+json. The signature covers the body that is
 	// sent. Default nil: no CloudEvents.
-	CloudEvents *outbox.CloudEvents
+	CloudEvents *cloudevents.Options
 }
 
 func invalid(field, format string, args ...any) error {

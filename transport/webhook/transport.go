@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/cloudevents"
 	"github.com/outboxgo/outbox/internal/netfail"
 )
 
@@ -209,16 +210,16 @@ func (t *Transport) header(d *outbox.Delivery) (http.Header, []byte, error) {
 	contentType := DefaultContentType
 	own, body := d.Headers, []byte(d.Payload)
 	if ce := t.opts.CloudEvents; ce != nil {
-		e, err := outbox.CloudEventOf(ce, *d)
+		e, err := cloudevents.Of(ce, *d)
 		if err != nil {
 			return nil, nil, err
 		}
 		own, contentType = e.Other, e.DataContentType
-		if ce.Mode == outbox.CloudEventsStructured {
+		if ce.Mode == cloudevents.Structured {
 			if body, err = e.JSON(d.Payload); err != nil {
 				return nil, nil, fmt.Errorf("webhook: CloudEvent of message %s: %w", d.ID, err)
 			}
-			contentType = outbox.CloudEventsJSON
+			contentType = cloudevents.ContentType
 		} else {
 			for _, a := range e.Attributes {
 				h[http.CanonicalHeaderKey(CloudEventsPrefix+a.Name)] = []string{percentEncode(a.Value)}

@@ -20,13 +20,14 @@ import (
 	"testing"
 	"time"
 
-	cloudevents "github.com/cloudevents/sdk-go/v2"
+	cesdk "github.com/cloudevents/sdk-go/v2"
 	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/cloudevents"
 	"github.com/outboxgo/outbox/internal/testproxy"
 	"github.com/outboxgo/outbox/internal/transporttest"
 	"github.com/outboxgo/outbox/transport/webhook"
@@ -626,12 +627,12 @@ func TestVerify(t *testing.T) {
 // body that was sent.
 func TestCloudEvents(t *testing.T) {
 	t.Parallel()
-	for _, mode := range []outbox.CloudEventsMode{outbox.CloudEventsBinary, outbox.CloudEventsStructured} {
+	for _, mode := range []cloudevents.Mode{cloudevents.Binary, cloudevents.Structured} {
 		t.Run(fmt.Sprint(mode), func(t *testing.T) {
 			t.Parallel()
 			secret := newSecret()
 			var mu sync.Mutex
-			events := map[string]cloudevents.Event{}
+			events := map[string]cesdk.Event{}
 			raw := map[string]http.Header{}
 			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				body, _ := io.ReadAll(r.Body)
@@ -652,14 +653,14 @@ func TestCloudEvents(t *testing.T) {
 			}))
 			t.Cleanup(srv.Close)
 			tr := newTransport(t, webhook.Options{URL: srv.URL + "/{topic}", Secret: secret, AllowHTTP: true,
-				CloudEvents: &outbox.CloudEvents{Source: "https://shop.example/orders", Mode: mode}})
+				CloudEvents: &cloudevents.Options{Source: "https://shop.example/orders", Mode: mode}})
 			created := time.Date(2025, 1, 2, 3, 4, 5, 600_000_000, time.UTC)
 			batch := []outbox.Delivery{
 				delivery("shop", "order.created", `{"order":1,"note":"héllo"}`),
 				delivery("shop", "order.paid", `[1, 2]`),
 			}
 			contentType := "application/vnd.shop+json"
-			if mode == outbox.CloudEventsStructured {
+			if mode == cloudevents.Structured {
 				contentType = "text/json" // the SDK reads "+json" structured data as a string
 			}
 			batch[0].PartitionKey, batch[0].CreatedAt = "order-1", created
@@ -679,7 +680,7 @@ func TestCloudEvents(t *testing.T) {
 				require.Equal(t, d.Topic, e.Type())
 				require.True(t, created.Equal(e.Time()), "%s", e.Time())
 				require.JSONEq(t, string(d.Payload), string(e.Data()))
-				if mode == outbox.CloudEventsBinary {
+				if mode == cloudevents.Binary {
 					require.Equal(t, string(d.Payload), string(e.Data()))
 				}
 			}
@@ -701,10 +702,10 @@ func TestCloudEvents(t *testing.T) {
 func TestCloudEventsHeaders(t *testing.T) {
 	t.Parallel()
 	srv := newServer(t, false, nil)
-	_, err := webhook.New(webhook.Options{URL: srv.URL, Secret: srv.secret, AllowHTTP: true, CloudEvents: &outbox.CloudEvents{}})
+	_, err := webhook.New(webhook.Options{URL: srv.URL, Secret: srv.secret, AllowHTTP: true, CloudEvents: &cloudevents.Options{}})
 	require.ErrorIs(t, err, outbox.ErrInvalid)
 
-	tr := newTransport(t, webhook.Options{URL: srv.URL, Secret: srv.secret, AllowHTTP: true, CloudEvents: &outbox.CloudEvents{Source: "/shop"}})
+	tr := newTransport(t, webhook.Options{URL: srv.URL, Secret: srv.secret, AllowHTTP: true, CloudEvents: &cloudevents.Options{Source: "/shop"}})
 	batch := []outbox.Delivery{delivery("a", "b", `{}`), delivery("a", "b", `{}`), delivery("a", "b", `{}`)}
 	batch[0].Headers = outbox.Headers{"subject": `order 1 "ü" 100%`}
 	batch[1].Headers = outbox.Headers{"Ce-Id": "forged"}

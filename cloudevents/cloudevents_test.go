@@ -1,4 +1,4 @@
-package outbox_test
+package cloudevents_test
 
 import (
 	"encoding/json"
@@ -9,15 +9,16 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/cloudevents"
 )
 
-func TestCloudEventsValidate(t *testing.T) {
+func TestOptionsValidate(t *testing.T) {
 	t.Parallel()
-	var none *outbox.CloudEvents
+	var none *cloudevents.Options
 	require.NoError(t, none.Validate())
-	require.NoError(t, (&outbox.CloudEvents{Source: "https://shop.example/orders"}).Validate())
-	require.NoError(t, (&outbox.CloudEvents{Source: "/shop", Mode: outbox.CloudEventsStructured}).Validate())
-	for name, c := range map[string]outbox.CloudEvents{
+	require.NoError(t, (&cloudevents.Options{Source: "https://shop.example/orders"}).Validate())
+	require.NoError(t, (&cloudevents.Options{Source: "/shop", Mode: cloudevents.Structured}).Validate())
+	for name, c := range map[string]cloudevents.Options{
 		"no source":    {},
 		"bad source":   {Source: "has space"},
 		"bad uri":      {Source: "http://[::1"},
@@ -30,7 +31,7 @@ func TestCloudEventsValidate(t *testing.T) {
 	}
 }
 
-func TestCloudEventOf(t *testing.T) {
+func TestOf(t *testing.T) {
 	t.Parallel()
 	created := time.Date(2025, 3, 4, 5, 6, 7, 890_000_000, time.FixedZone("x", 3600))
 	d := outbox.Delivery{
@@ -42,10 +43,10 @@ func TestCloudEventOf(t *testing.T) {
 			"TraceState": "k=v",
 		},
 	}
-	c := &outbox.CloudEvents{Source: "/shop"}
-	e, err := outbox.CloudEventOf(c, d)
+	c := &cloudevents.Options{Source: "/shop"}
+	e, err := cloudevents.Of(c, d)
 	require.NoError(t, err)
-	require.Equal(t, []outbox.CloudEventAttribute{
+	require.Equal(t, []cloudevents.Attribute{
 		{"id", d.ID.String()}, {"source", "/shop"}, {"specversion", "1.0"}, {"type", "order.created"},
 		{"time", "2025-03-04T04:06:07.89Z"},
 		{"partitionkey", "order-1"}, {"subject", "order/1"}, {"traceparent", "00-abc-def-01"}, {"tracestate", "k=v"},
@@ -56,9 +57,9 @@ func TestCloudEventOf(t *testing.T) {
 	// Type maps the type; no partition key, no time, no headers: none of those attributes.
 	c.Type = func(d outbox.Delivery) string { return "com.example." + d.Topic }
 	bare := outbox.Delivery{ID: d.ID, Topic: "t"}
-	e, err = outbox.CloudEventOf(c, bare)
+	e, err = cloudevents.Of(c, bare)
 	require.NoError(t, err)
-	require.Equal(t, []outbox.CloudEventAttribute{{"id", d.ID.String()}, {"source", "/shop"}, {"specversion", "1.0"}, {"type", "com.example.t"}}, e.Attributes)
+	require.Equal(t, []cloudevents.Attribute{{"id", d.ID.String()}, {"source", "/shop"}, {"specversion", "1.0"}, {"type", "com.example.t"}}, e.Attributes)
 	require.Equal(t, "application/json", e.DataContentType)
 	require.Nil(t, e.Other)
 	v, ok := e.Attribute("type")
@@ -68,26 +69,26 @@ func TestCloudEventOf(t *testing.T) {
 	require.False(t, ok)
 
 	c.Type = func(outbox.Delivery) string { return "" }
-	_, err = outbox.CloudEventOf(c, d)
+	_, err = cloudevents.Of(c, d)
 	require.ErrorIs(t, err, outbox.ErrInvalid)
 }
 
-func TestValidCloudEventsName(t *testing.T) {
+func TestValidName(t *testing.T) {
 	t.Parallel()
 	for name, want := range map[string]bool{
 		"traceparent": true, "a1": true, "abcdefghijklmnopqrst": true,
 		"": false, "abcdefghijklmnopqrstu": false, "Trace": false, "x-id": false, "x_id": false, "é": false,
 	} {
-		require.Equal(t, want, outbox.ValidCloudEventsName(name), name)
+		require.Equal(t, want, cloudevents.ValidName(name), name)
 	}
 }
 
 // The structured form is a JSON object with every attribute and the payload as data: the
 // JSON value itself for a JSON content type, the payload's text as a string otherwise.
-func TestCloudEventJSON(t *testing.T) {
+func TestEventJSON(t *testing.T) {
 	t.Parallel()
 	d := outbox.Delivery{ID: uuid.New(), Topic: "t", PartitionKey: "k", CreatedAt: time.Unix(1, 0), Headers: outbox.Headers{"traceparent": "tp"}}
-	c := &outbox.CloudEvents{Source: "/s", Mode: outbox.CloudEventsStructured}
+	c := &cloudevents.Options{Source: "/s", Mode: cloudevents.Structured}
 	for _, tc := range []struct {
 		contentType, payload string
 		data                 any
@@ -99,7 +100,7 @@ func TestCloudEventJSON(t *testing.T) {
 		if tc.contentType != "" {
 			d.Headers["content-type"] = tc.contentType
 		}
-		e, err := outbox.CloudEventOf(c, d)
+		e, err := cloudevents.Of(c, d)
 		require.NoError(t, err)
 		b, err := e.JSON([]byte(tc.payload))
 		require.NoError(t, err)

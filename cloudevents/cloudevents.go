@@ -1,4 +1,4 @@
-package outbox
+package cloudevents
 
 import (
 	"bytes"
@@ -9,41 +9,43 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
+
+	"github.com/outboxgo/outbox"
 )
 
-// CloudEventsMode chooses how a transport carries a CloudEvent: [CloudEventsBinary] or
-// [CloudEventsStructured].
-type CloudEventsMode int
+// Mode chooses how a transport carries an event: [Binary] or [Structured].
+type Mode int
 
 const (
-	// CloudEventsBinary sends the payload as it is, as the event's data, and the event's
+	// Binary sends the payload as it is, as the event's data, and the event's
 	// attributes as the broker's headers under the names the protocol binding gives them
 	// (ce_id on Kafka, ce-id on HTTP and NATS, cloudEvents:id on AMQP). The default.
-	CloudEventsBinary CloudEventsMode = iota
+	Binary Mode = iota
 
-	// CloudEventsStructured sends the whole event as one JSON document (the CloudEvents
-	// JSON format, content type [CloudEventsJSON]) in place of the payload, whose bytes
+	// Structured sends the whole event as one JSON document (the CloudEvents
+	// JSON format, content type [ContentType]) in place of the payload, whose bytes
 	// become the event's data. Only the transports whose broker has a CloudEvents
 	// binding that defines the structured mode (Kafka, NATS, AMQP, HTTP) accept it.
-	CloudEventsStructured
+	Structured
 )
 
-// CloudEventsJSON is the content type of an event in the structured mode.
-const CloudEventsJSON = "application/cloudevents+json; charset=utf-8"
+// ContentType is the content type of an event in the structured mode.
+const ContentType = "application/cloudevents+json; charset=utf-8"
 
-// CloudEventsSpecVersion is the version of the CloudEvents specification that the events
+// SpecVersion is the version of the CloudEvents specification that the events
 // follow.
-const CloudEventsSpecVersion = "1.0"
+const SpecVersion = "1.0"
 
-// CloudEvents makes a transport send each message as a CloudEvent (https://cloudevents.io).
+// Options makes a transport send each message as a CloudEvent (https://cloudevents.io).
 // Every transport module takes it as its Options.CloudEvents; nil, the default, sends
 // messages as before. The attributes of a message's event:
 //
-//	id               the message id ([Delivery.ID]), the same on every retry
+//	id               the message id ([outbox.Delivery.ID]), the same on every retry
 //	source           Source
 //	specversion      "1.0"
 //	type             Type(d), or the topic when Type is nil
-//	time             when the message was enqueued ([Delivery.CreatedAt]), RFC 3339, UTC
+//	time             when the message was enqueued ([outbox.Delivery.CreatedAt]), RFC 3339, UTC
 //	datacontenttype  the message's "content-type" header, or "application/json"
 //	partitionkey     the partition key, when set (the Partitioning extension)
 //
@@ -52,23 +54,23 @@ const CloudEventsSpecVersion = "1.0"
 // one of the above. A header named "subject" or "dataschema" thus sets that optional
 // attribute. A header whose name is not a valid attribute name ("x-request-id") is not
 // part of the event: the transport sends it as it sends headers without CloudEvents, under
-// its own name, where a CloudEvents consumer ignores it. See [CloudEventOf].
-type CloudEvents struct {
+// its own name, where a CloudEvents consumer ignores it. See [Of].
+type Options struct {
 	// Source identifies the producer: a URI reference such as "https://shop.example/orders"
 	// or "/shop/orders". Required.
 	Source string
 
 	// Type returns the event type of a message, such as "com.example.order.created".
 	// Default: the message's topic.
-	Type func(d Delivery) string
+	Type func(d outbox.Delivery) string
 
-	// Mode is [CloudEventsBinary] (the default) or [CloudEventsStructured].
-	Mode CloudEventsMode
+	// Mode is [Binary] (the default) or [Structured].
+	Mode Mode
 }
 
 // Validate checks the settings, as the transports' constructors do: Source is a non-empty
-// URI reference, Mode one of the two modes. Its errors are [*ValidationError]s.
-func (c *CloudEvents) Validate() error {
+// URI reference, Mode one of the two modes. Its errors are [*outbox.ValidationError]s.
+func (c *Options) Validate() error {
 	if c == nil {
 		return nil
 	}
@@ -78,20 +80,20 @@ func (c *CloudEvents) Validate() error {
 	if _, err := url.Parse(c.Source); err != nil || strings.ContainsAny(c.Source, " \t\r\n") {
 		return invalid("CloudEvents.Source", "%q is not a URI reference", c.Source)
 	}
-	if c.Mode != CloudEventsBinary && c.Mode != CloudEventsStructured {
+	if c.Mode != Binary && c.Mode != Structured {
 		return invalid("CloudEvents.Mode", "unknown mode %d", c.Mode)
 	}
 	return nil
 }
 
-// CloudEvent is the event of one delivery, as [CloudEventOf] builds it. A transport maps
+// Event is the event of one delivery, as [Of] builds it. A transport maps
 // Attributes onto its headers with the prefix of its protocol binding and DataContentType
-// onto the content type its binding names, or writes the event with [CloudEvent.JSON].
-type CloudEvent struct {
+// onto the content type its binding names, or writes the event with [Event.JSON].
+type Event struct {
 	// Attributes are the context attributes and extensions except datacontenttype: id,
 	// source, specversion, type and time (when the delivery has one) first, then the
 	// extensions sorted by name. Names are lowercase, without a prefix.
-	Attributes []CloudEventAttribute
+	Attributes []Attribute
 
 	// DataContentType is the message's "content-type" header, or "application/json".
 	DataContentType string
@@ -99,11 +101,11 @@ type CloudEvent struct {
 	// Other holds the message headers that are not part of the event (their names are not
 	// attribute names); nil when there are none. The transport sends them as it sends
 	// headers without CloudEvents.
-	Other Headers
+	Other outbox.Headers
 }
 
-// CloudEventAttribute is one attribute of a [CloudEvent].
-type CloudEventAttribute struct {
+// Attribute is one attribute of an [Event].
+type Attribute struct {
 	Name, Value string
 }
 
@@ -111,29 +113,29 @@ type CloudEventAttribute struct {
 // option, never from a message header.
 var ownAttributes = []string{"id", "source", "specversion", "type", "time", "datacontenttype", "partitionkey", "data"}
 
-// CloudEventOf returns the event of d under c. It fails with an error matching [ErrInvalid]
+// Of returns the event of d under c. It fails with an error matching [outbox.ErrInvalid]
 // when Type returns an empty type; a transport dead-letters such a message.
-func CloudEventOf(c *CloudEvents, d Delivery) (CloudEvent, error) {
+func Of(c *Options, d outbox.Delivery) (Event, error) {
 	typ := d.Topic
 	if c.Type != nil {
 		typ = c.Type(d)
 	}
 	if typ == "" {
-		return CloudEvent{}, fmt.Errorf("%w: CloudEvents type of message %s is empty", ErrInvalid, d.ID)
+		return Event{}, fmt.Errorf("%w: CloudEvents type of message %s is empty", outbox.ErrInvalid, d.ID)
 	}
-	e := CloudEvent{DataContentType: "application/json"}
-	e.Attributes = append(make([]CloudEventAttribute, 0, 6+len(d.Headers)),
-		CloudEventAttribute{"id", d.ID.String()},
-		CloudEventAttribute{"source", c.Source},
-		CloudEventAttribute{"specversion", CloudEventsSpecVersion},
-		CloudEventAttribute{"type", typ},
+	e := Event{DataContentType: "application/json"}
+	e.Attributes = append(make([]Attribute, 0, 6+len(d.Headers)),
+		Attribute{"id", d.ID.String()},
+		Attribute{"source", c.Source},
+		Attribute{"specversion", SpecVersion},
+		Attribute{"type", typ},
 	)
 	if !d.CreatedAt.IsZero() {
-		e.Attributes = append(e.Attributes, CloudEventAttribute{"time", d.CreatedAt.UTC().Format(time.RFC3339Nano)})
+		e.Attributes = append(e.Attributes, Attribute{"time", d.CreatedAt.UTC().Format(time.RFC3339Nano)})
 	}
-	ext := make([]CloudEventAttribute, 0, len(d.Headers)+1)
+	ext := make([]Attribute, 0, len(d.Headers)+1)
 	if d.PartitionKey != "" {
-		ext = append(ext, CloudEventAttribute{"partitionkey", d.PartitionKey})
+		ext = append(ext, Attribute{"partitionkey", d.PartitionKey})
 	}
 	// Sorted, so that of two headers whose names differ only in case the same one wins
 	// every time.
@@ -148,23 +150,23 @@ func CloudEventOf(c *CloudEvents, d Delivery) (CloudEvent, error) {
 		switch {
 		case name == "content-type" && !taken[name]:
 			e.DataContentType, taken[name] = v, true
-		case ValidCloudEventsName(name) && !slices.Contains(ownAttributes, name) && !taken[name]:
-			ext, taken[name] = append(ext, CloudEventAttribute{name, v}), true
+		case ValidName(name) && !slices.Contains(ownAttributes, name) && !taken[name]:
+			ext, taken[name] = append(ext, Attribute{name, v}), true
 		default:
 			if e.Other == nil {
-				e.Other = Headers{}
+				e.Other = outbox.Headers{}
 			}
 			e.Other[k] = v
 		}
 	}
-	slices.SortFunc(ext, func(a, b CloudEventAttribute) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(ext, func(a, b Attribute) int { return strings.Compare(a.Name, b.Name) })
 	e.Attributes = append(e.Attributes, ext...)
 	return e, nil
 }
 
-// ValidCloudEventsName reports whether name can be a CloudEvents attribute name: 1 to 20
+// ValidName reports whether name can be a CloudEvents attribute name: 1 to 20
 // lowercase ASCII letters and digits.
-func ValidCloudEventsName(name string) bool {
+func ValidName(name string) bool {
 	if name == "" || len(name) > 20 {
 		return false
 	}
@@ -177,7 +179,7 @@ func ValidCloudEventsName(name string) bool {
 }
 
 // Attribute returns the value of the named attribute, and whether the event has it.
-func (e CloudEvent) Attribute(name string) (string, bool) {
+func (e Event) Attribute(name string) (string, bool) {
 	if name == "datacontenttype" {
 		return e.DataContentType, true
 	}
@@ -193,7 +195,7 @@ func (e CloudEvent) Attribute(name string) (string, bool) {
 // JSON value itself when DataContentType is a JSON media type (application/json, text/json
 // or any "+json" type), else the payload's text as a JSON string, so that a consumer's
 // data is the payload byte for byte either way.
-func (e CloudEvent) JSON(payload []byte) ([]byte, error) {
+func (e Event) JSON(payload []byte) ([]byte, error) {
 	var b bytes.Buffer
 	b.Grow(len(payload) + 256)
 	b.WriteByte('{')
@@ -215,8 +217,10 @@ func (e CloudEvent) JSON(payload []byte) ([]byte, error) {
 	}
 	ct, _ := json.Marshal(e.DataContentType)
 	field("datacontenttype", ct)
+	// utf8.Valid && json.Valid is the check the root package's unexported fast checker
+	// makes on Enqueue; only the structured mode pays it here, once per message.
 	switch {
-	case jsonMediaType(e.DataContentType) && validJSON(payload):
+	case jsonMediaType(e.DataContentType) && utf8.Valid(payload) && json.Valid(payload):
 		field("data", payload)
 	default:
 		v, err := json.Marshal(string(payload))
@@ -227,6 +231,11 @@ func (e CloudEvent) JSON(payload []byte) ([]byte, error) {
 	}
 	b.WriteByte('}')
 	return b.Bytes(), nil
+}
+
+// invalid returns the error of a bad setting, as the root package reports its own.
+func invalid(field, format string, args ...any) *outbox.ValidationError {
+	return &outbox.ValidationError{Index: -1, Field: field, Reason: fmt.Sprintf(format, args...)}
 }
 
 // jsonMediaType reports whether a content type declares JSON data, as the CloudEvents JSON
