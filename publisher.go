@@ -1,11 +1,14 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -434,7 +437,8 @@ func (p *Publisher) Wake() {
 // full batch it records them together with the next claim, in one transaction
 // ([Store.CompleteAndClaim], where the dialect is a [dialect.SettleClaimer]: every built-in one), so
 // that a backlog drains at one commit per batch, and claims that batch while the full one
-// is in the transport (not ordered publishers); after a partial batch it records them
+// is in the transport when the transport takes long enough for the overlap to pay (not
+// ordered publishers); after a partial batch it records them
 // alone ([Store.Complete]) and waits PollInterval;
 // while claims come back empty it waits longer each time, up to IdleBackoffMax. Database
 // errors are logged, counted and retried after a backoff; they never stop Run.
@@ -637,6 +641,14 @@ func (r *run) claimLoop(w waker) {
 	// file, claiming ahead, delivered too slowly under the race detector). They still
 	// record a full batch's outcomes with their next claim.
 	claimAhead := !p.opts.Ordered
+	// A claim ahead pays while the transport takes a while: the database claims the next
+	// batch while the broker takes this one. With a transport that answers at once there is
+	// nothing to overlap, and the claim ahead only costs: it passes over the batch in flight
+	// (still processing, first in the claim's order) and holds twice the rows. So a loop
+	// claims ahead while its last publish took at least a sixteenth of its last claim
+	// (aheadWorth), and otherwise records the batch's outcomes with the claim that follows
+	// the publish, which is still one transaction per batch.
+	var lastPublish, lastClaim time.Duration // the first batch is published before a claim ahead
 	idle := p.opts.PollInterval
 	errDelay := p.opts.PollInterval
 	chase := len(chaseDelays) // position in chaseDelays; at the end when not chasing
@@ -658,6 +670,7 @@ func (r *run) claimLoop(w waker) {
 	// its next claim too, but makes that claim only once the batch is published.
 	var (
 		prev    *outcomes // published, not yet recorded
+		carry   *outcomes // published, to record with the outcomes of cur (the loop stopped claiming ahead)
 		cur     []Record  // claimed, to publish
 		curLost map[uuid.UUID]bool
 		probing bool // cur is the circuit breaker's probe
@@ -710,7 +723,9 @@ func (r *run) claimLoop(w waker) {
 					}
 				}
 			}
+			began := time.Now()
 			recs, err := r.next(&prev, co, fold)
+			lastClaim = time.Since(began)
 			lg.claimed(len(recs), err)
 			if g.probe && (err != nil || len(recs) == 0) {
 				r.circ.probeVoid() // nothing was asked of the destination
@@ -744,21 +759,32 @@ func (r *run) claimLoop(w waker) {
 			ahead    []Record
 			aheadErr error
 		)
-		if full && claimAhead && r.ctx.Err() == nil && r.circ.closed() && lg.ahead(prev != nil) {
+		if full && claimAhead && aheadWorth(lastPublish, lastClaim) && r.ctx.Err() == nil && r.circ.closed() && lg.ahead(prev != nil) {
+			began := time.Now()
 			ahead, aheadErr = r.next(&prev, o, fold) // more is likely waiting
+			lastClaim = time.Since(began)
 			lg.claimed(len(ahead), aheadErr)
 		} else if prev != nil {
-			r.settle(prev, false)
+			if fold && len(prev.items)+len(cur) <= MaxBatch {
+				carry = prev // recorded with this batch, after its publish: one transaction for both
+			} else {
+				r.settle(prev, false)
+			}
 			prev = nil
 			lg.release()
 		}
 		aheadLost := map[uuid.UUID]bool{}
-		out := r.awaitPublish(published, ahead, aheadLost)
+		out := r.awaitPublish(published, ahead, aheadLost, carry)
 		if out == nil {
-			return // the shutdown deadline passed: the rows keep their lease
+			prev, carry = carry, nil // the deferred settle records it
+			return                   // the shutdown deadline passed: this batch's rows keep their lease
 		}
+		lastPublish = out.took
 		r.circuitRecord(out, probing)
 		probing = false
+		if carry != nil {
+			out, carry = carry.join(out), nil
+		}
 		if len(ahead) > 0 {
 			p.claimed.Add(int64(len(ahead)))
 		}
@@ -857,14 +883,23 @@ func (r *run) watch(what string) (done func()) {
 }
 
 // awaitPublish waits for a batch's publish and returns its outcomes, renewing meanwhile the
-// leases of ahead, the batch claimed during it, and marking those it lost in lost.
-func (r *run) awaitPublish(published <-chan *outcomes, ahead []Record, lost map[uuid.UUID]bool) *outcomes {
-	if len(ahead) == 0 {
+// leases of ahead, the batch claimed during it, marking those it lost in lost, and those of
+// carry, a batch published before whose outcomes wait to be recorded with this one's.
+func (r *run) awaitPublish(published <-chan *outcomes, ahead []Record, lost map[uuid.UUID]bool, carry *outcomes) *outcomes {
+	if len(ahead) == 0 && carry == nil {
 		return <-published
 	}
 	held := make([]Lease, len(ahead))
 	for i := range ahead {
 		held[i] = ahead[i].Lease()
+	}
+	var carried []Lease
+	if carry != nil {
+		for _, it := range carry.items {
+			if !carry.lost[it.out.ID] {
+				carried = append(carried, it.out.Lease)
+			}
+		}
 	}
 	renew := time.NewTimer(r.p.opts.Lease / 3)
 	defer renew.Stop()
@@ -873,8 +908,12 @@ func (r *run) awaitPublish(published <-chan *outcomes, ahead []Record, lost map[
 		case out := <-published:
 			return out
 		case <-renew.C:
-			var next time.Duration
+			var next, nextCarried time.Duration
 			held, next = r.extend(held, lost)
+			if carry != nil {
+				carried, nextCarried = r.extend(carried, carry.lost)
+				next = min(next, nextCarried)
+			}
 			renew.Reset(next)
 		}
 	}
@@ -890,7 +929,8 @@ type outcomes struct {
 	// circuit breaker judges the batch by.
 	published, unavailable int
 	unavailableErr         error
-	began                  time.Time // when the publish began
+	began                  time.Time     // when the publish began
+	took                   time.Duration // how long the transport took
 }
 
 // settleAndClaim records prev's outcomes and claims the next batch in one transaction
@@ -953,6 +993,7 @@ func (r *run) publishBatch(recs []Record, lost map[uuid.UUID]bool) *outcomes {
 	if len(batch) > 0 {
 		ctx := r.startPublish(r.work, batch)
 		results, ok := r.publish(ctx, batch, leases, lost)
+		b.took = time.Since(b.began)
 		if !ok {
 			r.endPublishAbandoned(ctx, batch)
 			p.log.Warn("outbox publisher: shutdown deadline passed before the batch was settled; its rows keep their lease until it expires",
@@ -981,6 +1022,33 @@ func (r *run) publishBatch(recs []Record, lost map[uuid.UUID]bool) *outcomes {
 		r.endPublish(ctx, batch, items, idx)
 	}
 	return b
+}
+
+// aheadWorth reports whether a claim loop should claim its next batch while this one is
+// published: when the last publish took at least a sixteenth of the last claim, so that the
+// overlap saves more than the claim ahead costs (see claimLoop), and at least
+// aheadMinPublish. A loop learns it from its first batch, which it publishes without
+// claiming ahead: turning the claim ahead on costs nothing, but turning it off records the
+// batch claimed before alone.
+func aheadWorth(lastPublish, lastClaim time.Duration) bool {
+	return lastPublish >= aheadMinPublish && 16*lastPublish >= lastClaim
+}
+
+// aheadMinPublish is the shortest publish worth a claim ahead: a transport that answers
+// sooner made no network round trip (it hands messages to memory, a channel, a buffer),
+// and an in-process SQLite claim is quick enough that such a publish would otherwise pass
+// for a sixteenth of it, now and then, turning the claim ahead on and off.
+const aheadMinPublish = 200 * time.Microsecond
+
+// join returns the outcomes of b and then c, to record together.
+func (b *outcomes) join(c *outcomes) *outcomes {
+	lost := make(map[uuid.UUID]bool, len(b.lost)+len(c.lost))
+	maps.Copy(lost, b.lost)
+	maps.Copy(lost, c.lost)
+	j := &outcomes{items: append(slices.Clip(b.items), c.items...), lost: lost,
+		published: b.published + c.published, unavailable: b.unavailable + c.unavailable,
+		unavailableErr: cmp.Or(b.unavailableErr, c.unavailableErr), began: b.began, took: c.took}
+	return j
 }
 
 // pending returns the outcomes still to record: those of rows whose lease was not lost.
