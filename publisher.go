@@ -931,6 +931,9 @@ type outcomes struct {
 	unavailableErr         error
 	began                  time.Time     // when the publish began
 	took                   time.Duration // how long the transport took
+	// joined marks the outcomes of two batches recorded together (join), and partial then
+	// whether either was partly unavailable, which their sums no longer tell.
+	joined, partial bool
 }
 
 // settleAndClaim records prev's outcomes and claims the next batch in one transaction
@@ -1047,8 +1050,20 @@ func (b *outcomes) join(c *outcomes) *outcomes {
 	maps.Copy(lost, c.lost)
 	j := &outcomes{items: append(slices.Clip(b.items), c.items...), lost: lost,
 		published: b.published + c.published, unavailable: b.unavailable + c.unavailable,
-		unavailableErr: cmp.Or(b.unavailableErr, c.unavailableErr), began: b.began, took: c.took}
+		unavailableErr: cmp.Or(b.unavailableErr, c.unavailableErr), began: b.began, took: c.took,
+		joined: true, partial: b.partlyUnavailable() || c.partlyUnavailable()}
 	return j
+}
+
+// partlyUnavailable reports whether a batch of b had some of its messages, not all, fail
+// [Unavailable]: a destination partly down (one Kafka partition without a leader), which
+// is logged like any failed delivery, where a batch that failed whole is the circuit
+// breaker's to report.
+func (b *outcomes) partlyUnavailable() bool {
+	if b.joined {
+		return b.partial
+	}
+	return b.unavailable > 0 && b.unavailable < b.published
 }
 
 // pending returns the outcomes still to record: those of rows whose lease was not lost.
