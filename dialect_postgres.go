@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/hex"
+	"errors"
 	"strconv"
 	"strings"
 	"sync"
@@ -374,7 +375,34 @@ func pgEligible(a *args, p dialect.ClaimParams) string {
 }
 
 func (*postgresDialect) Claim(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.ClaimParams) ([]Record, error) {
-	return pgClaim(ctx, db, t, p)
+	return pgRetryDeadlock(ctx, func() ([]Record, error) { return pgClaim(ctx, db, t, p) })
+}
+
+// pgRetryDeadlock runs fn, a claim that is one statement on the pool (its own transaction),
+// again after PostgreSQL chose it as a deadlock's victim, up to mysqlTries times with the
+// same short pauses as a MySQL claim. FOR UPDATE SKIP LOCKED skips a locked row, but a row
+// that another statement updated is locked in its newest version, and that lock waits
+// ("while locking updated version of tuple"): two settle-and-claims of publishers that
+// retry each other's rows met that way in a loaded test run (SQLSTATE 40P01). The victim's
+// statement did nothing, so running it again is safe.
+func pgRetryDeadlock[T any](ctx context.Context, fn func() (T, error)) (T, error) {
+	for try := 1; ; try++ {
+		v, err := fn()
+		if err == nil || try == mysqlTries || !pgDeadlock(err) {
+			return v, err
+		}
+		if err := mysqlPause(ctx, try); err != nil {
+			return v, err
+		}
+	}
+}
+
+// pgDeadlock reports whether err, or an error it wraps, is a PostgreSQL deadlock (SQLSTATE
+// 40P01). The root package imports no driver: pgx's and lib/pq's errors both have a
+// SQLState method.
+func pgDeadlock(err error) bool {
+	var e interface{ SQLState() string }
+	return errors.As(err, &e) && e.SQLState() == "40P01"
 }
 
 // pgClaim claims on q: a *sql.DB (the statement is its own transaction) or a transaction.
@@ -519,7 +547,7 @@ func (d *postgresDialect) CompleteAndClaim(ctx context.Context, db *sql.DB, t di
 	}
 	// $1 is the outcomes' ids in both of settle's statements.
 	b.WriteString(` FROM (SELECT unnest($1::uuid[]) EXCEPT SELECT id FROM s) AS x(id)`)
-	rows, err := queryAll(ctx, db, b.String(), a.Values, scanClaimed)
+	rows, err := pgRetryDeadlock(ctx, func() ([]Record, error) { return queryAll(ctx, db, b.String(), a.Values, scanClaimed) })
 	if err != nil {
 		return nil, nil, err
 	}
