@@ -244,6 +244,18 @@ func keyValueSecrets(dsn string) []string {
 	return out
 }
 
+// queryPassword reports whether dsn parses as a URL with a scheme, "//" or not, and a
+// password or sslpassword in its query: postgresPassword reads "x:?password=secret" as such
+// a URL, so redactDSN must hide it as one.
+func queryPassword(dsn string) bool {
+	u, err := url.Parse(dsn)
+	if err != nil || u.Scheme == "" {
+		return false
+	}
+	q := u.Query()
+	return q.Has("password") || q.Has("sslpassword")
+}
+
 // postgresPassword returns the password of a PostgreSQL URL or key=value DSN.
 func postgresPassword(dsn string) string {
 	if u, err := url.Parse(dsn); err == nil && u.Scheme != "" {
@@ -311,7 +323,7 @@ var urlUserinfo = regexp.MustCompile(`(://[^:/@]*:)[^@]*@`)
 // command accepts: a URL's user info and password parameter ([url.URL.Redacted]), a
 // go-sql-driver DSN's user:password@, and a key=value password; sslpassword too.
 func redactDSN(dsn string) string {
-	if urlScheme.MatchString(dsn) {
+	if urlScheme.MatchString(dsn) || queryPassword(dsn) {
 		u, err := url.Parse(dsn)
 		if err != nil {
 			dsn = keyValuePassword.ReplaceAllStringFunc(dsn, func(m string) string {
