@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"math/rand/v2"
 	"reflect"
 	"slices"
 	"strings"
@@ -188,12 +187,6 @@ const (
 	// mysqlBytesPerInsert bounds the data of one INSERT (a single larger row still goes
 	// alone), well below max_allowed_packet (16 MiB on MariaDB, 64 MiB on MySQL 8).
 	mysqlBytesPerInsert = 4 << 20
-	// mysqlTries is how often a claim, or a write on a *sql.DB, runs when it deadlocks or
-	// times out on a lock.
-	mysqlTries = 4
-	// mysqlRetryPause is the longest pause before the second try (the shortest is half of
-	// it); it doubles for each further try.
-	mysqlRetryPause = 4 * time.Millisecond
 )
 
 // MySQL error numbers a claim retries.
@@ -544,18 +537,18 @@ func (d mysqlDialect) Claim(ctx context.Context, db *sql.DB, t dialect.Table, p 
 // wait, so the longer hold adds no lock wait to anyone's claim. A deadlock or lock wait
 // timeout retries the whole transaction, settle included, as it does a claim.
 func (d mysqlDialect) CompleteAndClaim(ctx context.Context, db *sql.DB, t dialect.Table, outcomes []Outcome, p dialect.ClaimParams) ([]Record, []uuid.UUID, error) {
-	for try := 1; ; try++ {
-		lost, recs, err := d.claim(ctx, db, t, outcomes, p)
-		if err == nil || try == mysqlTries || !mysqlRetryable(err) {
-			if err != nil && try > 1 {
-				err = fmt.Errorf("after %d tries: %w", try, err)
-			}
-			return recs, lost, err
-		}
-		if err := mysqlPause(ctx, try); err != nil {
-			return nil, nil, err
-		}
+	type result struct {
+		recs []Record
+		lost []uuid.UUID
 	}
+	r, err := retryLocked(ctx, mysqlRetryable, func() (result, error) {
+		lost, recs, err := d.claim(ctx, db, t, outcomes, p)
+		return result{recs, lost}, err
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return r.recs, r.lost, nil
 }
 
 // claim runs one claim transaction, which settles outcomes first.
@@ -783,36 +776,15 @@ func mysqlErrorNumber(err error) (uint16, bool) {
 	return 0, false
 }
 
-// mysqlPause waits before try+1: uniformly between half and all of mysqlRetryPause
-// doubled per try, so that claimers that collided do not collide again in step.
-func mysqlPause(ctx context.Context, try int) error {
-	d := mysqlRetryPause << (try - 1)
-	d = d/2 + rand.N(d/2+1)
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-timer.C:
-		return nil
-	}
-}
-
 // mysqlExec runs a write, and runs it again after a deadlock or a lock wait timeout when q
 // is a *sql.DB: in autocommit mode the server rolled back exactly that statement. On a
 // caller's transaction (or a *sql.Conn, which may be in one) the error is returned, since
 // a deadlock rolls back the whole transaction.
 func mysqlExec(ctx context.Context, q dialect.DBTX, query string, args ...any) (sql.Result, error) {
 	_, pool := q.(*sql.DB)
-	for try := 1; ; try++ {
-		res, err := q.ExecContext(ctx, query, args...)
-		if err == nil || !pool || try == mysqlTries || !mysqlRetryable(err) {
-			return res, err
-		}
-		if err := mysqlPause(ctx, try); err != nil {
-			return nil, err
-		}
-	}
+	return retryLocked(ctx, func(err error) bool { return pool && mysqlRetryable(err) }, func() (sql.Result, error) {
+		return q.ExecContext(ctx, query, args...)
+	})
 }
 
 // mysqlLeaseJoin writes the table references of Complete and Extend: a derived table u of

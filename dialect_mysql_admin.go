@@ -64,27 +64,19 @@ func (mysqlDialect) ListDead(ctx context.Context, q dialect.DBTX, t dialect.Tabl
 // mysqlInTx runs fn in a READ COMMITTED transaction on db (no gap locks, as for a claim),
 // and runs it again after a deadlock or a lock wait timeout, like a claim.
 func mysqlInTx[T any](ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) (T, error)) (T, error) {
-	var zero T
-	for try := 1; ; try++ {
-		v, err := func() (T, error) {
-			tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
-			if err != nil {
-				return zero, err
-			}
-			defer func() { _ = tx.Rollback() }()
-			v, err := fn(tx)
-			if err != nil {
-				return zero, err
-			}
-			return v, tx.Commit()
-		}()
-		if err == nil || try == mysqlTries || !mysqlRetryable(err) {
-			return v, err
-		}
-		if err := mysqlPause(ctx, try); err != nil {
+	return retryLocked(ctx, mysqlRetryable, func() (T, error) {
+		var zero T
+		tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+		if err != nil {
 			return zero, err
 		}
-	}
+		defer func() { _ = tx.Rollback() }()
+		v, err := fn(tx)
+		if err != nil {
+			return zero, err
+		}
+		return v, tx.Commit()
+	})
 }
 
 // Replay updates the dead rows by primary key and, when not every id was dead, reads back

@@ -379,22 +379,14 @@ func (*postgresDialect) Claim(ctx context.Context, db *sql.DB, t dialect.Table, 
 }
 
 // pgRetryDeadlock runs fn, a claim that is one statement on the pool (its own transaction),
-// again after PostgreSQL chose it as a deadlock's victim, up to mysqlTries times with the
-// same short pauses as a MySQL claim. FOR UPDATE SKIP LOCKED skips a locked row, but a row
-// that another statement updated is locked in its newest version, and that lock waits
-// ("while locking updated version of tuple"): two settle-and-claims of publishers that
-// retry each other's rows met that way in a loaded test run (SQLSTATE 40P01). The victim's
-// statement did nothing, so running it again is safe.
+// again after PostgreSQL chose it as a deadlock's victim (retryLocked), as a MySQL claim
+// runs again. FOR UPDATE SKIP LOCKED skips a locked row, but a row that another statement
+// updated is locked in its newest version, and that lock waits ("while locking updated
+// version of tuple"): two settle-and-claims of publishers that retry each other's rows met
+// that way in a loaded test run (SQLSTATE 40P01). The victim's statement did nothing, so
+// running it again is safe.
 func pgRetryDeadlock[T any](ctx context.Context, fn func() (T, error)) (T, error) {
-	for try := 1; ; try++ {
-		v, err := fn()
-		if err == nil || try == mysqlTries || !pgDeadlock(err) {
-			return v, err
-		}
-		if err := mysqlPause(ctx, try); err != nil {
-			return v, err
-		}
-	}
+	return retryLocked(ctx, pgDeadlock, fn)
 }
 
 // pgDeadlock reports whether err, or an error it wraps, is a PostgreSQL deadlock (SQLSTATE

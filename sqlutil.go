@@ -3,6 +3,8 @@ package outbox
 import (
 	"context"
 	"database/sql"
+	"fmt"
+	"math/rand/v2"
 	"strings"
 	"time"
 
@@ -260,4 +262,37 @@ func inTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(tx *sql.
 	}
 	committed = true
 	return nil
+}
+
+// Deadlocks and lock wait timeouts: a claim, or a write that is its own transaction, runs
+// again after losing one, up to lockTries times, pausing before try+1 uniformly between
+// half and all of lockRetryPause doubled per try, so that claimers that collided do not
+// collide again in step.
+const (
+	lockTries      = 4
+	lockRetryPause = 4 * time.Millisecond
+)
+
+// retryLocked runs fn, and runs it again while it fails with an error retryable accepts, up
+// to lockTries times in all. fn must have done nothing when it fails so: a statement that
+// was its own transaction, or a whole transaction, chosen as a deadlock's victim.
+func retryLocked[T any](ctx context.Context, retryable func(error) bool, fn func() (T, error)) (T, error) {
+	for try := 1; ; try++ {
+		v, err := fn()
+		if err == nil || try == lockTries || !retryable(err) {
+			if err != nil && try > 1 {
+				err = fmt.Errorf("after %d tries: %w", try, err)
+			}
+			return v, err
+		}
+		d := lockRetryPause << (try - 1)
+		d = d/2 + rand.N(d/2+1)
+		timer := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return v, ctx.Err()
+		case <-timer.C:
+		}
+	}
 }
