@@ -931,9 +931,9 @@ type outcomes struct {
 	unavailableErr         error
 	began                  time.Time     // when the publish began
 	took                   time.Duration // how long the transport took
-	// joined marks the outcomes of two batches recorded together (join), and partial then
-	// whether either was partly unavailable, which their sums no longer tell.
-	joined, partial bool
+	// partly is set when some messages of a batch, not all, failed [Unavailable] (for two
+	// batches recorded together, of either one; their sums no longer tell).
+	partly bool
 }
 
 // settleAndClaim records prev's outcomes and claims the next batch in one transaction
@@ -1023,6 +1023,7 @@ func (r *run) publishBatch(recs []Record, lost map[uuid.UUID]bool) *outcomes {
 			}
 		}
 		r.endPublish(ctx, batch, items, idx)
+		b.partly = b.unavailable > 0 && b.unavailable < b.published
 	}
 	return b
 }
@@ -1051,19 +1052,8 @@ func (b *outcomes) join(c *outcomes) *outcomes {
 	j := &outcomes{items: append(slices.Clip(b.items), c.items...), lost: lost,
 		published: b.published + c.published, unavailable: b.unavailable + c.unavailable,
 		unavailableErr: cmp.Or(b.unavailableErr, c.unavailableErr), began: b.began, took: c.took,
-		joined: true, partial: b.partlyUnavailable() || c.partlyUnavailable()}
+		partly: b.partly || c.partly}
 	return j
-}
-
-// partlyUnavailable reports whether a batch of b had some of its messages, not all, fail
-// [Unavailable]: a destination partly down (one Kafka partition without a leader), which
-// is logged like any failed delivery, where a batch that failed whole is the circuit
-// breaker's to report.
-func (b *outcomes) partlyUnavailable() bool {
-	if b.joined {
-		return b.partial
-	}
-	return b.unavailable > 0 && b.unavailable < b.published
 }
 
 // pending returns the outcomes still to record: those of rows whose lease was not lost.

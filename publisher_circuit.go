@@ -90,7 +90,7 @@ func (r *run) logUnavailable(b *outcomes, its []*settlement) {
 	msg := "outbox publisher: destination unavailable; will retry without spending an attempt"
 	attrs := []any{"count", len(its), "id", first.out.ID, "topic", first.rec.Topic, "retry_in", first.out.Delay,
 		"err", first.cause, idsAttr(ids)}
-	if r.circ != nil && !b.partlyUnavailable() {
+	if r.circ != nil && !b.partly { // a destination partly down (a Kafka partition without a leader) is logged like any failure
 		p.log.Debug(msg, attrs...)
 		return
 	}

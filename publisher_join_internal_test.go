@@ -15,23 +15,24 @@ import (
 func TestOutcomesJoin(t *testing.T) {
 	t.Parallel()
 	batch := func(published, unavailable int) *outcomes {
-		b := &outcomes{lost: map[uuid.UUID]bool{}, published: published, unavailable: unavailable}
+		b := &outcomes{lost: map[uuid.UUID]bool{}, published: published, unavailable: unavailable,
+			partly: unavailable > 0 && unavailable < published} // as publishBatch sets it
 		for range published {
 			b.items = append(b.items, settlement{out: Outcome{Lease: Lease{ID: uuid.New()}}})
 		}
 		return b
 	}
 	delivered, whole, partly := batch(5, 0), batch(5, 5), batch(5, 2)
-	require.False(t, whole.partlyUnavailable())
-	require.True(t, partly.partlyUnavailable())
+	require.False(t, whole.partly)
+	require.True(t, partly.partly)
 
 	j := delivered.join(whole)
 	require.Len(t, j.items, 10)
 	require.Equal(t, 10, j.published)
 	require.Equal(t, 5, j.unavailable)
-	require.False(t, j.partlyUnavailable(), "a delivered batch and one that failed whole")
-	require.True(t, delivered.join(partly).partlyUnavailable())
-	require.True(t, partly.join(whole).partlyUnavailable())
+	require.False(t, j.partly, "a delivered batch and one that failed whole")
+	require.True(t, delivered.join(partly).partly)
+	require.True(t, partly.join(whole).partly)
 
 	lost := batch(2, 0)
 	lost.lost[lost.items[0].out.ID] = true
