@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -50,22 +51,23 @@ type CircuitOptions struct {
 	ProbeMax time.Duration
 }
 
-func (o *CircuitOptions) validate() error {
-	switch {
-	case o.Threshold == 0:
-		o.Threshold = DefaultCircuitThreshold
-	case o.Threshold < 0:
-		return invalid("Circuit.Threshold", "must be at least 1, got %d", o.Threshold)
+// withDefaults returns o with its zero fields set to the defaults.
+func (o CircuitOptions) withDefaults() CircuitOptions {
+	o.Threshold = cmp.Or(o.Threshold, DefaultCircuitThreshold)
+	o.ProbeMin = cmp.Or(o.ProbeMin, DefaultProbeMin)
+	if o.ProbeMax == 0 {
+		o.ProbeMax = max(DefaultProbeMax, o.ProbeMin)
 	}
+	return o
+}
+
+// validate checks options whose defaults are applied (withDefaults).
+func (o CircuitOptions) validate() error {
 	switch {
-	case o.ProbeMin == 0:
-		o.ProbeMin = DefaultProbeMin
+	case o.Threshold < 1:
+		return invalid("Circuit.Threshold", "must be at least 1, got %d", o.Threshold)
 	case o.ProbeMin < time.Millisecond:
 		return invalid("Circuit.ProbeMin", "must be at least 1ms, got %s", o.ProbeMin)
-	}
-	switch {
-	case o.ProbeMax == 0:
-		o.ProbeMax = max(DefaultProbeMax, o.ProbeMin)
 	case o.ProbeMax < o.ProbeMin:
 		return invalid("Circuit.ProbeMax", "must be at least ProbeMin (%s), got %s", o.ProbeMin, o.ProbeMax)
 	}

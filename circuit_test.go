@@ -10,6 +10,7 @@ import (
 // testCircuit is a circuit on a clock the test moves, with a jitter of d/4 (the largest).
 func testCircuit(t *testing.T, o CircuitOptions) (*circuit, *time.Time) {
 	t.Helper()
+	o = o.withDefaults()
 	require.NoError(t, o.validate())
 	now := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 	c := newCircuit(o)
@@ -170,10 +171,10 @@ func TestCircuitDisabled(t *testing.T) {
 
 func TestCircuitOptionsValidate(t *testing.T) {
 	t.Parallel()
-	var o CircuitOptions
+	o := CircuitOptions{}.withDefaults()
 	require.NoError(t, o.validate())
 	require.Equal(t, CircuitOptions{Threshold: 1, ProbeMin: time.Second, ProbeMax: 30 * time.Second}, o)
-	o = CircuitOptions{ProbeMin: time.Minute}
+	o = CircuitOptions{ProbeMin: time.Minute}.withDefaults()
 	require.NoError(t, o.validate())
 	require.Equal(t, time.Minute, o.ProbeMax, "the default ProbeMax is at least ProbeMin")
 	for _, bad := range []CircuitOptions{
@@ -181,7 +182,7 @@ func TestCircuitOptionsValidate(t *testing.T) {
 		{ProbeMin: time.Microsecond},
 		{ProbeMin: time.Second, ProbeMax: time.Millisecond},
 	} {
-		require.ErrorIs(t, bad.validate(), ErrInvalid, "%+v", bad)
+		require.ErrorIs(t, bad.withDefaults().validate(), ErrInvalid, "%+v", bad)
 	}
 	// The real jitter adds at most a quarter, never subtracts.
 	c := newCircuit(CircuitOptions{})

@@ -177,9 +177,6 @@ type PublisherOptions struct {
 	// none. See [PublisherObserver].
 	Observer PublisherObserver
 
-	// idleDefault records that IdleBackoffMax was left to its default.
-	idleDefault bool
-
 	// Ordered delivers the events of each namespace and partition key one at a time, in
 	// enqueue order ((created_at, id) at insert), across every publisher of the table and
 	// through retries: a row is claimed only when every earlier row of its key was
@@ -204,8 +201,32 @@ type PublisherOptions struct {
 	OrderedSkipDead bool
 }
 
-// validate applies the defaults and checks the settings.
-func (o *PublisherOptions) validate() error {
+// withDefaults returns a copy of o with every zero field set to its default, except
+// IdleBackoffMax, whose default depends on whether wake-ups come from other processes while
+// the publisher runs (see idleCap); the copy owns its Topics.
+func (o PublisherOptions) withDefaults() PublisherOptions {
+	o.Topics = append([]string(nil), o.Topics...) // the caller may reuse its slice
+	o.BatchSize = cmp.Or(o.BatchSize, DefaultBatchSize)
+	o.Lease = cmp.Or(o.Lease, DefaultLease)
+	o.PollInterval = cmp.Or(o.PollInterval, min(DefaultPollInterval, o.Lease/3))
+	o.Retry = o.Retry.withDefaults()
+	if o.WorkerID == "" {
+		o.WorkerID = uuid.NewString()
+	}
+	o.Concurrency = cmp.Or(o.Concurrency, 1)
+	o.PublishTimeout = cmp.Or(o.PublishTimeout, DefaultPublishTimeout)
+	o.ShutdownTimeout = cmp.Or(o.ShutdownTimeout, DefaultShutdownTimeout)
+	o.SweepInterval = cmp.Or(o.SweepInterval, DefaultSweepInterval)
+	o.Retention = o.Retention.withDefaults()
+	o.Circuit = o.Circuit.withDefaults()
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o
+}
+
+// validate checks options whose defaults are applied (withDefaults).
+func (o PublisherOptions) validate() error {
 	if err := checkText("Namespace", o.Namespace, 1, MaxNamespaceBytes); err != nil {
 		return err
 	}
@@ -213,61 +234,30 @@ func (o *PublisherOptions) validate() error {
 		return err
 	}
 	switch {
-	case o.BatchSize == 0:
-		o.BatchSize = DefaultBatchSize
 	case o.BatchSize < 1 || o.BatchSize > MaxBatch:
 		return invalid("BatchSize", "must be between 1 and %d, got %d", MaxBatch, o.BatchSize)
-	}
-	switch {
-	case o.Lease == 0:
-		o.Lease = DefaultLease
 	case o.Lease < MinLease:
 		return invalid("Lease", "must be at least %s, got %s", MinLease, o.Lease)
-	}
-	switch {
-	case o.PollInterval == 0:
-		o.PollInterval = min(DefaultPollInterval, o.Lease/3)
 	case o.PollInterval < 0:
 		return invalid("PollInterval", "must be positive, got %s", o.PollInterval)
 	case o.PollInterval > o.Lease/3:
 		return invalid("PollInterval", "must be at most Lease/3 (%s), got %s", o.Lease/3, o.PollInterval)
-	}
-	switch {
-	case o.IdleBackoffMax == 0:
-		o.IdleBackoffMax, o.idleDefault = o.PollInterval, true
-	case o.IdleBackoffMax < o.PollInterval:
+	case o.IdleBackoffMax != 0 && o.IdleBackoffMax < o.PollInterval:
 		return invalid("IdleBackoffMax", "must be at least PollInterval (%s), got %s", o.PollInterval, o.IdleBackoffMax)
 	}
 	if err := o.Retry.validate(); err != nil {
 		return err
 	}
-	if o.WorkerID == "" {
-		o.WorkerID = uuid.NewString()
-	}
 	if err := checkText("WorkerID", o.WorkerID, 1, MaxWorkerIDBytes); err != nil {
 		return err
 	}
 	switch {
-	case o.Concurrency == 0:
-		o.Concurrency = 1
 	case o.Concurrency < 1:
 		return invalid("Concurrency", "must be at least 1, got %d", o.Concurrency)
-	}
-	switch {
-	case o.PublishTimeout == 0:
-		o.PublishTimeout = DefaultPublishTimeout
 	case o.PublishTimeout < 0:
 		return invalid("PublishTimeout", "must not be negative, got %s", o.PublishTimeout)
-	}
-	switch {
-	case o.ShutdownTimeout == 0:
-		o.ShutdownTimeout = DefaultShutdownTimeout
 	case o.ShutdownTimeout < 0:
 		return invalid("ShutdownTimeout", "must not be negative, got %s", o.ShutdownTimeout)
-	}
-	switch {
-	case o.SweepInterval == 0:
-		o.SweepInterval = DefaultSweepInterval
 	case o.SweepInterval < 0:
 		return invalid("SweepInterval", "must not be negative, got %s", o.SweepInterval)
 	}
@@ -280,10 +270,13 @@ func (o *PublisherOptions) validate() error {
 	if o.OrderedSkipDead && !o.Ordered {
 		return invalid("OrderedSkipDead", "applies to ordered publishers only; set Ordered too")
 	}
-	if o.Logger == nil {
-		o.Logger = slog.Default()
-	}
 	return nil
+}
+
+// backoffMax caps the pause after database errors: IdleBackoffMax, or PollInterval when
+// it is left to its default.
+func (o PublisherOptions) backoffMax() time.Duration {
+	return cmp.Or(o.IdleBackoffMax, o.PollInterval)
 }
 
 // DeadLetter describes a message that a [Publisher] moved to dead, as passed to
@@ -370,7 +363,7 @@ func NewPublisher(store *Store, tr Transport, opts PublisherOptions) (*Publisher
 	if tr == nil {
 		return nil, invalid("transport", "is nil")
 	}
-	opts.Topics = append([]string(nil), opts.Topics...) // the caller may reuse its slice
+	opts = opts.withDefaults()
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
@@ -547,7 +540,7 @@ func (p *Publisher) awaitReady(ctx context.Context) error {
 		if !sleep(ctx, delay) {
 			return nil
 		}
-		delay = min(delay*2, p.opts.IdleBackoffMax)
+		delay = min(delay*2, p.opts.backoffMax())
 	}
 }
 
@@ -576,12 +569,15 @@ func (r *run) wakeAll() {
 	}
 }
 
-// idleCap is the longest idle pause: see PublisherOptions.IdleBackoffMax.
+// idleCap is the longest idle pause: IdleBackoffMax, or, left to its default, one that
+// depends on whether a listener brings wake-ups from other processes (see
+// PublisherOptions.IdleBackoffMax).
 func (r *run) idleCap() time.Duration {
-	if r.p.opts.idleDefault && r.listening.Load() {
-		return max(DefaultIdleBackoffMax, r.p.opts.PollInterval)
+	o := r.p.opts
+	if o.IdleBackoffMax == 0 && r.listening.Load() {
+		return max(DefaultIdleBackoffMax, o.PollInterval)
 	}
-	return r.p.opts.IdleBackoffMax
+	return o.backoffMax()
 }
 
 // listenLoop keeps a dialect.Notifier listener connected while Run runs, waking the claim loops on
@@ -821,7 +817,7 @@ func (r *run) claimFailed(err error, delay *time.Duration) {
 	r.p.errs.Add(1)
 	r.p.log.Error(msgClaimFailed, "err", err, "retry_in", *delay)
 	sleep(r.ctx, *delay)
-	*delay = min(*delay*2, r.p.opts.IdleBackoffMax)
+	*delay = min(*delay*2, r.p.opts.backoffMax())
 }
 
 // next records the outcomes of *prev, if any, and claims the next batch: in one

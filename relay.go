@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -69,37 +70,37 @@ type RelayOptions struct {
 	DownBackoffMax time.Duration
 }
 
-func (o *RelayOptions) validate() error {
-	pub := o.Publisher // a copy: each store's publisher applies the defaults itself
-	pub.Topics = append([]string(nil), pub.Topics...)
-	if err := pub.validate(); err != nil {
-		return err
-	}
-	switch {
-	case o.MaxInFlight == 0:
-		o.MaxInFlight = DefaultRelayMaxInFlight
-	case o.MaxInFlight < 0:
-		return invalid("MaxInFlight", "must be at least 1, got %d", o.MaxInFlight)
-	}
-	switch {
-	case o.IdleProbesPerSecond == 0:
-		o.IdleProbesPerSecond = DefaultRelayIdleProbesPerSecond
-	case o.IdleProbesPerSecond < 0, math.IsNaN(o.IdleProbesPerSecond), math.IsInf(o.IdleProbesPerSecond, 0):
-		return invalid("IdleProbesPerSecond", "must be a positive number, got %v", o.IdleProbesPerSecond)
-	case o.IdleProbesPerSecond < 0.001 || o.IdleProbesPerSecond > 1e6:
-		return invalid("IdleProbesPerSecond", "must be between 0.001 and 1e6, got %v", o.IdleProbesPerSecond)
-	}
-	switch {
-	case o.DownBackoffMax == 0:
-		o.DownBackoffMax = DefaultRelayDownBackoffMax
-	case o.DownBackoffMax < 0:
-		return invalid("DownBackoffMax", "must not be negative, got %s", o.DownBackoffMax)
-	}
+// withDefaults returns a copy of o with its zero fields set to their defaults, and the
+// relay's own WorkerID and Logger in Publisher. The other Publisher fields keep their zero
+// values: each store's publisher applies their defaults itself ([Relay.Add]).
+func (o RelayOptions) withDefaults() RelayOptions {
+	o.Publisher.Topics = append([]string(nil), o.Publisher.Topics...) // the caller may reuse its slice
+	o.MaxInFlight = cmp.Or(o.MaxInFlight, DefaultRelayMaxInFlight)
+	o.IdleProbesPerSecond = cmp.Or(o.IdleProbesPerSecond, DefaultRelayIdleProbesPerSecond)
+	o.DownBackoffMax = cmp.Or(o.DownBackoffMax, DefaultRelayDownBackoffMax)
 	if o.Publisher.WorkerID == "" {
 		o.Publisher.WorkerID = uuid.NewString()
 	}
 	if o.Publisher.Logger == nil {
 		o.Publisher.Logger = slog.Default()
+	}
+	return o
+}
+
+// validate checks options whose defaults are applied (withDefaults).
+func (o RelayOptions) validate() error {
+	if err := o.Publisher.withDefaults().validate(); err != nil {
+		return err
+	}
+	switch {
+	case o.MaxInFlight < 0:
+		return invalid("MaxInFlight", "must be at least 1, got %d", o.MaxInFlight)
+	case o.IdleProbesPerSecond < 0, math.IsNaN(o.IdleProbesPerSecond), math.IsInf(o.IdleProbesPerSecond, 0):
+		return invalid("IdleProbesPerSecond", "must be a positive number, got %v", o.IdleProbesPerSecond)
+	case o.IdleProbesPerSecond < 0.001 || o.IdleProbesPerSecond > 1e6:
+		return invalid("IdleProbesPerSecond", "must be between 0.001 and 1e6, got %v", o.IdleProbesPerSecond)
+	case o.DownBackoffMax < 0:
+		return invalid("DownBackoffMax", "must not be negative, got %s", o.DownBackoffMax)
 	}
 	return nil
 }
@@ -192,7 +193,7 @@ func NewRelay(tr Transport, opts RelayOptions) (*Relay, error) {
 	if tr == nil {
 		return nil, invalid("transport", "is nil")
 	}
-	opts.Publisher.Topics = append([]string(nil), opts.Publisher.Topics...)
+	opts = opts.withDefaults()
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
@@ -206,10 +207,7 @@ func NewRelay(tr Transport, opts RelayOptions) (*Relay, error) {
 	// One circuit breaker for the relay: its stores share one transport, so an outage of
 	// the destination is one outage, probed by one store at a time, not by every store.
 	if co := opts.Publisher.Circuit; !co.Disabled {
-		if err := co.validate(); err != nil {
-			return nil, err
-		}
-		r.circ = newCircuit(co)
+		r.circ = newCircuit(co.withDefaults()) // validate checked it
 	}
 	return r, nil
 }
