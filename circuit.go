@@ -118,8 +118,8 @@ func newCircuit(o CircuitOptions) *circuit {
 	}
 }
 
-// gate is what a claim loop may do now.
-type gate struct {
+// permit is what a claim loop may do now.
+type permit struct {
 	// claim: claim as usual (closed), or, with probe, claim one message as the probe.
 	claim, probe bool
 	// wait, when claim is false: wait until changed is closed or wait passes, then ask
@@ -130,28 +130,28 @@ type gate struct {
 
 // allow tells a claim loop whether to claim. When the circuit is open and the next probe is
 // due, the one loop that asks first gets the probe, and the circuit turns half-open.
-func (c *circuit) allow() gate {
+func (c *circuit) allow() permit {
 	if c == nil {
-		return gate{claim: true}
+		return permit{claim: true}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch c.state {
 	case circuitClosed:
-		return gate{claim: true}
+		return permit{claim: true}
 	case circuitOpen:
 		if d := c.nextProbe.Sub(c.now()); d > 0 {
-			return gate{wait: d, changed: c.changed}
+			return permit{wait: d, changed: c.changed}
 		}
 		c.set(circuitHalfOpen)
 		c.probeAt = c.now()
-		return gate{claim: true, probe: true}
+		return permit{claim: true, probe: true}
 	default: // half-open: the probe decides, unless it was lost
 		if d := c.probeAt.Add(probeLost).Sub(c.now()); d > 0 {
-			return gate{wait: min(d, c.opts.ProbeMax), changed: c.changed}
+			return permit{wait: min(d, c.opts.ProbeMax), changed: c.changed}
 		}
 		c.probeAt = c.now()
-		return gate{claim: true, probe: true}
+		return permit{claim: true, probe: true}
 	}
 }
 
@@ -173,13 +173,13 @@ type transition struct {
 	probeIn        time.Duration // when opened: the first probe's pause
 }
 
-// record takes the result of one published batch: allUnavailable when every message it
+// afterBatch takes the result of one published batch: allUnavailable when every message it
 // published failed [Unavailable]; began is when its publish began, and probe says it was
 // the probe. A batch that reached the destination closes the circuit, the probe or any
 // other that began after the circuit opened; one that began before says nothing about the
 // destination since (another loop's batch, in flight when the outage began, may have got
 // through just before it), so it leaves an open circuit to its probe.
-func (c *circuit) record(allUnavailable, probe bool, began time.Time) transition {
+func (c *circuit) afterBatch(allUnavailable, probe bool, began time.Time) transition {
 	if c == nil {
 		return transition{}
 	}

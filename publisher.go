@@ -51,7 +51,7 @@ var (
 
 // Internal timings that are not worth an option.
 const (
-	// settleAttempts is how often the publisher tries to record a batch's outcomes before
+	// settleAttempts is how often the publisher tries to settle a batch's outcomes before
 	// leaving the rows to their lease (they are then redelivered: at least once).
 	settleAttempts = 4
 	// settleRetryDelay is the first pause between those tries; it doubles.
@@ -185,7 +185,7 @@ type PublisherOptions struct {
 	// the key back too, until an operator replays or discards it ([Store.BlockedKeys] lists
 	// such keys); set OrderedSkipDead to pass over dead rows instead. Every publisher that
 	// serves the same rows must set it alike: an unordered publisher ignores the order.
-	// An ordered publisher records a full batch's outcomes with its next claim, which it makes
+	// An ordered publisher settles a full batch's outcomes with its next claim, which it makes
 	// only once the batch is published, not during its publish (see [Publisher.Run]).
 	// It needs a dialect that implements [dialect.OrderedClaimer]; [NewPublisher] refuses another
 	// dialect with an error matching [errors.ErrUnsupported]. It also needs the table's
@@ -327,7 +327,7 @@ type PublisherStats struct {
 
 // Publisher is the background worker that delivers committed outbox rows through a
 // [Transport]: it claims batches from a [Store], checks each payload against its hash,
-// publishes, and records every outcome of a batch at once: delivered, rescheduled under its
+// publishes, and settles every outcome of a batch at once: delivered, rescheduled under its
 // [RetryPolicy], or dead. Leases of in-flight batches are renewed, rows
 // that exhausted their attempts are swept to dead, and database errors are logged and
 // retried with backoff. Delivery is at least once.
@@ -346,9 +346,9 @@ type Publisher struct {
 	claimed, delivered, retried, dead, leaseLost, errs atomic.Int64
 	unavailable, circuitOpens                          atomic.Int64
 
-	// gate, when set, schedules this publisher's claims among the stores of a [Relay]
-	// (relay.go); nil for a publisher of its own.
-	gate claimGate
+	// slots, when set, schedule this publisher's claims among the stores of a [Relay]
+	// (relay_slots.go); nil for a publisher of its own.
+	slots *storeSlots
 	// circ, when set, is a [Relay]'s circuit breaker, shared by all its stores; a publisher
 	// of its own makes its own in Run.
 	circ *circuit
@@ -426,12 +426,12 @@ func (p *Publisher) Wake() {
 //
 // It starts [PublisherOptions.Concurrency] claim loops and a sweeper. A claim loop claims a
 // batch, dead-letters rows whose payload fails its hash check, publishes the rest while
-// renewing their leases every Lease/3, and records all outcomes in one statement. After a
-// full batch it records them together with the next claim, in one transaction
+// renewing their leases every Lease/3, and settles all outcomes in one statement. After a
+// full batch it settles them together with the next claim, in one transaction
 // ([Store.CompleteAndClaim], where the dialect is a [dialect.SettleClaimer]: every built-in one), so
 // that a backlog drains at one commit per batch, and claims that batch while the full one
 // is in the transport when the transport takes long enough for the overlap to pay (not
-// ordered publishers); after a partial batch it records them
+// ordered publishers); after a partial batch it settles them
 // alone ([Store.Complete]) and waits PollInterval;
 // while claims come back empty it waits longer each time, up to IdleBackoffMax. Database
 // errors are logged, counted and retried after a backoff; they never stop Run.
@@ -626,223 +626,13 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-func (r *run) claimLoop(w waker) {
-	p := r.p
-	o := ClaimOptions{Scope: p.opts.Scope, Limit: p.opts.BatchSize, Lease: p.opts.Lease, MaxAttempts: p.opts.Retry.MaxAttempts, WorkerID: p.opts.WorkerID,
-		Ordered: p.opts.Ordered, OrderedSkipDead: p.opts.OrderedSkipDead}
-	_, fold := p.store.dialect.(dialect.SettleClaimer)
-	// Ordered publishers do not claim ahead: a batch claimed while the one before is in the
-	// transport holds its keys too, so a publisher would hold the heads of twice as many
-	// keys, which the other publishers' claims then walk past (eight of them on one SQLite
-	// file, claiming ahead, delivered too slowly under the race detector). They still
-	// record a full batch's outcomes with their next claim.
-	claimAhead := !p.opts.Ordered
-	// A claim ahead pays while the transport takes a while: the database claims the next
-	// batch while the broker takes this one. With a transport that answers at once there is
-	// nothing to overlap, and the claim ahead only costs: it passes over the batch in flight
-	// (still processing, first in the claim's order) and holds twice the rows. So a loop
-	// claims ahead while its last publish took at least a sixteenth of its last claim
-	// (aheadWorth), and otherwise records the batch's outcomes with the claim that follows
-	// the publish, which is still one transaction per batch.
-	var lastPublish, lastClaim time.Duration // the first batch is published before a claim ahead
-	idle := p.opts.PollInterval
-	errDelay := p.opts.PollInterval
-	chase := len(chaseDelays) // position in chaseDelays; at the end when not chasing
-	// pause waits up to d, less while chasing a wake-up; a wake-up ends it early and
-	// starts a chase.
-	pause := func(d time.Duration) {
-		if chase < len(chaseDelays) {
-			d = min(d, chaseDelays[chase])
-			chase++
-		}
-		if w.wait(r.ctx, d) {
-			chase, idle = 0, p.opts.PollInterval
-		}
-	}
-	// A claim loop pipelines: while a full batch is being published, it records the
-	// outcomes of the batch before (prev) and claims the next one, in one transaction where
-	// the dialect can (next). So the database's work overlaps the broker's, and a backlog
-	// drains at one commit per batch. An ordered loop records a full batch's outcomes with
-	// its next claim too, but makes that claim only once the batch is published.
-	var (
-		prev    *outcomes // published, not yet recorded
-		carry   *outcomes // published, to record with the outcomes of cur (the loop stopped claiming ahead)
-		cur     []Record  // claimed, to publish
-		curLost map[uuid.UUID]bool
-		probing bool // cur is the circuit breaker's probe
-	)
-	// In a Relay, each claimed batch holds a slot of the relay's budget until it is
-	// recorded (nil methods do nothing without a relay; see relay_gate.go).
-	lg := newLoopGate(p.gate)
-	defer lg.releaseAll()
-	defer func() {
-		if prev != nil { // stopped with a batch published: record it alone
-			r.settle(prev, false)
-		}
-	}()
-	for {
-		if cur == nil {
-			if r.ctx.Err() != nil {
-				return
-			}
-			// Circuit breaker: while the destination is down, claim nothing but the probe.
-			g := r.circ.allow()
-			if !g.claim {
-				if prev != nil {
-					r.settle(prev, false)
-					prev = nil
-					lg.release()
-				}
-				r.circuitWait(g)
-				continue
-			}
-			co := o
-			if g.probe {
-				co.Limit = probeSize
-			}
-			// The claim runs on the work context so that a shutdown cannot cut it off after
-			// the database leased rows but before this loop learned which; the rows it
-			// returns are published like any in-flight batch.
-			if lg != nil {
-				if prev != nil && lg.contended() {
-					r.settle(prev, false) // other stores wait: record it alone and queue
-					prev = nil
-					lg.release()
-				}
-				if prev == nil { // else prev's slot passes to this claim
-					woken, ok := lg.acquire(r.ctx, w, chase < len(chaseDelays))
-					if !ok {
-						return
-					}
-					if woken {
-						chase, idle = 0, p.opts.PollInterval
-					}
-				}
-			}
-			began := time.Now()
-			recs, err := r.next(&prev, co, fold)
-			lastClaim = time.Since(began)
-			lg.claimed(len(recs), err)
-			if g.probe && (err != nil || len(recs) == 0) {
-				r.circ.probeVoid() // nothing was asked of the destination
-			}
-			if err != nil {
-				if r.work.Err() != nil {
-					return
-				}
-				r.claimFailed(err, &errDelay)
-				continue
-			}
-			errDelay = p.opts.PollInterval
-			if len(recs) == 0 && g.probe {
-				continue // the circuit waits for the next probe
-			}
-			if len(recs) == 0 {
-				d := idle
-				idle = min(idle*2, r.idleCap())
-				pause(d) // a wake-up resets idle
-				continue
-			}
-			idle = p.opts.PollInterval
-			p.claimed.Add(int64(len(recs)))
-			cur, curLost, probing = recs, map[uuid.UUID]bool{}, g.probe
-		}
-
-		full := len(cur) == p.opts.BatchSize
-		published := make(chan *outcomes, 1)
-		go func(recs []Record, lost map[uuid.UUID]bool) { published <- r.publishBatch(recs, lost) }(cur, curLost)
-		var (
-			ahead    []Record
-			aheadErr error
-		)
-		if full && claimAhead && aheadWorth(lastPublish, lastClaim) && r.ctx.Err() == nil && r.circ.closed() && lg.ahead(prev != nil) {
-			began := time.Now()
-			ahead, aheadErr = r.next(&prev, o, fold) // more is likely waiting
-			lastClaim = time.Since(began)
-			lg.claimed(len(ahead), aheadErr)
-		} else if prev != nil {
-			if fold && len(prev.items)+len(cur) <= MaxBatch {
-				carry = prev // recorded with this batch, after its publish: one transaction for both
-			} else {
-				r.settle(prev, false)
-			}
-			prev = nil
-			lg.release()
-		}
-		aheadLost := map[uuid.UUID]bool{}
-		out := r.awaitPublish(published, ahead, aheadLost, carry)
-		if out == nil {
-			prev, carry = carry, nil // the deferred settle records it
-			return                   // the shutdown deadline passed: this batch's rows keep their lease
-		}
-		lastPublish = out.took
-		r.circuitRecord(out, probing)
-		probing = false
-		if carry != nil {
-			out, carry = carry.join(out), nil
-		}
-		if len(ahead) > 0 {
-			p.claimed.Add(int64(len(ahead)))
-		}
-		prev = out
-		cur, curLost = ahead, aheadLost
-		if len(cur) == 0 {
-			cur = nil
-		}
-		switch {
-		case !full:
-			r.settle(prev, false)
-			prev = nil
-			lg.release()
-			pause(p.opts.PollInterval)
-		case aheadErr != nil && r.work.Err() == nil:
-			r.claimFailed(aheadErr, &errDelay) // prev is recorded with the next claim
-		case !fold && cur == nil:
-			r.settle(prev, false) // nothing to record it with
-			prev = nil
-			lg.release()
-		}
-	}
-}
-
 // Log messages that a Relay keeps quiet while it reports the store down (relay.go).
 const (
 	msgClaimFailed  = "outbox publisher: claim failed"
 	msgListenerLost = "outbox publisher: wake-up listener lost its connection; polling until it reconnects"
 )
 
-// claimFailed counts and logs a failed claim, waits *delay, and doubles it up to
-// IdleBackoffMax.
-func (r *run) claimFailed(err error, delay *time.Duration) {
-	r.p.errs.Add(1)
-	r.p.log.Error(msgClaimFailed, "err", err, "retry_in", *delay)
-	sleep(r.ctx, *delay)
-	*delay = min(*delay*2, r.p.opts.backoffMax())
-}
-
-// next records the outcomes of *prev, if any, and claims the next batch: in one
-// transaction when fold (the dialect is a dialect.SettleClaimer), one after the other otherwise.
-func (r *run) next(prev **outcomes, o ClaimOptions, fold bool) ([]Record, error) {
-	defer r.watch("a claim")()
-	b := *prev
-	*prev = nil
-	if b != nil && !fold {
-		r.settle(b, false)
-		b = nil
-	}
-	octx := r.startClaim()
-	var recs []Record
-	var err error
-	if b == nil {
-		recs, err = r.p.store.Claim(r.work, o)
-	} else {
-		recs, err = r.settleAndClaim(b, o)
-	}
-	r.endClaim(octx, len(recs), err)
-	return recs, err
-}
-
-// slowCall is how long a claim or the recording of outcomes may take before the publisher
+// slowCall is how long a claim or the settling of outcomes may take before the publisher
 // warns that it waits, for a connection of the pool or for locks.
 const slowCall = 5 * time.Second
 
@@ -880,7 +670,7 @@ func (r *run) watch(what string) (done func()) {
 
 // awaitPublish waits for a batch's publish and returns its outcomes, renewing meanwhile the
 // leases of ahead, the batch claimed during it, marking those it lost in lost, and those of
-// carry, a batch published before whose outcomes wait to be recorded with this one's.
+// carry, a batch published before whose outcomes wait to be settled with this one's.
 func (r *run) awaitPublish(published <-chan *outcomes, ahead []Record, lost map[uuid.UUID]bool, carry *outcomes) *outcomes {
 	if len(ahead) == 0 && carry == nil {
 		return <-published
@@ -915,7 +705,7 @@ func (r *run) awaitPublish(published <-chan *outcomes, ahead []Record, lost map[
 	}
 }
 
-// outcomes are the fates of one published batch, waiting to be recorded.
+// outcomes are the fates of one published batch, waiting to be settled.
 type outcomes struct {
 	items []settlement
 	// lost marks the rows whose lease was lost while the batch was published.
@@ -928,29 +718,12 @@ type outcomes struct {
 	began                  time.Time     // when the publish began
 	took                   time.Duration // how long the transport took
 	// partly is set when some messages of a batch, not all, failed [Unavailable] (for two
-	// batches recorded together, of either one; their sums no longer tell).
+	// batches settled together, of either one; their sums no longer tell).
 	partly bool
-}
-
-// settleAndClaim records prev's outcomes and claims the next batch in one transaction
-// (Store.CompleteAndClaim). When that fails, it records them alone, as settle does, and
-// returns the error for the claim loop to back off.
-func (r *run) settleAndClaim(prev *outcomes, o ClaimOptions) ([]Record, error) {
-	outs := prev.pending()
-	if len(outs) == 0 {
-		return r.p.store.Claim(r.work, o)
-	}
-	recs, lost, err := r.p.store.CompleteAndClaim(r.work, outs, o)
-	if err != nil {
-		if r.work.Err() == nil {
-			// The transaction may have committed with its reply lost: settle knows.
-			r.settle(prev, true)
-		}
-		return nil, err
-	}
-	r.lostLeases(lost, prev.lost, "settling")
-	r.report(prev)
-	return recs, nil
+	// sent is set once a settle of these outcomes failed in a way that may still have
+	// applied it (the transaction committed, its reply was lost): a lost lease is then
+	// checked against what this publisher sent (settledEarlier).
+	sent bool
 }
 
 // settlement is the fate of one claimed row.
@@ -1024,23 +797,7 @@ func (r *run) publishBatch(recs []Record, lost map[uuid.UUID]bool) *outcomes {
 	return b
 }
 
-// aheadWorth reports whether a claim loop should claim its next batch while this one is
-// published: when the last publish took at least a sixteenth of the last claim, so that the
-// overlap saves more than the claim ahead costs (see claimLoop), and at least
-// aheadMinPublish. A loop learns it from its first batch, which it publishes without
-// claiming ahead: turning the claim ahead on costs nothing, but turning it off records the
-// batch claimed before alone.
-func aheadWorth(lastPublish, lastClaim time.Duration) bool {
-	return lastPublish >= aheadMinPublish && 16*lastPublish >= lastClaim
-}
-
-// aheadMinPublish is the shortest publish worth a claim ahead: a transport that answers
-// sooner made no network round trip (it hands messages to memory, a channel, a buffer),
-// and an in-process SQLite claim is quick enough that such a publish would otherwise pass
-// for a sixteenth of it, now and then, turning the claim ahead on and off.
-const aheadMinPublish = 200 * time.Microsecond
-
-// join returns the outcomes of b and then c, to record together.
+// join returns the outcomes of b and then c, to settle together.
 func (b *outcomes) join(c *outcomes) *outcomes {
 	lost := make(map[uuid.UUID]bool, len(b.lost)+len(c.lost))
 	maps.Copy(lost, b.lost)
@@ -1052,7 +809,7 @@ func (b *outcomes) join(c *outcomes) *outcomes {
 	return j
 }
 
-// pending returns the outcomes still to record: those of rows whose lease was not lost.
+// pending returns the outcomes still to settle: those of rows whose lease was not lost.
 func (b *outcomes) pending() []Outcome {
 	outs := make([]Outcome, 0, len(b.items))
 	for _, it := range b.items {
@@ -1219,10 +976,10 @@ func (r *run) lostLeases(ids []uuid.UUID, lost map[uuid.UUID]bool, while string)
 		idsAttr(fresh), "count", len(fresh))
 }
 
-// settle records the outcomes of a batch in one Complete call, retrying database errors a
-// few times, and reports them. Rows whose lease was lost are left to their new owner.
-// maybeApplied says an earlier call may have recorded them already (its reply was lost).
-func (r *run) settle(b *outcomes, maybeApplied bool) {
+// settle settles the outcomes of a batch in one Store.Complete call, retrying database
+// errors a few times, and reports them. Rows whose lease was lost are left to their new
+// owner.
+func (r *run) settle(b *outcomes) {
 	p := r.p
 	outs := b.pending()
 	if len(outs) == 0 {
@@ -1230,21 +987,21 @@ func (r *run) settle(b *outcomes, maybeApplied bool) {
 	}
 	var err error
 	delay := settleRetryDelay
-	attempt := 1
-	for ; ; attempt++ {
-		done := r.watch("recording outcomes")
+	for attempt := 1; ; attempt++ {
+		done := r.watch("settling outcomes")
 		err = p.store.Complete(r.work, outs...)
 		done()
 		if err == nil || errors.Is(err, ErrLeaseLost) || r.work.Err() != nil {
 			break
 		}
 		p.errs.Add(1)
+		b.sent = true
 		if attempt == settleAttempts {
-			p.log.Error("outbox publisher: could not record outcomes; the rows keep their lease and will be redelivered after it expires",
+			p.log.Error("outbox publisher: could not settle outcomes; the rows keep their lease and will be redelivered after it expires",
 				"err", err, idsAttr(dialect.Leases(outs)), "count", len(outs))
 			return
 		}
-		p.log.Warn("outbox publisher: recording outcomes failed; retrying", "err", err, "retry_in", delay, "count", len(outs))
+		p.log.Warn("outbox publisher: settling outcomes failed; retrying", "err", err, "retry_in", delay, "count", len(outs))
 		if !sleep(r.work, delay) {
 			break
 		}
@@ -1255,7 +1012,7 @@ func (r *run) settle(b *outcomes, maybeApplied bool) {
 	case err == nil:
 	case errors.As(err, &lle):
 		ids := lle.IDs
-		if attempt > 1 || maybeApplied {
+		if b.sent {
 			ids = r.settledEarlier(outs, ids)
 		}
 		r.lostLeases(ids, b.lost, "settling")
@@ -1400,7 +1157,7 @@ func (r *run) sweepLoop() {
 			return
 		case <-t.C:
 		}
-		if g := r.p.gate; g != nil && !g.background(r.ctx) {
+		if s := r.p.slots; s != nil && !s.background(r.ctx) {
 			return // a relay spaces the sweeps of its stores out with its idle probes
 		}
 		if sinceFull >= fullSweepEvery {

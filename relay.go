@@ -46,10 +46,10 @@ type RelayOptions struct {
 
 	// MaxInFlight is the relay's budget: how many claims and batches may be under way at
 	// once, over all stores. A slot is taken before a claim and returned when the claim
-	// finds nothing or when the batch it claimed is recorded, so it bounds the connections
+	// finds nothing or when the batch it claimed is settled, so it bounds the connections
 	// the relay's claims hold at once and the messages in the transport (MaxInFlight ×
 	// BatchSize). Slots go to the stores' claim loops in the order they asked (first in,
-	// first out), and a store whose batch is recorded while others wait queues behind them,
+	// first out), and a store whose batch is settled while others wait queues behind them,
 	// so a store with a large backlog delays a claim of another store by about one batch.
 	// Default [DefaultRelayMaxInFlight].
 	MaxInFlight int
@@ -132,7 +132,7 @@ type RelayStoreStats struct {
 	Since     time.Time
 	LastError string
 	// InFlight is the relay slots the store holds: claims under way and batches claimed
-	// and not yet recorded.
+	// and not yet settled.
 	InFlight int
 }
 
@@ -252,7 +252,7 @@ func (r *Relay) Add(name string, store *Store, opts ...PublisherOptions) error {
 	if err != nil {
 		return err
 	}
-	p.gate = memberGate{m: m, s: r.sched}
+	p.slots = &storeSlots{m: m, s: r.sched}
 	p.circ = r.circ
 	m.pub = p
 
@@ -270,8 +270,8 @@ func (r *Relay) Add(name string, store *Store, opts ...PublisherOptions) error {
 
 // Remove stops serving the store added under name and forgets it; an unknown name returns
 // an error matching [ErrUnknownStore]. It waits, as [Publisher.Run] does at shutdown, up to
-// the store's ShutdownTimeout for its batches in flight to be published and recorded; rows
-// still unrecorded then keep their lease and are claimed again once it expires, by the
+// the store's ShutdownTimeout for its batches in flight to be published and settled; rows
+// still unsettled then keep their lease and are claimed again once it expires, by the
 // relay if the store is added again or by any publisher of the table. Nothing is lost.
 // Rows that were never claimed stay pending.
 func (r *Relay) Remove(name string) error {
