@@ -21,7 +21,7 @@ import (
 // Defaults of [PublisherOptions].
 const (
 	DefaultBatchSize       = 100
-	DefaultPollInterval    = 200 * time.Millisecond // it bounds latency after a partial batch
+	DefaultPollInterval    = 200 * time.Millisecond // it bounds latency when idle
 	DefaultIdleBackoffMax  = time.Second            // idle pause while a listener brings wake-ups
 	DefaultLease           = 30 * time.Second
 	DefaultShutdownTimeout = 10 * time.Second
@@ -78,6 +78,12 @@ type PublisherOptions struct {
 	// PollInterval is the pause after a claim that found less than a full batch, and the
 	// first pause when idle. It must not exceed Lease/3. Default [DefaultPollInterval], or
 	// Lease/3 when that is shorter.
+	//
+	// While nothing wakes the publisher for rows that other processes commit (MySQL and
+	// SQLite, or PostgreSQL while its listener is away), a partial batch is followed by a
+	// pause of 10ms instead (or PollInterval, when shorter), doubling while claims come back
+	// empty: rows that keep coming from another process are claimed within about 10ms, at
+	// one claim per batch found, and an idle publisher still polls every PollInterval.
 	PollInterval time.Duration
 
 	// IdleBackoffMax caps the idle pause: while claims come back empty the pause doubles

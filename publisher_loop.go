@@ -147,7 +147,7 @@ func (l *loop) publish(b batch) (ahead batch, ok bool) {
 	switch {
 	case !full:
 		l.settler.settle()
-		l.pace.pause(p.opts.PollInterval)
+		l.pace.partial()
 	case aheadErr != nil && r.work.Err() == nil:
 		l.pace.failed(aheadErr) // the outcomes are settled with the next claim
 	case !l.settler.withClaim && ahead.recs == nil:
@@ -206,6 +206,30 @@ func (c *pacer) pause(d time.Duration) {
 	if c.w.wait(c.r.ctx, d) {
 		c.woken()
 	}
+}
+
+// followPoll is the pause after a partial batch while nothing wakes the loop for rows that
+// other processes commit: see partial.
+const followPoll = 10 * time.Millisecond
+
+// partial pauses after a partial batch. While a listener brings wake-ups from other
+// processes, that is PollInterval, a safety net. Otherwise polling is how their rows are
+// found, and a batch that found rows says more are on their way: the loop polls again after
+// followPoll (or PollInterval, when shorter), and while claims then come back empty after
+// pauses that double from there up to the idle cap. So a steady stream from another process
+// is claimed within about followPoll, as by a loop that polls that often, at one claim per
+// batch that brings rows; an idle loop polls as before. Under a producer at half the drain
+// rate on MariaDB and SQLite, the pause of PollInterval after every partial batch was the
+// whole of a p50 of 100-250 ms, where a 10 ms polling loop held 8-13 ms.
+func (c *pacer) partial() {
+	o := c.r.p.opts
+	if c.r.listening.Load() {
+		c.pause(o.PollInterval)
+		return
+	}
+	d := min(o.PollInterval, followPoll)
+	c.idleDelay = min(2*d, c.r.idleCap())
+	c.pause(d)
 }
 
 // woken starts a chase, and the idle pause over.
