@@ -511,6 +511,7 @@ type Failure struct {
 // marked [Unavailable] goes back to pending with the claim's attempt given back, whatever
 // the attempt count (see [RetryPolicy.Outcome]). Lost leases are reported as by [Store.Ack].
 func (s *Store) Nack(ctx context.Context, policy RetryPolicy, failures ...Failure) error {
+	policy = policy.withDefaults()
 	if err := policy.validate(); err != nil {
 		return err
 	}
