@@ -168,7 +168,14 @@ type Result struct {
 }
 
 // Tx is what Enqueue writes on: the caller's open transaction. [*sql.Tx] satisfies it, and
-// so do wrappers that embed one (sqlx.Tx, for example). Enqueue never calls Commit or
+// so does a wrapper that embeds one and passes queries and arguments on unchanged (sqlx.Tx
+// does: its ExecContext is the embedded *sql.Tx's). A wrapper that formats queries itself
+// does not work, though it satisfies Tx: bun.Tx replaces placeholders with literals and
+// sends the dialect's $1 without its argument. Enqueue refuses a bun.Tx before any SQL
+// runs, and names the fix for other wrappers when PostgreSQL reports a missing parameter:
+// pass the *sql.Tx the wrapper embeds (tx.Tx for bun.Tx), the same transaction. With GORM,
+// pass the *sql.Tx under its transaction (tx.Statement.ConnPool); with pgx's own
+// transactions, use package github.com/outboxgo/outbox/pgxv5. Enqueue never calls Commit or
 // Rollback; they are part of Tx so that a [*sql.DB], which has neither, cannot be passed by
 // accident: an event enqueued on the pool beside a business transaction would commit even
 // when the business change rolls back. To enqueue without a business transaction, use
@@ -190,6 +197,9 @@ func (s *Store) Enqueue(ctx context.Context, tx Tx, m Message) (Result, error) {
 	if isNil(tx) {
 		return Result{}, invalid("Tx", "is nil")
 	}
+	if err := checkTx(tx); err != nil {
+		return Result{}, err
+	}
 	rs, err := s.enqueue(ctx, writeTarget{q: tx}, []Message{m}, -1)
 	if err != nil {
 		return Result{}, err
@@ -203,6 +213,9 @@ func (s *Store) Enqueue(ctx context.Context, tx Tx, m Message) (Result, error) {
 func (s *Store) EnqueueBatch(ctx context.Context, tx Tx, msgs []Message) ([]Result, error) {
 	if isNil(tx) {
 		return nil, invalid("Tx", "is nil")
+	}
+	if err := checkTx(tx); err != nil {
+		return nil, err
 	}
 	if len(msgs) == 0 {
 		return nil, nil
@@ -330,6 +343,9 @@ func (s *Store) enqueue(ctx context.Context, w writeTarget, msgs []Message, firs
 	inserted, err := w.insert(ctx, s, rows)
 	if err != nil {
 		if e := brokenBigWrite(s.dialect, err, rows); e != nil {
+			return nil, e
+		}
+		if e := placeholderError(w.q, err); w.q != nil && e != nil {
 			return nil, e
 		}
 		return nil, s.sqlError("enqueue", err)
