@@ -318,8 +318,8 @@ type claims struct{ empty atomic.Int64 }
 
 func (c *claims) StartPublish(ctx context.Context, _ []outbox.Delivery) context.Context { return ctx }
 func (c *claims) EndPublish(context.Context, []outbox.Delivery, []outbox.AttemptResult) {}
-func (c *claims) Settled(context.Context, []outbox.Settled)                              {}
-func (c *claims) StartClaim(ctx context.Context) context.Context                         { return ctx }
+func (c *claims) Settled(context.Context, []outbox.Settled)                             {}
+func (c *claims) StartClaim(ctx context.Context) context.Context                        { return ctx }
 func (c *claims) EndClaim(_ context.Context, n int, err error) {
 	if n == 0 && err == nil {
 		c.empty.Add(1)
