@@ -1,0 +1,126 @@
+// Package exampletest holds what the tests of the data-access examples (examples/sqlx,
+// examples/gorm, ...) share. Each example writes a business row and enqueues its event in
+// one transaction of its library; its test places one order that commits and one that rolls
+// back after its event was enqueued, and then asks this package to prove, with a real
+// [outbox.Publisher], that the table holds exactly the committed event and that it reaches
+// the transport exactly once.
+package exampletest
+
+import (
+	"context"
+	"database/sql"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/migrations"
+)
+
+// Namespace is the namespace the examples enqueue in.
+const Namespace = "shop"
+
+// Backends are the databases, by [testdb.Open]'s names, that an example runs on when its
+// library supports all three.
+var Backends = []string{"postgres", "mysql", "sqlite"}
+
+// Drivers maps each of [Backends] to the database/sql driver name that [testdb] registers
+// and the examples' -driver flag takes.
+var Drivers = map[string]string{"postgres": "pgx", "mysql": "mysql", "sqlite": "sqlite"}
+
+// dialects maps each of [Backends] to its outbox dialect.
+var dialects = map[string]func() outbox.Dialect{
+	"postgres": outbox.Postgres, "mysql": outbox.MySQL, "sqlite": outbox.SQLite,
+}
+
+// Outbox is a Store on a test's database that counts the messages enqueued on it.
+type Outbox struct {
+	*outbox.Store
+	enqueued atomic.Int64
+}
+
+// New migrates the outbox table on db, a database of backend (from testdb.Open), and
+// returns a Store on it.
+func New(t testing.TB, db *sql.DB, backend string) *Outbox {
+	t.Helper()
+	ctx := context.Background()
+	require.NoError(t, migrations.Up(ctx, db, backend, migrations.Options{}))
+	o := &Outbox{}
+	store, err := outbox.New(db, dialects[backend](), outbox.Options{Hooks: outbox.StoreHooks{Enqueue: counter{&o.enqueued}}})
+	require.NoError(t, err)
+	o.Store = store
+	return o
+}
+
+// Enqueued is how many messages were enqueued without error, in transactions that committed
+// or not.
+func (o *Outbox) Enqueued() int64 { return o.enqueued.Load() }
+
+// counter is an enqueue hook that counts the messages enqueued without error.
+type counter struct{ n *atomic.Int64 }
+
+func (c counter) StartEnqueue(ctx context.Context, _ *outbox.Message) context.Context { return ctx }
+
+func (c counter) EndEnqueue(_ context.Context, _ outbox.Message, res outbox.Result, err error) {
+	if err == nil && !res.Duplicate {
+		c.n.Add(1)
+	}
+}
+
+// Deliver runs a Publisher on the store, with a transport that records what it receives,
+// until no row of [Namespace] is left to deliver, then stops it. It fails t unless every row
+// of the table went to the transport exactly once and was recorded as delivered, and
+// returns the deliveries in the order the transport received them.
+func (o *Outbox) Deliver(t testing.TB) []outbox.Delivery {
+	t.Helper()
+	ctx := context.Background()
+	var (
+		mu   sync.Mutex
+		seen []outbox.Delivery
+	)
+	pub, err := outbox.NewPublisher(o.Store, outbox.PerMessage(func(_ context.Context, d outbox.Delivery) error {
+		mu.Lock()
+		defer mu.Unlock()
+		seen = append(seen, d)
+		return nil
+	}), outbox.PublisherOptions{
+		Scope:        outbox.Scope{Namespace: Namespace},
+		PollInterval: 10 * time.Millisecond,
+		Logger:       slog.New(slog.DiscardHandler),
+	})
+	require.NoError(t, err)
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- pub.Run(runCtx) }()
+	stopped := false
+	t.Cleanup(func() { // on failure too: a publisher must not outlive its database
+		if !stopped {
+			stop()
+			<-done
+		}
+	})
+
+	var st outbox.Stats
+	require.Eventually(t, func() bool {
+		st, err = o.Stats(ctx, outbox.Scope{Namespace: Namespace})
+		return err == nil && st.Delivered > 0 && st.Pending+st.Scheduled+st.Processing+st.Dead == 0
+	}, 10*time.Second, 10*time.Millisecond, "rows left to deliver: %+v (%v)", st, err)
+	stop()
+	stopped = true
+	require.NoError(t, <-done)
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.EqualValues(t, st.Delivered, len(seen), "every row reaches the transport exactly once")
+	ids := map[string]bool{}
+	for _, d := range seen {
+		require.False(t, ids[d.ID.String()], "%s delivered twice", d.ID)
+		ids[d.ID.String()] = true
+		require.Equal(t, 1, d.Attempt)
+	}
+	return seen
+}
