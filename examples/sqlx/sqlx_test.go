@@ -22,17 +22,15 @@ func TestPlaceOrder(t *testing.T) {
 			ob := exampletest.New(t, raw, backend)
 			db := sqlx.NewDb(raw, exampletest.Drivers[backend])
 			require.NoError(t, setUpShop(ctx, db, "book", 3))
-
-			require.NoError(t, placeOrder(ctx, db, ob.Store, Order{ID: 1, SKU: "book", Quantity: 2}))
-			require.ErrorIs(t, placeOrder(ctx, db, ob.Store, Order{ID: 2, SKU: "book", Quantity: 2}), ErrOutOfStock)
-			require.EqualValues(t, 2, ob.Enqueued(), "both orders enqueued their event")
-
-			var ids []int64
-			require.NoError(t, db.SelectContext(ctx, &ids, `SELECT id FROM orders`))
-			require.Equal(t, []int64{1}, ids)
-			ds := ob.Deliver(t)
-			require.Len(t, ds, 1)
-			require.JSONEq(t, `{"id":1,"sku":"book","quantity":2}`, string(ds[0].Payload))
+			ob.Prove(t, exampletest.Shop{
+				Place: func(id int64, n int) error {
+					return placeOrder(ctx, db, ob.Store, Order{ID: id, SKU: "book", Quantity: n})
+				},
+				OutOfStock: ErrOutOfStock,
+				Orders: func() (ids []int64, err error) {
+					return ids, db.SelectContext(ctx, &ids, `SELECT id FROM orders`)
+				},
+			})
 		})
 	}
 }

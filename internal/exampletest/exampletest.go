@@ -71,6 +71,34 @@ func (c counter) EndEnqueue(_ context.Context, _ outbox.Message, res outbox.Resu
 	}
 }
 
+// Shop is an example's shop, written with its data-access library: three units of "book"
+// in stock, no order yet.
+type Shop struct {
+	// Place places order id for quantity units of "book" and enqueues its event in the same
+	// transaction, before it takes the stock: when the stock is short it must return
+	// OutOfStock, and both the order and the event must roll back.
+	Place      func(id int64, quantity int) error
+	OutOfStock error
+	// Orders returns the ids of the orders the database holds.
+	Orders func() ([]int64, error)
+}
+
+// Prove places an order that commits and one that rolls back after its event was enqueued,
+// and fails t unless the database holds the first order only, and a Publisher delivers its
+// event, {"id":1,"sku":"book","quantity":2}, exactly once and nothing else.
+func (o *Outbox) Prove(t testing.TB, shop Shop) {
+	t.Helper()
+	require.NoError(t, shop.Place(1, 2))
+	require.ErrorIs(t, shop.Place(2, 2), shop.OutOfStock)
+	require.EqualValues(t, 2, o.Enqueued(), "both orders enqueued their event")
+	ids, err := shop.Orders()
+	require.NoError(t, err)
+	require.Equal(t, []int64{1}, ids, "the second order rolled back")
+	ds := o.Deliver(t)
+	require.Len(t, ds, 1, "only the committed order's event is delivered")
+	require.JSONEq(t, `{"id":1,"sku":"book","quantity":2}`, string(ds[0].Payload))
+}
+
 // Deliver runs a Publisher on the store, with a transport that records what it receives,
 // until no row of [Namespace] is left to deliver, then stops it. It fails t unless every row
 // of the table went to the transport exactly once and was recorded as delivered, and
