@@ -18,9 +18,15 @@ import (
 // publishers. PostgreSQL delivers it when the transaction commits, drops it on rollback,
 // and folds identical notifications of one transaction into one, so a transaction that
 // enqueues many events sends one signal per namespace.
-func (*postgresDialect) Signal(ctx context.Context, q dialect.DBTX, t dialect.Table, namespace string) error {
-	_, err := q.ExecContext(ctx, `SELECT pg_notify($1, current_schema() || ':' || $2)`, t.Name(), namespace)
+func (d *postgresDialect) Signal(ctx context.Context, q dialect.DBTX, t dialect.Table, namespace string) error {
+	st, _ := d.RenderSignal(t, namespace)
+	_, err := q.ExecContext(ctx, st.Query, st.Args...)
 	return err
+}
+
+// RenderSignal implements [dialect.Renderer]: the statement Signal runs.
+func (*postgresDialect) RenderSignal(t dialect.Table, namespace string) (dialect.Statement, bool) {
+	return dialect.Statement{Query: `SELECT pg_notify($1, current_schema() || ':' || $2)`, Args: []any{t.Name(), namespace}}, true
 }
 
 // Listen implements [dialect.Notifier]: LISTEN on a connection of its own, taken from db and
