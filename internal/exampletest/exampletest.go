@@ -47,10 +47,18 @@ type Outbox struct {
 // returns a Store on it.
 func New(t testing.TB, db *sql.DB, backend string) *Outbox {
 	t.Helper()
-	ctx := context.Background()
-	require.NoError(t, migrations.Up(ctx, db, backend, migrations.Options{}))
+	return Open(t, db, backend, func(opts outbox.Options) (*outbox.Store, error) {
+		return outbox.New(db, dialects[backend](), opts)
+	})
+}
+
+// Open is [New] with the Store that open returns for the options it is given, on the
+// database of db (the pgx examples open it with pgxv5.New on a pool of their own).
+func Open(t testing.TB, db *sql.DB, backend string, open func(outbox.Options) (*outbox.Store, error)) *Outbox {
+	t.Helper()
+	require.NoError(t, migrations.Up(context.Background(), db, backend, migrations.Options{}))
 	o := &Outbox{}
-	store, err := outbox.New(db, dialects[backend](), outbox.Options{Hooks: outbox.StoreHooks{Enqueue: counter{&o.enqueued}}})
+	store, err := open(outbox.Options{Hooks: outbox.StoreHooks{Enqueue: counter{&o.enqueued}}})
 	require.NoError(t, err)
 	o.Store = store
 	return o
