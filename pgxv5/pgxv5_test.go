@@ -82,6 +82,17 @@ func (e *env) begin(t *testing.T) pgx.Tx {
 	return tx
 }
 
+// commitOne enqueues one message of namespace ns on a pgx transaction and commits it.
+func (e *env) commitOne(t *testing.T, ns string) uuid.UUID {
+	t.Helper()
+	ctx := context.Background()
+	tx := e.begin(t)
+	res, err := pgxv5.Enqueue(ctx, e.store, tx, msg(ns, 1))
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	return res.ID
+}
+
 func (e *env) count(t *testing.T, where string, args ...any) int {
 	t.Helper()
 	var n int
@@ -346,7 +357,6 @@ func newIdle(t *testing.T, s *outbox.Store, tr outbox.Transport, ns string) *out
 // Store) that polls once a minute, through NOTIFY; a rollback sends nothing.
 func TestCommitWakesPublisherByNotify(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	e := setup(t, outbox.Options{})
 	app := "outbox_pgxv5_" + uuid.NewString()[:8]
 	pubStore, err := pgxv5.New(e.newPool(t, app), outbox.Options{})
@@ -360,26 +370,19 @@ func TestCommitWakesPublisherByNotify(t *testing.T) {
 		return n == 1
 	})
 
-	tx := e.begin(t)
-	res, err := pgxv5.Enqueue(ctx, e.store, tx, msg("shop", 1))
-	require.NoError(t, err)
-	require.NoError(t, tx.Commit(ctx))
-	waitFor(t, 10*time.Second, "a delivery woken by NOTIFY", func() bool { return rec.times(res.ID) == 1 })
+	id := e.commitOne(t, "shop")
+	waitFor(t, 10*time.Second, "a delivery woken by NOTIFY", func() bool { return rec.times(id) == 1 })
 }
 
 // With notifications off, a commit on a pgx transaction still wakes the publishers of the
 // same Store in this process.
 func TestCommitWakesPublisherInProcess(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	e := setup(t, outbox.Options{DisableNotify: true})
 	rec := newRecorder()
 	newIdle(t, e.store, rec.transport(), "shop")
-	tx := e.begin(t)
-	res, err := pgxv5.Enqueue(ctx, e.store, tx, msg("shop", 1))
-	require.NoError(t, err)
-	require.NoError(t, tx.Commit(ctx))
-	waitFor(t, 10*time.Second, "a delivery woken in process", func() bool { return rec.times(res.ID) == 1 })
+	id := e.commitOne(t, "shop")
+	waitFor(t, 10*time.Second, "a delivery woken in process", func() bool { return rec.times(id) == 1 })
 }
 
 // Invalid input fails with a typed error before any SQL runs: nothing is written and the
