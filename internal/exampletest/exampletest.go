@@ -24,12 +24,12 @@ import (
 // Namespace is the namespace the examples enqueue in.
 const Namespace = "shop"
 
-// Backends are the databases, by [testdb.Open]'s names, that an example runs on when its
-// library supports all three.
+// Backends are the databases, by the names package internal/testdb gives them, that an
+// example runs on when its library supports all three.
 var Backends = []string{"postgres", "mysql", "sqlite"}
 
-// Drivers maps each of [Backends] to the database/sql driver name that [testdb] registers
-// and the examples' -driver flag takes.
+// Drivers maps each of [Backends] to the database/sql driver name that internal/testdb
+// registers and the examples' -driver flag takes.
 var Drivers = map[string]string{"postgres": "pgx", "mysql": "mysql", "sqlite": "sqlite"}
 
 // dialects maps each of [Backends] to its outbox dialect.
