@@ -1,6 +1,8 @@
 package conformance
 
 import (
+	"bytes"
+	"cmp"
 	"context"
 	"slices"
 	"testing"
@@ -14,6 +16,7 @@ import (
 
 var claimTests = []test{
 	{"Order", testClaimOrder},
+	{"OrderIsNotIDOrder", testClaimOrderNotIDs},
 	{"Fields", testClaimFields},
 	{"Scope", testClaimScope},
 	{"EmptyIsNotAnError", testClaimEmpty},
@@ -36,6 +39,78 @@ func testClaimOrder(t *testing.T, h Harness) {
 	require.Equal(t, want[:4], ids(first), "claims take the oldest rows first, in (created_at, id) order")
 	require.Equal(t, want[4:], ids(rest))
 	require.Empty(t, e.claim(t, claimOpts(10, time.Minute)))
+}
+
+// testClaimOrderNotIDs: claims are returned in (created_at, id) order even where that is not
+// the ids' order, which a dialect that returns rows as its UPDATE ... RETURNING met them
+// (in the primary key's order, say) gets wrong. Transaction a begins first and enqueues
+// last (with Harness.Reopen, on another pool); where created_at is the transaction's start
+// (PostgreSQL's now()), its row is older than b's rows while its id is newer. Where
+// created_at is the statement's time, the rows are in id order and the test checks the
+// order of what it got.
+func testClaimOrderNotIDs(t *testing.T, h Harness) {
+	e := setup(t, h)
+	var (
+		b   []uuid.UUID
+		res []outbox.Result
+	)
+	if h.Reopen != nil {
+		// a on a pool of its own, as another process: a single-writer database may lock at
+		// BEGIN, and a pool of one connection could not serve both.
+		other, err := outbox.New(h.Reopen(t, e.db), h.Dialect, outbox.Options{Table: e.table})
+		require.NoError(t, err)
+		a, err := other.DB().BeginTx(e.ctx, nil)
+		require.NoError(t, err)
+		defer func() { _ = a.Rollback() }()
+		b = resultIDs(e.enqueue(t, msg(1), msg(2)))
+		res, err = other.EnqueueBatch(e.ctx, a, []outbox.Message{msg(0)})
+		require.NoError(t, err)
+		require.NoError(t, a.Commit())
+	} else {
+		b = resultIDs(e.enqueue(t, msg(1), msg(2)))
+		res = e.enqueue(t, msg(0))
+	}
+	rows := []outbox.Record{e.get(t, res[0].ID), e.get(t, b[0]), e.get(t, b[1])}
+	slices.SortFunc(rows, claimOrder)
+	want := ids(rows)
+	if want[0] == res[0].ID {
+		t.Logf("created_at is the transaction's start: the oldest row has the newest id")
+	} else {
+		t.Logf("created_at is the statement's time: the rows are in id order")
+	}
+	for _, limit := range []int{1, 2} {
+		got := e.claim(t, claimOpts(limit, time.Minute))
+		require.Equal(t, want[:limit], ids(got), "claims return rows in (created_at, id) order, not the ids' order (limit %d)", limit)
+		require.True(t, slices.IsSortedFunc(got, claimOrder), "claimed records are sorted by (created_at, id)")
+		require.NoError(t, e.store.Ack(e.ctx, leases(got)...))
+		want = want[limit:]
+	}
+}
+
+// requireUTC checks that the times of a record that are set are in UTC (rule 12 of
+// dialect.Dialect); require.Equal alone passes a time in another zone that a dialect
+// returned consistently.
+func requireUTC(t *testing.T, from string, r outbox.Record) {
+	t.Helper()
+	for what, ts := range map[string]time.Time{"created_at": r.CreatedAt, "updated_at": r.UpdatedAt,
+		"next_attempt_at": r.NextAttemptAt, "locked_until": r.LockedUntil, "delivered_at": r.DeliveredAt} {
+		if !ts.IsZero() {
+			require.Equal(t, time.UTC, ts.Location(), "%s returns %s in UTC", from, what)
+		}
+	}
+}
+
+// claimOrder orders records by (created_at, id), the claim order.
+func claimOrder(x, y outbox.Record) int {
+	return cmp.Or(x.CreatedAt.Compare(y.CreatedAt), bytes.Compare(x.ID[:], y.ID[:]))
+}
+
+func leases(recs []outbox.Record) []outbox.Lease {
+	out := make([]outbox.Lease, len(recs))
+	for i, r := range recs {
+		out[i] = r.Lease()
+	}
+	return out
 }
 
 func testClaimFields(t *testing.T, h Harness) {
@@ -68,6 +143,8 @@ func testClaimFields(t *testing.T, h Harness) {
 	require.True(t, r.LockedUntil.Equal(stored.LockedUntil), "locked_until %s vs stored %s", r.LockedUntil, stored.LockedUntil)
 	require.True(t, r.UpdatedAt.Equal(stored.UpdatedAt))
 	require.Equal(t, stored, r, "every field of the claimed record is as stored")
+	requireUTC(t, "Claim", r)
+	requireUTC(t, "Get", stored)
 
 	// A second claim in one call gets a different token.
 	id2 := e.enqueue(t, msg(2))[0].ID
