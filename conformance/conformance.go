@@ -52,7 +52,7 @@
 //  14. Notify ([dialect.Notifier]): a listener reports ready, a committed enqueue wakes it
 //     with its namespace, a rolled-back one wakes nobody, several in one transaction wake
 //     it only at commit; signals stay within their table and database; Listen returns when
-//     its context ends and releases its connection; a publisher that polls once a minute
+//     its context ends and closes its connection, never giving it back to the pool; a publisher that polls once a minute
 //     delivers within seconds an event enqueued through another pool. Skipped, saying so,
 //     for a dialect without the ability or a driver that cannot listen.
 //
