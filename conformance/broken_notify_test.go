@@ -114,13 +114,32 @@ func (schemaBlindDialect) Listen(ctx context.Context, db *sql.DB, t dialect.Tabl
 	})
 }
 
+func init() {
+	kit = append(kit,
+		mutant{name: "silent", db: "postgres", dialect: silentDialect{pgNotifier{outbox.Postgres()}},
+			mustFail: []string{"Notify/CommitWakes", "Notify/PublisherWokenAcrossPools"},
+			only:     onlyNotify("CommitWakes", "PublisherWokenAcrossPools")},
+		mutant{name: "eager-signal", db: "postgres", dialect: eagerSignalDialect{pgNotifier{outbox.Postgres()}},
+			mustFail: []string{"Notify/RollbackWakesNobody", "Notify/BatchWakesAfterCommit"}, only: onlyNotify()},
+		mutant{name: "never-ready", db: "postgres", dialect: neverReadyDialect{pgNotifier{outbox.Postgres()}},
+			mustFail: []string{"Notify/CommitWakes", "Notify/ListenReturnsOnCancel", "Notify/PublisherWokenAcrossPools"},
+			only:     onlyNotify("CommitWakes", "ListenReturnsOnCancel", "PublisherWokenAcrossPools")},
+		mutant{name: "table-blind", db: "postgres", dialect: tableBlindDialect{pgNotifier{outbox.Postgres()}},
+			mustFail: []string{"Notify/OtherTableWakesNobody"}, only: onlyNotify()},
+		mutant{name: "schema-blind", db: "postgres", dialect: schemaBlindDialect{pgNotifier{outbox.Postgres()}},
+			mustFail: []string{"Notify/OtherDatabaseWakesNobody"}, only: onlyNotify()},
+		mutant{name: "deaf", db: "postgres", dialect: deafDialect{pgNotifier{outbox.Postgres()}},
+			mustFail: []string{"Notify/ListenReturnsOnCancel", "Notify/PublisherWokenAcrossPools"},
+			only:     onlyNotify("ListenReturnsOnCancel", "PublisherWokenAcrossPools")},
+	)
+}
+
 // onlyNotify limits a broken notifier's child to Enqueue/CommitLeavesExactlyOne, the healthy
 // test, and the Notify section: the named tests of it, or all when none is named. A
 // listener that is never ready or never stops costs each test a 10s deadline.
 func onlyNotify(tests ...string) string {
 	if len(tests) == 0 {
-		tests = []string{"CommitWakes", "RollbackWakesNobody", "BatchWakesAfterCommit", "OtherTableWakesNobody",
-			"OtherDatabaseWakesNobody", "ListenReturnsOnCancel", "PublisherWokenAcrossPools"}
+		return only("Notify")
 	}
-	return "^(Enqueue|Notify)$/^(CommitLeavesExactlyOne|" + strings.Join(tests, "|") + ")$"
+	return only("Notify", tests...)
 }
