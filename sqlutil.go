@@ -105,8 +105,8 @@ func scanClaimed(s rowScanner) (Record, error) {
 }
 
 // stampClaimed sets on claimed records the columns that claimColumns leaves out, from the
-// claim's parameters and each record's locked_until. DeliveredAt stays zero, as
-// scanClaimed left it.
+// claim's parameters and each record's locked_until, and sorts them in claim order.
+// DeliveredAt stays zero, as scanClaimed left it.
 func stampClaimed(recs []Record, p dialect.ClaimParams) {
 	lease := time.Duration(micros(p.Lease)) * time.Microsecond // as the dialects bind it
 	for i := range recs {
@@ -114,6 +114,7 @@ func stampClaimed(recs []Record, p dialect.ClaimParams) {
 		r.Status, r.LockedBy, r.LeaseToken = StatusProcessing, p.WorkerID, p.Token
 		r.UpdatedAt = r.LockedUntil.Add(-lease)
 	}
+	dialect.SortClaimed(recs) // RETURNING has no order of its own
 }
 
 // queryClaimed runs a claim whose RETURNING list is claimColumns and completes its records.
