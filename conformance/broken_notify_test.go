@@ -128,10 +128,48 @@ func init() {
 			mustFail: []string{"Notify/OtherTableWakesNobody"}, only: onlyNotify()},
 		mutant{name: "schema-blind", db: "postgres", dialect: schemaBlindDialect{pgNotifier{outbox.Postgres()}},
 			mustFail: []string{"Notify/OtherDatabaseWakesNobody"}, only: onlyNotify()},
+		mutant{name: "pooled-listener", db: "postgres", dialect: pooledListenerDialect{pgNotifier{outbox.Postgres()}},
+			mustFail: []string{"Notify/ListenClosesItsConnection"}, only: onlyNotify("ListenClosesItsConnection", "ListenReturnsOnCancel")},
 		mutant{name: "deaf", db: "postgres", dialect: deafDialect{pgNotifier{outbox.Postgres()}},
 			mustFail: []string{"Notify/ListenReturnsOnCancel", "Notify/PublisherWokenAcrossPools"},
 			only:     onlyNotify("ListenReturnsOnCancel", "PublisherWokenAcrossPools")},
 	)
+}
+
+// pooledListenerDialect's Listen hears the table's channel in its own schema, as the
+// built-in does, but when its context ends it gives its connection back to the pool, still
+// listening on the channel, instead of closing it.
+type pooledListenerDialect struct{ pgNotifier }
+
+func (pooledListenerDialect) Listen(ctx context.Context, db *sql.DB, t dialect.Table, ready func(), wake func(string)) error {
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	return conn.Raw(func(dc any) error {
+		c := dc.(*stdlib.Conn).Conn()
+		var schema string
+		if err := c.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
+			return err
+		}
+		if _, err := c.Exec(ctx, `LISTEN "`+t.Name()+`"`); err != nil {
+			return err
+		}
+		ready()
+		for {
+			n, err := c.WaitForNotification(ctx)
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil // the bug: no driver.ErrBadConn, so the pool keeps the connection
+				}
+				return errors.Join(driver.ErrBadConn, err)
+			}
+			if s, ns, ok := strings.Cut(n.Payload, ":"); ok && s == schema {
+				wake(ns)
+			}
+		}
+	})
 }
 
 // onlyNotify limits a broken notifier's child to Enqueue/CommitLeavesExactlyOne, the healthy
