@@ -16,20 +16,24 @@
 //  2. Validation: bad input returns an error matching [outbox.ErrInvalid] and writes nothing.
 //  3. Dedupe: one row per (namespace, topic, dedupe key), also under racing producers whose
 //     transactions stay usable; a rolled-back winner leaves the key free.
-//  4. Claim: (created_at, id) order, the claimed fields, scope filters, due times, the
-//     attempt limit and burying exhausted rows.
+//  4. Claim: (created_at, id) order, also where the ids' order differs (Dialect.Claim
+//     itself, not only the Store, which sorts again), the claimed fields and their UTC
+//     times, scope filters, due times, the attempt limit and burying exhausted rows.
 //  5. Settle: ack, nack with jittered backoff inside its bounds, retry-after, permanent
-//     errors, the attempt limit, terminal states that never move, updated_at advancing.
+//     errors, the attempt limit, terminal states that never move, updated_at advancing,
+//     also for changes within one tick of the database clock.
 //     SettleAndClaim ([dialect.SettleClaimer]): outcomes recorded and the next rows claimed
 //     in one call, lost leases reported, settled rows never claimed again by the same call,
-//     an ordered claim seeing the keys the outcomes released. Skipped, saying so, for a
+//     an ordered claim seeing the keys the outcomes released, a retry claimed again in the
+//     same call with updated_at advanced past the settle. Skipped, saying so, for a
 //     dialect without the ability.
 //  6. Leases: an expired lease is reclaimed, the stale holder's ack/nack/extend fail with
 //     [outbox.ErrLeaseLost] and change nothing; extension keeps a row.
 //  7. Concurrency: many claimers never share a row; claims racing enqueues lose nothing.
 //  8. Migrations: up, down, up with a custom table name, through [Harness.Up],
 //     [Harness.UpOrdered] and [Harness.Down].
-//  9. Admin ([dialect.Administrator]): stats by state and topic, the dead-letter list and its
+//  9. Admin ([dialect.Administrator]): stats by state and topic, a delivered sample smaller
+//     than the delivered rows (with the dialect's estimate of them), the dead-letter list and its
 //     pages and filters, replay (only dead rows change, idempotent, the row is delivered
 //     again), discard. Skipped, saying so, for a dialect without the ability.
 //  10. Inspect ([dialect.Inspector]): dead rows grouped by last error, the error
@@ -119,9 +123,9 @@ type Harness struct {
 	// [dialect.Checker] reports it. Default: ALTER TABLE ... DROP COLUMN replays.
 	DropColumn func(ctx context.Context, db *sql.DB, table string) error
 	// OtherServer returns a fresh database of another kind than the dialect is written for
-	// (MySQL for a PostgreSQL dialect, say), and arranges its cleanup, so that the suite can
-	// check that [dialect.Checker] refuses it. Nil skips that one check: leave it nil only
-	// when no other kind of database can be reached through the dialect's driver.
+	// (MySQL or SQLite for a PostgreSQL dialect, say), through any driver, and arranges its
+	// cleanup, so that the suite can check that [dialect.Checker] refuses it. A file of
+	// SQLite (modernc.org/sqlite needs no server) does. Nil skips that one check.
 	OtherServer func(t testing.TB) *sql.DB
 	// Reopen, when set, returns another pool on the database of db, one that OpenDB
 	// returned, as a second process would open it, and arranges its cleanup. Tests that

@@ -86,6 +86,10 @@ func claimSQL(t dialect.Table, p dialect.ClaimParams) (string, *args) {
 }
 
 func claim(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ClaimParams) ([]dialect.Record, error) {
+	// A field added to ClaimParams after this dialect was written is refused, not ignored.
+	if err := p.Unsupported("Ordered", "OrderedSkipDead"); err != nil {
+		return nil, err
+	}
 	stmt, a := claimSQL(t, p)
 	recs, err := query(ctx, q, scanRecord, stmt, a.Values...)
 	dialect.SortClaimed(recs)
