@@ -59,7 +59,7 @@ func init() {
 		// Reads, inserts.
 		mutant{name: "get-local-time", db: "sqlite", dialect: localTimeDialect{sqlite()},
 			mustFail: []string{"Claim/Fields"}, only: only("Claim")},
-		mutant{name: "dedupe-blind", db: "sqlite", dialect: dedupeBlindDialect{sqlite()},
+		mutant{name: "duplicate-as-inserted", db: "sqlite", dialect: duplicateAsInsertedDialect{sqlite()},
 			mustFail: []string{"Dedupe/SecondIsAlreadyEnqueued", "Dedupe/WithinOneBatch"}, only: only("Dedupe")},
 		mutant{name: "insert-aborts-tx", db: "postgres", dialect: abortingInsertDialect{pg()},
 			mustFail: []string{"Dedupe/SecondIsAlreadyEnqueued"}, only: only("Dedupe")},
@@ -407,15 +407,17 @@ func (d localTimeDialect) Get(ctx context.Context, q dialect.DBTX, t dialect.Tab
 	return r, err
 }
 
-// dedupeBlindDialect drops the dedupe key: every event is enqueued, duplicates too.
-type dedupeBlindDialect struct{ full }
+// duplicateAsInsertedDialect skips a conflicting row (ON CONFLICT DO NOTHING) but reports
+// every row as inserted, never looking at what the statement did: the producer is told its
+// duplicate was enqueued, with an id no row has.
+type duplicateAsInsertedDialect struct{ full }
 
-func (d dedupeBlindDialect) Insert(ctx context.Context, q dialect.DBTX, t dialect.Table, rows []dialect.Row) ([]bool, error) {
-	rows = slices.Clone(rows)
-	for i := range rows {
-		rows[i].DedupeKey = ""
+func (d duplicateAsInsertedDialect) Insert(ctx context.Context, q dialect.DBTX, t dialect.Table, rows []dialect.Row) ([]bool, error) {
+	inserted, err := d.full.Insert(ctx, q, t, rows)
+	for i := range inserted {
+		inserted[i] = true
 	}
-	return d.full.Insert(ctx, q, t, rows)
+	return inserted, err
 }
 
 // abortingInsertDialect reports a duplicate as the dialect should, but the way it found
