@@ -92,6 +92,14 @@ func (d deafDialect) Listen(ctx context.Context, db *sql.DB, t dialect.Table, re
 type schemaBlindDialect struct{ pgNotifier }
 
 func (schemaBlindDialect) Listen(ctx context.Context, db *sql.DB, t dialect.Table, ready func(), wake func(string)) error {
+	return rawListen(ctx, db, t, ready, wake, false, false)
+}
+
+// rawListen listens on the table's channel on a connection of db with pgx, as the built-in
+// does, and calls wake with the namespace of each signal: of every schema, or with
+// ownSchema of the connection's schema only. When WaitForNotification fails it marks the
+// connection bad, so that the pool closes it, unless pooled and the context ended.
+func rawListen(ctx context.Context, db *sql.DB, t dialect.Table, ready func(), wake func(string), ownSchema, pooled bool) error {
 	conn, err := db.Conn(ctx)
 	if err != nil {
 		return err
@@ -99,6 +107,10 @@ func (schemaBlindDialect) Listen(ctx context.Context, db *sql.DB, t dialect.Tabl
 	defer conn.Close()
 	return conn.Raw(func(dc any) error {
 		c := dc.(*stdlib.Conn).Conn()
+		var schema string
+		if err := c.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
+			return err
+		}
 		if _, err := c.Exec(ctx, `LISTEN "`+t.Name()+`"`); err != nil {
 			return err
 		}
@@ -106,10 +118,14 @@ func (schemaBlindDialect) Listen(ctx context.Context, db *sql.DB, t dialect.Tabl
 		for {
 			n, err := c.WaitForNotification(ctx)
 			if err != nil {
+				if pooled && ctx.Err() != nil {
+					return nil // no driver.ErrBadConn: the pool keeps the connection
+				}
 				return errors.Join(driver.ErrBadConn, err)
 			}
-			_, ns, _ := strings.Cut(n.Payload, ":")
-			wake(ns)
+			if s, ns, _ := strings.Cut(n.Payload, ":"); !ownSchema || s == schema {
+				wake(ns)
+			}
 		}
 	})
 }
@@ -142,34 +158,7 @@ func init() {
 type pooledListenerDialect struct{ pgNotifier }
 
 func (pooledListenerDialect) Listen(ctx context.Context, db *sql.DB, t dialect.Table, ready func(), wake func(string)) error {
-	conn, err := db.Conn(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	return conn.Raw(func(dc any) error {
-		c := dc.(*stdlib.Conn).Conn()
-		var schema string
-		if err := c.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
-			return err
-		}
-		if _, err := c.Exec(ctx, `LISTEN "`+t.Name()+`"`); err != nil {
-			return err
-		}
-		ready()
-		for {
-			n, err := c.WaitForNotification(ctx)
-			if err != nil {
-				if ctx.Err() != nil {
-					return nil // the bug: no driver.ErrBadConn, so the pool keeps the connection
-				}
-				return errors.Join(driver.ErrBadConn, err)
-			}
-			if s, ns, ok := strings.Cut(n.Payload, ":"); ok && s == schema {
-				wake(ns)
-			}
-		}
-	})
+	return rawListen(ctx, db, t, ready, wake, true, true)
 }
 
 // onlyNotify limits a broken notifier's child to Enqueue/CommitLeavesExactlyOne, the healthy
