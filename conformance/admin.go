@@ -21,6 +21,7 @@ import (
 var adminTests = []test{
 	{"StatsCounts", testStatsCounts},
 	{"StatsOldestPendingAge", testStatsOldestPendingAge},
+	{"StatsDeliveredSample", testStatsDeliveredSample},
 	{"ListDeadPages", testListDeadPages},
 	{"ListDeadFilters", testListDeadFilters},
 	{"ReplayOnlyDeadRows", testReplayOnlyDead},
@@ -147,6 +148,54 @@ func (e *env) stats(t *testing.T, sc outbox.Scope) outbox.Stats {
 	st, err := e.store.Stats(e.ctx, sc)
 	skipUnsupported(t, err)
 	return st
+}
+
+// testStatsDeliveredSample calls the dialect's Stats with a sample smaller than the
+// delivered rows, as the engine does with outbox.StatsDeliveredSample once a table holds
+// more than that many: the sample reads the most recently settled rows, exactly as many as
+// asked, and the dialect estimates the table's delivered rows (DeliveredTotal, at least the
+// sample). A larger sample reads them all and counts them exactly.
+func testStatsDeliveredSample(t *testing.T, h Harness) {
+	e := setup(t, h)
+	needAdmin(t, e)
+	admin := e.store.Dialect().(dialect.Administrator)
+	tbl, err := dialect.NewTable(e.table)
+	require.NoError(t, err)
+	var older, newer []outbox.Message
+	for i := range 8 {
+		older = append(older, topicMsg("orders", "a", i))
+	}
+	for i := range 5 {
+		newer = append(newer, topicMsg("billing", "c", i))
+	}
+	recs := e.settled(t, outbox.StatusDelivered, older...)
+	// The newer rows are settled on a later tick of the database clock.
+	eventually(t, 5*time.Second, "the clock to pass the first settle", func() bool {
+		return time.Since(e.get(t, recs[0].ID).UpdatedAt) > 5*time.Millisecond
+	})
+	e.settled(t, outbox.StatusDelivered, newer...)
+	e.enqueue(t, topicMsg("orders", "a", 99))
+
+	const sample = 5
+	got, err := admin.Stats(e.ctx, e.db, tbl, dialect.StatsParams{DeliveredSample: sample})
+	skipUnsupported(t, err)
+	require.EqualValues(t, sample, got.DeliveredSampled, "the sample reads as many delivered rows as asked")
+	require.GreaterOrEqual(t, got.DeliveredTotal, got.DeliveredSampled,
+		"a full sample comes with the dialect's estimate of the table's delivered rows (StatsSample.DeliveredTotal)")
+	delivered := map[string]int64{}
+	for _, ts := range got.Topics {
+		delivered[ts.Namespace+"/"+ts.Topic] += ts.Delivered
+	}
+	require.Equal(t, map[string]int64{"billing/c": 5, "orders/a": 0}, delivered, "the sample is the most recently settled rows")
+
+	got, err = admin.Stats(e.ctx, e.db, tbl, dialect.StatsParams{DeliveredSample: 100})
+	require.NoError(t, err)
+	require.EqualValues(t, 13, got.DeliveredSampled, "a sample larger than the delivered rows reads them all")
+	delivered = map[string]int64{}
+	for _, ts := range got.Topics {
+		delivered[ts.Namespace+"/"+ts.Topic] += ts.Delivered
+	}
+	require.Equal(t, map[string]int64{"billing/c": 5, "orders/a": 8}, delivered)
 }
 
 func testStatsCounts(t *testing.T, h Harness) {

@@ -92,6 +92,14 @@ func (d deafDialect) Listen(ctx context.Context, db *sql.DB, t dialect.Table, re
 type schemaBlindDialect struct{ pgNotifier }
 
 func (schemaBlindDialect) Listen(ctx context.Context, db *sql.DB, t dialect.Table, ready func(), wake func(string)) error {
+	return rawListen(ctx, db, t, ready, wake, false, false)
+}
+
+// rawListen listens on the table's channel on a connection of db with pgx, as the built-in
+// does, and calls wake with the namespace of each signal: of every schema, or with
+// ownSchema of the connection's schema only. When WaitForNotification fails it marks the
+// connection bad, so that the pool closes it, unless pooled and the context ended.
+func rawListen(ctx context.Context, db *sql.DB, t dialect.Table, ready func(), wake func(string), ownSchema, pooled bool) error {
 	conn, err := db.Conn(ctx)
 	if err != nil {
 		return err
@@ -99,6 +107,10 @@ func (schemaBlindDialect) Listen(ctx context.Context, db *sql.DB, t dialect.Tabl
 	defer conn.Close()
 	return conn.Raw(func(dc any) error {
 		c := dc.(*stdlib.Conn).Conn()
+		var schema string
+		if err := c.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
+			return err
+		}
 		if _, err := c.Exec(ctx, `LISTEN "`+t.Name()+`"`); err != nil {
 			return err
 		}
@@ -106,12 +118,47 @@ func (schemaBlindDialect) Listen(ctx context.Context, db *sql.DB, t dialect.Tabl
 		for {
 			n, err := c.WaitForNotification(ctx)
 			if err != nil {
+				if pooled && ctx.Err() != nil {
+					return nil // no driver.ErrBadConn: the pool keeps the connection
+				}
 				return errors.Join(driver.ErrBadConn, err)
 			}
-			_, ns, _ := strings.Cut(n.Payload, ":")
-			wake(ns)
+			if s, ns, _ := strings.Cut(n.Payload, ":"); !ownSchema || s == schema {
+				wake(ns)
+			}
 		}
 	})
+}
+
+func init() {
+	kit = append(kit,
+		mutant{name: "silent", db: "postgres", dialect: silentDialect{pgNotifier{outbox.Postgres()}},
+			mustFail: []string{"Notify/CommitWakes", "Notify/PublisherWokenAcrossPools"},
+			only:     onlyNotify("CommitWakes", "PublisherWokenAcrossPools")},
+		mutant{name: "eager-signal", db: "postgres", dialect: eagerSignalDialect{pgNotifier{outbox.Postgres()}},
+			mustFail: []string{"Notify/RollbackWakesNobody", "Notify/BatchWakesAfterCommit"}, only: onlyNotify()},
+		mutant{name: "never-ready", db: "postgres", dialect: neverReadyDialect{pgNotifier{outbox.Postgres()}},
+			mustFail: []string{"Notify/CommitWakes", "Notify/ListenReturnsOnCancel", "Notify/PublisherWokenAcrossPools"},
+			only:     onlyNotify("CommitWakes", "ListenReturnsOnCancel", "PublisherWokenAcrossPools")},
+		mutant{name: "table-blind", db: "postgres", dialect: tableBlindDialect{pgNotifier{outbox.Postgres()}},
+			mustFail: []string{"Notify/OtherTableWakesNobody"}, only: onlyNotify()},
+		mutant{name: "schema-blind", db: "postgres", dialect: schemaBlindDialect{pgNotifier{outbox.Postgres()}},
+			mustFail: []string{"Notify/OtherDatabaseWakesNobody"}, only: onlyNotify()},
+		mutant{name: "pooled-listener", db: "postgres", dialect: pooledListenerDialect{pgNotifier{outbox.Postgres()}},
+			mustFail: []string{"Notify/ListenClosesItsConnection"}, only: onlyNotify("ListenClosesItsConnection", "ListenReturnsOnCancel")},
+		mutant{name: "deaf", db: "postgres", dialect: deafDialect{pgNotifier{outbox.Postgres()}},
+			mustFail: []string{"Notify/ListenReturnsOnCancel", "Notify/PublisherWokenAcrossPools"},
+			only:     onlyNotify("ListenReturnsOnCancel", "PublisherWokenAcrossPools")},
+	)
+}
+
+// pooledListenerDialect's Listen hears the table's channel in its own schema, as the
+// built-in does, but when its context ends it gives its connection back to the pool, still
+// listening on the channel, instead of closing it.
+type pooledListenerDialect struct{ pgNotifier }
+
+func (pooledListenerDialect) Listen(ctx context.Context, db *sql.DB, t dialect.Table, ready func(), wake func(string)) error {
+	return rawListen(ctx, db, t, ready, wake, true, true)
 }
 
 // onlyNotify limits a broken notifier's child to Enqueue/CommitLeavesExactlyOne, the healthy
@@ -119,8 +166,7 @@ func (schemaBlindDialect) Listen(ctx context.Context, db *sql.DB, t dialect.Tabl
 // listener that is never ready or never stops costs each test a 10s deadline.
 func onlyNotify(tests ...string) string {
 	if len(tests) == 0 {
-		tests = []string{"CommitWakes", "RollbackWakesNobody", "BatchWakesAfterCommit", "OtherTableWakesNobody",
-			"OtherDatabaseWakesNobody", "ListenReturnsOnCancel", "PublisherWokenAcrossPools"}
+		return only("Notify")
 	}
-	return "^(Enqueue|Notify)$/^(CommitLeavesExactlyOne|" + strings.Join(tests, "|") + ")$"
+	return only("Notify", tests...)
 }

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -228,27 +229,59 @@ func (d columnBlindDialect) Check(ctx context.Context, db *sql.DB, t dialect.Tab
 	return err
 }
 
-var broken = map[string]outbox.Dialect{
-	"stale-extend":  staleExtendDialect{outbox.SQLite()},
-	"ordered-check": passingOrderedCheckDialect{orderedSQLite{outbox.SQLite()}},
-	"column-blind":  columnBlindDialect{outbox.SQLite()},
-	"order-blind":   orderBlindDialect{outbox.SQLite()},
-	"index-blind":   indexBlindDialect{outbox.SQLite()},
-	"lease-blind":   leaseBlindDialect{outbox.SQLite()},
-	"token-blind":   tokenBlindDialect{outbox.SQLite()},
-	"scope-blind":   scopeBlindDialect{outbox.SQLite()},
-	"purge-all":     purgeAllDialect{withAbilities{outbox.SQLite()}},
-	"replay-any":    replayAnyDialect{withAbilities{outbox.SQLite()}},
-	"cursor-blind":  cursorBlindDialect{withAbilities{outbox.SQLite()}},
-	"claim-first":   claimFirstDialect{outbox.SQLite()},
-	"refund-blind":  refundBlindDialect{outbox.SQLite()},
-	// broken_notify_test.go: on PostgreSQL
-	"silent":       silentDialect{pgNotifier{outbox.Postgres()}},
-	"eager-signal": eagerSignalDialect{pgNotifier{outbox.Postgres()}},
-	"never-ready":  neverReadyDialect{pgNotifier{outbox.Postgres()}},
-	"table-blind":  tableBlindDialect{pgNotifier{outbox.Postgres()}},
-	"schema-blind": schemaBlindDialect{pgNotifier{outbox.Postgres()}},
-	"deaf":         deafDialect{pgNotifier{outbox.Postgres()}},
+// mutant is one planted bug: a broken dialect, the database it runs on, the conformance
+// tests that must fail because of it, and optionally only, a -test.run pattern below
+// TestBrokenDialectChild that limits its child to the sections where the bug can show
+// (always with Enqueue/CommitLeavesExactlyOne, the healthy test that proves the harness
+// works), to keep the kit's run short.
+type mutant struct {
+	name     string
+	db       string // "sqlite", "postgres" or "mysql"
+	dialect  outbox.Dialect
+	mustFail []string
+	only     string
+}
+
+// kit is every planted bug. The suite must fail on each, in the tests named.
+var kit = []mutant{
+	{name: "lease-blind", db: "sqlite", dialect: leaseBlindDialect{outbox.SQLite()},
+		mustFail: []string{"Concurrency/NoDoubleClaim", "Lease/ExtendKeepsTheRow", "Claim/Fields"}},
+	{name: "token-blind", db: "sqlite", dialect: tokenBlindDialect{outbox.SQLite()},
+		mustFail: []string{"Lease/ExpiredLeaseIsReclaimed", "Settle/AckReportsOnlyLostRows"}},
+	{name: "scope-blind", db: "sqlite", dialect: scopeBlindDialect{outbox.SQLite()},
+		mustFail: []string{"Claim/BuryRespectsScope"}, only: only("Claim")},
+	{name: "purge-all", db: "sqlite", dialect: purgeAllDialect{withAbilities{outbox.SQLite()}},
+		mustFail: []string{"Retention/PurgeNeverTouchesLiveRows", "Retention/PurgeInBatches", "Retention/PurgeConcurrently"},
+		only:     only("Retention")},
+	{name: "replay-any", db: "sqlite", dialect: replayAnyDialect{withAbilities{outbox.SQLite()}},
+		mustFail: []string{"Admin/ReplayOnlyDeadRows", "Admin/ReplayedRowIsDelivered"}, only: only("Admin")},
+	{name: "cursor-blind", db: "sqlite", dialect: cursorBlindDialect{withAbilities{outbox.SQLite()}},
+		mustFail: []string{"Admin/ListDeadPages"}, only: only("Admin")},
+	{name: "claim-first", db: "sqlite", dialect: claimFirstDialect{outbox.SQLite()},
+		mustFail: []string{"SettleAndClaim/ExpiredLeaseNotReclaimed"}, only: only("SettleAndClaim")},
+	{name: "order-blind", db: "sqlite", dialect: orderBlindDialect{outbox.SQLite()},
+		mustFail: []string{"Ordered/HeadOnly", "Ordered/RetryHoldsKey", "Ordered/DeadHeadBlocks", "Ordered/SkipDead", "Ordered/Publishers"},
+		only:     only("Ordered")},
+	{name: "index-blind", db: "sqlite", dialect: indexBlindDialect{outbox.SQLite()},
+		mustFail: []string{"Ordered/NeedsOrderedMigrations"}, only: only("Ordered", "NeedsOrderedMigrations")},
+	{name: "stale-extend", db: "sqlite", dialect: staleExtendDialect{outbox.SQLite()},
+		mustFail: []string{"Lease/ExtendKeepsTheRow"}, only: only("Lease")},
+	{name: "ordered-check", db: "sqlite", dialect: passingOrderedCheckDialect{orderedSQLite{outbox.SQLite()}},
+		mustFail: []string{"Ordered/NeedsOrderedMigrations"}, only: only("Ordered", "NeedsOrderedMigrations")},
+	{name: "column-blind", db: "sqlite", dialect: columnBlindDialect{outbox.SQLite()},
+		mustFail: []string{"Check/MissingColumn"}, only: only("Check")},
+	{name: "refund-blind", db: "sqlite", dialect: refundBlindDialect{outbox.SQLite()},
+		mustFail: []string{"Settle/UnavailableRefundsAttempt", "Settle/UnavailableNeverDies", "SettleAndClaim/UnavailableRefundsAttempt"},
+		only:     only("Settle|SettleAndClaim")},
+}
+
+// only returns a pattern for mutant.only: the sections named (a regexp alternation), with
+// the tests named when any.
+func only(sections string, tests ...string) string {
+	if len(tests) == 0 {
+		return "^(Enqueue|" + sections + ")$"
+	}
+	return "^(Enqueue|" + sections + ")$/^(CommitLeavesExactlyOne|" + strings.Join(tests, "|") + ")$"
 }
 
 // TestBrokenDialectChild runs the suite against one broken dialect; it does something
@@ -258,87 +291,86 @@ func TestBrokenDialectChild(t *testing.T) {
 	if name == "" {
 		t.Skip("run by TestSuiteCatchesBrokenDialects")
 	}
-	h := conformance.Harness{
-		Dialect:     broken[name],
-		OpenDB:      func(t testing.TB) *sql.DB { return testdb.SQLite(t) },
-		OtherServer: func(t testing.TB) *sql.DB { return testdb.Postgres(t) },
-	}
-	if h.Dialect.Name() == "postgres" {
-		h.OpenDB, h.OtherServer, h.Reopen = h.OtherServer, h.OpenDB, testdb.Reopen
+	i := slices.IndexFunc(kit, func(m mutant) bool { return m.name == name })
+	require.GreaterOrEqual(t, i, 0, "no mutant %q", name)
+	m := kit[i]
+	h := conformance.Harness{Dialect: m.dialect}
+	switch m.db {
+	case "sqlite":
+		h.OpenDB = func(t testing.TB) *sql.DB { return testdb.SQLite(t) }
+		h.OtherServer = func(t testing.TB) *sql.DB { return testdb.Postgres(t) }
+	case "postgres":
+		h.OpenDB = func(t testing.TB) *sql.DB { return testdb.Postgres(t) }
+		h.OtherServer = func(t testing.TB) *sql.DB { return testdb.SQLite(t) }
+		h.Reopen = testdb.Reopen
+	case "mysql":
+		h.OpenDB = func(t testing.TB) *sql.DB { return testdb.MySQL(t) }
+		h.OtherServer = func(t testing.TB) *sql.DB { return testdb.SQLite(t) }
+		h.Reopen = testdb.Reopen
+	default:
+		t.Fatalf("mutant %s: unknown database %q", m.name, m.db)
 	}
 	conformance.Run(t, h)
 }
 
+// TestSuiteCatchesBrokenDialects is the mutation kit: it runs the suite against every
+// planted bug of kit, each in a child process (a failing *testing.T cannot be contained
+// in-process, and a hung one ends its process), and requires the child to fail in the
+// tests that guard against that bug, within their deadlines.
 func TestSuiteCatchesBrokenDialects(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the mutation kit proves the suite's assertions, which the race detector does not change; it runs without it")
+	}
 	t.Parallel()
-	cases := []struct {
-		dialect  string
-		mustFail []string
-	}{
-		{"lease-blind", []string{"Concurrency/NoDoubleClaim", "Lease/ExtendKeepsTheRow", "Claim/Fields"}},
-		{"token-blind", []string{"Lease/ExpiredLeaseIsReclaimed", "Settle/AckReportsOnlyLostRows"}},
-		{"scope-blind", []string{"Claim/BuryRespectsScope"}},
-		{"purge-all", []string{"Retention/PurgeNeverTouchesLiveRows", "Retention/PurgeInBatches", "Retention/PurgeConcurrently"}},
-		{"replay-any", []string{"Admin/ReplayOnlyDeadRows", "Admin/ReplayedRowIsDelivered"}},
-		{"cursor-blind", []string{"Admin/ListDeadPages"}},
-		{"claim-first", []string{"SettleAndClaim/ExpiredLeaseNotReclaimed"}},
-		{"order-blind", []string{"Ordered/HeadOnly", "Ordered/RetryHoldsKey", "Ordered/DeadHeadBlocks", "Ordered/SkipDead", "Ordered/Publishers"}},
-		{"index-blind", []string{"Ordered/NeedsOrderedMigrations"}},
-		{"stale-extend", []string{"Lease/ExtendKeepsTheRow"}},
-		{"ordered-check", []string{"Ordered/NeedsOrderedMigrations"}},
-		{"column-blind", []string{"Check/MissingColumn"}},
-		{"refund-blind", []string{"Settle/UnavailableRefundsAttempt", "Settle/UnavailableNeverDies", "SettleAndClaim/UnavailableRefundsAttempt"}},
-		{"silent", []string{"Notify/CommitWakes", "Notify/PublisherWokenAcrossPools"}},
-		{"eager-signal", []string{"Notify/RollbackWakesNobody", "Notify/BatchWakesAfterCommit"}},
-		{"never-ready", []string{"Notify/CommitWakes", "Notify/ListenReturnsOnCancel", "Notify/PublisherWokenAcrossPools"}},
-		{"table-blind", []string{"Notify/OtherTableWakesNobody"}},
-		{"schema-blind", []string{"Notify/OtherDatabaseWakesNobody"}},
-		{"deaf", []string{"Notify/ListenReturnsOnCancel", "Notify/PublisherWokenAcrossPools"}},
-	}
-	// only limits a child to some subtests (a -test.run pattern below TestBrokenDialectChild)
-	// where the bug cannot show elsewhere, with Enqueue/CommitLeavesExactlyOne as the
-	// healthy one.
-	only := map[string]string{
-		"index-blind":   "^(Enqueue|Ordered)$/^(CommitLeavesExactlyOne|NeedsOrderedMigrations)$",
-		"refund-blind":  "^(Enqueue|Settle|SettleAndClaim)$",
-		"stale-extend":  "^(Enqueue|Lease)$",
-		"ordered-check": "^(Enqueue|Ordered)$/^(CommitLeavesExactlyOne|NeedsOrderedMigrations)$",
-		"column-blind":  "^(Enqueue|Check)$",
-		"silent":        onlyNotify("CommitWakes", "PublisherWokenAcrossPools"),
-		"eager-signal":  onlyNotify(),
-		"never-ready":   onlyNotify("CommitWakes", "ListenReturnsOnCancel", "PublisherWokenAcrossPools"),
-		"table-blind":   onlyNotify(),
-		"schema-blind":  onlyNotify(),
-		"deaf":          onlyNotify("ListenReturnsOnCancel", "PublisherWokenAcrossPools"),
-	}
-	for _, c := range cases {
-		t.Run(c.dialect, func(t *testing.T) {
+	start := time.Now()
+	t.Cleanup(func() {
+		if !t.Failed() {
+			t.Logf("%d planted bugs, every one caught, in %s", len(kit), time.Since(start).Round(time.Second))
+		}
+	})
+	for _, m := range kit {
+		t.Run(m.name, func(t *testing.T) {
 			t.Parallel()
-			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			// Bounded by the suite's own deadlines (a hung test ends its child within a
+			// few minutes); this is a backstop.
+			ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 			defer cancel()
 			run := "^TestBrokenDialectChild$"
-			if o := only[c.dialect]; o != "" {
-				run += "/" + o
+			if m.only != "" {
+				run += "/" + m.only
 			}
 			cmd := exec.CommandContext(ctx, os.Args[0], "-test.run="+run, "-test.v", "-test.count=1")
-			cmd.Env = append(os.Environ(), "OUTBOX_BROKEN_DIALECT="+c.dialect)
+			cmd.Env = append(os.Environ(), "OUTBOX_BROKEN_DIALECT="+m.name)
 			out, err := cmd.CombinedOutput()
 			require.Error(t, err, "the suite passed a broken dialect:\n%s", out)
-			for _, name := range c.mustFail {
-				require.Contains(t, string(out), "--- FAIL: TestBrokenDialectChild/"+name,
-					"the suite must catch the %s bug in %s", c.dialect, name)
-			}
-			// A healthy area still passes: the failures are the bug's, not the harness's.
-			require.Contains(t, string(out), "--- PASS: TestBrokenDialectChild/Enqueue/CommitLeavesExactlyOne")
-			if testing.Verbose() {
-				for _, l := range strings.Split(string(out), "\n") {
-					if strings.HasPrefix(strings.TrimSpace(l), "--- FAIL") {
-						t.Log(strings.TrimSpace(l))
+			var caught []string
+			for _, l := range strings.Split(string(out), "\n") {
+				if name, ok := strings.CutPrefix(strings.TrimSpace(l), "--- FAIL: TestBrokenDialectChild/"); ok {
+					if name, _, _ = strings.Cut(name, " "); strings.Contains(name, "/") {
+						caught = append(caught, name)
 					}
 				}
 			}
+			for _, name := range m.mustFail {
+				// A test that hangs past its deadline fails, or ends the child with a
+				// panic that names it.
+				require.True(t, slices.Contains(caught, name) || strings.Contains(string(out), "conformance: "+name+" (section"),
+					"the suite must catch the %s bug in %s; it failed %v:\n%s", m.name, name, caught, tail(out))
+			}
+			// A healthy test still passes: the failures are the bug's, not the harness's.
+			require.Contains(t, string(out), "--- PASS: TestBrokenDialectChild/Enqueue/CommitLeavesExactlyOne", "%s", tail(out))
+			t.Logf("caught by %s", strings.Join(caught, ", "))
 		})
 	}
+}
+
+// tail returns the end of a child's output, where its failures are summed up.
+func tail(out []byte) []byte {
+	const n = 8000
+	if len(out) > n {
+		return out[len(out)-n:]
+	}
+	return out
 }
 
 // claimFirstDialect settles and claims in one call the naive way: claim, then settle. Rows

@@ -1,9 +1,7 @@
 package conformance
 
 import (
-	"context"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -69,8 +67,7 @@ func testCheckOtherServer(t *testing.T, h Harness) {
 	if h.OtherServer == nil {
 		t.Skipf("Harness.OtherServer is nil: no database of another kind for dialect %s", h.Dialect.Name())
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := h.context()
 	db := h.OtherServer(t)
 	s, err := outbox.New(db, h.Dialect, outbox.Options{})
 	require.NoError(t, err)

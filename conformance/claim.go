@@ -1,6 +1,8 @@
 package conformance
 
 import (
+	"bytes"
+	"cmp"
 	"context"
 	"slices"
 	"testing"
@@ -10,10 +12,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/dialect"
 )
 
 var claimTests = []test{
 	{"Order", testClaimOrder},
+	{"OrderIsNotIDOrder", testClaimOrderNotIDs},
 	{"Fields", testClaimFields},
 	{"Scope", testClaimScope},
 	{"EmptyIsNotAnError", testClaimEmpty},
@@ -36,6 +40,76 @@ func testClaimOrder(t *testing.T, h Harness) {
 	require.Equal(t, want[:4], ids(first), "claims take the oldest rows first, in (created_at, id) order")
 	require.Equal(t, want[4:], ids(rest))
 	require.Empty(t, e.claim(t, claimOpts(10, time.Minute)))
+}
+
+// testClaimOrderNotIDs: claims are returned in (created_at, id) order even where that is not
+// the ids' order, which a dialect that returns rows as its UPDATE ... RETURNING met them
+// (in the primary key's order, say) gets wrong. Transaction a begins first and enqueues
+// last (with Harness.Reopen, on another pool); where created_at is the transaction's start
+// (PostgreSQL's now()), its row is older than b's rows while its id is newer. Where
+// created_at is the statement's time, the rows are in id order and the test checks the
+// order of what it got.
+func testClaimOrderNotIDs(t *testing.T, h Harness) {
+	e := setup(t, h)
+	var (
+		b   []uuid.UUID
+		res []outbox.Result
+	)
+	if h.Reopen != nil {
+		// a on a pool of its own, as another process: a single-writer database may lock at
+		// BEGIN, and a pool of one connection could not serve both.
+		other, err := outbox.New(h.Reopen(t, e.db), h.Dialect, outbox.Options{Table: e.table})
+		require.NoError(t, err)
+		a, err := other.DB().BeginTx(e.ctx, nil)
+		require.NoError(t, err)
+		defer func() { _ = a.Rollback() }()
+		b = resultIDs(e.enqueue(t, msg(1), msg(2)))
+		res, err = other.EnqueueBatch(e.ctx, a, []outbox.Message{msg(0)})
+		require.NoError(t, err)
+		require.NoError(t, a.Commit())
+	} else {
+		b = resultIDs(e.enqueue(t, msg(1), msg(2)))
+		res = e.enqueue(t, msg(0))
+	}
+	rows := []outbox.Record{e.get(t, res[0].ID), e.get(t, b[0]), e.get(t, b[1])}
+	slices.SortFunc(rows, claimOrder)
+	want := ids(rows)
+	if want[0] == res[0].ID {
+		t.Logf("created_at is the transaction's start: the oldest row has the newest id")
+	} else {
+		t.Logf("created_at is the statement's time: the rows are in id order")
+	}
+	// The dialect itself, as the engine calls it: Store.Claim sorts what it returns again,
+	// which would hide the dialect's order from a test through the Store alone.
+	tbl, err := dialect.NewTable(e.table)
+	require.NoError(t, err)
+	got, err := e.store.Dialect().Claim(e.ctx, e.db, tbl, dialect.ClaimParams{
+		Limit: 3, Lease: time.Minute, MaxAttempts: 5, WorkerID: "worker-a", Token: uuid.New()})
+	require.NoError(t, err)
+	require.Equal(t, want, ids(got), "Dialect.Claim returns rows in (created_at, id) order, not the ids' order "+
+		"(rule 4 of dialect.Dialect: RETURNING has no order of its own, sort with dialect.SortClaimed)")
+	require.NoError(t, e.store.Ack(e.ctx, got[0].Lease(), got[1].Lease(), got[2].Lease()))
+
+	b = resultIDs(e.enqueue(t, msg(3), msg(4)))
+	require.Equal(t, b, ids(e.claim(t, claimOpts(3, time.Minute))), "Store.Claim in (created_at, id) order")
+}
+
+// requireUTC checks that the times of a record that are set are in UTC (rule 12 of
+// dialect.Dialect); require.Equal alone passes a time in another zone that a dialect
+// returned consistently.
+func requireUTC(t *testing.T, from string, r outbox.Record) {
+	t.Helper()
+	for what, ts := range map[string]time.Time{"created_at": r.CreatedAt, "updated_at": r.UpdatedAt,
+		"next_attempt_at": r.NextAttemptAt, "locked_until": r.LockedUntil, "delivered_at": r.DeliveredAt} {
+		if !ts.IsZero() {
+			require.Equal(t, time.UTC, ts.Location(), "%s returns %s in UTC", from, what)
+		}
+	}
+}
+
+// claimOrder orders records by (created_at, id), the claim order.
+func claimOrder(x, y outbox.Record) int {
+	return cmp.Or(x.CreatedAt.Compare(y.CreatedAt), bytes.Compare(x.ID[:], y.ID[:]))
 }
 
 func testClaimFields(t *testing.T, h Harness) {
@@ -68,6 +142,8 @@ func testClaimFields(t *testing.T, h Harness) {
 	require.True(t, r.LockedUntil.Equal(stored.LockedUntil), "locked_until %s vs stored %s", r.LockedUntil, stored.LockedUntil)
 	require.True(t, r.UpdatedAt.Equal(stored.UpdatedAt))
 	require.Equal(t, stored, r, "every field of the claimed record is as stored")
+	requireUTC(t, "Claim", r)
+	requireUTC(t, "Get", stored)
 
 	// A second claim in one call gets a different token.
 	id2 := e.enqueue(t, msg(2))[0].ID

@@ -16,20 +16,24 @@
 //  2. Validation: bad input returns an error matching [outbox.ErrInvalid] and writes nothing.
 //  3. Dedupe: one row per (namespace, topic, dedupe key), also under racing producers whose
 //     transactions stay usable; a rolled-back winner leaves the key free.
-//  4. Claim: (created_at, id) order, the claimed fields, scope filters, due times, the
-//     attempt limit and burying exhausted rows.
+//  4. Claim: (created_at, id) order, also where the ids' order differs (Dialect.Claim
+//     itself, not only the Store, which sorts again), the claimed fields and their UTC
+//     times, scope filters, due times, the attempt limit and burying exhausted rows.
 //  5. Settle: ack, nack with jittered backoff inside its bounds, retry-after, permanent
-//     errors, the attempt limit, terminal states that never move, updated_at advancing.
+//     errors, the attempt limit, terminal states that never move, updated_at advancing,
+//     also for changes within one tick of the database clock.
 //     SettleAndClaim ([dialect.SettleClaimer]): outcomes recorded and the next rows claimed
 //     in one call, lost leases reported, settled rows never claimed again by the same call,
-//     an ordered claim seeing the keys the outcomes released. Skipped, saying so, for a
+//     an ordered claim seeing the keys the outcomes released, a retry claimed again in the
+//     same call with updated_at advanced past the settle. Skipped, saying so, for a
 //     dialect without the ability.
 //  6. Leases: an expired lease is reclaimed, the stale holder's ack/nack/extend fail with
 //     [outbox.ErrLeaseLost] and change nothing; extension keeps a row.
 //  7. Concurrency: many claimers never share a row; claims racing enqueues lose nothing.
 //  8. Migrations: up, down, up with a custom table name, through [Harness.Up],
 //     [Harness.UpOrdered] and [Harness.Down].
-//  9. Admin ([dialect.Administrator]): stats by state and topic, the dead-letter list and its
+//  9. Admin ([dialect.Administrator]): stats by state and topic, a delivered sample smaller
+//     than the delivered rows (with the dialect's estimate of them), the dead-letter list and its
 //     pages and filters, replay (only dead rows change, idempotent, the row is delivered
 //     again), discard. Skipped, saying so, for a dialect without the ability.
 //  10. Inspect ([dialect.Inspector]): dead rows grouped by last error, the error
@@ -52,7 +56,7 @@
 //  14. Notify ([dialect.Notifier]): a listener reports ready, a committed enqueue wakes it
 //     with its namespace, a rolled-back one wakes nobody, several in one transaction wake
 //     it only at commit; signals stay within their table and database; Listen returns when
-//     its context ends and releases its connection; a publisher that polls once a minute
+//     its context ends and closes its connection, never giving it back to the pool; a publisher that polls once a minute
 //     delivers within seconds an event enqueued through another pool. Skipped, saying so,
 //     for a dialect without the ability or a driver that cannot listen.
 //
@@ -62,11 +66,13 @@
 package conformance
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -117,14 +123,25 @@ type Harness struct {
 	// [dialect.Checker] reports it. Default: ALTER TABLE ... DROP COLUMN replays.
 	DropColumn func(ctx context.Context, db *sql.DB, table string) error
 	// OtherServer returns a fresh database of another kind than the dialect is written for
-	// (MySQL for a PostgreSQL dialect, say), and arranges its cleanup, so that the suite can
-	// check that [dialect.Checker] refuses it. Nil skips that one check: leave it nil only
-	// when no other kind of database can be reached through the dialect's driver.
+	// (MySQL or SQLite for a PostgreSQL dialect, say), through any driver, and arranges its
+	// cleanup, so that the suite can check that [dialect.Checker] refuses it. A file of
+	// SQLite (modernc.org/sqlite needs no server) does. Nil skips that one check.
 	OtherServer func(t testing.TB) *sql.DB
 	// Reopen, when set, returns another pool on the database of db, one that OpenDB
 	// returned, as a second process would open it, and arranges its cleanup. Tests that
 	// model publishers in separate processes use it; without it they share db.
 	Reopen func(t testing.TB, db *sql.DB) *sql.DB
+
+	// ctx is the context of one test's calls, set by Run: it ends at the test's deadline.
+	ctx context.Context
+}
+
+// context returns the context of the test's calls.
+func (h *Harness) context() context.Context {
+	if h.ctx == nil {
+		return context.Background()
+	}
+	return h.ctx
 }
 
 // upBase creates the table without what ordered claims need.
@@ -208,6 +225,13 @@ func (h *Harness) dropColumn(ctx context.Context, db *sql.DB, table string) erro
 }
 
 // Run runs the whole suite. Subtests run in parallel, each on its own database.
+//
+// Every test runs under a deadline (three minutes; nine for Ordered/Publishers): the
+// context of its calls ends there, and a test still running then fails with a message that
+// names it and its section of the list above. A test that does not return even once its
+// context has ended (a call that ignores its context) stops the test binary 30 seconds
+// later, with the same message, so that a dialect that hangs fails in bounded time instead
+// of at go test's own timeout.
 func Run(t *testing.T, h Harness) {
 	if h.Dialect == nil || h.OpenDB == nil {
 		t.Fatal("conformance: Harness needs Dialect and OpenDB")
@@ -215,25 +239,27 @@ func Run(t *testing.T, h Harness) {
 	if _, ok := h.Dialect.(dialect.OrderedClaimer); ok && h.Up != nil && h.UpOrdered == nil {
 		t.Fatal("conformance: the dialect implements dialect.OrderedClaimer and Harness.Up is set: set Harness.UpOrdered too")
 	}
+	// section is the area's number in the package comment's list.
 	areas := []struct {
-		name  string
-		tests []test
+		name    string
+		section int
+		tests   []test
 	}{
-		{"Enqueue", enqueueTests},
-		{"Validation", validationTests},
-		{"Dedupe", dedupeTests},
-		{"Claim", claimTests},
-		{"Settle", settleTests},
-		{"SettleAndClaim", settleClaimTests},
-		{"Lease", leaseTests},
-		{"Concurrency", concurrencyTests},
-		{"Ordered", orderedTests},
-		{"Migrations", migrationTests},
-		{"Check", checkTests},
-		{"Admin", adminTests},
-		{"Inspect", inspectTests},
-		{"Retention", retentionTests},
-		{"Notify", notifyTests},
+		{"Enqueue", 1, enqueueTests},
+		{"Validation", 2, validationTests},
+		{"Dedupe", 3, dedupeTests},
+		{"Claim", 4, claimTests},
+		{"Settle", 5, settleTests},
+		{"SettleAndClaim", 5, settleClaimTests},
+		{"Lease", 6, leaseTests},
+		{"Concurrency", 7, concurrencyTests},
+		{"Ordered", 12, orderedTests},
+		{"Migrations", 8, migrationTests},
+		{"Check", 13, checkTests},
+		{"Admin", 9, adminTests},
+		{"Inspect", 10, inspectTests},
+		{"Retention", 11, retentionTests},
+		{"Notify", 14, notifyTests},
 	}
 	for _, a := range areas {
 		t.Run(a.name, func(t *testing.T) {
@@ -241,6 +267,11 @@ func Run(t *testing.T, h Harness) {
 			for _, tc := range a.tests {
 				t.Run(tc.name, func(t *testing.T) {
 					t.Parallel()
+					limit := cmp.Or(deadlines[a.name+"/"+tc.name], testDeadline)
+					ctx, stop := watch(t, fmt.Sprintf("%s/%s (section %d, %s)", a.name, tc.name, a.section, a.name), limit)
+					defer stop()
+					h := h
+					h.ctx = ctx
 					tc.run(t, h)
 				})
 			}
@@ -248,9 +279,63 @@ func Run(t *testing.T, h Harness) {
 	}
 }
 
+// testDeadline is how long one conformance test may run, from when it starts (after
+// waiting for its turn among the parallel tests) until it returns. The slowest tests of a
+// built-in dialect take seconds, and about a minute under the race detector.
+const testDeadline = 3 * time.Minute
+
+// grace is how long a test may go on after its deadline, its context ended, before Run
+// stops the test binary.
+const grace = 30 * time.Second
+
+// watch returns the context of one test's calls, which ends after limit, and a stop
+// function that the test defers. A test still running at the deadline fails, naming what;
+// one still running grace later panics, which ends the test binary with the same words.
+func watch(t *testing.T, what string, limit time.Duration) (context.Context, func()) {
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	var (
+		mu       sync.Mutex
+		finished bool
+	)
+	done := make(chan struct{})
+	go func() {
+		timer := time.NewTimer(limit)
+		defer timer.Stop()
+		select {
+		case <-done:
+			return
+		case <-timer.C:
+		}
+		msg := fmt.Sprintf("conformance: %s did not finish within its deadline of %s: the dialect hangs "+
+			"(a claim that waits on locks it never gets, a call that ignores its context, a row never delivered)", what, limit)
+		mu.Lock()
+		if !finished {
+			t.Error(msg) // t.Error, not t.Fatal: this is not the test's goroutine
+		}
+		mu.Unlock()
+		select {
+		case <-done:
+		case <-time.After(grace):
+			panic(msg + fmt.Sprintf("; it did not return within %s of its context ending either", grace))
+		}
+	}()
+	return ctx, func() {
+		mu.Lock()
+		finished = true
+		mu.Unlock()
+		close(done)
+		cancel()
+	}
+}
+
 type test struct {
 	name string
 	run  func(t *testing.T, h Harness)
+}
+
+// deadlines are the tests that may run longer than testDeadline, by area/name.
+var deadlines = map[string]time.Duration{
+	"Ordered/Publishers": orderedDeadline + time.Minute,
 }
 
 // env is what one test works with: a fresh database with the outbox table, and a store.
@@ -265,8 +350,7 @@ type env struct {
 // setup opens a fresh database, migrates the table and returns a store on it.
 func setup(t *testing.T, h Harness, opts ...outbox.Options) *env {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	t.Cleanup(cancel)
+	ctx := h.context()
 	var o outbox.Options
 	if len(opts) > 0 {
 		o = opts[0]

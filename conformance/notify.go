@@ -33,6 +33,7 @@ var notifyTests = []test{
 	{"OtherTableWakesNobody", testNotifyOtherTable},
 	{"OtherDatabaseWakesNobody", testNotifyOtherDatabase},
 	{"ListenReturnsOnCancel", testNotifyCancel},
+	{"ListenClosesItsConnection", testNotifyCloses},
 	{"PublisherWokenAcrossPools", testNotifyPublisher},
 }
 
@@ -366,4 +367,34 @@ func (o *observedNotifier) Listen(ctx context.Context, db *sql.DB, t dialect.Tab
 		ready()
 		o.readyOnce.Do(func() { close(o.ready) })
 	}, wake)
+}
+
+// testNotifyCloses: the connection Listen held is closed when it returns, never given back
+// to the pool (rule 3 of dialect.Notifier): still listening, it would take the signals of
+// the table into whatever the pool lends it to next, and a later Listen on it would hear
+// them twice. The pool starts with no idle connection and may keep some, so a connection
+// given back would stay open in it.
+func testNotifyCloses(t *testing.T, h Harness) {
+	n := needNotifier(t, h)
+	e := setup(t, h)
+	db := e.db
+	if h.Reopen != nil {
+		db = h.Reopen(t, e.db) // a pool this test alone uses
+	}
+	db.SetMaxIdleConns(0) // closes the idle connections
+	db.SetMaxIdleConns(4)
+	require.Zero(t, db.Stats().OpenConnections, "no connection is open before Listen")
+	l := listen(t, e, n, db, e.table)
+	l.cancel()
+	select {
+	case err := <-l.done:
+		l.done <- err // for the cleanup of listen
+	case <-time.After(notifyWithin):
+		t.Fatalf("Listen did not return within %s of its context ending", notifyWithin)
+	}
+	eventually(t, notifyWithin, "Listen's connection to be closed, not given back to the pool while it listens "+
+		"(rule 3 of dialect.Notifier)", func() bool {
+		st := db.Stats()
+		return st.OpenConnections == 0 && st.InUse == 0
+	})
 }

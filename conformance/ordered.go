@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -282,8 +283,50 @@ func (r *orderedRun) publish(ctx context.Context, batch []outbox.Delivery) []err
 // orderedDeadline bounds the eight publishers' run. It takes seconds; the race detector
 // slows SQLite's pure-Go engine some thirty times (a minute alone), and CI runs it beside
 // every other test: on a 2-core machine whose database server was busy with other work it
-// delivered 3,963 of 4,000 messages in five minutes.
-const orderedDeadline = 10 * time.Minute
+// delivered 3,963 of 4,000 messages in five minutes. A run that stops making progress for
+// orderedStall, or puts two messages of one key in flight at once, fails at once instead.
+const (
+	orderedDeadline = 8 * time.Minute
+	orderedStall    = time.Minute
+)
+
+// await waits until every message was delivered once, and fails the test as soon as two
+// messages of one key were in flight at once (the claim's row locks or its ordering are
+// broken: waiting longer proves nothing more), when no new message was delivered for
+// stall, or at the deadline.
+func (r *orderedRun) await(t *testing.T, deadline, stall time.Duration) {
+	t.Helper()
+	start := time.Now()
+	last, lastAt := 0, start
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-r.done:
+			return
+		case <-tick.C:
+		}
+		r.mu.Lock()
+		n, overlap := len(r.seen), slices.Clone(r.overlap)
+		r.mu.Unlock()
+		now := time.Now()
+		switch {
+		case len(overlap) > 0:
+			t.Errorf("two messages of key %s were in flight at once (%d of %d delivered): ordered claims must never "+
+				"return two rows of one key, nor a row another claim holds", overlap[0], n, r.want)
+			return
+		case n > last:
+			last, lastAt = n, now
+		case now.Sub(lastAt) > stall:
+			t.Errorf("no message delivered for %s: %d of %d delivered in %s", stall, n, r.want, now.Sub(start).Round(time.Second))
+			return
+		}
+		if now.Sub(start) > deadline {
+			t.Errorf("only %d of %d messages delivered in %s", n, r.want, deadline)
+			return
+		}
+	}
+}
 
 // Eight publishers on separate pools (when the harness can open them) deliver 200 keys × 20
 // events with random failures and fast retries: every key's first successful deliveries
@@ -334,14 +377,7 @@ func testOrderedPublishers(t *testing.T, h Harness) {
 		require.NoError(t, err)
 		wg.Go(func() { errs <- p.Run(ctx) })
 	}
-	select {
-	case <-run.done:
-	case <-time.After(orderedDeadline):
-		run.mu.Lock()
-		n := len(run.seen)
-		run.mu.Unlock()
-		t.Errorf("only %d of %d messages delivered in %s", n, keys*perKey, orderedDeadline)
-	}
+	run.await(t, orderedDeadline, orderedStall)
 	cancel()
 	wg.Wait()
 	close(errs)
@@ -371,8 +407,7 @@ func testOrderedNeedsMigrations(t *testing.T, h Harness) {
 	if _, ok := h.Dialect.(dialect.OrderedClaimer); !ok {
 		t.Skipf("dialect %s does not implement dialect.OrderedClaimer", h.Dialect.Name())
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+	ctx := h.context()
 	db := h.OpenDB(t)
 	require.NoError(t, h.upBase(ctx, db, outbox.DefaultTable), "migrate up without the ordered set")
 	s, err := outbox.New(db, h.Dialect, outbox.Options{})

@@ -21,6 +21,7 @@ var settleTests = []test{
 	{"MixedBatchInOneCall", testMixedComplete},
 	{"TerminalStatesNeverMove", testTerminal},
 	{"UpdatedAtAdvances", testUpdatedAtAdvances},
+	{"UpdatedAtAdvancesWithinATick", testUpdatedAtTick},
 	{"UnavailableRefundsAttempt", testUnavailableRefund},
 	{"UnavailableNeverDies", testUnavailableNeverDies},
 }
@@ -220,6 +221,28 @@ func testUpdatedAtAdvances(t *testing.T, h Harness) {
 	step("reclaim")
 	require.NoError(t, e.store.Ack(e.ctx, recs[0].Lease()))
 	step("ack")
+}
+
+// testUpdatedAtTick: changes of one row that follow each other as fast as they can, many
+// within one tick of a clock (a millisecond, on SQLite's), each strictly advance
+// updated_at (rule 10 of dialect.Dialect): a dialect that writes the clock's now alone ties
+// them. It extends one lease again and again for half a second, or 500 times.
+func testUpdatedAtTick(t *testing.T, h Harness) {
+	e := setup(t, h)
+	id := e.enqueueN(t, 1)[0]
+	recs := e.claim(t, claimOpts(1, time.Minute))
+	require.Len(t, recs, 1)
+	last := recs[0].UpdatedAt
+	start := time.Now()
+	for i := 0; i < 500 && time.Since(start) < 500*time.Millisecond; i++ {
+		require.NoError(t, e.store.Extend(e.ctx, time.Minute, recs[0].Lease()))
+		now := e.get(t, id).UpdatedAt
+		require.True(t, now.After(last), "extend %d must advance updated_at: %s then %s (rule 10: every change strictly "+
+			"advances updated_at, also within one tick of the database clock)", i, last.Format(time.RFC3339Nano), now.Format(time.RFC3339Nano))
+		last = now
+	}
+	require.NoError(t, e.store.Ack(e.ctx, recs[0].Lease()))
+	require.True(t, e.get(t, id).UpdatedAt.After(last), "the ack advances updated_at")
 }
 
 // testUnavailableRefund: an outcome with RefundAttempt goes back to pending with the

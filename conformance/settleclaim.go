@@ -21,6 +21,7 @@ var settleClaimTests = []test{
 	{"NothingLeftToClaim", testCompleteAndClaimNothingLeft},
 	{"OrderedSeesReleasedKeys", testCompleteAndClaimOrdered},
 	{"UnavailableRefundsAttempt", testCompleteAndClaimRefund},
+	{"RetryClaimedAgainAdvances", testCompleteAndClaimRetryAgain},
 }
 
 func needSettleClaimer(t *testing.T, e *env) {
@@ -188,4 +189,59 @@ func testCompleteAndClaimRefund(t *testing.T, h Harness) {
 	require.True(t, refunded.NextAttemptAt.After(refunded.UpdatedAt.Add(59*time.Minute)), "due in an hour")
 	require.Equal(t, 1, e.get(t, all[1]).Attempts, "a plain retry keeps the attempt it spent")
 	require.Equal(t, outbox.StatusDelivered, e.get(t, all[2]).Status)
+}
+
+// testCompleteAndClaimRetryAgain: a retry without delay may be claimed again by the same
+// call, two changes of one row in one transaction, and each strictly advances updated_at
+// (rule 10 of dialect.Dialect): the settle's now (next_attempt_at, due at once) is before
+// the claim's (updated_at). A dialect that settles and claims in one transaction with the
+// transaction's now (PostgreSQL's now(), say) for both ties them.
+func testCompleteAndClaimRetryAgain(t *testing.T, h Harness) {
+	e := setup(t, h)
+	needSettleClaimer(t, e)
+	retryAgain(t, e, msg(0), claimOpts(1, time.Minute))
+	if _, ok := h.Dialect.(dialect.OrderedClaimer); ok {
+		// An ordered claim may take another way through the dialect (the built-in
+		// PostgreSQL dialect settles, then claims, in one transaction).
+		m := msg(1)
+		m.PartitionKey = "k"
+		o := claimOpts(1, time.Minute)
+		o.Namespace, o.Ordered = "orders", true
+		retryAgain(t, e, m, o)
+	}
+}
+
+// retryAgain enqueues m, claims it with o, and twice retries it without delay in a
+// CompleteAndClaim that claims with o.
+func retryAgain(t *testing.T, e *env, m outbox.Message, o outbox.ClaimOptions) {
+	t.Helper()
+	id := e.enqueue(t, m)[0].ID
+	prev := e.claim(t, o)
+	require.Equal(t, []uuid.UUID{id}, ids(prev))
+	for attempt := 2; attempt <= 3; attempt++ {
+		out := outbox.Outcome{Lease: prev[0].Lease(), Status: outbox.StatusPending, Error: "again"}
+		next, lost, err := e.store.CompleteAndClaim(e.ctx, []outbox.Outcome{out}, o)
+		require.NoError(t, err)
+		require.Empty(t, lost)
+		if len(next) == 0 {
+			// The dialect leaves the rows it settles to the next claim (the built-in
+			// PostgreSQL dialect's one statement does): no two changes share a transaction.
+			if attempt == 2 {
+				t.Logf("dialect %s does not claim a retried row again in the call that settled it (ordered: %t)", e.h.Dialect.Name(), o.Ordered)
+			}
+			next = e.claim(t, o)
+		}
+		require.Equal(t, []uuid.UUID{id}, ids(next), "a retry without delay is claimable at once")
+		r := next[0]
+		require.Equal(t, attempt, r.Attempts)
+		require.NotEqual(t, prev[0].LeaseToken, r.LeaseToken)
+		require.True(t, r.UpdatedAt.After(prev[0].UpdatedAt), "the claim advances updated_at")
+		require.True(t, r.UpdatedAt.After(r.NextAttemptAt), "the claim's updated_at (%s) must be after the retry's "+
+			"(next_attempt_at %s, due at once): rule 10, every change strictly advances updated_at, also two changes "+
+			"in one transaction (ordered: %t)", r.UpdatedAt.Format(time.RFC3339Nano), r.NextAttemptAt.Format(time.RFC3339Nano), o.Ordered)
+		within(t, r.LockedUntil.Sub(r.UpdatedAt), time.Minute, time.Minute, "locked_until - updated_at")
+		require.Equal(t, r, e.get(t, id), "the claimed record is as stored")
+		prev = next
+	}
+	require.NoError(t, e.store.Ack(e.ctx, prev[0].Lease()))
 }

@@ -68,7 +68,27 @@ type DBTX interface {
 //     small. The conformance suite runs every call on a one-connection pool.
 //  10. Every change of a row's state (claim, settle, extend, bury, replay) strictly
 //     advances updated_at on the database clock: two statements of one transaction (a
-//     settle and the claim after it) must not share a now that would tie them.
+//     settle and the claim after it) must not share a now that would tie them, nor two
+//     changes within one tick of a coarse clock. Compute the stamp once per statement, so
+//     that locked_until - updated_at stays exactly the lease. How the built-in dialects
+//     do it:
+//     PostgreSQL: now() is the transaction's start. Each change is a transaction of its
+//     own, except the ordered settle-and-claim, which settles and then claims in one; so
+//     the claim writes GREATEST(now(), updated_at + interval '1 microsecond') to
+//     updated_at (and that plus the lease to locked_until). The unordered
+//     settle-and-claim is one statement that never claims the rows it settles.
+//     statement_timestamp() (a statement's own time) or clock_timestamp() in the same
+//     GREATEST serve a dialect of one's own as well; never now() alone where two changes
+//     of a row can share a transaction.
+//     MySQL and MariaDB: UTC_TIMESTAMP(6), the statement's time to the microsecond (never
+//     NOW() or UTC_TIMESTAMP() without (6), a second's resolution); the claim reads it in
+//     its locking SELECT and writes that value. A settle and the claim after it are
+//     separate statements, a round trip apart: more than a microsecond.
+//     GREATEST(UTC_TIMESTAMP(6), updated_at + INTERVAL 1 MICROSECOND) makes sure of it.
+//     SQLite: julianday('now') has a millisecond's resolution, so every change writes
+//     max(now, updated_at + 1 microsecond), times kept as integer microseconds.
+//     The conformance suite checks it with a retry claimed again by CompleteAndClaim
+//     (ordered and not) and a run of extends within one tick.
 //  11. Reading a row never fails because one stored value is damaged: payload and
 //     payload_hash are returned as stored (the engine compares them), and headers that do
 //     not decode into [Headers] are reported in [Record.HeadersErr] with Headers nil, so
@@ -89,8 +109,14 @@ type DBTX interface {
 // The methods' parameters and results are the types of this package; [Args], [ScanTime],
 // [ScanHeaders], [QueryIDs], [Lost] and [SortClaimed] help write them.
 type Dialect interface {
-	// Name is a short stable name: "postgres", "mysql", "sqlite". The migrations package
-	// uses it to pick its directory.
+	// Name is a short stable name: "postgres", "mysql", "sqlite" for the built-in dialects.
+	// The migrations package picks its files by it, and the conformance suite's Harness
+	// defaults use those migrations for it; the engine itself only names the dialect in
+	// its errors. So an outside dialect may reuse a built-in's name only when it uses
+	// that built-in's schema as the migrations package creates it (a pgx-native dialect
+	// over the PostgreSQL tables, say); a dialect with a schema of its own takes a name of
+	// its own ("custom-postgres"), which the migrations package refuses, and sets every
+	// table hook of conformance.Harness.
 	Name() string
 
 	// Insert writes rows and reports for each whether it was inserted (false: a row with
@@ -138,7 +164,8 @@ type Scope struct {
 }
 
 // ClaimParams are the arguments of [Dialect.Claim]. New fields may be added; a dialect that
-// does not understand a non-zero new field must return [errors.ErrUnsupported].
+// does not understand a non-zero new field must return [errors.ErrUnsupported]:
+// [ClaimParams.Unsupported] does this check.
 type ClaimParams struct {
 	Scope
 	Limit       int

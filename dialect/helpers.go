@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -243,4 +245,41 @@ func (r dbtxRunner) Exec(ctx context.Context, query string, args ...any) (int64,
 
 func (r dbtxRunner) QueryIDs(ctx context.Context, query string, args ...any) ([]uuid.UUID, error) {
 	return QueryIDs(ctx, r.q, query, args...)
+}
+
+// claimBase are the fields of [ClaimParams] that every [Dialect] handles.
+var claimBase = []string{"Scope", "Limit", "Lease", "MaxAttempts", "WorkerID", "Token"}
+
+// Unsupported is the recipe for the rule of [ClaimParams]: a dialect that does not
+// understand a non-zero field must return [errors.ErrUnsupported]. Call it first in Claim
+// (and CompleteAndClaim) with the names of the fields beyond the ones every dialect handles
+// (Scope, Limit, Lease, MaxAttempts, WorkerID, Token) that the dialect understands:
+//
+//	if err := p.Unsupported("Ordered", "OrderedSkipDead"); err != nil {
+//		return nil, err
+//	}
+//
+// It returns an error matching [errors.ErrUnsupported] that names the first other field
+// that is set (not its zero value), nil when there is none; a field added to ClaimParams
+// after the dialect was written is one of those. A name in known that ClaimParams does not
+// have is the caller's mistake, reported as an error that does not match
+// errors.ErrUnsupported.
+func (p ClaimParams) Unsupported(known ...string) error {
+	v := reflect.ValueOf(p)
+	typ := v.Type()
+	for _, k := range known {
+		if _, ok := typ.FieldByName(k); !ok {
+			return fmt.Errorf("dialect: ClaimParams has no field %q", k)
+		}
+	}
+	for i := range typ.NumField() {
+		f := typ.Field(i)
+		if !f.IsExported() || slices.Contains(claimBase, f.Name) || slices.Contains(known, f.Name) {
+			continue
+		}
+		if !v.Field(i).IsZero() {
+			return fmt.Errorf("dialect: ClaimParams.%s is set and this dialect does not support it: %w", f.Name, errors.ErrUnsupported)
+		}
+	}
+	return nil
 }

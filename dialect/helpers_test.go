@@ -175,3 +175,28 @@ func (r *idsRows) Next(dest []driver.Value) error {
 	r.ids = r.ids[1:]
 	return nil
 }
+
+func TestClaimParamsUnsupported(t *testing.T) {
+	t.Parallel()
+	base := dialect.ClaimParams{Scope: dialect.Scope{Namespace: "orders", Topics: []string{"a"}, TenantID: uuid.New()},
+		Limit: 10, Lease: time.Minute, MaxAttempts: 5, WorkerID: "w", Token: uuid.New()}
+	require.NoError(t, base.Unsupported(), "the fields every dialect handles")
+	require.NoError(t, dialect.ClaimParams{}.Unsupported())
+
+	ordered := base
+	ordered.Ordered = true
+	err := ordered.Unsupported()
+	require.ErrorIs(t, err, errors.ErrUnsupported, "a dialect without ordered claims")
+	require.ErrorContains(t, err, "ClaimParams.Ordered")
+	require.NoError(t, ordered.Unsupported("Ordered", "OrderedSkipDead"))
+
+	ordered.OrderedSkipDead = true
+	err = ordered.Unsupported("Ordered")
+	require.ErrorIs(t, err, errors.ErrUnsupported)
+	require.ErrorContains(t, err, "ClaimParams.OrderedSkipDead")
+
+	err = base.Unsupported("Orderd")
+	require.Error(t, err, "a misspelt field")
+	require.NotErrorIs(t, err, errors.ErrUnsupported, "the caller's mistake is not the dialect's limit")
+	require.ErrorContains(t, err, `"Orderd"`)
+}

@@ -42,8 +42,13 @@ func (*Dialect) Name() string { return "custom-postgres" }
 
 // now is the database clock of one statement. statement_timestamp rather than now(): two
 // statements of one transaction (a settle and the claim after it) get distinct times, so
-// every change of state advances updated_at.
-const now = `statement_timestamp()`
+// every change of state advances updated_at. (A variable only so that this package's
+// mutation test can plant now() in its place, as lockRows: see export_test.go.)
+var now = `statement_timestamp()`
+
+// lockRows locks the claim's candidates: concurrent claimers pass over each other's rows
+// instead of claiming them twice or queueing behind them.
+var lockRows = ` FOR UPDATE SKIP LOCKED`
 
 // selectCols is the column list every read returns, in the order scanRecord reads it.
 const selectCols = `id, namespace, topic, tenant, dedupe_key, partition_key, headers, body, body_sha256,

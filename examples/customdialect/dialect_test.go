@@ -8,8 +8,11 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	_ "github.com/jackc/pgx/v5/stdlib"
@@ -124,5 +127,54 @@ func harness() conformance.Harness {
 }
 
 func TestConformance(t *testing.T) {
+	conformance.Run(t, harness())
+}
+
+// TestConformanceCatchesBugs plants bugs in the dialect's SQL, one per child process, and
+// requires the conformance suite to fail in the tests that guard against each, within the
+// suite's deadlines: the way to check that a dialect's own conformance run would notice
+// its likely mistakes.
+func TestConformanceCatchesBugs(t *testing.T) {
+	bugs := []struct {
+		name, only string
+		mustFail   []string
+	}{
+		{"now-tie", "^(Enqueue|SettleAndClaim)$", []string{"SettleAndClaim/RetryClaimedAgainAdvances"}},
+		{"no-row-locks", "^(Enqueue|Concurrency|Ordered)$", []string{"Concurrency/NoDoubleClaim", "Ordered/Publishers"}},
+	}
+	for _, b := range bugs {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			start := time.Now()
+			cmd := exec.Command(os.Args[0], "-test.run=^TestMutantChild$/"+b.only, "-test.v", "-test.count=1")
+			cmd.Env = append(os.Environ(), "CUSTOMDIALECT_BUG="+b.name)
+			out, err := cmd.CombinedOutput()
+			if err == nil {
+				t.Fatalf("the suite passed the dialect with the %s bug:\n%s", b.name, out)
+			}
+			for _, name := range b.mustFail {
+				if !strings.Contains(string(out), "--- FAIL: TestMutantChild/"+name+" ") &&
+					!strings.Contains(string(out), "conformance: "+name+" (section") {
+					t.Errorf("the suite must catch the %s bug in %s:\n%s", b.name, name, out)
+				}
+			}
+			if !strings.Contains(string(out), "--- PASS: TestMutantChild/Enqueue/CommitLeavesExactlyOne") {
+				t.Errorf("the healthy test failed too: the harness, not the bug, is at fault:\n%s", out)
+			}
+			t.Logf("%s caught in %s", b.name, time.Since(start).Round(time.Second))
+		})
+	}
+}
+
+// TestMutantChild runs the suite on the dialect with one planted bug; it does something
+// only when re-executed by TestConformanceCatchesBugs.
+func TestMutantChild(t *testing.T) {
+	bug := os.Getenv("CUSTOMDIALECT_BUG")
+	if bug == "" {
+		t.Skip("run by TestConformanceCatchesBugs")
+	}
+	if !customdialect.Plant(bug) {
+		t.Fatalf("no bug %q", bug)
+	}
 	conformance.Run(t, harness())
 }

@@ -76,7 +76,7 @@ func claimSQL(t dialect.Table, p dialect.ClaimParams) (string, *args) {
 	sel := `SELECT c.id FROM ` + tbl + ` c
 		WHERE c.state IN (0, 1) AND ((c.state = 0 AND c.due_at <= ` + now + `) OR (c.state = 1 AND c.lease_until < ` + now + `))
 		AND c.attempts < ` + a.Add(p.MaxAttempts) + a.scope(p.Scope, "c.") + head + `
-		ORDER BY c.created_at, c.id LIMIT ` + a.Add(p.Limit) + ` FOR UPDATE SKIP LOCKED`
+		ORDER BY c.created_at, c.id LIMIT ` + a.Add(p.Limit) + lockRows
 	stmt := `WITH picked AS (` + sel + `)
 		UPDATE ` + tbl + ` o SET state = 1, attempts = o.attempts + 1, owner = ` + a.Add(p.WorkerID) + `,
 			lease_until = ` + now + ` + ` + a.interval(p.Lease) + `, lease_token = ` + a.Add(p.Token.String()) + `::uuid,
@@ -86,6 +86,10 @@ func claimSQL(t dialect.Table, p dialect.ClaimParams) (string, *args) {
 }
 
 func claim(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ClaimParams) ([]dialect.Record, error) {
+	// A field added to ClaimParams after this dialect was written is refused, not ignored.
+	if err := p.Unsupported("Ordered", "OrderedSkipDead"); err != nil {
+		return nil, err
+	}
 	stmt, a := claimSQL(t, p)
 	recs, err := query(ctx, q, scanRecord, stmt, a.Values...)
 	dialect.SortClaimed(recs)

@@ -57,8 +57,9 @@ var (
 //	    ORDER BY created_at, id LIMIT $2::bigint
 //	    FOR UPDATE SKIP LOCKED)
 //	UPDATE "outbox_events" AS t SET status = 'processing', attempts = t.attempts + 1,
-//	    locked_by = $3, locked_until = now() + $4::bigint * interval '1 microsecond',
-//	    lease_token = $5, updated_at = now()
+//	    locked_by = $3,
+//	    locked_until = GREATEST(now(), t.updated_at + interval '1 microsecond') + $4::bigint * interval '1 microsecond',
+//	    lease_token = $5, updated_at = GREATEST(now(), t.updated_at + interval '1 microsecond')
 //	WHERE t.id = ANY(ARRAY(SELECT id FROM c))
 //	RETURNING t.id, t.namespace, ... (every column)
 //
@@ -443,11 +444,20 @@ func pgLease(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.Cla
 // table of a few thousand pages whole into a hash join (a sequential scan of 20 000 rows
 // for 100 ids: 9-19 ms against 2 ms, EXPLAIN ANALYZE on PostgreSQL 15), the common case of
 // an outbox whose retention keeps it small.
+//
+// The claim's now is pgStamp, not now() alone: the ordered settle-and-claim settles and
+// then claims in one transaction, whose now() would give a retried row's settle and its
+// claim the same updated_at.
 func pgLeaseUpdate(tbl string, a *dialect.Args, p dialect.ClaimParams) string {
 	return ` UPDATE ` + tbl + ` AS t SET status = 'processing', attempts = t.attempts + 1, locked_by = ` + a.Add(p.WorkerID) +
-		`, locked_until = now() + ` + pgMicros(a.Add(sqlkit.Micros(p.Lease))+`::bigint`) + `, lease_token = ` + a.Add(pgUUID(p.Token)) +
-		`, updated_at = now() WHERE t.id = ANY(ARRAY(SELECT id FROM c)) RETURNING ` + sqlkit.SelectList(sqlkit.ClaimColumns, "t.", nil)
+		`, locked_until = ` + pgStamp + ` + ` + pgMicros(a.Add(sqlkit.Micros(p.Lease))+`::bigint`) + `, lease_token = ` + a.Add(pgUUID(p.Token)) +
+		`, updated_at = ` + pgStamp + ` WHERE t.id = ANY(ARRAY(SELECT id FROM c)) RETURNING ` + sqlkit.SelectList(sqlkit.ClaimColumns, "t.", nil)
 }
+
+// pgStamp is the time a claim writes to updated_at (and locked_until less the lease): the
+// transaction's now(), or a microsecond past the row's updated_at when a statement of the
+// same transaction already wrote that now, so that every change advances updated_at.
+const pgStamp = `GREATEST(now(), t.updated_at + interval '1 microsecond')`
 
 func (d *Dialect) Complete(ctx context.Context, q dialect.DBTX, t dialect.Table, outcomes []dialect.Outcome) ([]uuid.UUID, error) {
 	if len(outcomes) == 0 {

@@ -110,8 +110,8 @@ func ScanClaimed(s RowScanner) (dialect.Record, error) {
 }
 
 // StampClaimed sets on claimed records the columns that ClaimColumns leaves out, from the
-// claim's parameters and each record's locked_until. DeliveredAt stays zero, as
-// ScanClaimed left it.
+// claim's parameters and each record's locked_until, and sorts them in claim order.
+// DeliveredAt stays zero, as ScanClaimed left it.
 func StampClaimed(recs []dialect.Record, p dialect.ClaimParams) {
 	lease := time.Duration(Micros(p.Lease)) * time.Microsecond // as the dialects bind it
 	for i := range recs {
@@ -119,6 +119,7 @@ func StampClaimed(recs []dialect.Record, p dialect.ClaimParams) {
 		r.Status, r.LockedBy, r.LeaseToken = dialect.StatusProcessing, p.WorkerID, p.Token
 		r.UpdatedAt = r.LockedUntil.Add(-lease)
 	}
+	dialect.SortClaimed(recs) // RETURNING has no order of its own
 }
 
 // QueryClaimed runs a claim whose RETURNING list is ClaimColumns and completes its records.

@@ -1,0 +1,5 @@
+//go:build !race
+
+package conformance_test
+
+const raceEnabled = false
