@@ -1,6 +1,10 @@
 package outbox
 
 import (
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -95,4 +99,77 @@ func (r *run) logUnavailable(b *outcomes, its []*settlement) {
 		return
 	}
 	p.log.Warn(msg, attrs...)
+}
+
+// chargeUnavailable makes a message that failed [Unavailable] spend its attempt when the
+// destination is known to answer: another message of the same batch was delivered, or this
+// message failed so before in such a batch (r.refused remembers it). What refuses it then is
+// not an outage but something about the message (an endpoint that refuses one event with 503
+// for good, say); were its attempts given back, it would be retried forever at no cost, and,
+// retried alone, would open the circuit for everything else. It is judged by the retry policy
+// like any failure instead, and dead-lettered at the attempt limit. Only the messages still
+// given back count as unavailable for the circuit afterwards, so a batch of refused messages
+// alone does not open it. A batch whose every message failed Unavailable keeps its attempts,
+// as before: that is the outage the circuit breaker handles.
+func (r *run) chargeUnavailable(b *outcomes) {
+	if b.unavailable == 0 && r.refused.n.Load() == 0 {
+		return
+	}
+	delivered := slices.ContainsFunc(b.items, func(it settlement) bool { return it.out.Status == StatusDelivered })
+	for i := range b.items {
+		it := &b.items[i]
+		switch {
+		case it.out.Status == StatusDelivered:
+			r.refused.forget(it.out.ID)
+		case !it.out.RefundAttempt, !delivered && !r.refused.has(it.out.ID):
+		default:
+			it.out = r.p.opts.Retry.outcome(Failure{Lease: it.out.Lease, Attempts: it.rec.Attempts, Err: it.cause}, false)
+			b.unavailable--
+			if it.out.Status == StatusDead {
+				it.cause = fmt.Errorf("%w: %w", ErrAttemptLimit, it.cause)
+				r.refused.forget(it.out.ID)
+			} else {
+				r.refused.add(it.out.ID)
+			}
+		}
+	}
+}
+
+// refusedSet holds the ids of messages that failed [Unavailable] while another message of
+// their batch was delivered, so that their later unavailable failures spend attempts too.
+// It is bounded: past refusedMax ids, new ones are not remembered (they spend an attempt
+// only when they share a batch with a delivered message again). A restarted publisher
+// starts empty. A message leaves it when it is delivered or dead-lettered by this publisher.
+type refusedSet struct {
+	n   atomic.Int64 // len(ids), read without the lock
+	mu  sync.Mutex
+	ids map[uuid.UUID]struct{}
+}
+
+const refusedMax = 4096
+
+func (s *refusedSet) has(id uuid.UUID) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.ids[id]
+	return ok
+}
+
+func (s *refusedSet) add(id uuid.UUID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ids == nil {
+		s.ids = map[uuid.UUID]struct{}{}
+	}
+	if len(s.ids) < refusedMax {
+		s.ids[id] = struct{}{}
+		s.n.Store(int64(len(s.ids)))
+	}
+}
+
+func (s *refusedSet) forget(id uuid.UUID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.ids, id)
+	s.n.Store(int64(len(s.ids)))
 }
