@@ -62,6 +62,7 @@ import (
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/cloudevents"
 	"github.com/outboxgo/outbox/internal/netfail"
+	"github.com/outboxgo/outbox/internal/serveraddr"
 )
 
 // Header names set on every message besides the message's own headers.
@@ -173,6 +174,16 @@ func New(js jetstream.JetStream, opts Options) (*Transport, error) {
 // System returns "nats", the messaging.system of OpenTelemetry's conventions, for telemetry
 // ([outbox.TransportSystem]).
 func (t *Transport) System() string { return "nats" }
+
+// Destination reports the subject d is published to and the server the connection is on
+// now, for telemetry ([outbox.TransportDestination]).
+func (t *Transport) Destination(d outbox.Delivery) outbox.Destination {
+	dst := outbox.Destination{Name: t.opts.Subject(d)}
+	if nc := t.js.Conn(); nc != nil {
+		dst.ServerAddress, dst.ServerPort = serveraddr.FromURL(nc.ConnectedUrl(), map[string]int{"nats": 4222, "tls": 4222})
+	}
+	return dst
+}
 
 // Publish sends every message of batch without waiting, then waits for each
 // acknowledgement, and returns one outcome per message.

@@ -15,6 +15,7 @@ import (
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/cloudevents"
 	"github.com/outboxgo/outbox/internal/netfail"
+	"github.com/outboxgo/outbox/internal/serveraddr"
 )
 
 // Transport posts outbox messages to webhook endpoints. It is safe for concurrent use.
@@ -140,16 +141,32 @@ var notForwarded = map[string]bool{
 	"Webhook-Id": true, "Webhook-Timestamp": true, "Webhook-Signature": true,
 }
 
+// Destination reports the host and port of d's endpoint, for telemetry
+// ([outbox.TransportDestination]): the host is the destination's name as well, since the
+// URL's path and query may hold a secret and are not reported. A message whose URL cannot
+// be built has no destination.
+func (t *Transport) Destination(d outbox.Delivery) outbox.Destination {
+	raw, err := t.url(&d)
+	if err != nil {
+		return outbox.Destination{}
+	}
+	host, port := serveraddr.FromURL(raw, map[string]int{"https": 443, "http": 80})
+	return outbox.Destination{Name: host, ServerAddress: host, ServerPort: port}
+}
+
+// url returns d's endpoint, from URLFunc or the URL template.
+func (t *Transport) url(d *outbox.Delivery) (string, error) {
+	if t.opts.URLFunc != nil {
+		return t.opts.URLFunc(d)
+	}
+	return expand(t.opts.URL, d.Namespace, d.Topic), nil
+}
+
 // post sends one message and classifies the outcome.
 func (t *Transport) post(ctx context.Context, d *outbox.Delivery) error {
-	raw := ""
-	if t.opts.URLFunc != nil {
-		var err error
-		if raw, err = t.opts.URLFunc(d); err != nil {
-			return err
-		}
-	} else {
-		raw = expand(t.opts.URL, d.Namespace, d.Topic)
+	raw, err := t.url(d)
+	if err != nil {
+		return err
 	}
 	u, err := checkURL(raw, t.opts.AllowHTTP)
 	if err != nil {
