@@ -239,7 +239,7 @@ func (t *Transport) header(d *outbox.Delivery) (http.Header, []byte, error) {
 			contentType = cloudevents.ContentType
 		} else {
 			for _, a := range e.Attributes {
-				h[http.CanonicalHeaderKey(CloudEventsPrefix+a.Name)] = []string{percentEncode(a.Value)}
+				h[http.CanonicalHeaderKey(CloudEventsPrefix+a.Name)] = []string{cloudevents.PercentEncode(a.Value)}
 			}
 		}
 	}
@@ -296,31 +296,6 @@ func (t *Transport) header(d *outbox.Delivery) (http.Header, []byte, error) {
 // mode, as the HTTP protocol binding of CloudEvents names them; datacontenttype is the
 // Content-Type.
 const CloudEventsPrefix = "ce-"
-
-// percentEncode encodes an attribute value for a ce- header as the HTTP binding requires:
-// space, double quote, percent and every byte outside printable ASCII as %XX of its UTF-8
-// bytes.
-func percentEncode(v string) string {
-	n := 0
-	for i := 0; i < len(v); i++ {
-		if c := v[i]; c <= ' ' || c >= 0x7f || c == '"' || c == '%' {
-			n++
-		}
-	}
-	if n == 0 {
-		return v
-	}
-	const hex = "0123456789ABCDEF"
-	b := make([]byte, 0, len(v)+2*n)
-	for i := 0; i < len(v); i++ {
-		if c := v[i]; c <= ' ' || c >= 0x7f || c == '"' || c == '%' {
-			b = append(b, '%', hex[c>>4], hex[c&15])
-		} else {
-			b = append(b, c)
-		}
-	}
-	return string(b)
-}
 
 // validName reports whether s is an HTTP token (RFC 9110 field-name).
 func validName(s string) bool {
