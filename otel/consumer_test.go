@@ -348,3 +348,19 @@ func splitURL(t *testing.T, raw string) (string, int) {
 	require.NoError(t, err)
 	return host, p
 }
+
+// description returns the description (the Prometheus HELP text) of a metric.
+func description(t *testing.T, tm *telemetry, name string) string {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, tm.reader.Collect(context.Background(), &rm))
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name == name {
+				return m.Description
+			}
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return ""
+}

@@ -149,10 +149,12 @@ func New(opts Options) (*Telemetry, error) {
 	var err error
 	t.opDuration, err = messagingconv.NewClientOperationDuration(m, metric.WithExplicitBucketBoundaries(OperationDurationBuckets...))
 	errs = append(errs, err)
-	// The conventions' own description says "attempted"; this counter counts only the
-	// messages the broker accepted, and its HELP text says so.
-	t.sent, err = messagingconv.NewClientSentMessages(m,
+	// Made here rather than by messagingconv.NewClientSentMessages, whose description (it
+	// wins over one passed in) says "attempted": this counter counts only the messages the
+	// broker accepted, and its HELP text says so.
+	sent, err := m.Int64Counter(messagingconv.ClientSentMessages{}.Name(), metric.WithUnit(messagingconv.ClientSentMessages{}.Unit()),
 		metric.WithDescription("Messages the broker accepted (failed sends are counted in outbox.attempts)."))
+	t.sent = messagingconv.ClientSentMessages{Int64Counter: sent}
 	errs = append(errs, err)
 	t.attempts, err = m.Int64Counter("outbox.attempts", metric.WithUnit("{attempt}"),
 		metric.WithDescription("Delivery attempts whose outcome was recorded, by outcome: delivered, retried, unavailable, dead."))

@@ -668,6 +668,8 @@ func TestMetrics(t *testing.T) {
 			require.Equal(t, map[string]float64{"delivered": n, "dead": m, "retried": 0, "unavailable": 0}, got)
 			sent, _ := sum(t, tm, "messaging.client.sent.messages", attribute.String("messaging.destination.name", "t"))
 			require.EqualValues(t, n, sent)
+			require.Equal(t, "Messages the broker accepted (failed sends are counted in outbox.attempts).",
+				description(t, tm, "messaging.client.sent.messages"), "the HELP text says what is counted")
 			lag, _ := sum(t, tm, "outbox.delivery.lag", topic...)
 			require.EqualValues(t, n, lag)
 			sends, _ := sum(t, tm, "messaging.client.operation.duration", attribute.String("messaging.operation.name", "send"))
