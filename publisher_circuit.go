@@ -66,6 +66,7 @@ func (r *run) circuitChanged(open bool, t transition, cause error) {
 	p := r.p
 	r.observeCircuit(open)
 	if open {
+		r.refused.clear()
 		p.log.Warn("outbox publisher: destination unavailable; circuit open, claiming stopped until a probe gets through"+
 			" (messages keep their attempts)",
 			"err", cause, "probe_in", t.probeIn.Round(time.Millisecond),
@@ -102,26 +103,34 @@ func (r *run) logUnavailable(b *outcomes, its []*settlement) {
 }
 
 // chargeUnavailable makes a message that failed [Unavailable] spend its attempt when the
-// destination is known to answer: another message of the same batch was delivered, or this
-// message failed so before in such a batch (r.refused remembers it). What refuses it then is
+// destination is known to answer: another message of the same batch was delivered, or, with
+// the circuit closed, every message of the batch that failed so is one that failed so before
+// in a batch whose others were delivered (r.refused remembers them). What refuses it then is
 // not an outage but something about the message (an endpoint that refuses one event with 503
 // for good, say); were its attempts given back, it would be retried forever at no cost, and,
 // retried alone, would open the circuit for everything else. It is judged by the retry policy
 // like any failure instead, and dead-lettered at the attempt limit. Only the messages still
 // given back count as unavailable for the circuit afterwards, so a batch of refused messages
-// alone does not open it. A batch whose every message failed Unavailable keeps its attempts,
-// as before: that is the outage the circuit breaker handles.
+// alone does not open it. Any other batch whose every message failed Unavailable keeps its
+// attempts, as before: that is the outage the circuit breaker handles, and opening the circuit
+// forgets the refused messages (an outage that began in the middle of a batch made them look
+// refused; they spend that one attempt only).
 func (r *run) chargeUnavailable(b *outcomes) {
 	if b.unavailable == 0 && r.refused.n.Load() == 0 {
 		return
 	}
 	delivered := slices.ContainsFunc(b.items, func(it settlement) bool { return it.out.Status == StatusDelivered })
+	if !delivered && (b.unavailable == 0 || !r.circ.closed() || slices.ContainsFunc(b.items, func(it settlement) bool {
+		return it.out.RefundAttempt && !r.refused.has(it.out.ID)
+	})) {
+		return
+	}
 	for i := range b.items {
 		it := &b.items[i]
 		switch {
 		case it.out.Status == StatusDelivered:
 			r.refused.forget(it.out.ID)
-		case !it.out.RefundAttempt, !delivered && !r.refused.has(it.out.ID):
+		case !it.out.RefundAttempt:
 		default:
 			it.out = r.p.opts.Retry.outcome(Failure{Lease: it.out.Lease, Attempts: it.rec.Attempts, Err: it.cause}, false)
 			b.unavailable--
@@ -165,6 +174,13 @@ func (s *refusedSet) add(id uuid.UUID) {
 		s.ids[id] = struct{}{}
 		s.n.Store(int64(len(s.ids)))
 	}
+}
+
+func (s *refusedSet) clear() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ids = nil
+	s.n.Store(0)
 }
 
 func (s *refusedSet) forget(id uuid.UUID) {
