@@ -105,14 +105,15 @@ func (r *run) logUnavailable(b *outcomes, its []*settlement) {
 // chargeUnavailable makes a message that failed [Unavailable] spend its attempt when its
 // destination is known to answer and has refused it before: the message failed so in an
 // earlier batch whose other messages were delivered (r.refused remembers it), and now fails
-// so again, either beside delivered messages or, with the circuit closed, in a batch whose
-// every unavailable message is such a one. What refuses it then is not an outage but
+// so again, with the circuit closed, in a batch that delivered nothing and whose every
+// unavailable message is such a one (retried alone, say). Beside delivered messages a
+// refusal is only noted, never charged: an outage that begins or ends in the middle of a
+// batch looks just like it. What refuses it then is not an outage but
 // something about the message (an endpoint that refuses one event with 503 for good, say);
 // were its attempts given back, it would be retried forever at no cost, and, retried alone,
 // would open the circuit for everything else. It is judged by the retry policy like any
-// failure instead, and dead-lettered at the attempt limit. Its first such refusal keeps its
-// attempt, so that an outage that begins or ends in the middle of a batch costs nothing;
-// opening the circuit forgets every remembered message. Only the messages still given back
+// failure instead, and dead-lettered at the attempt limit. Opening the circuit forgets every
+// remembered message. Only the messages still given back
 // count as unavailable for the circuit, so a batch of refused messages alone does not open
 // it. Any other batch whose every message failed Unavailable keeps its attempts: that is the
 // outage the circuit breaker handles.
@@ -132,8 +133,8 @@ func (r *run) chargeUnavailable(b *outcomes) {
 		case it.out.Status == StatusDelivered:
 			r.refused.forget(it.out.ID)
 		case !it.out.RefundAttempt:
-		case !r.refused.has(it.out.ID):
-			r.refused.add(it.out.ID) // refused once while the destination answered: noted, not charged
+		case delivered:
+			r.refused.add(it.out.ID) // refused while the destination answered: noted, not charged
 		default:
 			it.out = r.p.opts.Retry.outcome(Failure{Lease: it.out.Lease, Attempts: it.rec.Attempts, Err: it.cause}, false)
 			b.unavailable--

@@ -196,10 +196,10 @@ func pollUntil(t *testing.T, within time.Duration, what string, cond func() bool
 
 // TestPublisherPartialUnavailable: a batch where some messages are delivered and others
 // report their destination unavailable settles the delivered ones as usual and gives the
-// others their attempt back the first time (with one attempt allowed, a spent one would kill
-// those that fail once); one that the destination refuses for good spends its attempts from
-// its second refusal on, even retried alone, and is dead-lettered at the attempt limit
-// instead of being retried forever at no cost. Nothing opens the circuit.
+// others their attempt back (with one attempt allowed, a spent one would kill those that
+// fail once); one that the destination refuses for good spends its attempts once it is
+// retried alone, and is dead-lettered at the attempt limit instead of being retried forever
+// at no cost. Nothing opens the circuit.
 func TestPublisherPartialUnavailable(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, e *pubEnv) {
@@ -235,14 +235,16 @@ func TestPublisherPartialUnavailable(t *testing.T) {
 		st := p.Stats()
 		require.EqualValues(t, 1, st.Dead)
 		require.Zero(t, st.CircuitOpens, "a destination that answers is not down")
-		require.EqualValues(t, 20, st.Unavailable, "the first refusal of each odd message (the refused one among them) gave its attempt back")
+		// Each odd message's refusal beside delivered ones gave its attempt back, the refused
+		// one's too (once, and again whenever its retry shared a batch with delivered ones).
+		require.GreaterOrEqual(t, st.Unavailable, int64(20))
 		require.EqualValues(t, 39, st.Delivered)
 		rec := e.get(t, refused)
 		require.Equal(t, outbox.StatusDead, rec.Status)
 		require.Equal(t, 1, rec.Attempts)
 		require.Contains(t, rec.LastError, "attempt limit reached (1 of 1)")
 		mu.Lock()
-		require.Equal(t, 2, failed[refused], "refused once for free, then once per attempt")
+		require.EqualValues(t, st.Unavailable-19+1, failed[refused], "refused for free beside delivered ones, then once per attempt")
 		mu.Unlock()
 		requireAttemptsAtMost(t, e, 1)
 	})

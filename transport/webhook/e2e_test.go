@@ -175,8 +175,8 @@ func TestEndToEndRetries(t *testing.T) {
 }
 
 // TestRefusedForever: the endpoint answers 503 for good to one event and accepts every other.
-// The endpoint is not down: the event's first refusal, beside the rest of its batch, keeps
-// its attempt, and every later one, retried alone, spends one, so it is dead-lettered at the
+// The endpoint is not down: the event's refusal beside the rest of its batch keeps its
+// attempt, and every later one, retried alone, spends one, so it is dead-lettered at the
 // attempt limit instead of being retried forever; the circuit never opens, and the other
 // events are delivered once each.
 func TestRefusedForever(t *testing.T) {
