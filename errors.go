@@ -108,8 +108,11 @@ func IsPermanent(err error) bool {
 // cluster without a leader). The message itself is not at fault. A [Publisher] spends no
 // attempt on it: the message goes back to pending with its attempt count unchanged and is
 // never dead-lettered for it, however long the outage lasts, and a batch that comes back
-// all Unavailable opens the publisher's circuit breaker. Transports classify their
-// clients' outage errors with it; a [Transport] of your own may too.
+// all Unavailable opens the publisher's circuit breaker. A destination that answers is not
+// down, though: a message that fails Unavailable while other messages of its batch are
+// delivered (an endpoint that refuses that one event with 503) keeps its attempt there, and
+// spends one on every such failure when retried alone while the circuit stays closed. Transports
+// classify their clients' outage errors with it; a [Transport] of your own may too.
 func Unavailable(err error) error {
 	if err == nil {
 		err = errors.New("destination unavailable")

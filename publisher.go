@@ -567,6 +567,9 @@ type run struct {
 	slow atomic.Bool
 	// circ is the circuit breaker shared by the claim loops; nil when disabled.
 	circ *circuit
+	// refused remembers the messages refused while their destination answered
+	// (chargeUnavailable).
+	refused refusedSet
 }
 
 func (r *run) wakeAll() {
@@ -797,8 +800,9 @@ func (r *run) publishBatch(recs []Record, lost map[uuid.UUID]bool) *outcomes {
 				items[i].cause = fmt.Errorf("%w: %w", ErrAttemptLimit, err)
 			}
 		}
-		r.endPublish(ctx, batch, items, idx)
 		b.partly = b.unavailable > 0 && b.unavailable < b.published
+		r.chargeUnavailable(b)
+		r.endPublish(ctx, batch, items, idx)
 	}
 	return b
 }

@@ -1,6 +1,10 @@
 package outbox
 
 import (
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -82,6 +86,7 @@ func (r *run) circuitChanged(open bool, t transition, cause error) {
 	p := r.p
 	r.observeCircuit(open)
 	if open {
+		r.refused.clear()
 		p.log.Warn("outbox publisher: destination unavailable; circuit open, claiming stopped until a probe gets through"+
 			" (messages keep their attempts)",
 			"err", cause, "probe_in", t.probeIn.Round(time.Millisecond),
@@ -115,4 +120,94 @@ func (r *run) logUnavailable(b *outcomes, its []*settlement) {
 		return
 	}
 	p.log.Warn(msg, attrs...)
+}
+
+// chargeUnavailable makes a message that failed [Unavailable] spend its attempt when its
+// destination is known to answer and has refused it before: the message failed so in an
+// earlier batch whose other messages were delivered (r.refused remembers it), and now fails
+// so again, with the circuit closed, in a batch that delivered nothing and whose every
+// unavailable message is such a one (retried alone, say). Beside delivered messages a
+// refusal is only noted, never charged: an outage that begins or ends in the middle of a
+// batch looks just like it. What refuses it then is not an outage but
+// something about the message (an endpoint that refuses one event with 503 for good, say);
+// were its attempts given back, it would be retried forever at no cost, and, retried alone,
+// would open the circuit for everything else. It is judged by the retry policy like any
+// failure instead, and dead-lettered at the attempt limit. Opening the circuit forgets every
+// remembered message. Only the messages still given back
+// count as unavailable for the circuit, so a batch of refused messages alone does not open
+// it. Any other batch whose every message failed Unavailable keeps its attempts: that is the
+// outage the circuit breaker handles.
+func (r *run) chargeUnavailable(b *outcomes) {
+	if b.unavailable == 0 && r.refused.n.Load() == 0 {
+		return
+	}
+	delivered := slices.ContainsFunc(b.items, func(it settlement) bool { return it.out.Status == StatusDelivered })
+	if !delivered && (b.unavailable == 0 || !r.circ.closed() || slices.ContainsFunc(b.items, func(it settlement) bool {
+		return it.out.RefundAttempt && !r.refused.has(it.out.ID)
+	})) {
+		return
+	}
+	for i := range b.items {
+		it := &b.items[i]
+		switch {
+		case it.out.Status == StatusDelivered:
+			r.refused.forget(it.out.ID)
+		case !it.out.RefundAttempt:
+		case delivered:
+			r.refused.add(it.out.ID) // refused while the destination answered: noted, not charged
+		default:
+			it.out = r.p.opts.Retry.outcome(Failure{Lease: it.out.Lease, Attempts: it.rec.Attempts, Err: it.cause}, false)
+			b.unavailable--
+			if it.out.Status == StatusDead {
+				it.cause = fmt.Errorf("%w: %w", ErrAttemptLimit, it.cause)
+				r.refused.forget(it.out.ID)
+			}
+		}
+	}
+}
+
+// refusedSet holds the ids of messages that failed [Unavailable] while another message of
+// their batch was delivered, so that their later unavailable failures spend attempts too.
+// It is bounded: past refusedMax ids, new ones are not remembered (they spend an attempt
+// only when they share a batch with a delivered message again). A restarted publisher
+// starts empty. A message leaves it when it is delivered or dead-lettered by this publisher.
+type refusedSet struct {
+	n   atomic.Int64 // len(ids), read without the lock
+	mu  sync.Mutex
+	ids map[uuid.UUID]struct{}
+}
+
+const refusedMax = 4096
+
+func (s *refusedSet) has(id uuid.UUID) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.ids[id]
+	return ok
+}
+
+func (s *refusedSet) add(id uuid.UUID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ids == nil {
+		s.ids = map[uuid.UUID]struct{}{}
+	}
+	if len(s.ids) < refusedMax {
+		s.ids[id] = struct{}{}
+		s.n.Store(int64(len(s.ids)))
+	}
+}
+
+func (s *refusedSet) clear() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ids = nil
+	s.n.Store(0)
+}
+
+func (s *refusedSet) forget(id uuid.UUID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.ids, id)
+	s.n.Store(int64(len(s.ids)))
 }

@@ -194,9 +194,12 @@ func pollUntil(t *testing.T, within time.Duration, what string, cond func() bool
 	}
 }
 
-// TestPublisherPartialUnavailable: a batch where only some messages cannot reach their
-// destination settles the rest as usual, gives the others their attempt back (with one
-// attempt allowed, a spent one would kill them), and does not open the circuit.
+// TestPublisherPartialUnavailable: a batch where some messages are delivered and others
+// report their destination unavailable settles the delivered ones as usual and gives the
+// others their attempt back (with one attempt allowed, a spent one would kill those that
+// fail once); one that the destination refuses for good spends its attempts once it is
+// retried alone, and is dead-lettered at the attempt limit instead of being retried forever
+// at no cost. Nothing opens the circuit.
 func TestPublisherPartialUnavailable(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, e *pubEnv) {
@@ -205,6 +208,7 @@ func TestPublisherPartialUnavailable(t *testing.T) {
 		for i, id := range ids {
 			odd[id] = i%2 == 1
 		}
+		refused := ids[1]
 		var mu sync.Mutex
 		failed := map[uuid.UUID]int{}
 		tr := outbox.TransportFunc(func(ctx context.Context, batch []outbox.Delivery) []error {
@@ -212,9 +216,9 @@ func TestPublisherPartialUnavailable(t *testing.T) {
 			defer mu.Unlock()
 			errs := make([]error, len(batch))
 			for i, m := range batch {
-				if odd[m.ID] && failed[m.ID] < 1 { // one partition without a leader, once
+				if m.ID == refused || odd[m.ID] && failed[m.ID] < 1 {
 					failed[m.ID]++
-					errs[i] = outbox.Unavailable(fmt.Errorf("partition %d: leader not available", i))
+					errs[i] = outbox.Unavailable(fmt.Errorf("message %d: 503 Service Unavailable", i))
 				}
 			}
 			return errs
@@ -224,13 +228,24 @@ func TestPublisherPartialUnavailable(t *testing.T) {
 		p, err := outbox.NewPublisher(e.store, tr, o)
 		require.NoError(t, err)
 		stop := start(t, p)
-		e.waitCounts(t, 20*time.Second, func(m map[outbox.Status]int) bool { return m[outbox.StatusDelivered] == 40 })
+		e.waitCounts(t, 20*time.Second, func(m map[outbox.Status]int) bool {
+			return m[outbox.StatusDelivered] == 39 && m[outbox.StatusDead] == 1
+		})
 		stop()
 		st := p.Stats()
-		require.Zero(t, st.Dead)
-		require.Zero(t, st.CircuitOpens, "a partial outage does not open the circuit")
-		require.EqualValues(t, 20, st.Unavailable)
-		require.EqualValues(t, 40, st.Delivered)
+		require.EqualValues(t, 1, st.Dead)
+		require.Zero(t, st.CircuitOpens, "a destination that answers is not down")
+		// Each odd message's refusal beside delivered ones gave its attempt back, the refused
+		// one's too (once, and again whenever its retry shared a batch with delivered ones).
+		require.GreaterOrEqual(t, st.Unavailable, int64(20))
+		require.EqualValues(t, 39, st.Delivered)
+		rec := e.get(t, refused)
+		require.Equal(t, outbox.StatusDead, rec.Status)
+		require.Equal(t, 1, rec.Attempts)
+		require.Contains(t, rec.LastError, "attempt limit reached (1 of 1)")
+		mu.Lock()
+		require.EqualValues(t, st.Unavailable-19+1, failed[refused], "refused for free beside delivered ones, then once per attempt")
+		mu.Unlock()
 		requireAttemptsAtMost(t, e, 1)
 	})
 }

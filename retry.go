@@ -82,7 +82,11 @@ func (p RetryPolicy) Jittered(attempts int) time.Duration {
 // attempt would have had (or the [RetryAfter] hint), so a message's own backoff neither
 // grows nor resets during an outage. Any other error is retried until f.Attempts reaches
 // MaxAttempts, and then dead-lettered.
-func (p RetryPolicy) Outcome(f Failure) Outcome {
+func (p RetryPolicy) Outcome(f Failure) Outcome { return p.outcome(f, true) }
+
+// outcome is [RetryPolicy.Outcome]; with refund false, an [Unavailable] error is judged
+// like any other failure: it spends the attempt and dead-letters at the limit.
+func (p RetryPolicy) outcome(f Failure, refund bool) Outcome {
 	msg := "unknown error"
 	if f.Err != nil {
 		msg = f.Err.Error()
@@ -91,7 +95,7 @@ func (p RetryPolicy) Outcome(f Failure) Outcome {
 	switch {
 	case IsPermanent(f.Err):
 		o.Status = StatusDead
-	case IsUnavailable(f.Err):
+	case refund && IsUnavailable(f.Err):
 		o.Status, o.RefundAttempt = StatusPending, true
 		o.Delay = p.retryDelay(f)
 	case f.Attempts >= p.MaxAttempts:

@@ -93,3 +93,27 @@ func PerMessage(fn func(ctx context.Context, d Delivery) error) Transport {
 		return errs
 	})
 }
+
+// TransportDestination is an optional ability of a [Transport], for telemetry: Destination
+// tells where Publish sends d, in the words of OpenTelemetry's messaging conventions
+// (messaging.destination.name, server.address, server.port). Telemetry adapters call it for
+// each delivery as its publish starts, so it must be quick and must not block: it maps d as
+// Publish does and reports the server the transport knows now, without any network call.
+// Every built-in transport implements it.
+type TransportDestination interface {
+	Destination(d Delivery) Destination
+}
+
+// Destination is where a transport sends one message, as [TransportDestination] reports it.
+// A field the transport cannot tell is left zero.
+type Destination struct {
+	// Name is the broker's name of the destination, not the outbox topic: the NATS subject,
+	// the Kafka topic, the AMQP exchange, the Redis stream, the webhook URL's host.
+	Name string
+	// RoutingKey is the AMQP routing key of the message; empty for other brokers.
+	RoutingKey string
+	// ServerAddress is the host name (or IP address) of the broker or endpoint, and
+	// ServerPort its port.
+	ServerAddress string
+	ServerPort    int
+}

@@ -233,6 +233,34 @@ func (e Event) JSON(payload []byte) ([]byte, error) {
 	return b.Bytes(), nil
 }
 
+// PercentEncode encodes an attribute value for a header, as the HTTP and NATS protocol
+// bindings require of their ce- headers: space, double quote, percent and every byte outside
+// printable ASCII become %XX (upper-case hex) of the value's UTF-8 bytes; everything else is
+// kept. "100% sure" becomes "100%25%20sure".
+func PercentEncode(v string) string {
+	n := 0
+	for i := 0; i < len(v); i++ {
+		if mustEncode(v[i]) {
+			n++
+		}
+	}
+	if n == 0 {
+		return v
+	}
+	const hex = "0123456789ABCDEF"
+	b := make([]byte, 0, len(v)+2*n)
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; mustEncode(c) {
+			b = append(b, '%', hex[c>>4], hex[c&15])
+		} else {
+			b = append(b, c)
+		}
+	}
+	return string(b)
+}
+
+func mustEncode(c byte) bool { return c <= ' ' || c >= 0x7f || c == '"' || c == '%' }
+
 // invalid returns the error of a bad setting, as the root package reports its own.
 func invalid(field, format string, args ...any) *outbox.ValidationError {
 	return &outbox.ValidationError{Index: -1, Field: field, Reason: fmt.Sprintf(format, args...)}

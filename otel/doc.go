@@ -11,14 +11,19 @@
 //     traceparent and tracestate by default). A header the caller set is kept: when the
 //     message already carries one of the propagator's fields, nothing is injected, and the
 //     create span links to the caller's context instead.
-//   - A [outbox.Publisher] sends each batch in a "send <topic>" span (kind CLIENT) that
-//     links to every message's stored creation context, with
+//   - A [outbox.Publisher] sends each batch in a "send <destination>" span (kind CLIENT)
+//     that links to every message's stored creation context; the destination is the
+//     broker's and server.address/server.port its server, as the transport reports them
+//     ([outbox.TransportDestination]), and the outbox topic is outbox.topic; with
 //     messaging.batch.message_count, or, with [Options.SpanPerMessage], one span per
 //     message with messaging.message.id. Failures set error.type and add an event per
 //     message: "outbox.retry_scheduled", "outbox.unavailable" or "outbox.dead_lettered".
 //   - The transports copy the message's headers onto the broker message unchanged, so a
 //     consumer extracts the creation context from them; the inbox's "process" span (kind
 //     CONSUMER) links to it.
+//
+// Every span and metric carries the same messaging.system, [Options.System] ("outbox" unless
+// set), so that the create and send spans of one message tell one story.
 //
 // Metrics (instrumentation scope [ScopeName]):
 //
@@ -28,7 +33,7 @@
 //	outbox.delivery.lag                 histogram  s, from enqueue (the row's created_at) to its recorded delivery
 //	outbox.messages                     gauge      rows per namespace, topic and outbox.status (pending, scheduled, processing, dead)
 //	outbox.oldest_pending.age           gauge      s, how long the oldest due row of a topic has waited
-//	outbox.circuit.open                 gauge      1 while a publisher's circuit breaker is open, else 0
+//	outbox.circuit.open                 gauge      1 while a publisher's circuit breaker is open, else 0 (also once closed)
 //
 // The gauges come from [outbox.Store.Stats], read by one poller per store
 // ([Telemetry.WatchStore], every 15 s by default), never by the claim loops; a collection

@@ -35,6 +35,7 @@ func (h enqueueHook) StartEnqueue(ctx context.Context, m *outbox.Message) contex
 		semconv.MessagingOperationTypeCreate,
 		semconv.MessagingDestinationName(m.Topic),
 		NamespaceKey.String(m.Namespace),
+		TopicKey.String(m.Topic),
 	}
 	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...)}
 	if own {

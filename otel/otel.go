@@ -20,8 +20,8 @@ import (
 // ScopeName is the instrumentation scope of the spans and metrics.
 const ScopeName = "github.com/outboxgo/outbox/otel"
 
-// DefaultSystem is the messaging.system of create spans and of publishers whose transport
-// does not name its system, when [Options.System] is empty.
+// DefaultSystem is the messaging.system of every span and metric when [Options.System] is
+// empty: the outbox itself, the messaging client the application writes to.
 const DefaultSystem = "outbox"
 
 // Attribute keys of this package, beside the conventions' own.
@@ -33,6 +33,10 @@ const (
 	StatusKey = attribute.Key("outbox.status")
 	// NamespaceKey is the outbox namespace of a message or gauge.
 	NamespaceKey = attribute.Key("outbox.namespace")
+	// TopicKey is the outbox topic of a message or gauge. messaging.destination.name is the
+	// broker's destination the transport sends it to, which the topic maps to (see
+	// [Telemetry.PublisherObserver]).
+	TopicKey = attribute.Key("outbox.topic")
 	// PublisherKey names the publisher of outbox.circuit.open.
 	PublisherKey = attribute.Key("outbox.publisher")
 	// AttemptKey is the attempt number on the per-message events of a send span.
@@ -70,9 +74,14 @@ type Options struct {
 	// Default W3C trace context (traceparent, tracestate): the format every transport can
 	// carry. Pass otel.GetTextMapPropagator() to use the global one, baggage included.
 	Propagator propagation.TextMapPropagator
-	// System is the messaging.system of create spans, of process spans and of publishers
-	// whose transport does not implement [outbox.TransportSystem] (every built-in
-	// transport does). Default [DefaultSystem].
+	// System is the messaging.system of every span and metric: create, send and process
+	// spans of the same message all say it, so that a trace tells one story. The default,
+	// [DefaultSystem] ("outbox"), names the outbox as the messaging client the application
+	// uses; set it to the broker's name ("nats", "kafka", "rabbitmq", "redis", "webhook",
+	// as the transports' System methods name them) to have every span say that instead,
+	// in every process that enqueues or publishes. The broker a send reached is on its span
+	// either way: messaging.destination.name and server.address (see
+	// [Telemetry.PublisherObserver]).
 	System string
 	// SpanPerMessage makes publishers start one send span per message, with
 	// messaging.message.id, instead of one per batch that links to every message. A
@@ -102,6 +111,8 @@ type Telemetry struct {
 	mu         sync.Mutex
 	watchers   map[*outbox.Store]*StoreWatcher
 	publishers map[*PublisherObserver]struct{}
+	// closedCircuits are the circuits of closed publisher observers, reported as 0.
+	closedCircuits map[attribute.Distinct]attribute.Set
 }
 
 // New returns a Telemetry. It fails only when the meter provider refuses an instrument.
@@ -130,13 +141,20 @@ func New(opts Options) (*Telemetry, error) {
 		perMessage: opts.SpanPerMessage,
 		watchers:   map[*outbox.Store]*StoreWatcher{},
 		publishers: map[*PublisherObserver]struct{}{},
+
+		closedCircuits: map[attribute.Distinct]attribute.Set{},
 	}
 	m := mp.Meter(ScopeName, metric.WithSchemaURL(semconv.SchemaURL))
 	var errs []error
 	var err error
 	t.opDuration, err = messagingconv.NewClientOperationDuration(m, metric.WithExplicitBucketBoundaries(OperationDurationBuckets...))
 	errs = append(errs, err)
-	t.sent, err = messagingconv.NewClientSentMessages(m)
+	// Made here rather than by messagingconv.NewClientSentMessages, whose description (it
+	// wins over one passed in) says "attempted": this counter counts only the messages the
+	// broker accepted, and its HELP text says so.
+	sent, err := m.Int64Counter(messagingconv.ClientSentMessages{}.Name(), metric.WithUnit(messagingconv.ClientSentMessages{}.Unit()),
+		metric.WithDescription("Messages the broker accepted (failed sends are counted in outbox.attempts)."))
+	t.sent = messagingconv.ClientSentMessages{Int64Counter: sent}
 	errs = append(errs, err)
 	t.attempts, err = m.Int64Counter("outbox.attempts", metric.WithUnit("{attempt}"),
 		metric.WithDescription("Delivery attempts whose outcome was recorded, by outcome: delivered, retried, unavailable, dead."))
@@ -151,7 +169,7 @@ func New(opts Options) (*Telemetry, error) {
 		metric.WithDescription("How long the oldest due pending row of a topic has been due, read by the store's poller."))
 	errs = append(errs, err)
 	t.circuit, err = m.Int64ObservableGauge("outbox.circuit.open",
-		metric.WithDescription("1 while a publisher's circuit breaker is open (its destination unavailable), 0 while closed."))
+		metric.WithDescription("1 while a publisher's circuit breaker is open (its destination unavailable), 0 while closed or once the publisher's observer is closed."))
 	errs = append(errs, err)
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("outboxotel: instruments: %w", err)
@@ -179,6 +197,9 @@ func (t *Telemetry) observe(_ context.Context, o metric.Observer) error {
 	pubs := make([]*PublisherObserver, 0, len(t.publishers))
 	for p := range t.publishers {
 		pubs = append(pubs, p)
+	}
+	for _, attrs := range t.closedCircuits {
+		o.ObserveInt64(t.circuit, 0, metric.WithAttributeSet(attrs))
 	}
 	t.mu.Unlock()
 	for _, w := range watchers {

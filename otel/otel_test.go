@@ -171,7 +171,7 @@ func TestPublisherChildProcess(t *testing.T) {
 	if err != nil {
 		fail(err)
 	}
-	tel := newTelemetry(t, outboxotel.Options{})
+	tel := newTelemetry(t, outboxotel.Options{System: "nats"}) // as in the enqueuing process
 	nc, err := natsgo.Connect(testdb.Service(t, "nats", "OUTBOX_NATS_URL", "nats://127.0.0.1:4222"))
 	if err != nil {
 		fail(err)
@@ -259,6 +259,8 @@ type traceRun struct {
 	consumers  map[uuid.UUID]trace.SpanContext
 	processes  []sdktrace.ReadOnlySpan
 	ownCreated trace.SpanContext
+	ns         string
+	spans      []sdktrace.ReadOnlySpan // every span of this process
 }
 
 // crossProcess enqueues two messages in a request span (one with the caller's own
@@ -283,7 +285,7 @@ func crossProcess(t *testing.T, backend string, wrap func(outbox.EnqueueHook) ou
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), ns) })
 
-	r := &traceRun{rows: map[uuid.UUID]outbox.Headers{}, brokered: map[uuid.UUID]map[string]string{}, consumers: map[uuid.UUID]trace.SpanContext{}}
+	r := &traceRun{ns: ns, rows: map[uuid.UUID]outbox.Headers{}, brokered: map[uuid.UUID]map[string]string{}, consumers: map[uuid.UUID]trace.SpanContext{}}
 	// The caller's own context: a span of another trace, in W3C form.
 	_, own := tm.tp.Tracer("caller").Start(ctx, "callers-own")
 	own.End()
@@ -333,7 +335,7 @@ func crossProcess(t *testing.T, backend string, wrap func(outbox.EnqueueHook) ou
 			}
 			id := uuid.MustParse(h[jetstream.MsgIDHeader])
 			r.brokered[id] = h
-			cctx := prop.Extract(ctx, propagation.MapCarrier(h))
+			cctx := prop.Extract(ctx, nats.HeaderCarrier(m.Headers()))
 			cctx, span := tm.tp.Tracer("consumer").Start(cctx, "receive "+m.Subject(), trace.WithSpanKind(trace.SpanKindConsumer))
 			r.consumers[id] = span.SpanContext()
 			pctx := inbox.WithMessage(cctx, inbox.Message{Destination: m.Subject(), Headers: h})
@@ -345,7 +347,8 @@ func crossProcess(t *testing.T, backend string, wrap func(outbox.EnqueueHook) ou
 		require.NoError(t, batch.Error())
 		require.NotZero(t, n, "consumer stalled")
 	}
-	for _, sp := range tm.spans.Ended() {
+	r.spans = tm.spans.Ended()
+	for _, sp := range r.spans {
 		if strings.HasPrefix(sp.Name(), "process ") {
 			r.processes = append(r.processes, sp)
 		}
@@ -388,7 +391,7 @@ func (r *traceRun) check() error {
 	// The send span, in the other process, links to both creation contexts.
 	linked := map[string]bool{}
 	for _, s := range r.sends {
-		if s.Kind != trace.SpanKindClient.String() || s.Name != "send order.created" || s.System != "nats" {
+		if s.Kind != trace.SpanKindClient.String() || s.Name != "send "+r.ns+".order.created" || s.System != "nats" {
 			fail("send span %+v", s)
 		}
 		for _, l := range s.Links {
@@ -453,6 +456,7 @@ func TestTraceAcrossProcesses(t *testing.T) {
 			t.Parallel()
 			r := crossProcess(t, b, func(h outbox.EnqueueHook) outbox.EnqueueHook { return h })
 			require.NoError(t, r.check())
+			requireConventions(t, r.spans, "nats")
 		})
 	}
 }
@@ -602,6 +606,7 @@ func TestRetryThenSuccess(t *testing.T) {
 			delivered, _ := sum(t, tm, "outbox.attempts", outboxotel.OutcomeKey.String("delivered"))
 			sent, _ := sum(t, tm, "messaging.client.sent.messages")
 			require.Equal(t, []float64{1, 1, 1}, []float64{retried, delivered, sent})
+			requireConventions(t, tm.spans.Ended(), "test")
 		})
 	}
 }
@@ -628,7 +633,7 @@ func TestMetrics(t *testing.T) {
 			began := time.Now()
 			_, err = tm.tel.WatchStore(e.store, outboxotel.WatchOptions{})
 			require.ErrorIs(t, err, outboxotel.ErrWatched)
-			topic := []attribute.KeyValue{outboxotel.NamespaceKey.String(ns), attribute.String("messaging.destination.name", "t")}
+			topic := []attribute.KeyValue{outboxotel.NamespaceKey.String(ns), outboxotel.TopicKey.String("t")}
 			pending := append(topic[:2:2], outboxotel.StatusKey.String("pending"))
 			waitFor(t, 10*time.Second, "the pending gauge shows the backlog", func() bool {
 				v, _ := sum(t, tm, "outbox.messages", pending...)
@@ -663,6 +668,8 @@ func TestMetrics(t *testing.T) {
 			require.Equal(t, map[string]float64{"delivered": n, "dead": m, "retried": 0, "unavailable": 0}, got)
 			sent, _ := sum(t, tm, "messaging.client.sent.messages", attribute.String("messaging.destination.name", "t"))
 			require.EqualValues(t, n, sent)
+			require.Equal(t, "Messages the broker accepted (failed sends are counted in outbox.attempts).",
+				description(t, tm, "messaging.client.sent.messages"), "the HELP text says what is counted")
 			lag, _ := sum(t, tm, "outbox.delivery.lag", topic...)
 			require.EqualValues(t, n, lag)
 			sends, _ := sum(t, tm, "messaging.client.operation.duration", attribute.String("messaging.operation.name", "send"))

@@ -22,7 +22,7 @@ func systemAttr(s string) messagingconv.SystemAttr { return messagingconv.System
 // [Telemetry.PublisherObserver] and set it in [outbox.PublisherOptions.Observer].
 type PublisherObserver struct {
 	t            *Telemetry
-	system       string
+	dests        outbox.TransportDestination // nil when the transport does not tell
 	open         atomic.Bool
 	circuitAttrs attribute.Set
 }
@@ -32,34 +32,75 @@ var (
 	_ outbox.CircuitObserver   = (*PublisherObserver)(nil)
 )
 
-// PublisherObserver returns the observer of a publisher that publishes through tr: its
-// messaging.system is tr's ([outbox.TransportSystem]) or [Options.System]. name identifies
-// the publisher on outbox.circuit.open (its namespace, say). Call [PublisherObserver.Close]
-// when the publisher is gone, so that its circuit is no longer reported.
+// PublisherObserver returns the observer of a publisher that publishes through tr. When tr
+// implements [outbox.TransportDestination] (every built-in transport does), send spans and
+// metrics carry the broker's destination (messaging.destination.name: the NATS subject, the
+// Kafka topic, the AMQP exchange, ...) and server.address and server.port; otherwise the
+// destination is the outbox topic. messaging.system is [Options.System], as on every span of
+// the Telemetry. name identifies the publisher on outbox.circuit.open (its namespace, say).
+// Call [PublisherObserver.Close] when the publisher is gone: its circuit then reads 0.
 func (t *Telemetry) PublisherObserver(tr outbox.Transport, name string) *PublisherObserver {
-	system := t.system
-	if s, ok := tr.(outbox.TransportSystem); ok && s.System() != "" {
-		system = s.System()
-	}
-	p := &PublisherObserver{t: t, system: system,
-		circuitAttrs: attribute.NewSet(PublisherKey.String(name), semconv.MessagingSystemKey.String(system))}
+	p := &PublisherObserver{t: t,
+		circuitAttrs: attribute.NewSet(PublisherKey.String(name), semconv.MessagingSystemKey.String(t.system))}
+	p.dests, _ = tr.(outbox.TransportDestination)
 	t.mu.Lock()
 	t.publishers[p] = struct{}{}
+	delete(t.closedCircuits, p.circuitAttrs.Equivalent())
 	t.mu.Unlock()
 	return p
 }
 
-// Close stops reporting the publisher's circuit.
+// Close stops observing the publisher: its outbox.circuit.open reads 0 from then on (until
+// an observer of the same name and system takes over), rather than vanishing, so that an
+// alert on it resolves.
 func (p *PublisherObserver) Close() {
 	p.t.mu.Lock()
+	defer p.t.mu.Unlock()
+	if _, ok := p.t.publishers[p]; !ok {
+		return
+	}
 	delete(p.t.publishers, p)
-	p.t.mu.Unlock()
+	p.t.closedCircuits[p.circuitAttrs.Equivalent()] = p.circuitAttrs
+}
+
+// destination returns where the transport sends d: the broker's destination and server,
+// or the outbox topic alone when the transport does not tell.
+func (p *PublisherObserver) destination(d *outbox.Delivery) outbox.Destination {
+	if p.dests != nil {
+		if dst := p.dests.Destination(*d); dst.Name != "" {
+			return dst
+		}
+	}
+	return outbox.Destination{Name: d.Topic}
+}
+
+// destAttrs returns the attributes of a destination: messaging.destination.name,
+// server.address and server.port, and the AMQP routing key, those that are known.
+func destAttrs(attrs []attribute.KeyValue, dst outbox.Destination) []attribute.KeyValue {
+	if dst.Name != "" {
+		attrs = append(attrs, semconv.MessagingDestinationName(dst.Name))
+	}
+	if dst.RoutingKey != "" {
+		attrs = append(attrs, semconv.MessagingRabbitMQDestinationRoutingKey(dst.RoutingKey))
+	}
+	if dst.ServerAddress != "" {
+		attrs = append(attrs, semconv.ServerAddress(dst.ServerAddress))
+		if dst.ServerPort > 0 {
+			attrs = append(attrs, semconv.ServerPort(dst.ServerPort))
+		}
+	}
+	return attrs
 }
 
 // publishState is what StartPublish hands EndPublish.
 type publishState struct {
 	began time.Time
-	dest  string       // "" when the batch has several topics
+	// dests holds each message's destination. dest is the batch's when all of them share
+	// it, else only what they share (the server, say), and topic the batch's outbox topic,
+	// "" when it has several.
+	dests []outbox.Destination
+	dest  outbox.Destination
+	topic string
 	spans []trace.Span // one per message with SpanPerMessage, else one
 }
 
@@ -69,15 +110,16 @@ type publishKey struct{}
 // receives: the batch's span in it, unless there is one per message.
 func (p *PublisherObserver) StartPublish(ctx context.Context, batch []outbox.Delivery) context.Context {
 	t := p.t
-	st := &publishState{began: time.Now(), dest: batch[0].Topic}
+	st := &publishState{began: time.Now(), topic: batch[0].Topic, dests: make([]outbox.Destination, len(batch))}
 	for i := range batch {
-		if batch[i].Topic != st.dest {
-			st.dest = ""
-			break
+		st.dests[i] = p.destination(&batch[i])
+		if batch[i].Topic != st.topic {
+			st.topic = ""
 		}
 	}
+	st.dest = common(st.dests)
 	base := []attribute.KeyValue{
-		semconv.MessagingSystemKey.String(p.system),
+		semconv.MessagingSystemKey.String(t.system),
 		semconv.MessagingOperationName("send"),
 		semconv.MessagingOperationTypeSend,
 	}
@@ -85,21 +127,19 @@ func (p *PublisherObserver) StartPublish(ctx context.Context, batch []outbox.Del
 		st.spans = make([]trace.Span, len(batch))
 		for i := range batch {
 			d := &batch[i]
-			attrs := append(base[:len(base):len(base)], semconv.MessagingDestinationName(d.Topic),
-				semconv.MessagingMessageID(d.ID.String()), NamespaceKey.String(d.Namespace))
+			attrs := destAttrs(base[:len(base):len(base)], st.dests[i])
+			attrs = append(attrs, semconv.MessagingMessageID(d.ID.String()), NamespaceKey.String(d.Namespace), TopicKey.String(d.Topic))
 			opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...)}
 			if sc := t.creation(d); sc.IsValid() {
 				opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc}))
 			}
-			_, st.spans[i] = t.tracer.Start(ctx, "send "+d.Topic, opts...)
+			_, st.spans[i] = t.tracer.Start(ctx, spanName("send", st.dests[i]), opts...)
 		}
 		return context.WithValue(ctx, publishKey{}, st)
 	}
-	attrs := base
-	name := "send"
-	if st.dest != "" {
-		attrs = append(attrs, semconv.MessagingDestinationName(st.dest))
-		name = "send " + st.dest
+	attrs := destAttrs(base, st.dest)
+	if st.topic != "" {
+		attrs = append(attrs, TopicKey.String(st.topic))
 	}
 	if len(batch) == 1 {
 		attrs = append(attrs, semconv.MessagingMessageID(batch[0].ID.String()))
@@ -112,9 +152,33 @@ func (p *PublisherObserver) StartPublish(ctx context.Context, batch []outbox.Del
 			links = append(links, trace.Link{SpanContext: sc})
 		}
 	}
-	ctx, span := t.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...), trace.WithLinks(links...))
+	ctx, span := t.tracer.Start(ctx, spanName("send", st.dest), trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...), trace.WithLinks(links...))
 	st.spans = []trace.Span{span}
 	return context.WithValue(ctx, publishKey{}, st)
+}
+
+// common returns what every destination of a batch shares: the whole destination, or the
+// server alone when the names differ, or nothing.
+func common(dests []outbox.Destination) outbox.Destination {
+	c := dests[0]
+	for _, d := range dests[1:] {
+		if d.Name != c.Name || d.RoutingKey != c.RoutingKey {
+			c.Name, c.RoutingKey = "", ""
+		}
+		if d.ServerAddress != c.ServerAddress || d.ServerPort != c.ServerPort {
+			c.ServerAddress, c.ServerPort = "", 0
+		}
+	}
+	return c
+}
+
+// spanName is "<operation> <destination>", or the operation alone when the batch has
+// several destinations, as the conventions name messaging spans.
+func spanName(op string, dst outbox.Destination) string {
+	if dst.Name == "" {
+		return op
+	}
+	return op + " " + dst.Name
 }
 
 // creation extracts the creation context stored in a message's headers.
@@ -135,7 +199,7 @@ func (p *PublisherObserver) EndPublish(ctx context.Context, batch []outbox.Deliv
 	}
 	elapsed := time.Since(st.began).Seconds()
 	var firstErr error
-	sent := map[string]int64{}
+	sent := map[outbox.Destination]int64{}
 	for i := range batch {
 		r := results[i]
 		d := &batch[i]
@@ -144,7 +208,7 @@ func (p *PublisherObserver) EndPublish(ctx context.Context, batch []outbox.Deliv
 			span = st.spans[i]
 		}
 		if r.Outcome == outbox.AttemptDelivered {
-			sent[d.Topic]++
+			sent[st.dests[i]]++
 			if t.perMessage {
 				span.End()
 			}
@@ -172,8 +236,8 @@ func (p *PublisherObserver) EndPublish(ctx context.Context, batch []outbox.Deliv
 		if t.perMessage {
 			failSpan(span, r.Err)
 			span.End()
-			t.opDuration.Record(ctx, elapsed, "send", systemAttr(p.system), semconv.MessagingDestinationName(d.Topic),
-				semconv.MessagingOperationTypeSend, semconv.ErrorTypeKey.String(errorType(r.Err)))
+			t.opDuration.Record(ctx, elapsed, "send", systemAttr(t.system),
+				destAttrs([]attribute.KeyValue{semconv.MessagingOperationTypeSend, semconv.ErrorTypeKey.String(errorType(r.Err))}, st.dests[i])...)
 		}
 	}
 	if !t.perMessage {
@@ -181,21 +245,18 @@ func (p *PublisherObserver) EndPublish(ctx context.Context, batch []outbox.Deliv
 			failSpan(st.spans[0], firstErr)
 		}
 		st.spans[0].End()
-		attrs := []attribute.KeyValue{semconv.MessagingOperationTypeSend}
-		if st.dest != "" {
-			attrs = append(attrs, semconv.MessagingDestinationName(st.dest))
-		}
+		attrs := destAttrs([]attribute.KeyValue{semconv.MessagingOperationTypeSend}, st.dest)
 		if firstErr != nil {
 			attrs = append(attrs, semconv.ErrorTypeKey.String(errorType(firstErr)))
 		}
-		t.opDuration.Record(ctx, elapsed, "send", systemAttr(p.system), attrs...)
-	} else if len(sent) > 0 {
-		for topic := range sent {
-			t.opDuration.Record(ctx, elapsed, "send", systemAttr(p.system), semconv.MessagingDestinationName(topic), semconv.MessagingOperationTypeSend)
+		t.opDuration.Record(ctx, elapsed, "send", systemAttr(t.system), attrs...)
+	} else {
+		for dst := range sent {
+			t.opDuration.Record(ctx, elapsed, "send", systemAttr(t.system), destAttrs([]attribute.KeyValue{semconv.MessagingOperationTypeSend}, dst)...)
 		}
 	}
-	for topic, n := range sent {
-		t.sent.Add(ctx, n, "send", systemAttr(p.system), semconv.MessagingDestinationName(topic))
+	for dst, n := range sent {
+		t.sent.Add(ctx, n, "send", systemAttr(t.system), destAttrs(nil, dst)...)
 	}
 }
 
@@ -208,7 +269,7 @@ func failSpan(span trace.Span, err error) {
 }
 
 // Settled counts the recorded outcomes by outcome and records the delivery lag of the
-// delivered messages.
+// delivered messages. Both are the outbox's own metrics, by outbox namespace and topic.
 func (p *PublisherObserver) Settled(ctx context.Context, settled []outbox.Settled) {
 	t := p.t
 	type key struct {
@@ -228,15 +289,15 @@ func (p *PublisherObserver) Settled(ctx context.Context, settled []outbox.Settle
 		opt, ok := lagAttrs[k]
 		if !ok {
 			opt = metric.WithAttributeSet(attribute.NewSet(NamespaceKey.String(s.Namespace),
-				semconv.MessagingDestinationName(s.Topic), semconv.MessagingSystemKey.String(p.system)))
+				TopicKey.String(s.Topic), semconv.MessagingSystemKey.String(t.system)))
 			lagAttrs[k] = opt
 		}
 		t.lag.Record(ctx, max(now.Sub(s.CreatedAt), 0).Seconds(), opt)
 	}
 	for k, n := range counts {
-		attrs := []attribute.KeyValue{OutcomeKey.String(string(k.outcome)), semconv.MessagingSystemKey.String(p.system)}
+		attrs := []attribute.KeyValue{OutcomeKey.String(string(k.outcome)), semconv.MessagingSystemKey.String(t.system)}
 		if k.topic != "" { // a row the sweep buried, not read back, has only its id
-			attrs = append(attrs, NamespaceKey.String(k.ns), semconv.MessagingDestinationName(k.topic))
+			attrs = append(attrs, NamespaceKey.String(k.ns), TopicKey.String(k.topic))
 		}
 		t.attempts.Add(ctx, n, metric.WithAttributes(attrs...))
 	}

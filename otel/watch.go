@@ -11,7 +11,6 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
-	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
 	"github.com/outboxgo/outbox"
 )
@@ -136,7 +135,7 @@ func (w *StoreWatcher) observe(t *Telemetry, o metric.Observer) {
 	}
 	present := map[[2]string]bool{}
 	report := func(ns, topic string, pending, scheduled, processing, dead int64, oldest time.Duration) {
-		base := []attribute.KeyValue{NamespaceKey.String(ns), semconv.MessagingDestinationName(topic)}
+		base := []attribute.KeyValue{NamespaceKey.String(ns), TopicKey.String(topic)}
 		for _, c := range []struct {
 			status string
 			n      int64

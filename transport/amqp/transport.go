@@ -46,6 +46,9 @@ var (
 // and release it with [Transport.Close].
 type Transport struct {
 	opts Options
+	// host and port are the broker's, from opts.URL, for Destination.
+	host string
+	port int
 
 	mu       sync.Mutex
 	sess     *session
@@ -63,7 +66,11 @@ func New(opts Options) (*Transport, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
-	return &Transport{opts: opts, backoff: opts.ReconnectMin}, nil
+	t := &Transport{opts: opts, backoff: opts.ReconnectMin}
+	if uri, err := amqp091.ParseURI(opts.URL); err == nil { // validate parsed it
+		t.host, t.port = uri.Host, uri.Port
+	}
+	return t, nil
 }
 
 // Close closes the connection, if any. Publish calls after Close fail with [ErrClosed].
@@ -82,6 +89,17 @@ func (t *Transport) Close() error {
 // System returns "rabbitmq", the messaging.system of OpenTelemetry's conventions, for telemetry
 // ([outbox.TransportSystem]).
 func (t *Transport) System() string { return "rabbitmq" }
+
+// Destination reports the exchange and routing key of d and the broker's host and port
+// from [Options.URL], for telemetry ([outbox.TransportDestination]). A message whose Route
+// fails has no destination name.
+func (t *Transport) Destination(d outbox.Delivery) outbox.Destination {
+	dst := outbox.Destination{ServerAddress: t.host, ServerPort: t.port}
+	if exchange, key, err := t.opts.Route(&d); err == nil {
+		dst.Name, dst.RoutingKey = exchange, key
+	}
+	return dst
+}
 
 // Publish publishes the batch with the mandatory flag and awaits every confirmation. See
 // [outbox.Transport] for the contract and the package documentation for the errors.

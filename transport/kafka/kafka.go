@@ -64,6 +64,7 @@ import (
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/cloudevents"
 	"github.com/outboxgo/outbox/internal/netfail"
+	"github.com/outboxgo/outbox/internal/serveraddr"
 )
 
 // Record header names set on every record besides the message's own headers.
@@ -180,6 +181,17 @@ func NewClient(seeds []string, extra ...kgo.Opt) (*kgo.Client, error) {
 // System returns "kafka", the messaging.system of OpenTelemetry's conventions, for telemetry
 // ([outbox.TransportSystem]).
 func (t *Transport) System() string { return "kafka" }
+
+// Destination reports the topic d is produced to and the first seed broker, for telemetry
+// ([outbox.TransportDestination]): which broker leads the record's partition is known only
+// once it is produced.
+func (t *Transport) Destination(d outbox.Delivery) outbox.Destination {
+	dst := outbox.Destination{Name: t.opts.Topic(d)}
+	if seeds, _ := t.client.OptValue(kgo.SeedBrokers).([]string); len(seeds) > 0 {
+		dst.ServerAddress, dst.ServerPort = serveraddr.FromHostPort(seeds[0], 9092)
+	}
+	return dst
+}
 
 // Publish produces every message of batch and waits for each record's result.
 func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []error {

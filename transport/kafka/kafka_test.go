@@ -1,7 +1,6 @@
 package kafka_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -15,10 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
+	cesarama "github.com/cloudevents/sdk-go/protocol/kafka_sarama/v2"
 	cesdk "github.com/cloudevents/sdk-go/v2"
 	"github.com/cloudevents/sdk-go/v2/binding"
-	"github.com/cloudevents/sdk-go/v2/binding/format"
-	"github.com/cloudevents/sdk-go/v2/binding/spec"
 	"github.com/google/uuid"
 	_ "github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
@@ -290,85 +289,18 @@ func TestUnavailableWhileCut(t *testing.T) {
 	}
 }
 
-// ceMessage is a record as a CloudEvents binding message under the Kafka protocol binding
-// (ce_ headers and content-type, or a structured event in the value), so that the
-// CloudEvents SDK decodes it as any CloudEvents consumer would.
-type ceMessage struct{ r *kgo.Record }
-
-func (m ceMessage) header(k string) string {
-	for _, h := range m.r.Headers {
-		if h.Key == k {
-			return string(h.Value)
-		}
+// ceMessage is a record as the CloudEvents SDK's Kafka protocol binding (kafka_sarama)
+// reads it: the consumer message a sarama consumer would hand it, with the record's own
+// headers, key and value.
+func ceMessage(r *kgo.Record) binding.Message {
+	cm := &sarama.ConsumerMessage{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key, Value: r.Value, Timestamp: r.Timestamp}
+	for _, h := range r.Headers {
+		cm.Headers = append(cm.Headers, &sarama.RecordHeader{Key: []byte(h.Key), Value: h.Value})
 	}
-	return ""
+	return cesarama.NewMessageFromConsumerMessage(cm)
 }
 
-func (m ceMessage) version() spec.Version {
-	return spec.WithPrefix("ce_").Version(m.header("ce_specversion"))
-}
-
-func (m ceMessage) ReadEncoding() binding.Encoding {
-	switch {
-	case format.Lookup(m.header("content-type")) != nil:
-		return binding.EncodingStructured
-	case m.version() != nil:
-		return binding.EncodingBinary
-	}
-	return binding.EncodingUnknown
-}
-
-func (m ceMessage) ReadStructured(ctx context.Context, w binding.StructuredWriter) error {
-	f := format.Lookup(m.header("content-type"))
-	if f == nil {
-		return binding.ErrNotStructured
-	}
-	return w.SetStructuredEvent(ctx, f, bytes.NewReader(m.r.Value))
-}
-
-func (m ceMessage) ReadBinary(_ context.Context, w binding.BinaryWriter) error {
-	v := m.version()
-	for _, h := range m.r.Headers {
-		var err error
-		if a := v.Attribute(h.Key); a != nil {
-			err = w.SetAttribute(a, string(h.Value))
-		} else if h.Key == "content-type" {
-			err = w.SetAttribute(v.AttributeFromKind(spec.DataContentType), string(h.Value))
-		} else if name, ok := strings.CutPrefix(h.Key, "ce_"); ok {
-			err = w.SetExtension(name, string(h.Value))
-		}
-		if err != nil {
-			return err
-		}
-	}
-	return w.SetData(bytes.NewReader(m.r.Value))
-}
-
-func (m ceMessage) GetAttribute(k spec.Kind) (spec.Attribute, any) {
-	a := m.version().AttributeFromKind(k)
-	if a == nil {
-		return nil, nil
-	}
-	name := a.PrefixedName()
-	if k == spec.DataContentType {
-		name = "content-type"
-	}
-	if x := m.header(name); x != "" {
-		return a, x
-	}
-	return a, nil
-}
-
-func (m ceMessage) GetExtension(name string) any {
-	if x := m.header("ce_" + name); x != "" {
-		return x
-	}
-	return nil
-}
-
-func (m ceMessage) Finish(error) error { return nil }
-
-// A consumer decodes every record with the CloudEvents SDK, in both modes, and finds the
+// A consumer decodes every record with the CloudEvents SDK's Kafka binding, in both modes, and finds the
 // message's id, source, type, time, content type, partition key, header extensions and the
 // payload as data; the record key is still the partition key.
 func TestCloudEvents(t *testing.T) {
@@ -401,7 +333,7 @@ func TestCloudEvents(t *testing.T) {
 				ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 				defer cancel()
 				cl.PollFetches(ctx).EachRecord(func(r *kgo.Record) {
-					e, err := binding.ToEvent(context.Background(), ceMessage{r})
+					e, err := binding.ToEvent(context.Background(), ceMessage(r))
 					require.NoError(t, err)
 					require.NoError(t, e.Validate())
 					byID[e.ID()], keys[e.ID()] = *e, string(r.Key)

@@ -42,10 +42,11 @@
 // # CloudEvents
 //
 // With [Options.CloudEvents], every message is a CloudEvent under the NATS protocol binding
-// (binary mode by default: ce-* headers and Content-Type; structured mode: the event as
-// JSON in the payload). The message's own headers that are not attribute names are sent
-// as before, and a message header named Content-Type or starting with "ce-" is refused
-// for good, so that it cannot replace an attribute.
+// (binary mode by default: every attribute, datacontenttype included, as a ce-* header whose
+// value is percent-encoded as the binding requires; structured mode: the event as JSON in
+// the payload, with Content-Type application/cloudevents+json). The message's own headers
+// that are not attribute names are sent as before, and a message header named Content-Type
+// or starting with "ce-" is refused for good, so that it cannot replace an attribute.
 package nats
 
 import (
@@ -62,6 +63,7 @@ import (
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/cloudevents"
 	"github.com/outboxgo/outbox/internal/netfail"
+	"github.com/outboxgo/outbox/internal/serveraddr"
 )
 
 // Header names set on every message besides the message's own headers.
@@ -75,8 +77,8 @@ const (
 )
 
 // CloudEventsPrefix starts the header names of a CloudEvent's attributes in the binary mode,
-// as the NATS protocol binding of CloudEvents names them; HeaderContentType carries its
-// datacontenttype.
+// datacontenttype included (ce-datacontenttype), as the NATS protocol binding of CloudEvents
+// names them; HeaderContentType carries the structured mode's content type.
 const (
 	CloudEventsPrefix = "ce-"
 	HeaderContentType = "Content-Type"
@@ -114,8 +116,8 @@ type Options struct {
 
 	// CloudEvents, when set, sends every message as a CloudEvent under the NATS protocol
 	// binding: in the binary mode, the attributes as ce-* headers (ce-id, ce-source,
-	// ce-specversion, ce-type, ce-time, ce-partitionkey, one per extension) and
-	// datacontenttype as Content-Type, the payload as the data; in the structured mode, the
+	// ce-specversion, ce-type, ce-time, ce-datacontenttype, ce-partitionkey, one per
+	// extension), their values percent-encoded, the payload as the data; in the structured mode, the
 	// event as JSON in the payload with Content-Type application/cloudevents+json. The
 	// Outbox-* headers and Nats-Msg-Id are sent as before. Default nil: no CloudEvents.
 	CloudEvents *cloudevents.Options
@@ -173,6 +175,16 @@ func New(js jetstream.JetStream, opts Options) (*Transport, error) {
 // System returns "nats", the messaging.system of OpenTelemetry's conventions, for telemetry
 // ([outbox.TransportSystem]).
 func (t *Transport) System() string { return "nats" }
+
+// Destination reports the subject d is published to and the server the connection is on
+// now, for telemetry ([outbox.TransportDestination]).
+func (t *Transport) Destination(d outbox.Delivery) outbox.Destination {
+	dst := outbox.Destination{Name: t.opts.Subject(d)}
+	if nc := t.js.Conn(); nc != nil {
+		dst.ServerAddress, dst.ServerPort = serveraddr.FromURL(nc.ConnectedUrl(), map[string]int{"nats": 4222, "tls": 4222})
+	}
+	return dst
+}
 
 // Publish sends every message of batch without waiting, then waits for each
 // acknowledgement, and returns one outcome per message.
@@ -266,15 +278,12 @@ func (t *Transport) message(d outbox.Delivery) (*nats.Msg, error) {
 			}
 			h[HeaderContentType] = []string{cloudevents.ContentType}
 		} else {
+			// The binding's values are percent-encoded, so that no attribute can break
+			// the header block (line breaks, spaces, non-ASCII are all encoded).
 			for _, a := range e.Attributes {
-				h[CloudEventsPrefix+a.Name] = []string{a.Value}
+				h[CloudEventsPrefix+a.Name] = []string{cloudevents.PercentEncode(a.Value)}
 			}
-			h[HeaderContentType] = []string{e.DataContentType}
-		}
-		for k, v := range h {
-			if strings.ContainsAny(v[0], "\r\n") {
-				return nil, fmt.Errorf("%w header %q of message %s: NATS header values have no line breaks", ErrInvalid, k, d.ID)
-			}
+			h[CloudEventsPrefix+"datacontenttype"] = []string{cloudevents.PercentEncode(e.DataContentType)}
 		}
 	}
 	for k, v := range own {

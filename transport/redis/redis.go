@@ -56,6 +56,7 @@ import (
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/cloudevents"
 	"github.com/outboxgo/outbox/internal/netfail"
+	"github.com/outboxgo/outbox/internal/serveraddr"
 )
 
 // Field names of every stream entry.
@@ -135,6 +136,20 @@ func New(client redis.UniversalClient, opts Options) (*Transport, error) {
 // System returns "redis", the messaging.system of OpenTelemetry's conventions, for telemetry
 // ([outbox.TransportSystem]).
 func (t *Transport) System() string { return "redis" }
+
+// Destination reports the stream d is appended to and, for a client of one server (a
+// *redis.Client), its address, for telemetry ([outbox.TransportDestination]).
+func (t *Transport) Destination(d outbox.Delivery) outbox.Destination {
+	dst := outbox.Destination{Name: t.opts.Stream(d)}
+	if c, ok := t.client.(interface{ Options() *redis.Options }); ok {
+		if o := c.Options(); o.Network == "unix" {
+			dst.ServerAddress = o.Addr
+		} else {
+			dst.ServerAddress, dst.ServerPort = serveraddr.FromHostPort(o.Addr, 6379)
+		}
+	}
+	return dst
+}
 
 // Publish appends every message of batch with one pipeline and returns each XADD's outcome.
 func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []error {

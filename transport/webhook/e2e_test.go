@@ -144,8 +144,8 @@ func TestEndToEndRetries(t *testing.T) {
 	var mu sync.Mutex
 	order := map[string]int{}
 	seen := map[string]int{}
-	// By the requests seen, not by the attempt number: a 503 gives the attempt back, so a
-	// message answered 503 comes again as the same attempt.
+	// By the requests seen, not by the attempt number: a first 503 gives the attempt back, so
+	// a message answered 503 comes again as the same attempt.
 	rc := &receiver{failFrom: func(id string, attempt int) int {
 		mu.Lock()
 		k, ok := order[id]
@@ -158,7 +158,7 @@ func TestEndToEndRetries(t *testing.T) {
 		mu.Unlock()
 		switch {
 		case k%5 == 0 && nth == 1:
-			return http.StatusServiceUnavailable // an outage: no attempt spent
+			return http.StatusServiceUnavailable // a first refusal: no attempt spent
 		case k%10 == 0 && nth == 2:
 			return http.StatusTooManyRequests // a retry: one attempt spent
 		}
@@ -172,4 +172,81 @@ func TestEndToEndRetries(t *testing.T) {
 	require.Zero(t, s.Dead)
 	require.EqualValues(t, n/10, s.Retried)
 	require.EqualValues(t, n/5, s.Unavailable)
+}
+
+// TestRefusedForever: the endpoint answers 503 for good to one event and accepts every other.
+// The endpoint is not down: the event's refusal beside the rest of its batch keeps its
+// attempt, and every later one, retried alone, spends one, so it is dead-lettered at the
+// attempt limit instead of being retried forever; the circuit never opens, and the other
+// events are delivered once each.
+func TestRefusedForever(t *testing.T) {
+	t.Parallel()
+	const n, maxAttempts = 50, 4
+	db := testdb.Postgres(t)
+	ctx := context.Background()
+	require.NoError(t, migrations.Up(ctx, db, "postgres", migrations.Options{}))
+	store, err := outbox.New(db, outbox.Postgres(), outbox.Options{})
+	require.NoError(t, err)
+	var msgs []outbox.Message
+	for i := range n {
+		msgs = append(msgs, outbox.Message{Namespace: "shop", Topic: "order.created", Payload: fmt.Appendf(nil, `{"order":%d}`, i)})
+	}
+	res, err := store.EnqueueStandalone(ctx, msgs...)
+	require.NoError(t, err)
+	refused := res[7].ID.String()
+
+	secret := newSecret()
+	var mu sync.Mutex
+	refusals := 0
+	rc := &receiver{seen: map[string]int{}, failFrom: func(id string, _ int) int {
+		if id != refused {
+			return 0
+		}
+		mu.Lock()
+		refusals++
+		mu.Unlock()
+		return http.StatusServiceUnavailable
+	}}
+	srv := httptest.NewServer(rc.handle(secret))
+	t.Cleanup(srv.Close)
+	tr := newTransport(t, webhook.Options{URL: srv.URL + "/{namespace}/{topic}", Secret: secret, AllowHTTP: true})
+	var dead []outbox.DeadLetter
+	p, err := outbox.NewPublisher(store, tr, outbox.PublisherOptions{
+		Scope: outbox.Scope{Namespace: "shop"}, BatchSize: 100, PollInterval: 10 * time.Millisecond,
+		Retry:  outbox.RetryPolicy{BaseDelay: 10 * time.Millisecond, MaxDelay: 20 * time.Millisecond, MaxAttempts: maxAttempts},
+		Logger: slog.New(slog.DiscardHandler),
+		OnDead: func(_ context.Context, dl outbox.DeadLetter) { mu.Lock(); dead = append(dead, dl); mu.Unlock() },
+	})
+	require.NoError(t, err)
+	runCtx, cancel := context.WithCancel(ctx)
+	errc := make(chan error, 1)
+	go func() { errc <- p.Run(runCtx) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for p.Stats().Dead == 0 || p.Stats().Delivered < n-1 {
+		if time.Now().After(deadline) {
+			cancel()
+			<-errc
+			t.Fatalf("not settled within 30s: %+v, %d refusals", p.Stats(), refusals)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	require.NoError(t, <-errc)
+
+	s := p.Stats()
+	require.EqualValues(t, 1, s.Dead)
+	require.EqualValues(t, n-1, s.Delivered)
+	require.Zero(t, s.CircuitOpens)
+	require.EqualValues(t, 1, s.Unavailable, "the first refusal")
+	distinct, total, bad := rc.counts()
+	require.Equal(t, []int{n - 1, n - 1, 0}, []int{distinct, total, bad})
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, maxAttempts+1, refusals, "one free refusal, then one per attempt")
+	require.Len(t, dead, 1)
+	require.Equal(t, refused, dead[0].ID.String())
+	require.ErrorIs(t, dead[0].Err, outbox.ErrAttemptLimit)
+	rec, err := store.Get(ctx, dead[0].ID)
+	require.NoError(t, err)
+	require.Equal(t, maxAttempts, rec.Attempts)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/cloudevents"
 	"github.com/outboxgo/outbox/internal/netfail"
+	"github.com/outboxgo/outbox/internal/serveraddr"
 )
 
 // Transport posts outbox messages to webhook endpoints. It is safe for concurrent use.
@@ -140,16 +141,32 @@ var notForwarded = map[string]bool{
 	"Webhook-Id": true, "Webhook-Timestamp": true, "Webhook-Signature": true,
 }
 
+// Destination reports the host and port of d's endpoint, for telemetry
+// ([outbox.TransportDestination]): the host is the destination's name as well, since the
+// URL's path and query may hold a secret and are not reported. A message whose URL cannot
+// be built has no destination.
+func (t *Transport) Destination(d outbox.Delivery) outbox.Destination {
+	raw, err := t.url(&d)
+	if err != nil {
+		return outbox.Destination{}
+	}
+	host, port := serveraddr.FromURL(raw, map[string]int{"https": 443, "http": 80})
+	return outbox.Destination{Name: host, ServerAddress: host, ServerPort: port}
+}
+
+// url returns d's endpoint, from URLFunc or the URL template.
+func (t *Transport) url(d *outbox.Delivery) (string, error) {
+	if t.opts.URLFunc != nil {
+		return t.opts.URLFunc(d)
+	}
+	return expand(t.opts.URL, d.Namespace, d.Topic), nil
+}
+
 // post sends one message and classifies the outcome.
 func (t *Transport) post(ctx context.Context, d *outbox.Delivery) error {
-	raw := ""
-	if t.opts.URLFunc != nil {
-		var err error
-		if raw, err = t.opts.URLFunc(d); err != nil {
-			return err
-		}
-	} else {
-		raw = expand(t.opts.URL, d.Namespace, d.Topic)
+	raw, err := t.url(d)
+	if err != nil {
+		return err
 	}
 	u, err := checkURL(raw, t.opts.AllowHTTP)
 	if err != nil {
@@ -222,7 +239,7 @@ func (t *Transport) header(d *outbox.Delivery) (http.Header, []byte, error) {
 			contentType = cloudevents.ContentType
 		} else {
 			for _, a := range e.Attributes {
-				h[http.CanonicalHeaderKey(CloudEventsPrefix+a.Name)] = []string{percentEncode(a.Value)}
+				h[http.CanonicalHeaderKey(CloudEventsPrefix+a.Name)] = []string{cloudevents.PercentEncode(a.Value)}
 			}
 		}
 	}
@@ -279,31 +296,6 @@ func (t *Transport) header(d *outbox.Delivery) (http.Header, []byte, error) {
 // mode, as the HTTP protocol binding of CloudEvents names them; datacontenttype is the
 // Content-Type.
 const CloudEventsPrefix = "ce-"
-
-// percentEncode encodes an attribute value for a ce- header as the HTTP binding requires:
-// space, double quote, percent and every byte outside printable ASCII as %XX of its UTF-8
-// bytes.
-func percentEncode(v string) string {
-	n := 0
-	for i := 0; i < len(v); i++ {
-		if c := v[i]; c <= ' ' || c >= 0x7f || c == '"' || c == '%' {
-			n++
-		}
-	}
-	if n == 0 {
-		return v
-	}
-	const hex = "0123456789ABCDEF"
-	b := make([]byte, 0, len(v)+2*n)
-	for i := 0; i < len(v); i++ {
-		if c := v[i]; c <= ' ' || c >= 0x7f || c == '"' || c == '%' {
-			b = append(b, '%', hex[c>>4], hex[c&15])
-		} else {
-			b = append(b, c)
-		}
-	}
-	return string(b)
-}
 
 // validName reports whether s is an HTTP token (RFC 9110 field-name).
 func validName(s string) bool {
