@@ -483,7 +483,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 		wg.Go(func() { r.claimLoop(w) })
 	}
 	wg.Go(r.sweepLoop)
-	if p.store.notifier != nil {
+	if p.listens() {
 		if p.store.db.Stats().MaxOpenConnections == 1 {
 			p.log.Warn("outbox publisher: not listening for wake-ups from other processes: the listener would hold "+
 				"the pool's only connection for good (db.SetMaxOpenConns(1)), so rows enqueued elsewhere are found by "+
@@ -587,15 +587,21 @@ func (r *run) idleCap() time.Duration {
 // listenLoop keeps a dialect.Notifier listener connected while Run runs, waking the claim loops on
 // every signal for the publisher's namespace, and once after each (re)connection, for what
 // was committed while it was away. A driver that cannot listen is logged once and left to
-// polling.
+// polling. A listener that stops is logged once, as a warning, however often it then fails
+// to come back (the claim loops poll meanwhile), and once more when it is back.
 func (r *run) listenLoop() {
 	p := r.p
 	const firstDelay = 100 * time.Millisecond
 	delay := firstDelay
+	lost := false
 	for r.ctx.Err() == nil {
 		err := p.store.notifier.Listen(r.ctx, p.store.db, p.store.table, func() {
 			r.listening.Store(true)
 			delay = firstDelay
+			if lost {
+				lost = false
+				p.log.Info(msgListenerBack)
+			}
 			r.wakeAll()
 		}, func(ns string) {
 			if ns == p.opts.Namespace {
@@ -610,12 +616,27 @@ func (r *run) listenLoop() {
 			p.log.Info("outbox publisher: no wake-ups from other processes with this driver; polling finds their rows", "err", err)
 			return
 		}
-		p.log.Warn(msgListenerLost, "err", err, "retry_in", delay)
+		level := slog.LevelDebug
+		if !lost {
+			lost, level = true, slog.LevelWarn
+		}
+		p.log.Log(r.ctx, level, msgListenerLost, "err", err, "retry_in", delay, "poll_interval", r.idleCap())
 		if !sleep(r.ctx, delay) {
 			return
 		}
 		delay = min(delay*2, DefaultIdleBackoffMax)
 	}
+}
+
+// listens reports whether Run keeps a listener: when the store has a Notifier, except in a
+// Relay for one that polls the database (dialect.PollingListener), whose idle queries the
+// relay's probe pace bounds instead.
+func (p *Publisher) listens() bool {
+	if p.store.notifier == nil {
+		return false
+	}
+	_, polls := p.store.notifier.(dialect.PollingListener)
+	return p.gate == nil || !polls
 }
 
 // sleep waits d or until ctx is done, and reports whether the full wait elapsed.
@@ -812,7 +833,8 @@ func (r *run) claimLoop(w waker) {
 // Log messages that a Relay keeps quiet while it reports the store down (relay.go).
 const (
 	msgClaimFailed  = "outbox publisher: claim failed"
-	msgListenerLost = "outbox publisher: wake-up listener lost its connection; polling until it reconnects"
+	msgListenerLost = "outbox publisher: wake-up listener stopped; polling until it is back"
+	msgListenerBack = "outbox publisher: wake-up listener is back"
 )
 
 // claimFailed counts and logs a failed claim, waits *delay, and doubles it up to

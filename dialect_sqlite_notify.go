@@ -1,0 +1,147 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/outboxgo/outbox/dialect"
+)
+
+var _ dialect.PollingListener = sqliteDialect{}
+
+// sqliteNotifyEvery is how often the SQLite listener reads PRAGMA data_version: the
+// latency it adds to a wake-up, half of it on average. The pragma reads no page (it is
+// the pager's change counter, kept in shared memory under WAL), so an idle listener costs
+// its process one cheap statement per tick and the file no I/O; see docs/design.md for
+// the figures.
+const sqliteNotifyEvery = 2 * time.Millisecond
+
+// sqliteFileCheckEvery is how often the listener checks that the database file is still
+// the one it opened: a file removed or replaced (a restored backup) would leave it
+// watching a counter that never changes again.
+const sqliteFileCheckEvery = time.Second
+
+// Signal implements [dialect.Notifier]. It does nothing: every process of a SQLite
+// database shares its file, and a commit there is what the listeners watch for.
+func (sqliteDialect) Signal(context.Context, dialect.DBTX, dialect.Table, string) error { return nil }
+
+// Listen implements [dialect.Notifier] by watching the database file for commits: on a
+// connection of its own, it reads PRAGMA data_version every sqliteNotifyEvery, which
+// changes when any other connection, in this process or another, commits to the file. On
+// a change it probes the table for due pending rows created in the last notifyLookback
+// that it has not reported yet (one read of the claim index, newest first), and wakes
+// their namespaces. Rolled-back and open transactions change nothing it can see; commits
+// to other tables of the file change the counter but find no new row of this table.
+//
+// An in-memory database has no other process: Listen returns an error matching
+// [errors.ErrUnsupported] (the Store's own enqueues wake its publishers). When the file
+// is removed or replaced, Listen returns an error saying so.
+func (sqliteDialect) Listen(ctx context.Context, db *sql.DB, t dialect.Table, ready func(), wake func(namespace string)) error {
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	file, err := sqliteMainFile(ctx, conn)
+	if err != nil {
+		return err
+	}
+	if file == "" {
+		return fmt.Errorf("outbox: an in-memory SQLite database has no other process to hear from: %w", errors.ErrUnsupported)
+	}
+	opened, err := os.Stat(file)
+	if err != nil {
+		return fmt.Errorf("outbox: sqlite listener: %w", err)
+	}
+	version, err := conn.PrepareContext(ctx, `PRAGMA data_version`)
+	if err != nil {
+		return err
+	}
+	defer version.Close()
+	probe, err := conn.PrepareContext(ctx, sqliteNotifyProbe(t))
+	if err != nil {
+		return err
+	}
+	defer probe.Close()
+
+	var last int64
+	if err := version.QueryRowContext(ctx).Scan(&last); err != nil {
+		return err
+	}
+	var f fresh
+	probeNew := func(wake func(string)) error {
+		rows, err := probe.QueryContext(ctx, notifyLookback.Microseconds())
+		_, err = f.wakeNew(rows, err, wake)
+		return err
+	}
+	if err := probeNew(func(string) {}); err != nil {
+		return err // the rows already there: the publisher claims once when ready
+	}
+	ready()
+	tick := time.NewTicker(sqliteNotifyEvery)
+	defer tick.Stop()
+	checked := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+		var v int64
+		if err := version.QueryRowContext(ctx).Scan(&v); err != nil {
+			return err
+		}
+		if v != last {
+			last = v
+			if err := probeNew(wake); err != nil {
+				return err
+			}
+		}
+		if time.Since(checked) >= sqliteFileCheckEvery {
+			checked = time.Now()
+			now, err := os.Stat(file)
+			if err != nil || !os.SameFile(opened, now) {
+				return fmt.Errorf("outbox: sqlite listener: the database file %s was removed or replaced; "+
+					"the connections still open on it no longer see other processes' commits", strconv.Quote(file))
+			}
+		}
+	}
+}
+
+// sqliteMainFile returns the file of the main database of conn, "" for an in-memory one.
+func sqliteMainFile(ctx context.Context, conn *sql.Conn) (string, error) {
+	rows, err := conn.QueryContext(ctx, `PRAGMA database_list`)
+	if err != nil {
+		return "", err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var seq int
+		var name, file string
+		if err := rows.Scan(&seq, &name, &file); err != nil {
+			return "", err
+		}
+		if name == "main" {
+			return file, rows.Err()
+		}
+	}
+	return "", rows.Err()
+}
+
+// sqliteNotifyProbe is the listener's probe: the newest due pending rows created within
+// the lookback (bound in microseconds), read through the claim index, whose partial
+// condition the leading status IN (...) repeats.
+func sqliteNotifyProbe(t dialect.Table) string {
+	return `SELECT id, namespace FROM ` + quoteIdent(t.Name(), '"') + ` INDEXED BY ` + quoteIdent(t.Index("claim"), '"') + `
+	WHERE status IN ('pending', 'processing') AND created_at >= ` + sqliteNow + ` - ?
+	AND status = 'pending' AND next_attempt_at <= ` + sqliteNow + `
+	ORDER BY created_at DESC LIMIT ` + strconv.Itoa(notifyProbeLimit)
+}
+
+// IdlePollInterval implements [dialect.PollingListener].
+func (sqliteDialect) IdlePollInterval() time.Duration { return sqliteNotifyEvery }
