@@ -15,8 +15,8 @@ import (
 	"github.com/outboxgo/outbox/internal/testdb"
 )
 
-// Broken notifiers. SQLite has no Notifier, so these wrap the PostgreSQL dialect, and
-// TestBrokenDialectChild runs them on PostgreSQL.
+// Broken notifiers. These wrap the PostgreSQL dialect, whose signal the database pushes,
+// and TestBrokenDialectChild runs them on PostgreSQL.
 
 // pgNotifier is the PostgreSQL dialect with its Notifier, which embedding the Dialect
 // interface alone would hide; the broken notifiers below each override one method.
@@ -120,7 +120,7 @@ func (schemaBlindDialect) Listen(ctx context.Context, db *sql.DB, t dialect.Tabl
 func onlyNotify(tests ...string) string {
 	if len(tests) == 0 {
 		tests = []string{"CommitWakes", "RollbackWakesNobody", "BatchWakesAfterCommit", "OtherTableWakesNobody",
-			"OtherDatabaseWakesNobody", "ListenReturnsOnCancel", "PublisherWokenAcrossPools"}
+			"OtherDatabaseWakesNobody", "ListenReturnsOnCancel", "PublisherWokenAcrossPools", "PublisherWokenAcrossProcesses"}
 	}
 	return "^(Enqueue|Notify)$/^(CommitLeavesExactlyOne|" + strings.Join(tests, "|") + ")$"
 }

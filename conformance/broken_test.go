@@ -262,8 +262,10 @@ func TestBrokenDialectChild(t *testing.T) {
 		Dialect:     broken[name],
 		OpenDB:      func(t testing.TB) *sql.DB { return testdb.SQLite(t) },
 		OtherServer: func(t testing.TB) *sql.DB { return testdb.Postgres(t) },
+		DSN:         func(t testing.TB, db *sql.DB) (string, string) { return "sqlite", testdb.DSN(t, "sqlite", db) },
 	}
 	if h.Dialect.Name() == "postgres" {
+		h.DSN = func(t testing.TB, db *sql.DB) (string, string) { return "pgx", testdb.DSN(t, "postgres", db) }
 		h.OpenDB, h.OtherServer, h.Reopen = h.OtherServer, h.OpenDB, testdb.Reopen
 	}
 	conformance.Run(t, h)
@@ -288,7 +290,7 @@ func TestSuiteCatchesBrokenDialects(t *testing.T) {
 		{"ordered-check", []string{"Ordered/NeedsOrderedMigrations"}},
 		{"column-blind", []string{"Check/MissingColumn"}},
 		{"refund-blind", []string{"Settle/UnavailableRefundsAttempt", "Settle/UnavailableNeverDies", "SettleAndClaim/UnavailableRefundsAttempt"}},
-		{"silent", []string{"Notify/CommitWakes", "Notify/PublisherWokenAcrossPools"}},
+		{"silent", []string{"Notify/CommitWakes", "Notify/PublisherWokenAcrossPools", "Notify/PublisherWokenAcrossProcesses"}},
 		{"eager-signal", []string{"Notify/RollbackWakesNobody", "Notify/BatchWakesAfterCommit"}},
 		{"never-ready", []string{"Notify/CommitWakes", "Notify/ListenReturnsOnCancel", "Notify/PublisherWokenAcrossPools"}},
 		{"table-blind", []string{"Notify/OtherTableWakesNobody"}},
@@ -304,7 +306,7 @@ func TestSuiteCatchesBrokenDialects(t *testing.T) {
 		"stale-extend":  "^(Enqueue|Lease)$",
 		"ordered-check": "^(Enqueue|Ordered)$/^(CommitLeavesExactlyOne|NeedsOrderedMigrations)$",
 		"column-blind":  "^(Enqueue|Check)$",
-		"silent":        onlyNotify("CommitWakes", "PublisherWokenAcrossPools"),
+		"silent":        onlyNotify("CommitWakes", "PublisherWokenAcrossPools", "PublisherWokenAcrossProcesses"),
 		"eager-signal":  onlyNotify(),
 		"never-ready":   onlyNotify("CommitWakes", "ListenReturnsOnCancel", "PublisherWokenAcrossPools"),
 		"table-blind":   onlyNotify(),
