@@ -14,12 +14,18 @@ import (
 
 var _ dialect.PollingListener = sqliteDialect{}
 
-// sqliteNotifyEvery is how often the SQLite listener reads PRAGMA data_version: the
-// latency it adds to a wake-up, half of it on average. The pragma reads no page (it is
-// the pager's change counter, kept in shared memory under WAL), so an idle listener costs
-// its process one cheap statement per tick and the file no I/O; see docs/design.md for
-// the figures.
-const sqliteNotifyEvery = 2 * time.Millisecond
+// The SQLite listener's pace. Where the system tells when a file changes (Linux's
+// inotify), it reads PRAGMA data_version when the database file or its write-ahead log
+// was written, every sqliteNotifyEvery for sqliteNotifyHot after each write (a commit's
+// last step, the shared-memory index that the pragma reads, follows its write by a little),
+// and every sqliteNotifyIdle otherwise, as a backstop. Elsewhere it reads the pragma every
+// sqliteNotifyEvery. The pragma reads no page (it is the pager's change counter), but it
+// is a statement through database/sql: docs/design.md gives the figures.
+const (
+	sqliteNotifyEvery = 2 * time.Millisecond
+	sqliteNotifyHot   = 50 * time.Millisecond
+	sqliteNotifyIdle  = 250 * time.Millisecond
+)
 
 // sqliteFileCheckEvery is how often the listener checks that the database file is still
 // the one it opened: a file removed or replaced (a restored backup) would leave it
@@ -31,8 +37,9 @@ const sqliteFileCheckEvery = time.Second
 func (sqliteDialect) Signal(context.Context, dialect.DBTX, dialect.Table, string) error { return nil }
 
 // Listen implements [dialect.Notifier] by watching the database file for commits: on a
-// connection of its own, it reads PRAGMA data_version every sqliteNotifyEvery, which
-// changes when any other connection, in this process or another, commits to the file. On
+// connection of its own, it reads PRAGMA data_version, which changes when any other
+// connection, in this process or another, commits to the file, when the file or its
+// write-ahead log was written (or at a short interval where the system cannot tell). On
 // a change it probes the table for due pending rows created in the last notifyLookback
 // that it has not reported yet (one read of the claim index, newest first), and wakes
 // their namespaces. Rolled-back and open transactions change nothing it can see; commits
@@ -82,15 +89,32 @@ func (sqliteDialect) Listen(ctx context.Context, db *sql.DB, t dialect.Table, re
 	if err := probeNew(func(string) {}); err != nil {
 		return err // the rows already there: the publisher claims once when ready
 	}
+	watch, err := watchFiles(file, file+"-wal")
+	if err != nil {
+		watch = nil // polling at sqliteNotifyEvery
+	} else {
+		defer watch.close()
+	}
 	ready()
-	tick := time.NewTicker(sqliteNotifyEvery)
-	defer tick.Stop()
+	var hotUntil time.Time
 	checked := time.Now()
 	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-tick.C:
+		if watch == nil {
+			if !sleep(ctx, sqliteNotifyEvery) {
+				return ctx.Err()
+			}
+		} else {
+			d := sqliteNotifyIdle
+			if time.Now().Before(hotUntil) {
+				d = sqliteNotifyEvery
+			}
+			written, err := watch.wait(ctx, d)
+			if err != nil {
+				return err
+			}
+			if written {
+				hotUntil = time.Now().Add(sqliteNotifyHot)
+			}
 		}
 		var v int64
 		if err := version.QueryRowContext(ctx).Scan(&v); err != nil {
@@ -144,4 +168,9 @@ func sqliteNotifyProbe(t dialect.Table) string {
 }
 
 // IdlePollInterval implements [dialect.PollingListener].
-func (sqliteDialect) IdlePollInterval() time.Duration { return sqliteNotifyEvery }
+func (sqliteDialect) IdlePollInterval() time.Duration {
+	if _, err := watchFiles(); errors.Is(err, errors.ErrUnsupported) {
+		return sqliteNotifyEvery
+	}
+	return sqliteNotifyIdle
+}
