@@ -13,6 +13,8 @@ type fileWatch struct{}
 
 func watchFiles(...string) (*fileWatch, error) { return nil, errors.ErrUnsupported }
 
-func (*fileWatch) wait(context.Context, time.Duration) (bool, error) { return false, errors.ErrUnsupported }
+func (*fileWatch) wait(context.Context, time.Duration) (bool, error) {
+	return false, errors.ErrUnsupported
+}
 
 func (*fileWatch) close() {}

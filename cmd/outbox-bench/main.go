@@ -53,7 +53,8 @@
 // It prints a table, then every ratio as one JSON object per line, and writes the full
 // results (JSON, Markdown) and a throughput-against-batch-size plot (SVG) to -out.
 //
-//	go run ./cmd/outbox-bench -mode quick    # every metric on every backend in minutes
+//	go run ./cmd/outbox-bench -mode quick    # the headline metrics on every backend in minutes
+//	go run ./cmd/outbox-bench -only shortdrain,storeloop  # named scenarios, quick sizes
 //	go run ./cmd/outbox-bench -mode full -plot BENCHMARKS-throughput.svg
 //
 // Each backend gets a fresh database (PostgreSQL: a new database, so that
@@ -179,8 +180,15 @@ type config struct {
 // optIn are the scenarios that run only when -only names them.
 var optIn = []string{"tablecost", "scaleout", "sustained"}
 
+// quickSet are the scenarios of quick mode without -only: the headline metrics, in a few
+// minutes on two cores. Full mode runs every scenario but optIn; -only names any.
+var quickSet = []string{"burndown", "enqueue", "batch", "latency", "idle"}
+
 func (c config) runs(scenario string) bool {
 	if len(c.Only) == 0 {
+		if c.Mode == "quick" {
+			return slices.Contains(quickSet, scenario)
+		}
 		return !slices.Contains(optIn, scenario)
 	}
 	for _, s := range c.Only {
@@ -248,7 +256,7 @@ func main() {
 		os.Exit(runProducer()) // a latency producer (producer.go)
 	}
 	var (
-		mode     = flag.String("mode", "quick", "quick (every metric in minutes) or full (the published numbers)")
+		mode     = flag.String("mode", "quick", "quick (the headline metrics in minutes: burndown, enqueue, batch, latency, idle) or full (every scenario, the published numbers)")
 		backends = flag.String("backends", "postgres,mysql,sqlite", "comma-separated backends to measure")
 		out      = flag.String("out", "bench-results", "directory for results.json, results.md and throughput.svg")
 		plot     = flag.String("plot", "", "also write the throughput plot here (e.g. BENCHMARKS-throughput.svg)")
