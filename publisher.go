@@ -700,6 +700,7 @@ func (r *run) claimLoop(w waker) {
 	// recorded (nil methods do nothing without a relay; see relay_gate.go).
 	lg := newLoopGate(p.gate)
 	defer lg.releaseAll()
+	var retries retryDue
 	defer func() {
 		if prev != nil { // stopped with a batch published: record it alone
 			r.settle(prev, false)
@@ -735,7 +736,7 @@ func (r *run) claimLoop(w waker) {
 					lg.release()
 				}
 				if prev == nil { // else prev's slot passes to this claim
-					woken, ok := lg.acquire(r.ctx, w, chase < len(chaseDelays))
+					woken, ok := lg.acquire(r.ctx, w, chase < len(chaseDelays) || retries.due())
 					if !ok {
 						return
 					}
@@ -748,6 +749,9 @@ func (r *run) claimLoop(w waker) {
 			recs, err := r.next(&prev, co, fold)
 			lastClaim = time.Since(began)
 			lg.claimed(len(recs), err)
+			if err == nil {
+				retries.claimed(began)
+			}
 			if g.probe && (err != nil || len(recs) == 0) {
 				r.circ.probeVoid() // nothing was asked of the destination
 			}
@@ -765,7 +769,7 @@ func (r *run) claimLoop(w waker) {
 			if len(recs) == 0 {
 				d := idle
 				idle = min(idle*2, r.idleCap())
-				pause(d) // a wake-up resets idle
+				pause(retries.pause(d)) // a wake-up resets idle
 				continue
 			}
 			idle = p.opts.PollInterval
@@ -801,6 +805,7 @@ func (r *run) claimLoop(w waker) {
 			return                   // the shutdown deadline passed: this batch's rows keep their lease
 		}
 		lastPublish = out.took
+		retries.note(out)
 		r.circuitRecord(out, probing)
 		probing = false
 		if carry != nil {
