@@ -85,15 +85,17 @@ type PublisherOptions struct {
 	// the pause after database errors. At least PollInterval.
 	//
 	// The default depends on what wakes the publisher. Enqueues in the same process (on
-	// the same [Store]) always wake it, and on PostgreSQL with the pgx driver so do
-	// enqueues anywhere (LISTEN/NOTIFY; see [dialect.Notifier]). While such a listener is
-	// connected, polling is a safety net, for the few enqueues whose signal was folded
-	// into an earlier one (a Store signals at most every 50ms) and committed late, and the
-	// default is [DefaultIdleBackoffMax];
-	// otherwise, on MySQL and SQLite, polling is how rows enqueued by other processes are
-	// found, and the default is PollInterval, so that they wait at most that long. An
-	// empty claim is one index probe; raise this to poll less when a large backlog of
-	// delayed rows makes it dearer.
+	// the same [Store]) always wake it, and so do enqueues anywhere while the publisher's
+	// listener is connected ([dialect.Notifier]: PostgreSQL's LISTEN/NOTIFY with the pgx
+	// driver, SQLite's and MySQL's listeners, which watch for committed rows). Then polling
+	// is a safety net (for a PostgreSQL signal folded into an earlier one, a Store signals
+	// at most every 50ms, or a row committed long after its enqueue) and the default is
+	// [DefaultIdleBackoffMax]; otherwise (no listener: DisableNotify, a pool of one
+	// connection, a driver that cannot listen, a Relay's SQLite and MySQL stores) polling
+	// is how rows enqueued by other processes are found, and the default is PollInterval,
+	// so that they wait at most that long. Rows put back for a retry are claimed when they
+	// fall due either way. An empty claim is one index probe; raise this to poll less when
+	// a large backlog of delayed rows makes it dearer.
 	IdleBackoffMax time.Duration
 
 	// Lease is how long a claim reserves its rows. While a publish is in flight the
@@ -117,7 +119,7 @@ type PublisherOptions struct {
 	// pool during a claim or a settle and none while its batch is in the transport, and never
 	// waits for a second while it holds one, so loops (and the sweeper, retention and your
 	// application) queue for the pool's connections instead of deadlocking on them; more
-	// loops than connections still publish in parallel. On PostgreSQL the wake-up listener
+	// loops than connections still publish in parallel. The wake-up listener
 	// keeps one connection for as long as Run runs: on a pool of exactly one
 	// (db.SetMaxOpenConns(1)) the publisher does not listen, warns once, and polls. A claim or
 	// settle that waits more than 5 s logs one warning with the pool's counters.
