@@ -1,4 +1,4 @@
-package outbox
+package sqlite
 
 import (
 	"context"
@@ -10,9 +10,10 @@ import (
 	"time"
 
 	"github.com/outboxgo/outbox/dialect"
+	"github.com/outboxgo/outbox/internal/dialects/sqlkit"
 )
 
-var _ dialect.PollingListener = sqliteDialect{}
+var _ dialect.PollingListener = Dialect{}
 
 // The SQLite listener's pace. Where the system tells when a file changes (Linux's
 // inotify), it reads PRAGMA data_version when the database file or its write-ahead log
@@ -34,13 +35,13 @@ const sqliteFileCheckEvery = time.Second
 
 // Signal implements [dialect.Notifier]. It does nothing: every process of a SQLite
 // database shares its file, and a commit there is what the listeners watch for.
-func (sqliteDialect) Signal(context.Context, dialect.DBTX, dialect.Table, string) error { return nil }
+func (Dialect) Signal(context.Context, dialect.DBTX, dialect.Table, string) error { return nil }
 
 // Listen implements [dialect.Notifier] by watching the database file for commits: on a
 // connection of its own, it reads PRAGMA data_version, which changes when any other
 // connection, in this process or another, commits to the file, when the file or its
 // write-ahead log was written (or at a short interval where the system cannot tell). On
-// a change it probes the table for due pending rows created in the last notifyLookback
+// a change it probes the table for due pending rows created in the last sqlkit.NotifyLookback
 // that it has not reported yet (one read of the claim index, newest first), and wakes
 // their namespaces. Rolled-back and open transactions change nothing it can see; commits
 // to other tables of the file change the counter but find no new row of this table.
@@ -48,7 +49,7 @@ func (sqliteDialect) Signal(context.Context, dialect.DBTX, dialect.Table, string
 // An in-memory database has no other process: Listen returns an error matching
 // [errors.ErrUnsupported] (the Store's own enqueues wake its publishers). When the file
 // is removed or replaced, Listen returns an error saying so.
-func (sqliteDialect) Listen(ctx context.Context, db *sql.DB, t dialect.Table, ready func(), wake func(namespace string)) error {
+func (Dialect) Listen(ctx context.Context, db *sql.DB, t dialect.Table, ready func(), wake func(namespace string)) error {
 	conn, err := db.Conn(ctx)
 	if err != nil {
 		return err
@@ -80,10 +81,10 @@ func (sqliteDialect) Listen(ctx context.Context, db *sql.DB, t dialect.Table, re
 	if err := version.QueryRowContext(ctx).Scan(&last); err != nil {
 		return err
 	}
-	var f fresh
+	var f sqlkit.Fresh
 	probeNew := func(wake func(string)) error {
-		rows, err := probe.QueryContext(ctx, notifyLookback.Microseconds())
-		_, err = f.wakeNew(rows, err, wake)
+		rows, err := probe.QueryContext(ctx, sqlkit.NotifyLookback.Microseconds())
+		_, err = f.WakeNew(rows, err, wake)
 		return err
 	}
 	if err := probeNew(func(string) {}); err != nil {
@@ -100,8 +101,12 @@ func (sqliteDialect) Listen(ctx context.Context, db *sql.DB, t dialect.Table, re
 	checked := time.Now()
 	for {
 		if watch == nil {
-			if !sleep(ctx, sqliteNotifyEvery) {
+			t := time.NewTimer(sqliteNotifyEvery)
+			select {
+			case <-ctx.Done():
+				t.Stop()
 				return ctx.Err()
+			case <-t.C:
 			}
 		} else {
 			d := sqliteNotifyIdle
@@ -161,14 +166,14 @@ func sqliteMainFile(ctx context.Context, conn *sql.Conn) (string, error) {
 // the lookback (bound in microseconds), read through the claim index, whose partial
 // condition the leading status IN (...) repeats.
 func sqliteNotifyProbe(t dialect.Table) string {
-	return `SELECT id, namespace FROM ` + quoteIdent(t.Name(), '"') + ` INDEXED BY ` + quoteIdent(t.Index("claim"), '"') + `
+	return `SELECT id, namespace FROM ` + sqlkit.QuoteIdent(t.Name(), '"') + ` INDEXED BY ` + sqlkit.QuoteIdent(t.Index("claim"), '"') + `
 	WHERE status IN ('pending', 'processing') AND created_at >= ` + sqliteNow + ` - ?
 	AND status = 'pending' AND next_attempt_at <= ` + sqliteNow + `
-	ORDER BY created_at DESC LIMIT ` + strconv.Itoa(notifyProbeLimit)
+	ORDER BY created_at DESC LIMIT ` + strconv.Itoa(sqlkit.NotifyProbeLimit)
 }
 
 // IdlePollInterval implements [dialect.PollingListener].
-func (sqliteDialect) IdlePollInterval() time.Duration {
+func (Dialect) IdlePollInterval() time.Duration {
 	if _, err := watchFiles(); errors.Is(err, errors.ErrUnsupported) {
 		return sqliteNotifyEvery
 	}

@@ -1,4 +1,4 @@
-package outbox
+package sqlkit
 
 import (
 	"database/sql"
@@ -16,27 +16,27 @@ import (
 // do. Each dialect decides how often it asks: SQLite only when its file changed (PRAGMA
 // data_version), MySQL at a short interval.
 
-// notifyLookback is how far back, by created_at, the listener's probe looks for due
+// NotifyLookback is how far back, by created_at, the listener's probe looks for due
 // pending rows. A row committed by a transaction that stayed open longer than this after
 // its enqueue wakes nobody: the publisher's poll finds it, within a second while it
 // listens (DefaultIdleBackoffMax). The probe walks only the rows that are pending and
-// created within it, newest first, at most notifyProbeLimit of them.
-const notifyLookback = 10 * time.Second
+// created within it, newest first, at most NotifyProbeLimit of them.
+const NotifyLookback = 10 * time.Second
 
-// notifyProbeLimit bounds the rows one probe reads. Under a backlog the newest rows are
+// NotifyProbeLimit bounds the rows one probe reads. Under a backlog the newest rows are
 // enough: their namespaces' publishers are busy anyway.
-const notifyProbeLimit = 32
+const NotifyProbeLimit = 32
 
-// fresh tells a listener which of the rows its probe returned are new since the previous
+// Fresh tells a listener which of the rows its probe returned are new since the previous
 // probe: those it has not reported.
-type fresh struct {
+type Fresh struct {
 	seen map[uuid.UUID]struct{}
 }
 
 // scan reads the (id, namespace) rows of a probe and returns the namespaces of the rows
 // not seen by the previous probe, each once. Ids missing from this probe are forgotten: a
 // row that turns pending and due again (a retry) is new again.
-func (f *fresh) scan(rows *sql.Rows) ([]string, error) {
+func (f *Fresh) scan(rows *sql.Rows) ([]string, error) {
 	defer rows.Close()
 	seen := make(map[uuid.UUID]struct{}, len(f.seen))
 	var nss []string
@@ -62,9 +62,9 @@ func (f *fresh) scan(rows *sql.Rows) ([]string, error) {
 	return nss, nil
 }
 
-// wakeNew reads the rows of a probe (or its error) and wakes the namespaces of its new
+// WakeNew reads the rows of a probe (or its error) and wakes the namespaces of its new
 // rows. It reports whether there were any.
-func (f *fresh) wakeNew(rows *sql.Rows, err error, wake func(string)) (found bool, _ error) {
+func (f *Fresh) WakeNew(rows *sql.Rows, err error, wake func(string)) (found bool, _ error) {
 	if err != nil {
 		return false, err
 	}

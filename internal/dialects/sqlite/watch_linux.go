@@ -1,6 +1,6 @@
 //go:build linux
 
-package outbox
+package sqlite
 
 import (
 	"context"

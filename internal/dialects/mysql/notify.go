@@ -1,4 +1,4 @@
-package outbox
+package mysql
 
 import (
 	"context"
@@ -7,9 +7,10 @@ import (
 	"time"
 
 	"github.com/outboxgo/outbox/dialect"
+	"github.com/outboxgo/outbox/internal/dialects/sqlkit"
 )
 
-var _ dialect.PollingListener = mysqlDialect{}
+var _ dialect.PollingListener = Dialect{}
 
 // The MySQL listener's probe interval: mysqlNotifyFast after a probe that found new rows,
 // doubling on each probe that finds none up to mysqlNotifyIdle. An idle listener costs the
@@ -22,25 +23,25 @@ const (
 
 // Signal implements [dialect.Notifier]. It does nothing: MySQL cannot push a signal, and
 // the listeners find committed rows themselves.
-func (mysqlDialect) Signal(context.Context, dialect.DBTX, dialect.Table, string) error { return nil }
+func (Dialect) Signal(context.Context, dialect.DBTX, dialect.Table, string) error { return nil }
 
 // Listen implements [dialect.Notifier] by asking, on a connection of its own, which due
-// pending rows were created in the last notifyLookback that it has not reported yet (the
+// pending rows were created in the last sqlkit.NotifyLookback that it has not reported yet (the
 // newest, read through the claim index), and waking their namespaces. It asks every
 // mysqlNotifyFast while rows keep coming and every mysqlNotifyIdle when none do. Each probe
 // is an autocommit read, so it sees only committed rows: open and rolled-back transactions
 // wake nobody, and it reads only its own table of its own database.
-func (mysqlDialect) Listen(ctx context.Context, db *sql.DB, t dialect.Table, ready func(), wake func(namespace string)) error {
+func (Dialect) Listen(ctx context.Context, db *sql.DB, t dialect.Table, ready func(), wake func(namespace string)) error {
 	conn, err := db.Conn(ctx)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
 	query := mysqlNotifyProbe(t)
-	var f fresh
+	var f sqlkit.Fresh
 	probe := func(wake func(string)) (bool, error) {
 		rows, err := conn.QueryContext(ctx, query)
-		return f.wakeNew(rows, err, wake)
+		return f.WakeNew(rows, err, wake)
 	}
 	if _, err := probe(func(string) {}); err != nil {
 		return err // the rows already there: the publisher claims once when ready
@@ -69,13 +70,13 @@ func (mysqlDialect) Listen(ctx context.Context, db *sql.DB, t dialect.Table, rea
 }
 
 // mysqlNotifyProbe is the listener's probe: the newest due pending rows created within
-// notifyLookback, a backward range of the claim index (status, created_at, id, ...).
+// sqlkit.NotifyLookback, a backward range of the claim index (status, created_at, id, ...).
 func mysqlNotifyProbe(t dialect.Table) string {
 	return `SELECT id, namespace FROM ` + mysqlTable(t) + `
-	WHERE status = 'pending' AND created_at >= UTC_TIMESTAMP(6) - INTERVAL ` + strconv.FormatInt(notifyLookback.Microseconds(), 10) + ` MICROSECOND
+	WHERE status = 'pending' AND created_at >= UTC_TIMESTAMP(6) - INTERVAL ` + strconv.FormatInt(sqlkit.NotifyLookback.Microseconds(), 10) + ` MICROSECOND
 	AND next_attempt_at <= UTC_TIMESTAMP(6)
-	ORDER BY created_at DESC LIMIT ` + strconv.Itoa(notifyProbeLimit)
+	ORDER BY created_at DESC LIMIT ` + strconv.Itoa(sqlkit.NotifyProbeLimit)
 }
 
 // IdlePollInterval implements [dialect.PollingListener].
-func (mysqlDialect) IdlePollInterval() time.Duration { return mysqlNotifyIdle }
+func (Dialect) IdlePollInterval() time.Duration { return mysqlNotifyIdle }
