@@ -52,7 +52,7 @@ bench: ## Full benchmarks against raw SQL on every backend (writes BENCHMARKS da
 	$(GO) run ./cmd/outbox-bench -mode full
 
 .PHONY: bench-quick
-bench-quick: ## Every benchmark metric on every backend in a few minutes
+bench-quick: ## The headline benchmark metrics on every backend in a few minutes (full mode or -only for the rest)
 	$(GO) run ./cmd/outbox-bench -mode quick
 
 .PHONY: bench-transports

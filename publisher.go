@@ -91,15 +91,17 @@ type PublisherOptions struct {
 	// the pause after database errors. At least PollInterval.
 	//
 	// The default depends on what wakes the publisher. Enqueues in the same process (on
-	// the same [Store]) always wake it, and on PostgreSQL with the pgx driver so do
-	// enqueues anywhere (LISTEN/NOTIFY; see [dialect.Notifier]). While such a listener is
-	// connected, polling is a safety net, for the few enqueues whose signal was folded
-	// into an earlier one (a Store signals at most every 50ms) and committed late, and the
-	// default is [DefaultIdleBackoffMax];
-	// otherwise, on MySQL and SQLite, polling is how rows enqueued by other processes are
-	// found, and the default is PollInterval, so that they wait at most that long. An
-	// empty claim is one index probe; raise this to poll less when a large backlog of
-	// delayed rows makes it dearer.
+	// the same [Store]) always wake it, and so do enqueues anywhere while the publisher's
+	// listener is connected ([dialect.Notifier]: PostgreSQL's LISTEN/NOTIFY with the pgx
+	// driver, SQLite's and MySQL's listeners, which watch for committed rows). Then polling
+	// is a safety net (for a PostgreSQL signal folded into an earlier one, a Store signals
+	// at most every 50ms, or a row committed long after its enqueue) and the default is
+	// [DefaultIdleBackoffMax]; otherwise (no listener: DisableNotify, a pool of one
+	// connection, a driver that cannot listen, a Relay's SQLite and MySQL stores) polling
+	// is how rows enqueued by other processes are found, and the default is PollInterval,
+	// so that they wait at most that long. Rows put back for a retry are claimed when they
+	// fall due either way. An empty claim is one index probe; raise this to poll less when
+	// a large backlog of delayed rows makes it dearer.
 	IdleBackoffMax time.Duration
 
 	// Lease is how long a claim reserves its rows. While a publish is in flight the
@@ -123,7 +125,7 @@ type PublisherOptions struct {
 	// pool during a claim or a settle and none while its batch is in the transport, and never
 	// waits for a second while it holds one, so loops (and the sweeper, retention and your
 	// application) queue for the pool's connections instead of deadlocking on them; more
-	// loops than connections still publish in parallel. On PostgreSQL the wake-up listener
+	// loops than connections still publish in parallel. The wake-up listener
 	// keeps one connection for as long as Run runs: on a pool of exactly one
 	// (db.SetMaxOpenConns(1)) the publisher does not listen, warns once, and polls. A claim or
 	// settle that waits more than 5 s logs one warning with the pool's counters.
@@ -482,7 +484,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 		wg.Go(func() { r.claimLoop(w) })
 	}
 	wg.Go(r.sweepLoop)
-	if p.store.notifier != nil {
+	if p.listens() {
 		if p.store.db.Stats().MaxOpenConnections == 1 {
 			p.log.Warn("outbox publisher: not listening for wake-ups from other processes: the listener would hold "+
 				"the pool's only connection for good (db.SetMaxOpenConns(1)), so rows enqueued elsewhere are found by "+
@@ -592,15 +594,21 @@ func (r *run) idleCap() time.Duration {
 // listenLoop keeps a dialect.Notifier listener connected while Run runs, waking the claim loops on
 // every signal for the publisher's namespace, and once after each (re)connection, for what
 // was committed while it was away. A driver that cannot listen is logged once and left to
-// polling.
+// polling. A listener that stops is logged once, as a warning, however often it then fails
+// to come back (the claim loops poll meanwhile), and once more when it is back.
 func (r *run) listenLoop() {
 	p := r.p
 	const firstDelay = 100 * time.Millisecond
 	delay := firstDelay
+	lost := false
 	for r.ctx.Err() == nil {
 		err := p.store.notifier.Listen(r.ctx, p.store.db, p.store.table, func() {
 			r.listening.Store(true)
 			delay = firstDelay
+			if lost {
+				lost = false
+				p.log.Info(msgListenerBack)
+			}
 			r.wakeAll()
 		}, func(ns string) {
 			if ns == p.opts.Namespace {
@@ -615,12 +623,27 @@ func (r *run) listenLoop() {
 			p.log.Info("outbox publisher: no wake-ups from other processes with this driver; polling finds their rows", "err", err)
 			return
 		}
-		p.log.Warn(msgListenerLost, "err", err, "retry_in", delay)
+		level := slog.LevelDebug
+		if !lost {
+			lost, level = true, slog.LevelWarn
+		}
+		p.log.Log(r.ctx, level, msgListenerLost, "err", err, "retry_in", delay, "poll_interval", r.idleCap())
 		if !sleep(r.ctx, delay) {
 			return
 		}
 		delay = min(delay*2, DefaultIdleBackoffMax)
 	}
+}
+
+// listens reports whether Run keeps a listener: when the store has a Notifier, except in a
+// Relay for one that polls the database (dialect.PollingListener), whose idle queries the
+// relay's probe pace bounds instead.
+func (p *Publisher) listens() bool {
+	if p.store.notifier == nil {
+		return false
+	}
+	_, polls := p.store.notifier.(dialect.PollingListener)
+	return p.slots == nil || !polls
 }
 
 // sleep waits d or until ctx is done, and reports whether the full wait elapsed.
@@ -638,7 +661,8 @@ func sleep(ctx context.Context, d time.Duration) bool {
 // Log messages that a Relay keeps quiet while it reports the store down (relay.go).
 const (
 	msgClaimFailed  = "outbox publisher: claim failed"
-	msgListenerLost = "outbox publisher: wake-up listener lost its connection; polling until it reconnects"
+	msgListenerLost = "outbox publisher: wake-up listener stopped; polling until it is back"
+	msgListenerBack = "outbox publisher: wake-up listener is back"
 )
 
 // slowCall is how long a claim or the settling of outcomes may take before the publisher

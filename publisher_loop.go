@@ -20,6 +20,9 @@ type loop struct {
 	adm     admission
 	settler *settler
 	pace    pacer
+	// retries is when the rows this loop put back for a retry fall due: the idle pause ends
+	// then, and the claim is due work for the admission.
+	retries retryDue
 	// claimAhead is false for an ordered publisher: a batch claimed while the one before
 	// is in the transport holds its keys too, so a publisher would hold the heads of twice
 	// as many keys, which the other publishers' claims then walk past (eight of them on one
@@ -81,7 +84,7 @@ func (r *run) claimLoop(w waker) {
 func (l *loop) claim() (batch, bool) {
 	r := l.r
 	for r.ctx.Err() == nil {
-		t, ok := l.adm.admit(l.settler, l.pace.chasing())
+		t, ok := l.adm.admit(l.settler, l.pace.chasing() || l.retries.due())
 		if !ok {
 			continue
 		}
@@ -92,8 +95,12 @@ func (l *loop) claim() (batch, bool) {
 		if t.probe {
 			o.Limit = probeSize
 		}
+		began := time.Now()
 		recs, err := l.claimNow(o)
 		l.adm.claimed(t, len(recs), err)
+		if err == nil {
+			l.retries.claimed(began)
+		}
 		if err != nil {
 			if r.work.Err() != nil {
 				return batch{}, false
@@ -108,7 +115,7 @@ func (l *loop) claim() (batch, bool) {
 			r.p.claimed.Add(int64(len(recs)))
 			return batch{recs: recs, lost: map[uuid.UUID]bool{}, ticket: t}, true
 		case !t.probe: // after an empty probe the circuit waits for the next one
-			l.pace.idle()
+			l.pace.idle(&l.retries)
 		}
 	}
 	return batch{}, false
@@ -137,6 +144,7 @@ func (l *loop) publish(b batch) (ahead batch, ok bool) {
 		return batch{}, false
 	}
 	l.lastPublish = out.took
+	l.retries.note(out)
 	l.adm.published(out, b.ticket)
 	l.settler.add(out)
 	if len(ahead.recs) > 0 {
@@ -235,11 +243,12 @@ func (c *pacer) partial() {
 // woken starts a chase, and the idle pause over.
 func (c *pacer) woken() { c.chase, c.idleDelay = 0, c.r.p.opts.PollInterval }
 
-// idle pauses after an empty claim, and doubles the next idle pause up to idleCap.
-func (c *pacer) idle() {
+// idle pauses after an empty claim, until retries fall due at the latest, and doubles the
+// next idle pause up to idleCap.
+func (c *pacer) idle(retries *retryDue) {
 	d := c.idleDelay
 	c.idleDelay = min(d*2, c.r.idleCap())
-	c.pause(d)
+	c.pause(retries.pause(d))
 }
 
 // busy starts the idle pause over: a claim brought rows.

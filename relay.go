@@ -160,7 +160,9 @@ type RelayStats struct {
 //   - a pace for idle claims and sweeps over all stores (IdleProbesPerSecond), so that idle
 //     stores cost a bounded number of queries a second; enqueues on the same [*Store] wake
 //     its publisher at once, and on PostgreSQL so do commits anywhere (one listening
-//     connection per store: see [Relay.Add]);
+//     connection per store: see [Relay.Add]; the SQLite and MySQL listeners query the
+//     database while idle, so a relay does not run them, and its probe pace finds other
+//     processes' rows there);
 //   - per-store health: a store whose database is down, or whose check fails, is logged
 //     once, reported in [Relay.Stats], and retried with its own backoff, while the others
 //     keep delivering.

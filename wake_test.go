@@ -75,12 +75,15 @@ func TestWakeInProcess(t *testing.T) {
 }
 
 // Publisher.Wake lets a signal of the user's own wake a publisher: here rows written by
-// another Store, as another process would.
+// another Store, as another process would, to a publisher whose Store does not listen for
+// other processes' commits (DisableNotify).
 func TestWakeByHand(t *testing.T) {
 	t.Parallel()
 	e := pubSetup(t, "sqlite")
 	rec := newRecorder(nil)
-	p, err := outbox.NewPublisher(e.store, rec.transport("p"), slowPolling(t, "n"))
+	quiet, err := outbox.New(e.db, outbox.SQLite(), outbox.Options{DisableNotify: true})
+	require.NoError(t, err)
+	p, err := outbox.NewPublisher(quiet, rec.transport("p"), slowPolling(t, "n"))
 	require.NoError(t, err)
 	p.Wake() // not running: nothing happens, nothing blocks
 	startIdle(t, e, p)

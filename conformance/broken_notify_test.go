@@ -15,8 +15,8 @@ import (
 	"github.com/outboxgo/outbox/internal/testdb"
 )
 
-// Broken notifiers. SQLite has no Notifier, so these wrap the PostgreSQL dialect, and
-// TestBrokenDialectChild runs them on PostgreSQL.
+// Broken notifiers. These wrap the PostgreSQL dialect, whose signal the database pushes,
+// and TestBrokenDialectChild runs them on PostgreSQL.
 
 // pgNotifier is the PostgreSQL dialect with its Notifier, which embedding the Dialect
 // interface alone would hide; the broken notifiers below each override one method.
@@ -133,8 +133,8 @@ func rawListen(ctx context.Context, db *sql.DB, t dialect.Table, ready func(), w
 func init() {
 	kit = append(kit,
 		mutant{name: "silent", db: "postgres", dialect: silentDialect{pgNotifier{outbox.Postgres()}},
-			mustFail: []string{"Notify/CommitWakes", "Notify/PublisherWokenAcrossPools"},
-			only:     onlyNotify("CommitWakes", "PublisherWokenAcrossPools")},
+			mustFail: []string{"Notify/CommitWakes", "Notify/PublisherWokenAcrossPools", "Notify/PublisherWokenAcrossProcesses"},
+			only:     onlyNotify("CommitWakes", "PublisherWokenAcrossPools", "PublisherWokenAcrossProcesses")},
 		mutant{name: "eager-signal", db: "postgres", dialect: eagerSignalDialect{pgNotifier{outbox.Postgres()}},
 			mustFail: []string{"Notify/RollbackWakesNobody", "Notify/BatchWakesAfterCommit"}, only: onlyNotify()},
 		mutant{name: "never-ready", db: "postgres", dialect: neverReadyDialect{pgNotifier{outbox.Postgres()}},

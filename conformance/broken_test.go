@@ -299,14 +299,17 @@ func TestBrokenDialectChild(t *testing.T) {
 	case "sqlite":
 		h.OpenDB = func(t testing.TB) *sql.DB { return testdb.SQLite(t) }
 		h.OtherServer = func(t testing.TB) *sql.DB { return testdb.Postgres(t) }
+		h.DSN = func(t testing.TB, db *sql.DB) (string, string) { return "sqlite", testdb.DSN(t, "sqlite", db) }
 	case "postgres":
 		h.OpenDB = func(t testing.TB) *sql.DB { return testdb.Postgres(t) }
 		h.OtherServer = func(t testing.TB) *sql.DB { return testdb.SQLite(t) }
 		h.Reopen = testdb.Reopen
+		h.DSN = func(t testing.TB, db *sql.DB) (string, string) { return "pgx", testdb.DSN(t, "postgres", db) }
 	case "mysql":
 		h.OpenDB = func(t testing.TB) *sql.DB { return testdb.MySQL(t) }
 		h.OtherServer = func(t testing.TB) *sql.DB { return testdb.SQLite(t) }
 		h.Reopen = testdb.Reopen
+		h.DSN = func(t testing.TB, db *sql.DB) (string, string) { return "mysql", testdb.DSN(t, "mysql", db) }
 	default:
 		t.Fatalf("mutant %s: unknown database %q", m.name, m.db)
 	}

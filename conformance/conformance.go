@@ -56,8 +56,10 @@
 //  14. Notify ([dialect.Notifier]): a listener reports ready, a committed enqueue wakes it
 //     with its namespace, a rolled-back one wakes nobody, several in one transaction wake
 //     it only at commit; signals stay within their table and database; Listen returns when
-//     its context ends and closes its connection, never giving it back to the pool; a publisher that polls once a minute
-//     delivers within seconds an event enqueued through another pool. Skipped, saying so,
+//     its context ends and closes its connection, never giving it back to the pool; a
+//     publisher that polls once a minute delivers within seconds an event enqueued through
+//     another pool, and one enqueued by another process (the test binary run again, with
+//     [Harness.DSN]). Skipped, saying so,
 //     for a dialect without the ability or a driver that cannot listen.
 //
 // The suite reads and damages the table only through the [Harness] hooks, whose defaults
@@ -131,6 +133,12 @@ type Harness struct {
 	// returned, as a second process would open it, and arranges its cleanup. Tests that
 	// model publishers in separate processes use it; without it they share db.
 	Reopen func(t testing.TB, db *sql.DB) *sql.DB
+	// DSN, when set, returns the driver name and the data source name with which
+	// sql.Open, in another process, opens the database of db, one that OpenDB returned.
+	// The Notify section's cross-process test runs the test binary again as a producer
+	// with them: the binary must register the driver (import it), as the test's own
+	// process does. Without DSN that test is skipped, saying so.
+	DSN func(t testing.TB, db *sql.DB) (driverName, dataSourceName string)
 
 	// ctx is the context of one test's calls, set by Run: it ends at the test's deadline.
 	ctx context.Context

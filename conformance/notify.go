@@ -5,8 +5,13 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
+	"os"
+	"os/exec"
+	"regexp"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -35,6 +40,7 @@ var notifyTests = []test{
 	{"ListenReturnsOnCancel", testNotifyCancel},
 	{"ListenClosesItsConnection", testNotifyCloses},
 	{"PublisherWokenAcrossPools", testNotifyPublisher},
+	{"PublisherWokenAcrossProcesses", testNotifyProcess},
 }
 
 // notifyWithin is how long a signal may take to arrive, and Listen to become ready or to
@@ -190,6 +196,13 @@ func testNotifyRollback(t *testing.T, h Harness) {
 
 // Several enqueues in one transaction, in two namespaces, wake the listener for each
 // namespace at least once, and only once the transaction commits.
+//
+// While the transaction is open another one commits, and must be the first to wake the
+// listener. A database with one writer (SQLite) makes that commit wait for the open
+// transaction: when it has not committed within oneWriterAfter, the test says so and
+// requires instead that the listener heard nothing of the open transaction meanwhile (a
+// signal sent before the commit would have come by then); an eager signal is caught for
+// certain by RollbackWakesNobody.
 func testNotifyBatch(t *testing.T, h Harness) {
 	n := needNotifier(t, h)
 	e := setup(t, h)
@@ -204,14 +217,41 @@ func testNotifyBatch(t *testing.T, h Harness) {
 	_, err = e.store.Enqueue(e.ctx, tx, nsMsg(a))
 	require.NoError(t, err)
 
-	// While the transaction is open, another one commits: it wakes the listener first.
-	commitIn(t, e, e.db, e.store, meanwhile)
-	require.Equal(t, meanwhile, l.first(t, a, b, meanwhile),
-		"an open transaction woke the listener: Signal must act only when its transaction commits")
-
-	require.NoError(t, tx.Commit())
+	committed := make(chan error, 1)
+	go func() { committed <- commitNS(e, e.db, e.store, meanwhile) }()
+	select {
+	case err := <-committed:
+		require.NoError(t, err)
+		require.Equal(t, meanwhile, l.first(t, a, b, meanwhile),
+			"an open transaction woke the listener: Signal must act only when its transaction commits")
+		require.NoError(t, tx.Commit())
+	case <-time.After(oneWriterAfter):
+		t.Logf("a second transaction did not commit within %s while the first was open: one writer at a time", oneWriterAfter)
+		require.NotContains(t, l.seen(), a, "an open transaction woke the listener: Signal must act only when its transaction commits")
+		require.NotContains(t, l.seen(), b, "an open transaction woke the listener: Signal must act only when its transaction commits")
+		require.NoError(t, tx.Commit())
+		require.NoError(t, <-committed)
+		l.await(t, meanwhile)
+	}
 	l.await(t, a)
 	l.await(t, b)
+}
+
+// oneWriterAfter is how long a commit may wait beside an open transaction before the
+// database is taken for one that has one writer at a time.
+const oneWriterAfter = 3 * time.Second
+
+// commitNS is commitIn for a goroutine: it returns its error.
+func commitNS(e *env, db *sql.DB, s *outbox.Store, ns string) error {
+	tx, err := db.BeginTx(e.ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }()
+	if _, err := s.Enqueue(e.ctx, tx, nsMsg(ns)); err != nil {
+		return err
+	}
+	return tx.Commit()
 }
 
 // A signal for one table does not wake the listener of another table of the same
@@ -271,9 +311,105 @@ func testNotifyCancel(t *testing.T, h Harness) {
 }
 
 // A Publisher that polls once a minute delivers, within seconds, an event enqueued through
-// another Store on another pool (Harness.Reopen, when set), as another process would: only
-// the dialect's signal can have woken it.
+// another Store on another pool (Harness.Reopen, when set): only the dialect's signal can
+// have woken it.
 func testNotifyPublisher(t *testing.T, h Harness) {
+	w := idlePublisher(t, h)
+	db := w.e.db
+	if h.Reopen != nil {
+		db = h.Reopen(t, w.e.db)
+	}
+	producer, err := outbox.New(db, h.Dialect, outbox.Options{Table: w.e.table})
+	require.NoError(t, err)
+	claims := w.obs.claims.Load()
+	committed := time.Now()
+	id := commitIn(t, w.e, db, producer, w.ns)
+	w.awaitDelivered(t, id, committed, claims, "an event enqueued through another pool")
+}
+
+// producerEnv, when set in a test binary's environment, makes the cross-process test of
+// that binary the producer: it holds the JSON of a producerOrder.
+const producerEnv = "OUTBOX_CONFORMANCE_PRODUCER"
+
+// producerOrder is what the producer process enqueues, and where.
+type producerOrder struct {
+	Driver, DSN, Table, Namespace string
+}
+
+// producedPrefix starts the line on which the producer process prints the id it enqueued.
+const producedPrefix = "outbox-conformance-produced "
+
+// The same as PublisherWokenAcrossPools with the producer in another process: the test
+// binary runs again (os.Args[0]), only this test, which finds the order in its environment,
+// opens the database with Harness.DSN, enqueues one event with a Store of its own, and
+// exits. Skipped, saying so, when Harness.DSN is not set.
+func testNotifyProcess(t *testing.T, h Harness) {
+	if raw := os.Getenv(producerEnv); raw != "" {
+		produce(t, h, raw)
+		return
+	}
+	if h.DSN == nil {
+		needNotifier(t, h)
+		t.Skip("Harness.DSN is not set: the test cannot open the database in another process")
+	}
+	w := idlePublisher(t, h)
+	driverName, dsn := h.DSN(t, w.e.db)
+	order, err := json.Marshal(producerOrder{Driver: driverName, DSN: dsn, Table: w.e.table, Namespace: w.ns})
+	require.NoError(t, err)
+	cmd := exec.CommandContext(w.e.ctx, os.Args[0], "-test.run="+runPattern(t.Name()), "-test.count=1", "-test.v", "-test.timeout=2m")
+	cmd.Env = append(os.Environ(), producerEnv+"="+string(order))
+	claims := w.obs.claims.Load()
+	committed := time.Now()
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "the producer process failed:\n%s", out)
+	var id uuid.UUID
+	for line := range strings.Lines(string(out)) {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), producedPrefix); ok {
+			id, err = uuid.Parse(rest)
+			require.NoError(t, err)
+		}
+	}
+	require.NotEqual(t, uuid.Nil, id, "the producer process printed no id:\n%s", out)
+	w.awaitDelivered(t, id, committed, claims, "an event enqueued by another process")
+}
+
+// produce is the producer process's side of testNotifyProcess.
+func produce(t *testing.T, h Harness, raw string) {
+	var o producerOrder
+	require.NoError(t, json.Unmarshal([]byte(raw), &o))
+	db, err := sql.Open(o.Driver, o.DSN)
+	require.NoError(t, err)
+	defer db.Close()
+	s, err := outbox.New(db, h.Dialect, outbox.Options{Table: o.Table})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	e := &env{ctx: ctx, db: db, store: s, table: o.Table, h: h}
+	id := commitIn(t, e, db, s, o.Namespace)
+	fmt.Println(producedPrefix + id.String())
+}
+
+// runPattern is the -test.run pattern that selects the test named name, and no other.
+func runPattern(name string) string {
+	parts := strings.Split(name, "/")
+	for i, p := range parts {
+		parts[i] = "^" + regexp.QuoteMeta(p) + "$"
+	}
+	return strings.Join(parts, "/")
+}
+
+// woken is a Publisher that polls once a minute, running and idle, with what it delivered.
+type woken struct {
+	e         *env
+	obs       *observedNotifier
+	ns        string
+	delivered sync.Map // uuid.UUID → time.Time
+}
+
+// idlePublisher starts a Publisher that polls once a minute and waits until its listener
+// is ready and it has gone idle, so that an event enqueued next can only be found through
+// the dialect's signal.
+func idlePublisher(t *testing.T, h Harness) *woken {
 	n := needNotifier(t, h)
 	e := setup(t, h)
 	listen(t, e, n, e.db, e.table).cancel() // skips when the driver cannot listen
@@ -281,16 +417,14 @@ func testNotifyPublisher(t *testing.T, h Harness) {
 	// The publisher's Store sees through the dialect only when its listener is ready and
 	// when it claims, so that the event is enqueued once the publisher is idle: after the
 	// claims that start it and that its listener's first ready starts.
-	obs := &observedNotifier{Dialect: h.Dialect, n: n, ready: make(chan struct{})}
-	store, err := outbox.New(e.db, obs, outbox.Options{Table: e.table})
+	w := &woken{e: e, obs: &observedNotifier{Dialect: h.Dialect, n: n, ready: make(chan struct{})}, ns: namespace("published")}
+	store, err := outbox.New(e.db, w.obs, outbox.Options{Table: e.table})
 	require.NoError(t, err)
-	ns := namespace("published")
-	var delivered sync.Map // uuid.UUID → time.Time
 	p, err := outbox.NewPublisher(store, outbox.PerMessage(func(_ context.Context, d outbox.Delivery) error {
-		delivered.LoadOrStore(d.ID, time.Now())
+		w.delivered.LoadOrStore(d.ID, time.Now())
 		return nil
 	}), outbox.PublisherOptions{
-		Scope: outbox.Scope{Namespace: ns}, PollInterval: time.Minute, IdleBackoffMax: time.Minute,
+		Scope: outbox.Scope{Namespace: w.ns}, PollInterval: time.Minute, IdleBackoffMax: time.Minute,
 		Lease: 3 * time.Minute, SweepInterval: time.Hour, ShutdownTimeout: time.Second,
 		Logger: slog.New(slog.DiscardHandler),
 	})
@@ -310,32 +444,29 @@ func testNotifyPublisher(t *testing.T, h Harness) {
 		}
 	})
 	select {
-	case <-obs.ready:
+	case <-w.obs.ready:
 	case err := <-errc:
 		t.Fatalf("Publisher.Run returned before its listener was ready: %v", err)
 	case <-time.After(notifyWithin):
 		t.Fatalf("the publisher's listener did not call ready within %s", notifyWithin)
 	}
-	atReady := obs.claims.Load()
+	atReady := w.obs.claims.Load()
 	eventually(t, notifyWithin, "the publisher to go idle (no claim for 500ms)", func() bool {
-		return obs.claims.Load() > atReady && time.Since(time.Unix(0, obs.lastClaim.Load())) > 500*time.Millisecond
+		return w.obs.claims.Load() > atReady && time.Since(time.Unix(0, w.obs.lastClaim.Load())) > 500*time.Millisecond
 	})
+	return w
+}
 
-	db := e.db
-	if h.Reopen != nil {
-		db = h.Reopen(t, e.db)
-	}
-	producer, err := outbox.New(db, h.Dialect, outbox.Options{Table: e.table})
-	require.NoError(t, err)
-	claims := obs.claims.Load()
-	committed := time.Now()
-	id := commitIn(t, e, db, producer, ns)
-	eventually(t, notifyWithin, "the publisher, polling once a minute, to deliver an event enqueued through another pool", func() bool {
-		_, ok := delivered.Load(id)
+// awaitDelivered waits until the publisher delivered id, committed at committed, and logs
+// how long that took and in how many claims since claims.
+func (w *woken) awaitDelivered(t *testing.T, id uuid.UUID, committed time.Time, claims int64, what string) {
+	t.Helper()
+	eventually(t, notifyWithin, "the publisher, polling once a minute, to deliver "+what, func() bool {
+		_, ok := w.delivered.Load(id)
 		return ok
 	})
-	at, _ := delivered.Load(id)
-	t.Logf("commit to publish: %s, %d claims", at.(time.Time).Sub(committed), obs.claims.Load()-claims)
+	at, _ := w.delivered.Load(id)
+	t.Logf("commit to publish: %s, %d claims", at.(time.Time).Sub(committed), w.obs.claims.Load()-claims)
 }
 
 // observedNotifier is the dialect under test with its Notifier, reporting when its listener

@@ -28,9 +28,10 @@ type Checker interface {
 // Notifier gives wake-ups that cross processes. Signal, run on an enqueue's transaction,
 // arranges for the database to tell every listener of the table once that transaction
 // commits, and never if it rolls back (PostgreSQL's NOTIFY); Listen waits for those
-// signals on a connection of its own. The built-in PostgreSQL dialect implements it
-// (Listen needs the pgx driver). A Publisher listens when its dialect has the ability,
-// and polls as well, so a lost signal costs at most a poll interval.
+// signals on a connection of its own. The built-in dialects implement it: PostgreSQL with
+// LISTEN/NOTIFY (Listen needs the pgx driver), MySQL and SQLite by asking the database
+// for rows committed since ([PollingListener]). A Publisher listens when its dialect has
+// the ability, and polls as well, so a lost signal costs at most a poll interval.
 //
 // The rules, which the conformance suite's Notify section checks:
 //
@@ -50,6 +51,19 @@ type Notifier interface {
 	// until ctx ends or the connection fails; it returns why it stopped. It returns an
 	// error matching [errors.ErrUnsupported] when db's driver cannot listen.
 	Listen(ctx context.Context, db *sql.DB, t Table, ready func(), wake func(namespace string)) error
+}
+
+// PollingListener is implemented by a [Notifier] whose Listen asks the database at an
+// interval rather than waiting for a signal the server pushes: every listener then costs
+// the database queries while idle, one each IdlePollInterval at most. The built-in
+// MySQL and SQLite dialects implement it (their Signal does nothing: Listen finds the
+// committed rows itself). A Publisher listens all the same, for wake-ups within
+// milliseconds; a Relay, which bounds the idle queries of its many stores with its probe
+// pace, does not listen to such stores.
+type PollingListener interface {
+	Notifier
+	// IdlePollInterval is the longest pause between two queries of an idle listener.
+	IdlePollInterval() time.Duration
 }
 
 // SettleClaimer records the outcomes of one batch and claims the next in a single round

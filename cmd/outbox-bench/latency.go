@@ -51,6 +51,9 @@ type latencyResult struct {
 	// it has a Store and pool of its own, as another process would.
 	Kind   string `json:"kind"`
 	Shared bool   `json:"shared_store"`
+	// Process is true when the producer ran in a process of its own (the bench binary run
+	// again), with its own pool and Store.
+	Process bool `json:"producer_process,omitempty"`
 }
 
 // idleResult is the latency of one event enqueued after the publisher sat idle.
@@ -82,20 +85,22 @@ func runLatency(ctx context.Context, cfg config, b backend, res *backendResult) 
 		poll   time.Duration
 		raw    bool
 		shared bool
+		// process puts the producer in a process of its own (producer.go).
+		process bool
 	}
 	var runs []run
 	for _, rate := range []float64{100, 1000} {
-		runs = append(runs, run{"fixed", rate, 0, false, true}, run{"fixed", rate, 0, false, false})
+		runs = append(runs, run{"fixed", rate, 0, false, true, false}, run{"fixed", rate, 0, false, false, true})
 	}
 	if res.Burndown != nil && res.Burndown.Library.Median > 0 {
 		rate := res.Burndown.Library.Median / 2
-		runs = append(runs, run{"saturated", rate, 0, false, false}, run{"saturated", rate, 10 * time.Millisecond, false, false},
-			run{"saturated", rate, 10 * time.Millisecond, true, false})
+		runs = append(runs, run{"saturated", rate, 0, false, false, false}, run{"saturated", rate, 10 * time.Millisecond, false, false, false},
+			run{"saturated", rate, 10 * time.Millisecond, true, false, false})
 	} else {
 		logf("%s: latency: no burn-down rate, so no saturated runs (run with -only burndown,latency)", b.name())
 	}
 	for _, run := range runs {
-		r, err := latency(ctx, cfg, b, run.rate, run.poll, run.raw, run.shared)
+		r, err := latency(ctx, cfg, b, run.rate, run.poll, run.raw, run.shared, run.process)
 		if err != nil {
 			return err
 		}
@@ -186,17 +191,20 @@ func latencyAfterIdle(ctx context.Context, cfg config, b backend, shared bool) (
 	}
 }
 
-func latency(ctx context.Context, cfg config, b backend, rate float64, poll time.Duration, rawLoop, shared bool) (latencyResult, error) {
-	r := latencyResult{TargetRate: rate, Config: "default options", PollInterval: outbox.DefaultPollInterval.String(), Raw: rawLoop, Shared: shared}
+func latency(ctx context.Context, cfg config, b backend, rate float64, poll time.Duration, rawLoop, shared, process bool) (latencyResult, error) {
+	r := latencyResult{TargetRate: rate, Config: "default options", PollInterval: outbox.DefaultPollInterval.String(), Raw: rawLoop, Shared: shared, Process: process}
 	if poll > 0 {
 		r.Config, r.PollInterval = "PollInterval "+poll.String(), poll.String()
 	}
 	if rawLoop {
 		r.Config = "raw claim + ack loop, " + poll.String() + " poll (reference)"
 	}
-	if shared {
+	switch {
+	case shared:
 		r.Config += ", producer on the publisher's Store"
-	} else {
+	case process:
+		r.Config += ", producer in another process"
+	default:
 		r.Config += ", producer on a Store of its own"
 	}
 	if err := b.reset(ctx, mainTable); err != nil {
@@ -271,55 +279,24 @@ func latency(ctx context.Context, cfg config, b backend, rate float64, poll time
 	pubDone := make(chan error, 1)
 	go func() { pubDone <- run(pctx) }()
 
-	// Producers.
-	jobs := make(chan int, latencyProducers)
-	var (
-		seq      atomic.Int64
-		txs      atomic.Int64
-		prodErr  error
-		errOnce  sync.Once
-		wg       sync.WaitGroup
-		warmupTo = time.Now().Add(cfg.LatencyDur / 5)
-	)
-	for range latencyProducers {
-		wg.Go(func() {
-			for k := range jobs {
-				if err := produce(ctx, prodDB, prodStore, raw, &seq, k, &mu, committed, warmupTo); err != nil {
-					errOnce.Do(func() { prodErr = err })
-					return
-				}
-				txs.Add(1)
-			}
-		})
-	}
-	var dropped int64
-	perTick := rate * latencyTick.Seconds()
-	carry := 0.0
-	start := time.Now()
-	ticker := time.NewTicker(latencyTick)
-	for now := range ticker.C {
-		if now.Sub(start) >= cfg.LatencyDur || ctx.Err() != nil || prodErr != nil {
-			break
+	// Producers: in this process, or in a producer process (producer.go).
+	record := func(ids []uuid.UUID, at time.Time) {
+		mu.Lock()
+		for _, id := range ids {
+			committed[id] = at
 		}
-		carry += perTick
-		k := int(carry)
-		if k == 0 {
-			continue
-		}
-		select {
-		case jobs <- k:
-			carry -= float64(k)
-		default:
-			dropped++ // every producer is busy: the backlog shows as a lower achieved rate
-		}
+		mu.Unlock()
 	}
-	ticker.Stop()
-	close(jobs)
-	wg.Wait()
-	produced := time.Since(start)
-	if prodErr != nil {
-		return r, prodErr
+	var ps producerStats
+	if process {
+		ps, err = produceInProcess(ctx, cfg, b, rate, record)
+	} else {
+		ps, err = produceAt(ctx, cfg, prodDB, prodStore, raw, rate, record)
 	}
+	if err != nil {
+		return r, err
+	}
+	produced := ps.Elapsed
 
 	// Drain: wait until everything committed is published, at most a few poll intervals.
 	drainBy := time.Now().Add(max(5*time.Second, 4*outbox.DefaultPollInterval))
@@ -372,9 +349,9 @@ func latency(ctx context.Context, cfg config, b backend, rate float64, poll time
 	r.DeliveredRate = float64(delivered()) / produced.Seconds()
 	slices.Sort(lat)
 	r.Messages = len(lat)
-	r.AchievedRate = float64(seq.Load()) / produced.Seconds()
-	r.TxPerSecond = float64(txs.Load()) / produced.Seconds()
-	r.Dropped = dropped
+	r.AchievedRate = float64(ps.Messages) / produced.Seconds()
+	r.TxPerSecond = float64(ps.Txs) / produced.Seconds()
+	r.Dropped = ps.Dropped
 	r.P50, r.P90, r.P99 = quantile(lat, 0.50), quantile(lat, 0.90), quantile(lat, 0.99)
 	if len(lat) > 0 {
 		r.Max = lat[len(lat)-1]
@@ -429,10 +406,69 @@ func rawConsumer(raw rawOps, db *sql.DB, cfg config, poll time.Duration, tr outb
 	return run, delivered.Load
 }
 
+// producerStats is what a steady producer did.
+type producerStats struct {
+	Messages, Txs, Dropped int64
+	Elapsed                time.Duration
+}
+
+// produceAt runs the steady producer for cfg.LatencyDur: a tick every latencyTick hands one
+// transaction of enough messages to keep rate to one of latencyProducers goroutines on
+// db. record gets the ids of every transaction committed after the warm-up (the first
+// fifth) with the time its Commit returned.
+func produceAt(ctx context.Context, cfg config, db *sql.DB, store *outbox.Store, raw rawOps, rate float64,
+	record func(ids []uuid.UUID, at time.Time)) (producerStats, error) {
+	jobs := make(chan int, latencyProducers)
+	var (
+		seq      atomic.Int64
+		txs      atomic.Int64
+		prodErr  error
+		errOnce  sync.Once
+		wg       sync.WaitGroup
+		warmupTo = time.Now().Add(cfg.LatencyDur / 5)
+	)
+	for range latencyProducers {
+		wg.Go(func() {
+			for k := range jobs {
+				if err := produce(ctx, db, store, raw, &seq, k, warmupTo, record); err != nil {
+					errOnce.Do(func() { prodErr = err })
+					return
+				}
+				txs.Add(1)
+			}
+		})
+	}
+	var dropped int64
+	perTick := rate * latencyTick.Seconds()
+	carry := 0.0
+	start := time.Now()
+	ticker := time.NewTicker(latencyTick)
+	for now := range ticker.C {
+		if now.Sub(start) >= cfg.LatencyDur || ctx.Err() != nil {
+			break
+		}
+		carry += perTick
+		k := int(carry)
+		if k == 0 {
+			continue
+		}
+		select {
+		case jobs <- k:
+			carry -= float64(k)
+		default:
+			dropped++ // every producer is busy: the backlog shows as a lower achieved rate
+		}
+	}
+	ticker.Stop()
+	close(jobs)
+	wg.Wait()
+	return producerStats{Messages: seq.Load(), Txs: txs.Load(), Dropped: dropped, Elapsed: time.Since(start)}, prodErr
+}
+
 // produce commits one business row and k events, and records the commit time of each event
 // committed after the warm-up.
 func produce(ctx context.Context, db *sql.DB, store *outbox.Store, raw rawOps, seq *atomic.Int64, k int,
-	mu *sync.Mutex, committed map[uuid.UUID]time.Time, warmupTo time.Time) error {
+	warmupTo time.Time, record func(ids []uuid.UUID, at time.Time)) error {
 	first := int(seq.Add(int64(k))) - k
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
@@ -457,11 +493,11 @@ func produce(ctx context.Context, db *sql.DB, store *outbox.Store, raw rawOps, s
 	if now.Before(warmupTo) {
 		return nil
 	}
-	mu.Lock()
-	for _, x := range rs {
-		committed[x.ID] = now
+	ids := make([]uuid.UUID, len(rs))
+	for i, x := range rs {
+		ids[i] = x.ID
 	}
-	mu.Unlock()
+	record(ids, now)
 	return nil
 }
 

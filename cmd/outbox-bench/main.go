@@ -55,7 +55,8 @@
 // It prints a table, then every ratio as one JSON object per line, and writes the full
 // results (JSON, Markdown) and a throughput-against-batch-size plot (SVG) to -out.
 //
-//	go run ./cmd/outbox-bench -mode quick    # every metric on every backend in minutes
+//	go run ./cmd/outbox-bench -mode quick    # the headline metrics on every backend in minutes
+//	go run ./cmd/outbox-bench -only shortdrain,storeloop  # named scenarios, quick sizes
 //	go run ./cmd/outbox-bench -mode full -plot BENCHMARKS-throughput.svg
 //
 // Each backend gets a fresh database (PostgreSQL: a new database, so that
@@ -116,6 +117,8 @@ type config struct {
 	LatencyDur time.Duration `json:"latency_duration"`
 	// IdleWait is how long the publisher sits idle before the after-idle event.
 	IdleWait time.Duration `json:"idle_wait"`
+	// IdleDur is the window of the idle-cost scenario (idle.go), per configuration.
+	IdleDur time.Duration `json:"idle_duration"`
 
 	// Growth (5).
 	Retained     int `json:"retained"`
@@ -179,8 +182,15 @@ type config struct {
 // optIn are the scenarios that run only when -only names them.
 var optIn = []string{"tablecost", "scaleout", "sustained"}
 
+// quickSet are the scenarios of quick mode without -only: the headline metrics, in a few
+// minutes on two cores. Full mode runs every scenario but optIn; -only names any.
+var quickSet = []string{"burndown", "enqueue", "batch", "latency", "idle"}
+
 func (c config) runs(scenario string) bool {
 	if len(c.Only) == 0 {
+		if c.Mode == "quick" {
+			return slices.Contains(quickSet, scenario)
+		}
 		return !slices.Contains(optIn, scenario)
 	}
 	for _, s := range c.Only {
@@ -202,7 +212,7 @@ func modeConfig(mode string) (config, error) {
 			BurnN: 10_000, Batch: 100, Workers: 2, BurnRounds: 3,
 			SweepSizes: []int{10, 100, 500}, SweepRounds: 1,
 			BreakdownSizes: []int{100, 500}, BreakdownN: 5_000, BreakdownRounds: 1,
-			LatencyDur: 4 * time.Second, IdleWait: 3 * time.Second,
+			LatencyDur: 4 * time.Second, IdleWait: 3 * time.Second, IdleDur: 3 * time.Second,
 			Retained: 100_000, GrowthN: 5_000, GrowthRounds: 2,
 			BrokerN: 10_000, BrokerRounds: 2,
 			ShortN: 10_000, ShortBatches: []int{100, 500}, ShortWorkers: []int{1, 2}, ShortRounds: 1,
@@ -222,7 +232,7 @@ func modeConfig(mode string) (config, error) {
 			BurnN: 100_000, Batch: 100, Workers: 2, BurnRounds: 10,
 			SweepSizes: []int{10, 50, 100, 250, 500, 1000}, SweepRounds: 2,
 			BreakdownSizes: []int{100, 500}, BreakdownN: 20_000, BreakdownRounds: 2,
-			LatencyDur: 20 * time.Second, IdleWait: 30 * time.Second,
+			LatencyDur: 20 * time.Second, IdleWait: 30 * time.Second, IdleDur: 10 * time.Second,
 			Retained: 1_000_000, GrowthN: 100_000, GrowthRounds: 2,
 			BrokerN: 50_000, BrokerRounds: 6,
 			ShortN: 20_000, ShortBatches: []int{100, 500}, ShortWorkers: []int{1, 2}, ShortRounds: 6,
@@ -244,8 +254,11 @@ func main() {
 	if os.Getenv(childEnv) != "" {
 		os.Exit(runChild()) // a scale-out child (scaleout.go)
 	}
+	if os.Getenv(producerEnv) != "" {
+		os.Exit(runProducer()) // a latency producer (producer.go)
+	}
 	var (
-		mode     = flag.String("mode", "quick", "quick (every metric in minutes) or full (the published numbers)")
+		mode     = flag.String("mode", "quick", "quick (the headline metrics in minutes: burndown, enqueue, batch, latency, idle) or full (every scenario, the published numbers)")
 		backends = flag.String("backends", "postgres,mysql,sqlite", "comma-separated backends to measure")
 		out      = flag.String("out", "bench-results", "directory for results.json, results.md and throughput.svg")
 		plot     = flag.String("plot", "", "also write the throughput plot here (e.g. BENCHMARKS-throughput.svg)")
@@ -257,7 +270,7 @@ func main() {
 		burnN    = flag.Int("n", 0, "rows per burn-down (default: 10000 quick, 100000 full)")
 		rounds   = flag.Int("burn-rounds", 0, "alternating library/raw pairs of the headline burn-down (default: 3 quick, 10 full)")
 		retained = flag.Int("retained", 0, "retained delivered rows in the growth scenario (default: 100000 quick, 1000000 full)")
-		only     = flag.String("only", "", "run only these scenarios (comma list of enqueue, pgx, batch, burndown, breakdown, latency, growth, stats, purge, ordered, broker, shortdrain, relay, costs, tablecost, ui, storeloop, guarded, scaleout, sustained; latency needs burndown; tablecost, scaleout and sustained run only when named)")
+		only     = flag.String("only", "", "run only these scenarios (comma list of enqueue, pgx, batch, burndown, breakdown, latency, idle, growth, stats, purge, ordered, broker, shortdrain, relay, costs, tablecost, ui, storeloop, guarded, scaleout, sustained; latency needs burndown; tablecost, scaleout and sustained run only when named)")
 		storeB   = flag.String("store-batches", "", "batch sizes of the storeloop scenario, comma list (default 100,500)")
 		storeW   = flag.String("store-workers", "", "claim loops of the storeloop scenario, comma list (default: 1 quick, 1,2 full)")
 		cpuprof  = flag.String("cpuprofile", "", "write a CPU profile of the bench process (library and raw alike) to this file")
@@ -407,6 +420,7 @@ func runBackend(ctx context.Context, cfg config, b backend, res *backendResult) 
 		{"burn-down", "burndown", runBurndown},
 		{"burn-down breakdown", "breakdown", runBreakdown},
 		{"latency", "latency", runLatency},
+		{"idle cost", "idle", runIdleCost},
 		{"growth", "growth", runGrowth},
 		{"stats", "stats", runStats},
 		{"purge during burn-down", "purge", runPurgeBurn},

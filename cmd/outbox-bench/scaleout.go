@@ -344,6 +344,20 @@ func scaleDrainWatched(ctx context.Context, exe string, b backend, kind string, 
 
 // runChild is the bench binary as a scale-out child (its environment says so). It returns
 // the process's exit code.
+// childBackend is the backend of a child process's driver, for its dialect and its
+// hand-written SQL.
+func childBackend(driver string) (backend, error) {
+	switch driver {
+	case "pgx":
+		return &pgBackend{}, nil
+	case "mysql":
+		return &myBackend{}, nil
+	case "sqlite":
+		return &liteBackend{}, nil
+	}
+	return nil, fmt.Errorf("unknown driver %q", driver)
+}
+
 func runChild() int {
 	err := child1(context.Background(), os.Getenv(childEnv), os.Getenv(childBackendEnv), os.Getenv(childDSNEnv),
 		os.Getenv(childTableEnv), os.Getenv(childBatchEnv))
@@ -359,16 +373,9 @@ func child1(ctx context.Context, kind, driver, dsn, table, batchArg string) erro
 	if err != nil {
 		return fmt.Errorf("batch %q: %w", batchArg, err)
 	}
-	var b backend
-	switch driver {
-	case "pgx":
-		b = &pgBackend{}
-	case "mysql":
-		b = &myBackend{}
-	case "sqlite":
-		b = &liteBackend{}
-	default:
-		return fmt.Errorf("unknown driver %q", driver)
+	b, err := childBackend(driver)
+	if err != nil {
+		return err
 	}
 	db, err := sql.Open(driver, dsn)
 	if err != nil {

@@ -51,7 +51,7 @@ func runSustained(ctx context.Context, cfg config, b backend, res *backendResult
 			)
 			for try := 0; try < 2 && !ok; try++ {
 				var err error
-				if r, err = latency(ctx, c, b, rate, poll, raw, true); err != nil {
+				if r, err = latency(ctx, c, b, rate, poll, raw, true, false); err != nil {
 					return err
 				}
 				r.Kind = "sustained"

@@ -35,6 +35,7 @@ func TestMySQLConformance(t *testing.T) {
 		OpenDB:      func(t testing.TB) *sql.DB { return testdb.MySQL(t) },
 		Reopen:      testdb.Reopen,
 		OtherServer: func(t testing.TB) *sql.DB { return testdb.SQLite(t) },
+		DSN:         func(t testing.TB, db *sql.DB) (string, string) { return "mysql", testdb.DSN(t, "mysql", db) },
 	})
 }
 

@@ -30,6 +30,7 @@ func TestPostgresConformance(t *testing.T) {
 		OpenDB:      func(t testing.TB) *sql.DB { return testdb.Postgres(t) },
 		Reopen:      testdb.Reopen,
 		OtherServer: func(t testing.TB) *sql.DB { return testdb.SQLite(t) },
+		DSN:         func(t testing.TB, db *sql.DB) (string, string) { return "pgx", testdb.DSN(t, "postgres", db) },
 	})
 }
 

@@ -26,6 +26,7 @@ func TestSQLiteConformance(t *testing.T) {
 		Dialect:     outbox.SQLite(),
 		OpenDB:      func(t testing.TB) *sql.DB { return testdb.SQLite(t) },
 		OtherServer: func(t testing.TB) *sql.DB { return testdb.Postgres(t) },
+		DSN:         func(t testing.TB, db *sql.DB) (string, string) { return "sqlite", testdb.DSN(t, "sqlite", db) },
 	})
 }
 
