@@ -82,8 +82,7 @@ func checkBuiltin(ctx context.Context, db *sql.DB, name string, t dialect.Table,
 	if kind != name {
 		return wrongDialect(desc, kind, name)
 	}
-	migrate := fmt.Sprintf("run migrations.Up(ctx, db, %q, migrations.Options{Table: %q}) or `outbox migrate up --dialect %s --table %s`",
-		name, t.Name(), name, t.Name())
+	migrate := migrateFix(name, t.Name())
 	for _, table := range slices.Sorted(maps.Keys(tables)) {
 		have, err := columns(ctx, db, table)
 		if err != nil {
@@ -126,6 +125,13 @@ func queryStrings(ctx context.Context, db *sql.DB, query string, args ...any) ([
 	return out, rows.Err()
 }
 
+// migrateFix says how to create or update the table of the dialect name: in code, or
+// with the command, whose flags name both, so that it can be pasted as it is.
+func migrateFix(name, table string) string {
+	return fmt.Sprintf("run migrations.Up(ctx, db, %q, migrations.Options{Table: %q}) or `outbox migrate up --dialect %s --table %s`",
+		name, table, name, table)
+}
+
 // missingTable returns a [*CheckError] wrapping err, from a statement on the outbox table,
 // when the database says the table does not exist, so that the caller learns to migrate;
 // nil otherwise.
@@ -140,9 +146,8 @@ func missingTable(d Dialect, t dialect.Table, err error) *CheckError {
 	}
 	return &CheckError{
 		Problem: fmt.Sprintf("the outbox table %q does not exist", t.Name()),
-		Fix: fmt.Sprintf("run migrations.Up(ctx, db, %q, migrations.Options{Table: %q}) or `outbox migrate up`",
-			d.Name(), t.Name()),
-		Err: err,
+		Fix:     migrateFix(d.Name(), t.Name()),
+		Err:     err,
 	}
 }
 
