@@ -22,6 +22,9 @@
 // Install it with:
 //
 //	go install github.com/outboxgo/outbox/cmd/outbox@latest
+//
+// or, until a release is tagged (when @latest finds no version), with go install ./cmd/outbox
+// in a clone of the repository.
 package main
 
 import (
