@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -252,8 +253,42 @@ func TestReplayAll(t *testing.T) {
 		r, err = f.store.Get(context.Background(), s.dead1)
 		require.NoError(t, err)
 		require.Equal(t, outbox.StatusDead, r.Status, "another topic's dead row stays dead")
-		require.Equal(t, "dead rows replayed: 1\n", f.ok(t, "dead", "replay", "--all"))
-		require.Equal(t, "dead rows replayed: 0\n", f.ok(t, "dead", "replay", "--all"))
+		require.Equal(t, "dead rows replayed: 1\n", f.ok(t, "dead", "replay", "--all", "--yes"))
+		require.Equal(t, "dead rows replayed: 0\n", f.ok(t, "dead", "replay", "--all", "--yes"))
+	})
+}
+
+// An unfiltered replay --all (every dead row in the table) is refused without --yes when
+// no one can be asked, and asks on a terminal; --dry-run counts and changes nothing.
+func TestReplayAllConfirms(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, f *fixture) {
+		f.seed(t)
+		before := f.fingerprint(t)
+		f.fails(t, exitUsage, "add --yes", "dead", "replay", "--all")
+		f.fails(t, exitUsage, "add --yes", "dead", "replay", "--all", "--json")
+		f.fails(t, exitUsage, "only with --all", "dead", "replay", "--dry-run", uuid.NewString())
+		require.Equal(t, "dead rows that would be replayed: 2 (dry run: nothing was changed)\n", f.ok(t, "dead", "replay", "--all", "--dry-run"))
+		var dry map[string]any
+		f.okJSON(t, &dry, "dead", "replay", "--all", "--dry-run", "--topic", "order.paid")
+		require.Equal(t, map[string]any{"dry_run": true, "would_replay_count": float64(1)}, dry)
+		require.Equal(t, before, f.fingerprint(t), "nothing changed")
+
+		// On a terminal, the command asks; anything but y/yes changes nothing.
+		ask := func(answer string) (result, string) {
+			var out, errb, prompt bytes.Buffer
+			c := newCLI(func(string) string { return "" }, &out, &errb)
+			c.confirm = promptOn(strings.NewReader(answer), &prompt)
+			code := c.run(context.Background(), []string{"--dsn", f.dsn, "dead", "replay", "--all"})
+			return result{code: code, stdout: out.String(), stderr: errb.String()}, prompt.String()
+		}
+		r, prompt := ask("n\n")
+		require.Equal(t, exitUsage, r.code, r.stderr)
+		require.Contains(t, prompt, "replay all 2 dead rows of table outbox_events? [y/N]")
+		require.Contains(t, r.stderr, "not confirmed; nothing was changed")
+		require.Equal(t, before, f.fingerprint(t))
+		r, _ = ask("yes\n")
+		require.Equal(t, 0, r.code, r.stderr)
+		require.Equal(t, "dead rows replayed: 2\n", r.stdout)
 	})
 }
 

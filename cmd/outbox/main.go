@@ -28,6 +28,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -45,7 +46,11 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	c := newCLI(os.Getenv, os.Stdout, os.Stderr)
+	if st, err := os.Stdin.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+		c.confirm = promptOn(os.Stdin, os.Stderr)
+	}
+	code := c.run(ctx, os.Args[1:])
 	stop()
 	os.Exit(code)
 }
@@ -80,6 +85,25 @@ type cli struct {
 	global         globalFlags
 	// secrets are strings that must never be printed (a DSN's password, raw and escaped).
 	secrets []string
+	// confirm asks a yes/no question on a terminal and reports a yes; nil when the
+	// command does not run on one, and so cannot ask.
+	confirm func(question string) bool
+}
+
+func newCLI(env func(string) string, stdout, stderr io.Writer) *cli {
+	return &cli{stdout: stdout, stderr: stderr, env: env}
+}
+
+// promptOn returns a confirm that writes the question to out and reads one line from in:
+// "y" or "yes", in any case, is a yes.
+func promptOn(in io.Reader, out io.Writer) func(string) bool {
+	r := bufio.NewReader(in)
+	return func(q string) bool {
+		fmt.Fprint(out, q)
+		line, _ := r.ReadString('\n')
+		a := strings.ToLower(strings.TrimSpace(line))
+		return a == "y" || a == "yes"
+	}
 }
 
 // globalFlags are accepted before the command and by every command.
@@ -123,7 +147,11 @@ func init() {
 // without the process: tests call it in-process with their own arguments, environment and
 // streams.
 func run(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) int {
-	c := &cli{stdout: stdout, stderr: stderr, env: env}
+	return newCLI(env, stdout, stderr).run(ctx, args)
+}
+
+func (c *cli) run(ctx context.Context, args []string) int {
+	stderr := c.stderr
 	err := c.dispatch(ctx, args)
 	if err == nil {
 		return exitOK
