@@ -219,9 +219,9 @@ func TestDeadLetters(t *testing.T) {
 		r := e.get(t, "/outbox/dead")
 		require.Equal(t, http.StatusOK, r.status, r.body)
 		require.Contains(t, r.body, "(5 dead rows)")
-		groups := regexp.MustCompile(`(?s)<td class="num">(\d+)</td><td class="err"><a [^>]*>([^<]*)</a>`).FindAllStringSubmatch(r.body, -1)
+		groups := regexp.MustCompile(`(?s)<td class="num">(\d+)</td><td class="err"><details[^>]*><summary class="fingerprint">([^<]*) <span`).FindAllStringSubmatch(r.body, -1)
 		require.Len(t, groups, 2)
-		require.Equal(t, []string{"4", "permanent: timeout after 5s"}, groups[0][1:], "most rows first")
+		require.Equal(t, []string{"4", "permanent: timeout after &lt;n&gt;"}, groups[0][1:], "most rows first")
 		require.Equal(t, []string{"1", "permanent: schema: total missing"}, groups[1][1:])
 		for _, id := range append(append(timeouts, schema...), billing...) {
 			require.Contains(t, r.body, `href="/outbox/message/`+id.String()+`"`)
@@ -337,10 +337,10 @@ func TestBulkByFilterAndGroup(t *testing.T) {
 		require.Equal(t, outbox.StatusDead, e.status(t, timeouts[2]), "another topic")
 		require.Equal(t, outbox.StatusDead, e.status(t, later), "died after the count")
 
-		// A group: discard every row whose last error is exactly "permanent: timeout".
+		// A cause: discard every row whose last error has the fingerprint "permanent: timeout".
 		r = e.get(t, "/outbox/dead?ns=shop")
-		require.Contains(t, html.UnescapeString(r.body), "/outbox/dead/confirm?action=discard&group=permanent%3A+timeout&ns=shop")
-		r = e.get(t, "/outbox/dead/confirm?action=discard&group=permanent%3A+timeout&ns=shop")
+		require.Contains(t, html.UnescapeString(r.body), "/outbox/dead/confirm?action=discard&cause=permanent%3A+timeout&ns=shop")
+		r = e.get(t, "/outbox/dead/confirm?action=discard&cause=permanent%3A+timeout&ns=shop")
 		require.Contains(t, r.body, `<strong id="confirm-count">2</strong>`)
 		r = e.post(t, "/outbox/dead/bulk", formOf(t, r.body))
 		require.Equal(t, http.StatusSeeOther, r.status, r.body)
@@ -355,6 +355,41 @@ func TestBulkByFilterAndGroup(t *testing.T) {
 		require.Equal(t, http.StatusBadRequest, r.status)
 		require.Equal(t, http.StatusBadRequest, e.get(t, "/outbox/dead/confirm?action=drop").status)
 		require.Equal(t, int64(1), e.deadCount(t))
+	})
+}
+
+// TestDeadCauses: one error met on four topics is one cause, its texts listed inside it,
+// each a link to its rows; the cause's replay acts on its rows only, after a confirmation
+// that counts them.
+func TestDeadCauses(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, outboxui.Options{}, func(t *testing.T, e *env) {
+		var large []uuid.UUID
+		for i, topic := range []string{"orders.created", "orders.paid", "orders.refunded", "orders.shipped"} {
+			large = append(large, e.settle(t, outbox.StatusDead, "kafka: produce to "+topic+": MESSAGE_TOO_LARGE", msg("shop", topic, i))...)
+		}
+		other := e.settle(t, outbox.StatusDead, "kafka: produce to orders.created: UNKNOWN_TOPIC_OR_PARTITION", msg("shop", "orders.created", 9))
+
+		r := e.get(t, "/outbox/dead")
+		require.Equal(t, http.StatusOK, r.status, r.body)
+		body := html.UnescapeString(r.body)
+		require.Equal(t, 2, strings.Count(body, `<tr class="cause">`), "two causes, not five texts")
+		require.Contains(t, body, "permanent: kafka: produce to <name>: MESSAGE_TOO_LARGE <span class=\"muted\">(4 texts)</span>")
+		for _, topic := range []string{"orders.created", "orders.paid", "orders.refunded", "orders.shipped"} {
+			require.Contains(t, body, "/outbox/dead?group="+url.QueryEscape("permanent: kafka: produce to "+topic+": MESSAGE_TOO_LARGE"))
+		}
+		fp := "permanent: kafka: produce to <name>: MESSAGE_TOO_LARGE"
+		r = e.get(t, "/outbox/dead/confirm?action=replay&cause="+url.QueryEscape(fp))
+		require.Equal(t, http.StatusOK, r.status, r.body)
+		require.Contains(t, r.body, `<strong id="confirm-count">4</strong>`)
+		r = e.post(t, "/outbox/dead/bulk", formOf(t, r.body))
+		require.Equal(t, http.StatusSeeOther, r.status, r.body)
+		require.Equal(t, "/outbox/dead?done=replayed&n=4", r.location)
+		for _, id := range large {
+			require.Equal(t, outbox.StatusPending, e.status(t, id))
+		}
+		require.Equal(t, outbox.StatusDead, e.status(t, other[0]), "another cause")
+		require.Equal(t, http.StatusBadRequest, e.get(t, "/outbox/dead/confirm?action=replay&cause=x&group=y").status)
 	})
 }
 

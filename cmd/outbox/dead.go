@@ -20,6 +20,10 @@ import (
 
 const deadUsage = `  outbox dead list [--limit N] [--cursor C] [--since T] [--until T] [--payloads]
                                     dead rows, newest death first, one page at a time
+  outbox dead list --group [--limit N] [--since T] [--until T]
+                                    dead rows grouped by cause: errors with their numbers,
+                                    ids, quoted names, topics and URL paths masked, the
+                                    largest first, each with its distinct texts
   outbox dead show ID               one row (in any state) with its payload
   outbox dead replay ID...          move dead rows back to pending, due now, attempts 0
   outbox dead replay --all [--dry-run] [--yes]
@@ -47,6 +51,7 @@ func runDead(ctx context.Context, c *cli, args []string) error {
 	dryRun := fs.Bool("dry-run", false, "replay --all: count the rows it would replay, change nothing")
 	yes := fs.Bool("yes", false, "replay --all: replay without asking, also with no filter (every dead row)")
 	payloads := fs.Bool("payloads", false, "list --json: include each row's payload (dead show always does)")
+	group := fs.Bool("group", false, "list: count the rows by cause (--limit causes) instead of listing them")
 	pos, err := c.parse(fs, deadUsage, args)
 	if err != nil {
 		return err
@@ -58,7 +63,7 @@ func runDead(ctx context.Context, c *cli, args []string) error {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	allowed := map[string][]string{
-		"list":    {"limit", "cursor", "since", "until", "payloads"},
+		"list":    {"limit", "cursor", "since", "until", "payloads", "group"},
 		"show":    {},
 		"replay":  {"all", "since", "until", "dry-run", "yes"},
 		"discard": {},
@@ -67,7 +72,7 @@ func runDead(ctx context.Context, c *cli, args []string) error {
 	if !ok {
 		return usagef("unknown dead command %q: use list, show, replay or discard", verb)
 	}
-	for _, name := range []string{"limit", "cursor", "since", "until", "all", "payloads", "dry-run", "yes"} {
+	for _, name := range []string{"limit", "cursor", "since", "until", "all", "payloads", "dry-run", "yes", "group"} {
 		if set[name] && !slices.Contains(own, name) {
 			return usagef("dead %s does not take --%s", verb, name)
 		}
@@ -90,6 +95,12 @@ func runDead(ctx context.Context, c *cli, args []string) error {
 		}
 		if *limit < 1 || *limit > outbox.MaxBatch {
 			return usagef("--limit must be between 1 and %d, got %d", outbox.MaxBatch, *limit)
+		}
+		if *group {
+			if set["cursor"] || set["payloads"] {
+				return usagef("dead list --group takes no --cursor or --payloads")
+			}
+			return c.deadCauses(ctx, outbox.DeadGroupsOptions{DeadFilter: filter, Limit: *limit})
 		}
 		o := outbox.ListDeadOptions{DeadFilter: filter, Limit: *limit, Cursor: *cursor}
 		return c.deadList(ctx, o, listFlags{limitSet: set["limit"], payloads: *payloads})
@@ -287,6 +298,72 @@ func (c *cli) deadList(ctx context.Context, o outbox.ListDeadOptions, lf listFla
 	if page.Next != "" {
 		fmt.Fprintf(c.stdout, "more: %s\n", c.nextPageCommand(cn, o, lf, page.Next))
 	}
+	return nil
+}
+
+// causeJSON is one cause of dead list --group --json, textJSON one of its texts.
+type causeJSON struct {
+	Fingerprint string     `json:"fingerprint"`
+	Count       int64      `json:"count"`
+	FirstDied   *time.Time `json:"first_died"`
+	LastDied    *time.Time `json:"last_died"`
+	Texts       []textJSON `json:"texts"`
+}
+
+type textJSON struct {
+	LastError string     `json:"last_error"`
+	Count     int64      `json:"count"`
+	FirstDied *time.Time `json:"first_died"`
+	LastDied  *time.Time `json:"last_died"`
+}
+
+// deadCauses prints the dead rows grouped by cause, each cause's texts under it.
+func (c *cli) deadCauses(ctx context.Context, o outbox.DeadGroupsOptions) error {
+	cn, err := c.connect(ctx, needTable)
+	if err != nil {
+		return err
+	}
+	defer cn.Close()
+	g, err := cn.store.DeadCauses(ctx, o)
+	if err != nil {
+		return fmt.Errorf("group dead rows of %s: %w", cn.table.Name(), err)
+	}
+	if c.global.json {
+		causes := make([]causeJSON, 0, len(g.Causes))
+		for _, k := range g.Causes {
+			cj := causeJSON{Fingerprint: k.Fingerprint, Count: k.Count, FirstDied: timePtr(k.FirstDied), LastDied: timePtr(k.LastDied)}
+			for _, t := range k.Texts {
+				cj.Texts = append(cj.Texts, textJSON{LastError: t.LastError, Count: t.Count, FirstDied: timePtr(t.FirstDied), LastDied: timePtr(t.LastDied)})
+			}
+			causes = append(causes, cj)
+		}
+		c.printJSON(map[string]any{"total": g.Total, "ungrouped": g.Ungrouped, "causes": causes})
+		return nil
+	}
+	if g.Total == 0 {
+		fmt.Fprintln(c.stdout, "no dead rows")
+		return nil
+	}
+	tw := c.table()
+	fmt.Fprintln(tw, "ROWS\tFIRST DIED\tLAST DIED\tCAUSE / TEXTS")
+	for _, k := range g.Causes {
+		fp := k.Fingerprint
+		if fp == "" {
+			fp = "(no error recorded)"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\n", k.Count, k.FirstDied.UTC().Format(time.RFC3339), k.LastDied.UTC().Format(time.RFC3339), clip(fp, 100))
+		if len(k.Texts) > 1 {
+			for _, t := range k.Texts {
+				fmt.Fprintf(tw, "\t\t\t  %d × %s\n", t.Count, clip(t.LastError, 96))
+			}
+		}
+	}
+	_ = tw.Flush()
+	fmt.Fprintf(c.stdout, "%d dead rows in %d causes shown", g.Total, len(g.Causes))
+	if g.Ungrouped > 0 {
+		fmt.Fprintf(c.stdout, "; %d with errors too rare to group", g.Ungrouped)
+	}
+	fmt.Fprintln(c.stdout)
 	return nil
 }
 
