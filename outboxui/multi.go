@@ -25,6 +25,9 @@ type Database struct {
 	// Name identifies the database in the summary and in the address of its pages:
 	// 1 to 64 letters, digits, '.', '_', '-' or '~', unique in the view.
 	Name string
+	// Detail, when set, is shown beside the name in the summary: where the database is,
+	// such as its DSN without the password.
+	Detail string
 	// Store reads and acts on the database's table.
 	Store *outbox.Store
 	// Health, when set, reports the publisher that delivers the database's rows, for the
@@ -124,6 +127,7 @@ type multi struct {
 // summaryRow is one database in the summary.
 type summaryRow struct {
 	Name   string
+	Detail string
 	Stats  outbox.Stats
 	Health Health
 	// HasHealth reports that a publisher reports the database's health.
@@ -152,7 +156,7 @@ func (m *multi) summary(w http.ResponseWriter, r *http.Request) {
 		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			row := summaryRow{Name: db.Name}
+			row := summaryRow{Name: db.Name, Detail: db.Detail}
 			if db.Health != nil {
 				row.Health, row.HasHealth = db.Health(), true
 			}

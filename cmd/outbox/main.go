@@ -109,7 +109,7 @@ func promptOn(in io.Reader, out io.Writer) func(string) bool {
 // globalFlags are accepted before the command and by every command.
 type globalFlags struct {
 	dialect string
-	// dsn is the last --dsn given; dsns every one, in order (only stats takes several).
+	// dsn is the last --dsn given; dsns every one, in order (stats and ui take several).
 	dsn       string
 	dsns      []string
 	dsnFile   string
@@ -215,12 +215,12 @@ func (c *cli) flagSet(name string) *flag.FlagSet {
 	defer func() { c.global = saved }()
 	g := &c.global
 	fs.StringVar(&g.dialect, "dialect", "", "database: postgres, mysql or sqlite (env OUTBOX_DIALECT; inferred from the DSN when it can be)")
-	fs.Func("dsn", "the database, a DSN `string` (env OUTBOX_DSN): postgres://..., mysql://user:pass@host:port/db, user:pass@tcp(host:port)/db, sqlite:path or file:path; stats takes it more than once", func(s string) error {
+	fs.Func("dsn", "the database, a DSN `string` (env OUTBOX_DSN): postgres://..., mysql://user:pass@host:port/db, user:pass@tcp(host:port)/db, sqlite:path or file:path; stats and ui take it more than once", func(s string) error {
 		g.dsn = s
 		g.dsns = append(g.dsns, s)
 		return nil
 	})
-	fs.StringVar(&g.dsnFile, "dsn-file", "", "stats only: a file of DSNs, one a line (blank lines and # comments ignored)")
+	fs.StringVar(&g.dsnFile, "dsn-file", "", "stats and ui: a file of DSNs, one a line (blank lines and # comments ignored)")
 	fs.StringVar(&g.table, "table", "", "outbox table (default "+outbox.DefaultTable+")")
 	fs.StringVar(&g.namespace, "namespace", "", "only rows of this namespace (env OUTBOX_NAMESPACE)")
 	fs.Func("topic", "only rows of this topic (repeatable)", func(s string) error {

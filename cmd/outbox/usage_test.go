@@ -97,7 +97,7 @@ func TestBinary(t *testing.T) {
 	require.Equal(t, exitOK, code)
 	code, _, stderr = exit("dead", "list", "--dsn", dsn, "--dsn", none)
 	require.Equal(t, exitUsage, code)
-	require.Contains(t, stderr, "only stats takes several databases")
+	require.Contains(t, stderr, "only stats and ui take several databases")
 	code, _, stderr = exit("dead", "show", "nope")
 	require.Equal(t, exitUsage, code)
 	require.Contains(t, stderr, "is not a UUID")
