@@ -32,13 +32,15 @@ func (sqliteDialect) Stats(ctx context.Context, q dialect.DBTX, t dialect.Table,
 	r := statsReads{
 		live: `SELECT namespace, topic, COALESCE(SUM(` + due + `), 0),` +
 			` COALESCE(SUM(status = 'pending' AND next_attempt_at > ` + sqliteNow + `), 0), COALESCE(SUM(status = 'processing'), 0),` +
-			` COALESCE(` + sqliteNow + ` - MIN(CASE WHEN ` + due + ` THEN next_attempt_at END), 0)` +
+			` COALESCE(` + sqliteNow + ` - MIN(CASE WHEN ` + due + ` THEN next_attempt_at END), 0),` +
+			` COALESCE(` + sqliteNow + ` - MIN(` + sqlFirstDue(sqliteNow) + `), 0)` +
 			` FROM ` + tbl + sqliteIndex(t, "claim") + ` WHERE status IN ('pending', 'processing')` + scopeSQL(la, p.Scope, "", uuidBytes) +
 			` GROUP BY namespace, topic`,
 		dead: `SELECT namespace, topic, COUNT(*) FROM ` + tbl + sqliteIndex(t, "retention") + ` WHERE ` + sqliteRetained(StatusDead) +
 			scopeSQL(da, p.Scope, "", uuidBytes) + ` GROUP BY namespace, topic`,
-		sample: `SELECT namespace, topic, tenant_id, COUNT(*) FROM (SELECT namespace, topic, tenant_id FROM ` + tbl + sqliteIndex(t, "retention") +
-			` WHERE ` + sqliteRetained(StatusDelivered) + ` ORDER BY updated_at DESC LIMIT ?) GROUP BY namespace, topic, tenant_id`,
+		sample: sampleSQL(`SELECT namespace, topic, tenant_id, updated_at FROM `+tbl+sqliteIndex(t, "retention")+
+			` WHERE `+sqliteRetained(StatusDelivered)+` ORDER BY updated_at DESC LIMIT ?`,
+			func(lo string) string { return `COALESCE(` + sqliteNow + ` - ` + lo + `, 0)` }),
 		sampArg: []any{p.DeliveredSample},
 		total: func(counted int64) (n int64, err error) {
 			// Two subqueries: SQLite reads min or max alone from the end of the rowid

@@ -157,7 +157,7 @@ func testStatsCounts(t *testing.T, h Harness) {
 	require.False(t, st.DeliveredEstimated, "a dozen rows are counted exactly")
 	zero := func(ts []outbox.TopicStats) []outbox.TopicStats {
 		for i := range ts {
-			ts[i].OldestPendingAge = 0
+			ts[i].OldestPendingAge, ts[i].OldestUndeliveredAge = 0, 0
 		}
 		return ts
 	}
@@ -188,6 +188,7 @@ func testStatsOldestPendingAge(t *testing.T, h Harness) {
 	later.Delay = time.Hour
 	e.enqueue(t, later)
 	require.Zero(t, e.stats(t, outbox.Scope{}).OldestPendingAge, "a row not yet due has no age")
+	require.Zero(t, e.stats(t, outbox.Scope{}).OldestUndeliveredAge, "a row never claimed and not yet due has no age")
 
 	before := time.Now()
 	e.enqueue(t, topicMsg("orders", "b", 2))
@@ -198,6 +199,7 @@ func testStatsOldestPendingAge(t *testing.T, h Harness) {
 	})
 	// The database clock and this process's clock are the same host's here; allow slack.
 	require.LessOrEqual(t, st.OldestPendingAge, time.Since(before)+2*time.Second)
+	require.GreaterOrEqual(t, st.OldestUndeliveredAge, st.OldestPendingAge, "a due row is undelivered since it was due")
 	b := st.Topics[slices.IndexFunc(st.Topics, func(ts outbox.TopicStats) bool { return ts.Topic == "b" })]
 	require.Equal(t, st.OldestPendingAge, b.OldestPendingAge, "the total age is the oldest topic's")
 }
