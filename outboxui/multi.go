@@ -181,7 +181,7 @@ func (m *multi) summary(w http.ResponseWriter, r *http.Request) {
 		}
 		d.Pending += row.Stats.Pending
 		d.Dead += row.Stats.Dead
-		d.OldestAge = max(d.OldestAge, row.Stats.OldestPendingAge)
+		d.OldestAge = max(d.OldestAge, row.Stats.OldestUndeliveredAge)
 	}
 	d.Took = time.Since(start)
 	p := m.ui.page(w, r, "summary", "Databases", d)

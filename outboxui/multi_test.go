@@ -85,7 +85,7 @@ func TestDatabases(t *testing.T) {
 		require.Equal(t, row[2] == "pg-down", row[1] == " down", "only pg-down is down: %s", row[2])
 	}
 	require.Contains(t, r.body, `<strong class="bad" id="down-count">1 not answering</strong>`)
-	require.Regexp(t, `data-db="pg-down"><td><a href="/ops/db/pg-down/">pg-down</a></td>\s*<td colspan="3" class="err" role="alert">unreachable: `, r.body)
+	require.Regexp(t, `data-db="pg-down"><td><a href="/ops/db/pg-down/">pg-down</a></td>\s*<td colspan="4" class="err" role="alert">unreachable: `, r.body)
 	require.Regexp(t, `data-db="db07"><td><a href="/ops/db/db07/">db07</a></td>\s*<td class="num">2</td>`, r.body, "db07's pending rows")
 	require.Contains(t, r.body, `<a class="bad" href="/ops/db/db07/dead">1</a>`)
 	require.Contains(t, html.UnescapeString(r.body), "<span class=\"bad\">open</span> since 2026-01-02 03:04:05.000 UTC", "pg-up's circuit")

@@ -34,12 +34,12 @@ func TestStats(t *testing.T) {
 		out := f.ok(t, "stats", "--json")
 		var keys map[string]json.RawMessage
 		require.NoError(t, json.Unmarshal([]byte(out), &keys))
-		require.ElementsMatch(t, []string{"pending", "scheduled", "processing", "delivered", "dead", "oldest_pending_age_seconds", "delivered_estimated", "topics"},
+		require.ElementsMatch(t, []string{"pending", "scheduled", "processing", "delivered", "dead", "oldest_pending_age_seconds", "oldest_undelivered_age_seconds", "delivered_estimated", "delivered_since", "topics"},
 			slices.Collect(maps.Keys(keys)))
 		var topics []map[string]any
 		require.NoError(t, json.Unmarshal(keys["topics"], &topics))
 		require.Len(t, topics, 2)
-		require.ElementsMatch(t, []string{"namespace", "topic", "pending", "scheduled", "processing", "delivered", "dead", "oldest_pending_age_seconds", "delivered_estimated"},
+		require.ElementsMatch(t, []string{"namespace", "topic", "pending", "scheduled", "processing", "delivered", "dead", "oldest_pending_age_seconds", "oldest_undelivered_age_seconds", "delivered_estimated"},
 			slices.Collect(maps.Keys(topics[0])))
 
 		var st statsJSON
@@ -49,9 +49,11 @@ func TestStats(t *testing.T) {
 		require.Less(t, st.OldestPendingAgeSeconds, 600.0)
 		require.Len(t, st.Topics, 2)
 		require.Equal(t, topicStatsJSON{Namespace: ns, Topic: "order.paid", countsJSON: countsJSON{Pending: 1, Scheduled: 1, Dead: 1,
-			OldestPendingAgeSeconds: st.Topics[0].OldestPendingAgeSeconds}}, st.Topics[0])
+			OldestPendingAgeSeconds: st.Topics[0].OldestPendingAgeSeconds, OldestUndeliveredAgeSeconds: st.Topics[0].OldestUndeliveredAgeSeconds}}, st.Topics[0])
 		require.Equal(t, topicStatsJSON{Namespace: ns, Topic: "order.placed", countsJSON: countsJSON{Pending: 1, Processing: 1, Delivered: 1, Dead: 1,
-			OldestPendingAgeSeconds: st.Topics[1].OldestPendingAgeSeconds}}, st.Topics[1])
+			OldestPendingAgeSeconds: st.Topics[1].OldestPendingAgeSeconds, OldestUndeliveredAgeSeconds: st.Topics[1].OldestUndeliveredAgeSeconds}}, st.Topics[1])
+		require.GreaterOrEqual(t, st.Topics[1].OldestUndeliveredAgeSeconds, st.Topics[1].OldestPendingAgeSeconds, "the processing row is undelivered since its enqueue")
+		require.Nil(t, st.DeliveredSince, "a handful of delivered rows are counted all")
 
 		// Scope flags, before and after the command.
 		f.okJSON(t, &st, "--topic", "order.paid", "stats")
@@ -72,7 +74,7 @@ func TestStats(t *testing.T) {
 		}
 
 		table := f.ok(t, "stats")
-		require.Regexp(t, `(?m)^NAMESPACE +TOPIC +PENDING +SCHEDULED +PROCESSING +DELIVERED +DEAD +OLDEST PENDING$`, table)
+		require.Regexp(t, `(?m)^NAMESPACE +TOPIC +PENDING +SCHEDULED +PROCESSING +DELIVERED +DEAD +OLDEST PENDING +OLDEST UNDELIVERED$`, table)
 		require.Regexp(t, `(?m)^shop +order\.placed +1 +0 +1 +1 +1 `, table)
 		require.Regexp(t, `(?m)^total +2 +1 +1 +1 +2 `, table)
 	})
