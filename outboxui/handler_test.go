@@ -34,8 +34,8 @@ type env struct {
 	backend string
 	db      *sql.DB
 	store   *outbox.Store
-	srv    *httptest.Server
-	client *http.Client
+	srv     *httptest.Server
+	client  *http.Client
 }
 
 func dialectOf(backend string) outbox.Dialect {
