@@ -90,7 +90,7 @@ func TestBinary(t *testing.T) {
 	none := "sqlite:" + filepath.Join(dir, "none.db")
 	code, stdout, stderr = exit("stats", "--dsn", dsn, "--dsn", none)
 	require.Equal(t, exitFail, code, stderr)
-	require.Regexp(t, `(?m)^sqlite:\S+ops\.db +0 +0 +0 +0 +0 +- *$`, stdout)
+	require.Regexp(t, `(?m)^sqlite:\S+ops\.db +0 +0 +0 +0 +0 +- +- *$`, stdout)
 	require.Regexp(t, `(?m)^sqlite:\S+none\.db +- .* no SQLite database at `, stdout)
 	require.Equal(t, "outbox: 1 of 2 databases could not be read (see their rows)\n", stderr)
 	code, _, _ = exit("stats", "--dsn", dsn, "--dsn", dsn, "--json")

@@ -54,6 +54,19 @@ func browser(t *testing.T) string {
 	return path
 }
 
+// headless starts the browser at exe for the test, closed when it ends, and returns its
+// context.
+func headless(ctx context.Context, t *testing.T, exe string) context.Context {
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(exe), chromedp.NoSandbox, chromedp.DisableGPU,
+		chromedp.WindowSize(1280, 900), chromedp.Flag("hide-scrollbars", true))
+	actx, acancel := chromedp.NewExecAllocator(ctx, opts...)
+	t.Cleanup(acancel)
+	bctx, bcancel := chromedp.NewContext(actx, chromedp.WithLogf(t.Logf))
+	t.Cleanup(bcancel)
+	return bctx
+}
+
 // seed fills a SQLite outbox with an hour of traffic: delivered rows spread over the last
 // hour, a few dead letters of three errors, a backlog and a blocked ordered key. It
 // returns the id of one dead letter.
@@ -137,13 +150,7 @@ func TestBrowser(t *testing.T) {
 	}
 	require.NoError(t, os.MkdirAll(dir, 0o755))
 
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(exe), chromedp.NoSandbox, chromedp.DisableGPU,
-		chromedp.WindowSize(1280, 900), chromedp.Flag("hide-scrollbars", true))
-	actx, acancel := chromedp.NewExecAllocator(ctx, opts...)
-	defer acancel()
-	bctx, bcancel := chromedp.NewContext(actx, chromedp.WithLogf(t.Logf))
-	defer bcancel()
+	bctx := headless(ctx, t, exe)
 
 	row := chromedp.CSS(`input[name=id][value="` + deadID.String() + `"]`)
 	require.NoError(t, chromedp.Do(bctx,
@@ -221,13 +228,7 @@ func TestBrowserManyDatabases(t *testing.T) {
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(exe), chromedp.NoSandbox, chromedp.DisableGPU,
-		chromedp.WindowSize(1280, 900), chromedp.Flag("hide-scrollbars", true))
-	actx, acancel := chromedp.NewExecAllocator(ctx, opts...)
-	defer acancel()
-	bctx, bcancel := chromedp.NewContext(actx, chromedp.WithLogf(t.Logf))
-	defer bcancel()
+	bctx := headless(ctx, t, exe)
 
 	require.NoError(t, chromedp.Do(bctx,
 		chromedp.Navigate(srv.URL+"/outbox/"),
