@@ -117,3 +117,24 @@ func TestDatabases(t *testing.T) {
 		require.True(t, strings.HasPrefix(err.Error(), "outboxui: database "), err.Error())
 	}
 }
+
+// TestRelayDatabases: a Relay's stores, by the names they were added under, with the
+// relay's word for each store's state and its circuit.
+func TestRelayDatabases(t *testing.T) {
+	t.Parallel()
+	dbs := manyDatabases(t, 2)
+	relay, err := outbox.NewRelay(outbox.TransportFunc(func(context.Context, []outbox.Delivery) []error { return nil }), outbox.RelayOptions{Publisher: outbox.PublisherOptions{Scope: outbox.Scope{Namespace: "shop"}}})
+	require.NoError(t, err)
+	stores := map[string]*outbox.Store{"b": dbs[1].Store, "a": dbs[0].Store}
+	for name, s := range stores {
+		require.NoError(t, relay.Add(name, s))
+	}
+	got := outboxui.RelayDatabases(relay, stores)
+	require.Len(t, got, 2)
+	require.Equal(t, []string{"a", "b"}, []string{got[0].Name, got[1].Name}, "sorted by name")
+	h := got[0].Health()
+	require.Equal(t, string(outbox.StoreStarting), h.State, "added, not run yet")
+	require.False(t, h.CircuitOpen)
+	_, err = outboxui.Databases(got, outboxui.Options{})
+	require.NoError(t, err)
+}
