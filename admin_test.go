@@ -12,6 +12,7 @@ import (
 
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/dialect"
+	"github.com/outboxgo/outbox/internal/testdb"
 )
 
 // TestAdminStatsEstimate: beyond StatsDeliveredSample delivered rows, on a table whose
@@ -101,7 +102,7 @@ type adminOnly struct {
 func TestErrorFilterNeedsInspect(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	_, db := newSQLiteStore(ctx, t)
+	db := testdb.Migrated(t, "sqlite")
 	d := outbox.SQLite()
 	store, err := outbox.New(db, adminOnly{d, d.(dialect.Administrator)}, outbox.Options{})
 	require.NoError(t, err)

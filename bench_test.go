@@ -27,6 +27,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outboxgo/outbox/dialect"
+	"github.com/outboxgo/outbox/internal/dialects/sqlkit"
 )
 
 // benchPayload is a typical 350-byte order event.
@@ -85,26 +86,21 @@ func BenchmarkHeadersValue(b *testing.B) {
 }
 
 // BenchmarkRender covers the SQL rendering that can be called apart from execution: the
-// PostgreSQL statements rendered once per table, the shared select list, and the
-// placeholder builder every per-call statement uses. Claim, Complete and Insert render and
+// shared select list, and the placeholder builder every per-call statement uses (the
+// PostgreSQL statements rendered once per table are BenchmarkRenderStatements of package
+// internal/dialects/postgres). Claim, Complete and Insert render and
 // execute in one function; their client-side total is BenchmarkClaim, BenchmarkComplete and
 // BenchmarkEnqueue below.
 func BenchmarkRender(b *testing.B) {
-	t, _ := dialect.NewTable(DefaultTable)
-	b.Run("postgres-statements", func(b *testing.B) {
-		for b.Loop() {
-			_ = renderPgStatements(t)
-		}
-	})
 	b.Run("select-list", func(b *testing.B) {
 		for b.Loop() {
-			_ = selectList(recordColumns, "t.", nil)
+			_ = sqlkit.SelectList(sqlkit.RecordColumns, "t.", nil)
 		}
 	})
 	for _, dollar := range []bool{false, true} {
 		b.Run(fmt.Sprintf("placeholders=100x5/dollar=%v", dollar), func(b *testing.B) {
 			for b.Loop() {
-				a := &args{Numbered: dollar}
+				a := &dialect.Args{Numbered: dollar}
 				var sb strings.Builder
 				for range 100 {
 					for range 5 {
@@ -217,7 +213,7 @@ func BenchmarkComplete(b *testing.B) {
 
 // BenchmarkScanRecords reads 100 claimed rows through database/sql into Records, with the
 // column types each driver family returns: "claimed" is what a claim reads back
-// (claimColumns, then stampClaimed), "record" every column (scanRecord, as Get reads).
+// (sqlkit.ClaimColumns, then sqlkit.StampClaimed), "record" every column (sqlkit.ScanRecord, as Get reads).
 func BenchmarkScanRecords(b *testing.B) {
 	db := benchNullDB()
 	ctx := context.Background()
@@ -232,9 +228,9 @@ func BenchmarkScanRecords(b *testing.B) {
 						err  error
 					)
 					if read == "claimed" {
-						recs, err = queryClaimed(ctx, db, p, q)
+						recs, err = sqlkit.QueryClaimed(ctx, db, p, q)
 					} else {
-						recs, err = queryAll(ctx, db, q, nil, scanRecord)
+						recs, err = sqlkit.QueryAll(ctx, db, q, nil, sqlkit.ScanRecord)
 					}
 					if err != nil || len(recs) != 100 {
 						b.Fatal(len(recs), err)
@@ -248,7 +244,7 @@ func BenchmarkScanRecords(b *testing.B) {
 
 // benchNullDriver is a database/sql driver that executes nothing: every Exec reports many
 // affected rows, every query returns no row, except benchRecordsQuery, which returns 100
-// claimed rows in the column order of recordColumns. It accepts any argument type, as pgx
+// claimed rows in the column order of sqlkit.RecordColumns. It accepts any argument type, as pgx
 // does, so each dialect binds exactly what it binds for real.
 type benchNullDriver struct{}
 
@@ -293,9 +289,9 @@ func (benchNullConn) ExecContext(context.Context, string, []driver.NamedValue) (
 func (benchNullConn) QueryContext(_ context.Context, query string, _ []driver.NamedValue) (driver.Rows, error) {
 	if spec, ok := strings.CutPrefix(query, benchRecordsQuery); ok {
 		read, flavor, _ := strings.Cut(spec, " ")
-		cols := recordColumns
+		cols := sqlkit.RecordColumns
 		if read == "claimed" {
-			cols = claimColumns
+			cols = sqlkit.ClaimColumns
 		}
 		rows, ok := benchRecordRows.Load(spec)
 		if !ok {

@@ -269,10 +269,11 @@ func (s *Store) enqueue(ctx context.Context, q dialect.DBTX, msgs []Message, fir
 	}
 	inserted, err := s.dialect.Insert(ctx, q, s.table, rows)
 	if err != nil {
-		if e := brokenBigWrite(s.dialect, err, rows); e != nil {
-			return nil, e
+		size := 0
+		for i := range rows {
+			size += len(rows[i].Payload)
 		}
-		return nil, s.sqlError("enqueue", err)
+		return nil, s.explain("enqueue", err, size)
 	}
 	if len(inserted) != len(rows) {
 		return nil, fmt.Errorf("outbox: enqueue: dialect %s reported %d results for %d rows", s.dialect.Name(), len(inserted), len(rows))
@@ -458,8 +459,7 @@ func (s *Store) Claim(ctx context.Context, o ClaimOptions) ([]Record, error) {
 	if err != nil {
 		return nil, s.sqlError("claim", err)
 	}
-	dialect.SortClaimed(recs)
-	return recs, nil
+	return recs, nil // in claim order: the dialect returns them so (its checklist's rule 4)
 }
 
 // claimParams validates o and turns it into the dialect's arguments, with a fresh token.
@@ -639,15 +639,23 @@ func (s *Store) Get(ctx context.Context, id uuid.UUID) (Record, error) {
 	return r, nil
 }
 
-// sqlError wraps an error of the dialect's statement for op. A missing table becomes a
-// [*CheckError] that says to migrate; anything else names the dialect, since a dialect that
-// does not match the database fails with syntax errors that would not say so.
-func (s *Store) sqlError(op string, err error) error {
-	if ce := missingTable(s.dialect, s.table, err); ce != nil {
-		return ce
-	}
-	if ce := packetTooLarge(err); ce != nil {
-		return fmt.Errorf("outbox: %s: %w", op, ce)
+// sqlError wraps an error of the dialect's statement for op: see explain.
+func (s *Store) sqlError(op string, err error) error { return s.explain(op, err, 0) }
+
+// explain wraps an error of the dialect's statement for op, which carried payload bytes
+// of payload, with what the dialect's [dialect.ErrorExplainer] makes of it: a [*CheckError]
+// (a missing table says to migrate) as it is, another explanation after op. An error the
+// dialect cannot explain names the dialect, since a dialect that does not match the
+// database fails with syntax errors that would not say so.
+func (s *Store) explain(op string, err error, payload int) error {
+	if x, ok := s.dialect.(dialect.ErrorExplainer); ok {
+		if e := x.ExplainError(err, dialect.ExplainParams{Table: s.table, PayloadBytes: payload}); e != nil {
+			var ce *CheckError
+			if errors.As(e, &ce) {
+				return e
+			}
+			return fmt.Errorf("outbox: %s: %w", op, e)
+		}
 	}
 	return fmt.Errorf("outbox: %s (%s dialect): %w", op, s.dialect.Name(), err)
 }

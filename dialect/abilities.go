@@ -3,6 +3,7 @@ package dialect
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"time"
 
 	"github.com/google/uuid"
@@ -338,4 +339,84 @@ type DedupeKeyParams struct {
 // statement unprepared. The conformance suite runs the dialect as outbox.New binds it.
 type PoolBinder interface {
 	BindPool(db *sql.DB) Dialect
+}
+
+// FirstUseChecker catches, on the caller's own transaction at a store's first enqueue, the
+// setup mistakes that would otherwise show up late or as something else: a pool of another
+// database than the dialect's (whose statements fail with syntax errors), or settings
+// that work until a publisher runs beside the producers (the built-in SQLite dialect: no
+// WAL or no busy timeout). The engine's Store runs it before the first Insert, and again
+// at each enqueue until it reaches a verdict; after that an enqueue pays one atomic load.
+// The built-in dialects implement it.
+//
+// The rules, which the conformance suite's Check section checks when the dialect has it:
+//
+//  1. It runs its statements on tx only, the caller's transaction, never on another
+//     connection of the pool: the caller holds one, and on a pool of one connection a
+//     second would wait forever. drv, the pool's driver, tells what the pool is without a
+//     query (its type), where the dialect knows the driver.
+//  2. It never leaves tx unusable: it sends only statements that cannot fail on the
+//     database it is written for, since a failed statement aborts a PostgreSQL
+//     transaction, and the caller's work with it.
+//  3. It returns nil when the store is fit to use, and a [*CheckError] for a setup
+//     problem, the one [Checker.Check] returns for it; the engine returns that error from
+//     this and every later enqueue of the store, which inserts nothing.
+//  4. It returns any other error when it could not tell (a version query the server does
+//     not know, a lost connection). The engine then lets the enqueue go on, and checks
+//     again at the next one only when the error may pass (the context ended, the
+//     connection or transaction is gone, or the transaction was aborted before).
+type FirstUseChecker interface {
+	CheckFirstUse(ctx context.Context, drv driver.Driver, tx DBTX) error
+}
+
+// ErrorExplainer explains a driver's error in the terms of the outbox: what went wrong and
+// what to do. The engine's Store passes it the error of every statement of the dialect
+// that fails (Insert, Claim, Complete, the operator's calls, ...) before it wraps it. The
+// built-in dialects implement it.
+//
+// The rules, which the conformance suite's Check section checks when the dialect has it:
+//
+//  1. It returns nil when it has nothing to add; the engine then wraps err as it is.
+//  2. It returns a [*CheckError] for a problem that configuration must fix, with err as
+//     its Err: at least the outbox table (p.Table) that does not exist, whose Fix names
+//     the migrations (migrations.Up and `outbox migrate up`); also, say, a statement
+//     bigger than the server accepts. The engine returns it as it is.
+//  3. It returns any other error, wrapping err, to add what it knows about a failure that
+//     may have another cause (a connection that broke while a big payload was sent); the
+//     engine adds the operation's name.
+//  4. It never runs a statement: it reads err and p only.
+type ErrorExplainer interface {
+	ExplainError(err error, p ExplainParams) error
+}
+
+// ExplainParams are the arguments of [ErrorExplainer.ExplainError].
+type ExplainParams struct {
+	// Table is the outbox table the failed statement used.
+	Table Table
+	// PayloadBytes is how many payload bytes the failed statement carried: the sum of the
+	// rows' payloads for an Insert, 0 for any other statement.
+	PayloadBytes int
+}
+
+// ServerChecker recognises a server that speaks the dialect's protocol but is another
+// database (a distributed SQL server that reports itself as PostgreSQL or MySQL, say), and
+// refuses it where a claim is unsafe on it or something the Store is set to use is known
+// to fail there. The engine's Store.Check runs it before [Checker.Check], which would take
+// such a server for the real thing, on a dialect that has both. The built-in PostgreSQL and
+// MySQL dialects implement it.
+//
+// It returns nil for a server it does not refuse (one it does not recognise included), a
+// [*CheckError] that says what to do for one it refuses, and any other error when it could
+// not read what the server is; the engine ignores that error and leaves it to
+// [Checker.Check], which reports an unreachable server.
+type ServerChecker interface {
+	CheckServer(ctx context.Context, db *sql.DB, t Table, p ServerParams) error
+}
+
+// ServerParams are the arguments of [ServerChecker.CheckServer]: what the Store is set to
+// use, which may decide whether a server will do.
+type ServerParams struct {
+	// Notify reports that the Store sends wake-ups across processes through the dialect's
+	// [Notifier] (the engine's Options.DisableNotify is not set).
+	Notify bool
 }

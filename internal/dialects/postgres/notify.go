@@ -1,0 +1,117 @@
+package postgres
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+
+	"github.com/outboxgo/outbox/dialect"
+	"github.com/outboxgo/outbox/internal/dialects/sqlkit"
+)
+
+// Signal implements [dialect.Notifier] with NOTIFY on a channel named after the table, carrying the
+// schema and the namespace ("schema:namespace"): channels are shared by every schema of a
+// database, and tables of one name in several schemas must not wake each other's
+// publishers. PostgreSQL delivers it when the transaction commits, drops it on rollback,
+// and folds identical notifications of one transaction into one, so a transaction that
+// enqueues many events sends one signal per namespace.
+func (*Dialect) Signal(ctx context.Context, q dialect.DBTX, t dialect.Table, namespace string) error {
+	_, err := q.ExecContext(ctx, `SELECT pg_notify($1, current_schema() || ':' || $2)`, t.Name(), namespace)
+	return err
+}
+
+// Listen implements [dialect.Notifier]: LISTEN on a connection of its own, taken from db and
+// closed, never returned to the pool, when it stops. Waiting for notifications is not part
+// of database/sql, so it uses the pgx driver's connection (github.com/jackc/pgx/v5/stdlib),
+// found by its methods so that this package imports no driver; with another driver it
+// returns an error matching [errors.ErrUnsupported].
+func (*Dialect) Listen(ctx context.Context, db *sql.DB, t dialect.Table, ready func(), wake func(namespace string)) error {
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	var schema string
+	if err := conn.QueryRowContext(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
+		return err
+	}
+	return conn.Raw(func(dc any) error {
+		wait, err := pgxWaiter(dc)
+		if err != nil {
+			return err // the connection is still clean: it goes back to the pool
+		}
+		// From here on the connection listens: it must never serve anyone else.
+		if err := execRaw(ctx, dc, `LISTEN `+sqlkit.QuoteIdent(t.Name(), '"')); err != nil {
+			return errors.Join(driver.ErrBadConn, err)
+		}
+		ready()
+		for {
+			payload, err := wait(ctx)
+			if err != nil {
+				return errors.Join(driver.ErrBadConn, err)
+			}
+			if ns, ok := strings.CutPrefix(payload, schema+":"); ok {
+				wake(ns)
+			}
+		}
+	})
+}
+
+// execRaw runs a statement without arguments on a driver connection.
+func execRaw(ctx context.Context, dc any, query string) error {
+	ex, ok := dc.(driver.ExecerContext)
+	if !ok {
+		return fmt.Errorf("driver connection %T cannot execute statements: %w", dc, errors.ErrUnsupported)
+	}
+	_, err := ex.ExecContext(ctx, query, nil)
+	return err
+}
+
+// pgxWaiter returns a function that waits for the next notification on dc, a connection of
+// pgx's database/sql driver, and returns its payload. pgx's stdlib connection has
+// Conn() *pgx.Conn, whose WaitForNotification(ctx) returns (*pgconn.Notification, error);
+// reaching them by name keeps the pgx packages out of this package's imports (and out of
+// the builds of users on other databases).
+//
+// A driver that wraps pgx's (for instrumentation, say) is looked through when its
+// connections have an Unwrap() driver.Conn method.
+func pgxWaiter(dc any) (func(ctx context.Context) (string, error), error) {
+	unsupported := fmt.Errorf("outbox: the %T driver cannot wait for PostgreSQL notifications (pgx's stdlib can): %w", dc, errors.ErrUnsupported)
+	for {
+		u, ok := dc.(interface{ Unwrap() driver.Conn })
+		if !ok {
+			break
+		}
+		dc = u.Unwrap()
+	}
+	connFn := reflect.ValueOf(dc).MethodByName("Conn")
+	if !connFn.IsValid() || connFn.Type().NumIn() != 0 || connFn.Type().NumOut() != 1 {
+		return nil, unsupported
+	}
+	pgxConn := connFn.Call(nil)[0]
+	waitFn := pgxConn.MethodByName("WaitForNotification")
+	ctxType := reflect.TypeFor[context.Context]()
+	errType := reflect.TypeFor[error]()
+	if !waitFn.IsValid() || waitFn.Type().NumIn() != 1 || waitFn.Type().In(0) != ctxType ||
+		waitFn.Type().NumOut() != 2 || waitFn.Type().Out(1) != errType {
+		return nil, unsupported
+	}
+	return func(ctx context.Context) (string, error) {
+		out := waitFn.Call([]reflect.Value{reflect.ValueOf(&ctx).Elem()})
+		if err, _ := out[1].Interface().(error); err != nil {
+			return "", err
+		}
+		n := reflect.Indirect(out[0])
+		if n.Kind() != reflect.Struct {
+			return "", nil
+		}
+		if p := n.FieldByName("Payload"); p.IsValid() && p.Kind() == reflect.String {
+			return p.String(), nil
+		}
+		return "", nil
+	}, nil
+}

@@ -1,0 +1,119 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+
+	"github.com/outboxgo/outbox/dialect"
+	"github.com/outboxgo/outbox/internal/dialects/sqlkit"
+)
+
+// Ordered claims on SQLite add one term to the claim's candidate read and to its probe
+// (sqliteOrdered): the row has no partition key, or it is the first entry of its namespace
+// and key in the partial order index (namespace, partition_key, created_at, id) WHERE
+// partition_key IS NOT NULL AND status IN ('pending', 'processing', 'dead'), read with one
+// descent (INDEXED BY, so a planner with stale statistics cannot walk the table instead).
+//
+// SQLite has one writer: the claim's UPDATE ... WHERE id IN (SELECT ...) reads and writes
+// under the write lock, so no other claim runs between the head check and the lease, and
+// within one claim a later row of a key sees the earlier one pending and is not taken.
+
+// sqliteOrdered renders the ordered claim's extra term, or "" for an unordered claim.
+func sqliteOrdered(t dialect.Table, p dialect.ClaimParams) string {
+	if !p.Ordered {
+		return ""
+	}
+	tbl := sqlkit.QuoteIdent(t.Name(), '"')
+	return ` AND ` + sqlkit.OrderedHead(tbl, tbl, "partition_key", ` INDEXED BY `+sqlkit.QuoteIdent(t.Index("order"), '"'), sqlkit.OrderedLive(p.OrderedSkipDead))
+}
+
+// claimOrdered claims in order within a namespace, as pgClaimOrdered does: a walk of the
+// claim index bounded to orderedWindow rows, then, when that found less than a batch, a
+// visit of the keys (sqliteHeadsByKey). Both are probed first without the write lock, so
+// that idle publishers leave the lock to producers; an ordered claim always probes.
+func (d Dialect) claimOrdered(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.ClaimParams) (recs []dialect.Record, err error) {
+	byKey := func(p dialect.ClaimParams) func(a *dialect.Args) string {
+		return func(a *dialect.Args) string { return sqliteHeadsByKey(t, a, p) }
+	}
+	found := func(candidates func(a *dialect.Args) string) (bool, error) {
+		a := &dialect.Args{}
+		var one int
+		switch err := d.stmts.On(db).QueryRowContext(ctx, `SELECT 1 FROM (`+candidates(a)+`) LIMIT 1`, a.Values...).Scan(&one); {
+		case err == sql.ErrNoRows:
+			return false, nil
+		case err != nil:
+			return false, err
+		}
+		return true, nil
+	}
+	inWindow, err := found(sqliteWalk(t, p))
+	if err != nil {
+		return nil, err
+	}
+	if !inWindow {
+		if beyond, err := found(byKey(p)); err != nil || !beyond {
+			return nil, err
+		}
+	}
+	err = d.write(ctx, db, func(q, _ dialect.DBTX) error {
+		recs, err = sqliteLeaseOrdered(ctx, q, t, p, inWindow)
+		return err
+	})
+	return recs, err
+}
+
+// sqliteLeaseOrdered leases in order on q, which must hold the write lock: from the walk of
+// the claim index when inWindow (a probe found a candidate there), then from the visit of
+// the keys for what the walk left of the batch.
+func sqliteLeaseOrdered(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ClaimParams, inWindow bool) (recs []dialect.Record, err error) {
+	if inWindow {
+		if recs, err = sqliteLease(ctx, q, t, p, sqliteWalk(t, p)); err != nil || len(recs) == p.Limit {
+			return recs, err
+		}
+	}
+	rest := p
+	rest.Limit -= len(recs)
+	more, err := sqliteLease(ctx, q, t, rest, func(a *dialect.Args) string { return sqliteHeadsByKey(t, a, rest) })
+	return append(recs, more...), err
+}
+
+// sqliteWalk renders the candidates of an ordered claim's bounded walk of the claim index.
+func sqliteWalk(t dialect.Table, p dialect.ClaimParams) func(a *dialect.Args) string {
+	return func(a *dialect.Args) string {
+		return `SELECT id FROM ` + sqlkit.QuoteIdent(t.Name(), '"') + ` INDEXED BY ` + sqlkit.QuoteIdent(t.Index("claim"), '"') + ` WHERE ` + sqliteEligible(a, p) +
+			sqliteOrdered(t, p) + sqliteWindow(t, a, p) + ` ORDER BY created_at, id LIMIT ` + a.Add(p.Limit)
+	}
+}
+
+// sqliteWindow bounds the ordered claim's walk to orderedWindow rows in scope.
+func sqliteWindow(t dialect.Table, a *dialect.Args, p dialect.ClaimParams) string {
+	return ` AND created_at <= coalesce((SELECT w.created_at FROM ` + sqlkit.QuoteIdent(t.Name(), '"') + ` w INDEXED BY ` +
+		sqlkit.QuoteIdent(t.Index("claim"), '"') + ` WHERE w.status IN ('pending', 'processing')` + sqlkit.ScopeSQL(a, p.Scope, "w.", sqlkit.UUIDBytes) +
+		` ORDER BY w.created_at, w.id LIMIT 1 OFFSET ` + a.Add(sqlkit.OrderedWindow(p.Limit)) + `), 9223372036854775807)`
+}
+
+// sqliteHeadsByKey renders the candidates of a claim that visits the keys of p.Namespace:
+// a skip scan of the order index lists the keys, one descent per key, the key's first row
+// that holds it back is its head; the unkeyed index gives the oldest rows without a key; and
+// the oldest eligible of both are chosen.
+func sqliteHeadsByKey(t dialect.Table, a *dialect.Args, p dialect.ClaimParams) string {
+	tbl := sqlkit.QuoteIdent(t.Name(), '"')
+	e := tbl + ` e INDEXED BY ` + sqlkit.QuoteIdent(t.Index("order"), '"')
+	keyed := ` AND e.status IN ('pending', 'processing', 'dead') ORDER BY e.partition_key LIMIT 1`
+	return `WITH RECURSIVE k(pk) AS (SELECT (SELECT e.partition_key FROM ` + e + ` WHERE e.namespace = ` + a.Add(p.Namespace) +
+		` AND e.partition_key IS NOT NULL` + keyed + `)` +
+		` UNION ALL SELECT (SELECT e.partition_key FROM ` + e + ` WHERE e.namespace = ` + a.Add(p.Namespace) + ` AND e.partition_key > k.pk` +
+		keyed + `) FROM k WHERE k.pk IS NOT NULL)` +
+		` SELECT id FROM ` + tbl + ` WHERE id IN (SELECT (SELECT e.id FROM ` + e + ` WHERE e.namespace = ` + a.Add(p.Namespace) +
+		` AND e.partition_key = k.pk AND ` + sqlkit.OrderedLive(p.OrderedSkipDead) + ` ORDER BY e.created_at, e.id LIMIT 1) FROM k WHERE k.pk IS NOT NULL` +
+		` UNION ALL SELECT * FROM (SELECT id FROM ` + tbl + ` INDEXED BY ` + sqlkit.QuoteIdent(t.Index("unkeyed"), '"') +
+		` WHERE partition_key IS NULL AND ` + sqliteEligible(a, p) + ` ORDER BY created_at, id LIMIT ` + a.Add(p.Limit) + `))` +
+		` AND ` + sqliteEligible(a, p) + ` ORDER BY created_at, id LIMIT ` + a.Add(p.Limit)
+}
+
+// BlockedKeys implements [dialect.OrderedClaimer].
+func (Dialect) BlockedKeys(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.BlockedKeysParams) ([]dialect.BlockedKey, error) {
+	a := &dialect.Args{}
+	query := sqlkit.BlockedKeysQuery(sqlkit.QuoteIdent(t.Name(), '"'), "partition_key", ` INDEXED BY `+sqlkit.QuoteIdent(t.Index("order"), '"'), a, p, sqlkit.UUIDBytes)
+	return sqlkit.QueryBlockedKeys(ctx, q, query, a.Values)
+}
