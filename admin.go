@@ -7,7 +7,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"time"
 
@@ -23,8 +22,9 @@ const (
 	// DefaultPurgeBatch is [PurgeOptions.BatchSize] when it is zero.
 	DefaultPurgeBatch = 1000
 	// StatsDeliveredSample is how many of the most recently delivered rows [Store.Stats]
-	// reads at most. Up to this many delivered rows, the delivered counts are exact; beyond
-	// it they are estimates and [Stats.DeliveredEstimated] is set.
+	// reads at most. Up to this many delivered rows, the delivered counts are exact, of all
+	// time; beyond it they are exact since [Stats.DeliveredSince], and the unscoped total
+	// is an estimate ([Stats.DeliveredEstimated]).
 	StatsDeliveredSample = 2000
 )
 
@@ -34,21 +34,35 @@ type Stats struct {
 	// (delayed, or waiting for a retry). Processing counts rows under a lease, expired
 	// leases included. Dead counts dead letters.
 	Pending, Scheduled, Processing, Delivered, Dead int64
-	// DeliveredEstimated reports that Delivered (and every [TopicStats.Delivered]) is an
-	// estimate: the table holds more than [StatsDeliveredSample] delivered rows, and
-	// counting them exactly would read them all. The estimate comes from the database's
-	// statistics, without reading the rows (the planner's estimate on PostgreSQL; the
-	// table's estimated rows less the live and dead ones on MySQL, from InnoDB's statistics,
-	// and on SQLite, from the rowids), shared out by the topic mix of the most recently
-	// delivered rows. It is as good as those statistics (refreshed by autovacuum and
-	// ANALYZE): expect it within some tens of percent. Every other count is exact.
+	// Delivered counts delivered rows. Up to [StatsDeliveredSample] of them in the table,
+	// every delivered count is exact, of all time. Beyond it, reading them all would cost a
+	// scan, so:
+	//   - each [TopicStats.Delivered] counts exactly the rows delivered after
+	//     DeliveredSince (the settle time of the oldest of the StatsDeliveredSample most
+	//     recently delivered rows): a window that is shorter the busier the table, never an
+	//     extrapolation;
+	//   - Delivered, with no scope, estimates the table's delivered rows from the
+	//     database's statistics, without reading them, and DeliveredEstimated is set (the
+	//     planner's estimate on PostgreSQL; the table's estimated rows less the live and
+	//     dead ones on MySQL, from InnoDB's statistics, and on SQLite, from the rowids: as
+	//     good as those statistics); with a scope, it is the sum of the topics' counts
+	//     since DeliveredSince, exact.
 	DeliveredEstimated bool
+	DeliveredSince     time.Time
 	// OldestPendingAge is how long the oldest due pending row has been due: now -
 	// next_attempt_at on the database clock, so a delayed or retried row counts from when
 	// it became due, not from when it was enqueued. Zero when no row is due. On a healthy
-	// outbox it stays below the publishers' poll interval; a growing age means nothing is
-	// publishing.
+	// outbox it stays below the publishers' poll interval. Each retry, and each probe of a
+	// broker during an outage, moves next_attempt_at forward: a row stuck behind an outage
+	// keeps leaving the due set, so this age stays low. Alert on OldestUndeliveredAge.
 	OldestPendingAge time.Duration
+	// OldestUndeliveredAge is how long the oldest pending or processing row has waited
+	// since it was first due: its next_attempt_at while no publisher has claimed it, and
+	// its enqueue (created_at) once one has, whatever retries and outage probes did since.
+	// An event enqueued with a Delay and then retried counts its Delay too, and a replayed
+	// dead letter counts from its first enqueue. Zero when nothing is due. This is the
+	// figure to alert on: it grows through an outage, while attempts are not spent.
+	OldestUndeliveredAge time.Duration
 	// Topics breaks the counts down per (namespace, topic), sorted by namespace then topic.
 	Topics []TopicStats
 }
@@ -146,12 +160,9 @@ func (s *Store) Stats(ctx context.Context, scope Scope) (Stats, error) {
 	}
 	st := Stats{Topics: slices.Clone(raw.Topics)}
 	if raw.DeliveredSampled >= StatsDeliveredSample {
-		// Share the table's delivered rows out by the topic mix of the sample.
-		st.DeliveredEstimated = true
-		total := float64(max(raw.DeliveredTotal, raw.DeliveredSampled))
-		for i := range st.Topics {
-			st.Topics[i].Delivered = int64(math.Round(total * float64(st.Topics[i].Delivered) / float64(raw.DeliveredSampled)))
-		}
+		// The topics' counts are exact over the sample's window; no share of an
+		// estimated total is given per topic, since the mix of older rows is not known.
+		st.DeliveredSince = time.Now().Add(-raw.DeliveredWindow).UTC().Truncate(time.Microsecond)
 	}
 	slices.SortFunc(st.Topics, func(a, b TopicStats) int {
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Topic, b.Topic))
@@ -163,6 +174,11 @@ func (s *Store) Stats(ctx context.Context, scope Scope) (Stats, error) {
 		st.Delivered += t.Delivered
 		st.Dead += t.Dead
 		st.OldestPendingAge = max(st.OldestPendingAge, t.OldestPendingAge)
+		st.OldestUndeliveredAge = max(st.OldestUndeliveredAge, t.OldestUndeliveredAge)
+	}
+	if !st.DeliveredSince.IsZero() && scope.Namespace == "" && len(scope.Topics) == 0 && scope.TenantID == uuid.Nil {
+		st.DeliveredEstimated = true
+		st.Delivered = max(raw.DeliveredTotal, raw.DeliveredSampled)
 	}
 	return st, nil
 }

@@ -65,11 +65,13 @@ func TestCheckMissingTable(t *testing.T) {
 			require.ErrorIs(t, err, outbox.ErrMisconfigured)
 			require.Contains(t, err.Error(), `table "outbox_events" does not exist`)
 			require.Contains(t, err.Error(), "migrations.Up")
-			require.Contains(t, err.Error(), "outbox migrate up")
+			hint := "`outbox migrate up --dialect " + backend + " --table outbox_events`"
+			require.Contains(t, err.Error(), hint)
 
 			_, err = s.EnqueueStandalone(ctx, outbox.Message{Namespace: "n", Topic: "t", Payload: json.RawMessage(`{}`)})
 			require.ErrorIs(t, err, outbox.ErrMisconfigured, "enqueue: %v", err)
 			require.Contains(t, err.Error(), "migrations.Up")
+			require.Contains(t, err.Error(), hint, "the same fix as Check's")
 			_, err = s.Claim(ctx, outbox.ClaimOptions{Limit: 1, Lease: time.Second, MaxAttempts: 1, WorkerID: "w"})
 			require.ErrorIs(t, err, outbox.ErrMisconfigured, "claim: %v", err)
 

@@ -45,6 +45,5 @@ func (s *Store) CompleteAndClaim(ctx context.Context, outcomes []Outcome, o Clai
 	if err != nil {
 		return nil, nil, s.sqlError("complete and claim", err)
 	}
-	dialect.SortClaimed(claimed)
 	return claimed, lost, nil
 }

@@ -206,7 +206,7 @@ func testStatsCounts(t *testing.T, h Harness) {
 	require.False(t, st.DeliveredEstimated, "a dozen rows are counted exactly")
 	zero := func(ts []outbox.TopicStats) []outbox.TopicStats {
 		for i := range ts {
-			ts[i].OldestPendingAge = 0
+			ts[i].OldestPendingAge, ts[i].OldestUndeliveredAge = 0, 0
 		}
 		return ts
 	}
@@ -237,6 +237,7 @@ func testStatsOldestPendingAge(t *testing.T, h Harness) {
 	later.Delay = time.Hour
 	e.enqueue(t, later)
 	require.Zero(t, e.stats(t, outbox.Scope{}).OldestPendingAge, "a row not yet due has no age")
+	require.Zero(t, e.stats(t, outbox.Scope{}).OldestUndeliveredAge, "a row never claimed and not yet due has no age")
 
 	before := time.Now()
 	e.enqueue(t, topicMsg("orders", "b", 2))
@@ -247,6 +248,7 @@ func testStatsOldestPendingAge(t *testing.T, h Harness) {
 	})
 	// The database clock and this process's clock are the same host's here; allow slack.
 	require.LessOrEqual(t, st.OldestPendingAge, time.Since(before)+2*time.Second)
+	require.GreaterOrEqual(t, st.OldestUndeliveredAge, st.OldestPendingAge, "a due row is undelivered since it was due")
 	b := st.Topics[slices.IndexFunc(st.Topics, func(ts outbox.TopicStats) bool { return ts.Topic == "b" })]
 	require.Equal(t, st.OldestPendingAge, b.OldestPendingAge, "the total age is the oldest topic's")
 }
@@ -573,6 +575,7 @@ func testPurgeConcurrent(t *testing.T, h Harness) {
 // inspectTests need [dialect.Inspector]; each skips, saying so, without it.
 var inspectTests = []test{
 	{"DeadGroups", testDeadGroups},
+	{"DeadCauses", testDeadCauses},
 	{"ErrorFilters", testErrorFilters},
 	{"ReplayAndDiscardWhereByError", testWhereByError},
 	{"Activity", testActivity},
@@ -614,6 +617,51 @@ func (e *env) errorSeed(t *testing.T) errorSeeded {
 	e.settled(t, outbox.StatusDelivered, topicMsg("orders", "a", 7))
 	e.enqueue(t, topicMsg("orders", "a", 8))
 	return s
+}
+
+// testDeadCauses: one error met on four topics, with ids and sizes in it, is one cause with
+// its distinct texts inside; replaying a cause replays its rows and no other.
+func testDeadCauses(t *testing.T, h Harness) {
+	e := setup(t, h)
+	needInspect(t, e)
+	var large []uuid.UUID
+	for i, topic := range []string{"orders.created", "orders.paid", "billing.invoice.sent", "shop.cart"} {
+		large = append(large, e.deadWith(t, "kafka: produce to "+topic+": MESSAGE_TOO_LARGE", topicMsg("orders", topic, i))...)
+	}
+	e.deadWith(t, fmt.Sprintf("webhook: POST https://hooks.example.com/t/%s: status 503", uuid.New()), topicMsg("orders", "a", 10))
+	e.deadWith(t, fmt.Sprintf("webhook: POST https://hooks.example.com/t/%s: status 503", uuid.New()), topicMsg("orders", "a", 11))
+	refused := e.deadWith(t, "webhook: POST https://hooks.example.com/t/x: status 400", topicMsg("orders", "a", 12))
+
+	c, err := e.store.DeadCauses(e.ctx, outbox.DeadGroupsOptions{})
+	skipUnsupported(t, err)
+	require.EqualValues(t, 7, c.Total)
+	require.Zero(t, c.Ungrouped)
+	require.Len(t, c.Causes, 3, "%+v", c.Causes)
+	require.Equal(t, "permanent: kafka: produce to <name>: MESSAGE_TOO_LARGE", c.Causes[0].Fingerprint)
+	require.EqualValues(t, 4, c.Causes[0].Count)
+	require.Len(t, c.Causes[0].Texts, 4, "the distinct texts inside the cause")
+	require.Equal(t, "permanent: webhook: POST https://hooks.example.com/…: status 503", c.Causes[1].Fingerprint)
+	require.EqualValues(t, 2, c.Causes[1].Count)
+	require.Equal(t, "permanent: webhook: POST https://hooks.example.com/…: status 400", c.Causes[2].Fingerprint, "another status, another cause")
+	require.True(t, c.Newest.Equal(e.get(t, refused[0]).UpdatedAt))
+
+	n, err := e.store.ReplayCause(e.ctx, outbox.DeadFilter{Until: c.Newest.Add(time.Microsecond)}, c.Causes[0].Fingerprint)
+	require.NoError(t, err)
+	require.EqualValues(t, 4, n)
+	for _, id := range large {
+		require.Equal(t, outbox.StatusPending, e.get(t, id).Status)
+	}
+	require.Equal(t, outbox.StatusDead, e.get(t, refused[0]).Status, "another cause stays dead")
+	n, err = e.store.DiscardCause(e.ctx, outbox.DeadFilter{Scope: outbox.Scope{Namespace: "other"}}, c.Causes[1].Fingerprint)
+	require.NoError(t, err)
+	require.Zero(t, n, "the filter still applies")
+	n, err = e.store.DiscardCause(e.ctx, outbox.DeadFilter{}, c.Causes[1].Fingerprint)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n)
+	c, err = e.store.DeadCauses(e.ctx, outbox.DeadGroupsOptions{Limit: 1})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, c.Total)
+	require.Len(t, c.Causes, 1)
 }
 
 func testDeadGroups(t *testing.T, h Harness) {

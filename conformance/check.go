@@ -1,7 +1,10 @@
 package conformance
 
 import (
+	"context"
+	"errors"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -14,6 +17,10 @@ var checkTests = []test{
 	{"MissingTable", testCheckMissingTable},
 	{"MissingColumn", testCheckMissingColumn},
 	{"OtherServer", testCheckOtherServer},
+	{"FirstUseOtherServer", testFirstUseOtherServer},
+	{"ExplainMissingTable", testExplainMissingTable},
+	{"ExplainOtherError", testExplainOtherError},
+	{"ServerCheckPassesOwnServer", testServerCheckOwn},
 }
 
 // requireChecker skips when the dialect cannot check its database.
@@ -72,4 +79,88 @@ func testCheckOtherServer(t *testing.T, h Harness) {
 	s, err := outbox.New(db, h.Dialect, outbox.Options{})
 	require.NoError(t, err)
 	misconfigured(t, s.Check(ctx), "a database of another kind")
+}
+
+// The first enqueue on a pool of another kind of database fails with the dialect's
+// first-use check ([dialect.FirstUseChecker]), before any insert, and every later enqueue
+// of the store with it; the caller's transaction is left usable.
+func testFirstUseOtherServer(t *testing.T, h Harness) {
+	if _, ok := h.Dialect.(dialect.FirstUseChecker); !ok {
+		t.Skipf("dialect %s does not implement dialect.FirstUseChecker", h.Dialect.Name())
+	}
+	if h.OtherServer == nil {
+		t.Skipf("Harness.OtherServer is nil: no database of another kind for dialect %s", h.Dialect.Name())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	db := h.OtherServer(t)
+	db.SetMaxOpenConns(1) // the check must run on the caller's transaction, not a second connection
+	s, err := outbox.New(db, h.Dialect, outbox.Options{})
+	require.NoError(t, err)
+	for i := range 2 {
+		tx, err := db.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback() }() // a failed test must not keep the pool's one connection
+		_, err = s.Enqueue(ctx, tx, msg(i))
+		misconfigured(t, err, "an enqueue on a database of another kind")
+		var one int
+		require.NoError(t, tx.QueryRowContext(ctx, `SELECT 1`).Scan(&one),
+			"the first-use check leaves the caller's transaction usable (enqueue %d)", i+1)
+		require.NoError(t, tx.Rollback())
+	}
+}
+
+// A statement on a table that does not exist fails with a [*outbox.CheckError] that names
+// the table and says what to do ([dialect.ErrorExplainer]), wrapping the driver's error:
+// an enqueue and a claim alike.
+func testExplainMissingTable(t *testing.T, h Harness) {
+	if _, ok := h.Dialect.(dialect.ErrorExplainer); !ok {
+		t.Skipf("dialect %s does not implement dialect.ErrorExplainer", h.Dialect.Name())
+	}
+	e := setup(t, h)
+	const table = "conformance_never_created"
+	s, err := outbox.New(e.db, h.Dialect, outbox.Options{Table: table})
+	require.NoError(t, err)
+	explained := func(err error, what string) {
+		t.Helper()
+		misconfigured(t, err, what)
+		var ce *outbox.CheckError
+		require.ErrorAs(t, err, &ce)
+		require.Contains(t, ce.Problem+" "+ce.Fix, table, "%s: the error names the table", what)
+		require.Error(t, ce.Err, "%s: the driver's error is kept", what)
+	}
+	_, err = s.EnqueueStandalone(e.ctx, msg(1))
+	explained(err, "an enqueue into a missing table")
+	_, err = s.Claim(e.ctx, outbox.ClaimOptions{Limit: 1, Lease: time.Minute, MaxAttempts: 3, WorkerID: "conformance"})
+	explained(err, "a claim from a missing table")
+}
+
+// An error the dialect knows nothing about is not explained: ExplainError returns nil.
+func testExplainOtherError(t *testing.T, h Harness) {
+	x, ok := h.Dialect.(dialect.ErrorExplainer)
+	if !ok {
+		t.Skipf("dialect %s does not implement dialect.ErrorExplainer", h.Dialect.Name())
+	}
+	tbl, err := dialect.NewTable(outbox.DefaultTable)
+	require.NoError(t, err)
+	for _, size := range []int{0, 64 << 20} {
+		require.NoError(t, x.ExplainError(errors.New("conformance: an error of no database"), dialect.ExplainParams{Table: tbl, PayloadBytes: size}))
+	}
+	require.NoError(t, x.ExplainError(context.Canceled, dialect.ExplainParams{Table: tbl}))
+}
+
+// The dialect's own database is never refused by its server check
+// ([dialect.ServerChecker]), whether the store sends wake-ups or not.
+func testServerCheckOwn(t *testing.T, h Harness) {
+	sc, ok := h.Dialect.(dialect.ServerChecker)
+	if !ok {
+		t.Skipf("dialect %s does not implement dialect.ServerChecker", h.Dialect.Name())
+	}
+	e := setup(t, h)
+	tbl, err := dialect.NewTable(e.table)
+	require.NoError(t, err)
+	for _, notify := range []bool{false, true} {
+		err := sc.CheckServer(e.ctx, e.db, tbl, dialect.ServerParams{Notify: notify})
+		require.NoError(t, err, "notify=%v", notify)
+	}
 }

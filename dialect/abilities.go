@@ -165,14 +165,17 @@ type PurgeParams struct {
 // implementation for a single method it cannot offer. The checklist:
 //
 //  1. Stats counts the rows in p.Scope by (namespace, topic): pending and due, pending and
-//     not yet due, processing, dead, and the age of the oldest due pending row (now -
-//     next_attempt_at on the database clock). Delivered rows may be many, so the delivered
+//     not yet due, processing, dead, the age of the oldest due pending row (now -
+//     next_attempt_at on the database clock) and the age of the oldest undelivered one
+//     ([TopicStats].OldestUndeliveredAge). Delivered rows may be many, so the delivered
 //     counts come from a bounded sample: the p.DeliveredSample most recently settled
 //     delivered rows of the whole table (any scope), read through an index on (status,
 //     updated_at), counted per (namespace, topic) within the scope. When the sample is full
-//     the dialect also estimates how many delivered rows the table holds (any scope)
-//     without reading them: from the planner's statistics, say, or an estimate of the
-//     table's rows less the live and dead rows it counted.
+//     the counts leave out the rows settled at the very time of its oldest row, whose age
+//     is [StatsSample].DeliveredWindow, so that they are exact since then; and the dialect
+//     estimates how many delivered rows the table holds (any scope) without reading them:
+//     from the planner's statistics, say, or an estimate of the table's rows less the live
+//     and dead rows it counted.
 //  2. ListDead returns up to p.Limit dead rows in p.Filter, newest death (updated_at) first,
 //     ties by id descending, starting strictly after the keyset (p.AfterTime, p.AfterID)
 //     when p.AfterID is not uuid.Nil. Never OFFSET.
@@ -209,14 +212,22 @@ type StatsSample struct {
 	// DeliveredTotal estimates the delivered rows of the whole table, in any scope. It is
 	// read only when the sample was full.
 	DeliveredTotal int64
+	// DeliveredWindow, when the sample was full, is the age (on the database clock) of its
+	// oldest row: the Delivered counts are then exactly the rows delivered (updated_at)
+	// after it, the rows at that very time left out, since the sample may have cut them.
+	DeliveredWindow time.Duration
 }
 
 // TopicStats are the counts of one (namespace, topic): in a [StatsSample], and in the
 // engine's Stats.
+//
+// OldestUndeliveredAge is how long the oldest pending or processing row has been due since
+// it first was: its next_attempt_at while it was never claimed (lease_token NULL), its
+// created_at once it was (a retry or an outage's probe moves next_attempt_at, not that).
 type TopicStats struct {
 	Namespace, Topic                                string
 	Pending, Scheduled, Processing, Delivered, Dead int64
-	OldestPendingAge                                time.Duration
+	OldestPendingAge, OldestUndeliveredAge          time.Duration
 }
 
 // ListDeadParams are the arguments of [Administrator.ListDead].

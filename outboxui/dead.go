@@ -1,6 +1,7 @@
 package outboxui
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -11,13 +12,13 @@ import (
 	"github.com/outboxgo/outbox"
 )
 
-// deadGroupsShown is how many error groups the dead-letter page lists.
+// deadGroupsShown is how many causes the dead-letter page lists.
 const deadGroupsShown = 20
 
 // deadData is what the dead-letter page shows.
 type deadData struct {
 	Filter filter
-	Groups outbox.DeadGroups
+	Groups outbox.DeadCauses
 	Page   outbox.DeadPage
 	Cursor string
 	// FilterError says why the filter was refused ("" when it was not).
@@ -27,6 +28,7 @@ type deadData struct {
 func (u *ui) dead(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	f, err := parseFilter(q, time.Now())
+	f.Cause = "" // a cause is chosen on this page, for a confirmation; it lists every cause
 	d := deadData{Filter: f, Cursor: q.Get("cursor")}
 	if err != nil {
 		d.FilterError = err.Error()
@@ -34,7 +36,7 @@ func (u *ui) dead(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
-	if d.Groups, err = u.store.DeadGroups(ctx, outbox.DeadGroupsOptions{DeadFilter: f.Dead, Limit: deadGroupsShown}); err != nil {
+	if d.Groups, err = u.store.DeadCauses(ctx, outbox.DeadGroupsOptions{DeadFilter: f.Dead, Limit: deadGroupsShown}); err != nil {
 		u.storeError(w, r, "grouping the dead letters", err)
 		return
 	}
@@ -77,13 +79,29 @@ func (u *ui) confirmFilter(w http.ResponseWriter, r *http.Request) {
 		u.fail(w, r, http.StatusBadRequest, "the filter is not valid: "+err.Error(), nil)
 		return
 	}
-	g, err := u.store.DeadGroups(r.Context(), outbox.DeadGroupsOptions{DeadFilter: f.Dead, Limit: 1})
+	count, newest, err := u.countDead(r.Context(), f)
 	if err != nil {
 		u.storeError(w, r, "counting the dead letters", err)
 		return
 	}
-	d := confirmData{Action: action, Count: g.Total, Filter: f.Pinned(g.Newest), Back: u.link("/dead?" + f.Query()), UntilWas: f.Until}
+	d := confirmData{Action: action, Count: count, Filter: f.Pinned(newest), Back: u.link("/dead?" + f.Query()), UntilWas: f.Until}
 	u.render(w, r, http.StatusOK, "confirm", u.page(w, r, "dead", "Confirm "+action, d))
+}
+
+// countDead counts the dead rows f selects, its cause's when it names one, and returns
+// the newest death among them.
+func (u *ui) countDead(ctx context.Context, f filter) (int64, time.Time, error) {
+	if f.Cause == "" {
+		g, err := u.store.DeadGroups(ctx, outbox.DeadGroupsOptions{DeadFilter: f.Dead, Limit: 1})
+		return g.Total, g.Newest, err
+	}
+	c, err := u.store.DeadCauses(ctx, outbox.DeadGroupsOptions{DeadFilter: f.Dead, Limit: outbox.MaxBatch})
+	for _, cause := range c.Causes {
+		if cause.Fingerprint == f.Cause {
+			return cause.Count, cause.LastDied, err
+		}
+	}
+	return 0, time.Time{}, err
 }
 
 // actBulk replays or discards every dead row of a pinned filter, after the confirmation.
@@ -103,10 +121,15 @@ func (u *ui) actBulk(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var n int64
-	switch action {
-	case "replay":
+	_, byCause := r.PostForm["cause"]
+	switch {
+	case action == "replay" && byCause:
+		n, err = u.store.ReplayCause(r.Context(), f.Dead, f.Cause)
+	case action == "discard" && byCause:
+		n, err = u.store.DiscardCause(r.Context(), f.Dead, f.Cause)
+	case action == "replay":
 		n, err = u.store.ReplayWhere(r.Context(), f.Dead)
-	case "discard":
+	case action == "discard":
 		n, err = u.store.DiscardWhere(r.Context(), f.Dead)
 	default:
 		u.fail(w, r, http.StatusBadRequest, "the action must be replay or discard. Nothing was changed.", nil)
@@ -119,6 +142,7 @@ func (u *ui) actBulk(w http.ResponseWriter, r *http.Request) {
 	// Back to the list with the filter as the operator wrote it, without the pinned bound.
 	back := f.values()
 	back.Del("until")
+	back.Del("cause")
 	if u := r.PostForm.Get("until_was"); u != "" {
 		back.Set("until", u)
 	}

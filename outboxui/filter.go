@@ -15,13 +15,17 @@ import (
 
 // filter is the dead-letter filter of a request, as the form gave it (Fields, echoed back
 // into the form and the links) and as the store takes it (Dead).
+//
+// Group selects the rows whose last error is exactly it; Cause those whose last error has
+// that fingerprint (outbox.ErrorFingerprint), which the store acts on by its texts and
+// which is not part of Dead.
 type filter struct {
-	Namespace, Topic, Tenant, Error, Group, Since, Until string
-	Dead                                                 outbox.DeadFilter
+	Namespace, Topic, Tenant, Error, Group, Cause, Since, Until string
+	Dead                                                        outbox.DeadFilter
 }
 
 // filterKeys are the query keys of a filter, in the order links write them.
-var filterKeys = []string{"ns", "topic", "tenant", "error", "group", "since", "until"}
+var filterKeys = []string{"ns", "topic", "tenant", "error", "group", "cause", "since", "until"}
 
 // parseFilter reads a filter from q. Since and Until are times (RFC 3339, or a date, as
 // UTC midnight) or ages before now (90m, 72h, 7d). A bad value returns an error that says
@@ -29,10 +33,13 @@ var filterKeys = []string{"ns", "topic", "tenant", "error", "group", "since", "u
 func parseFilter(q url.Values, now time.Time) (filter, error) {
 	f := filter{
 		Namespace: strings.TrimSpace(q.Get("ns")), Topic: strings.TrimSpace(q.Get("topic")),
-		Tenant: strings.TrimSpace(q.Get("tenant")), Error: q.Get("error"), Group: q.Get("group"),
+		Tenant: strings.TrimSpace(q.Get("tenant")), Error: q.Get("error"), Group: q.Get("group"), Cause: q.Get("cause"),
 		Since: strings.TrimSpace(q.Get("since")), Until: strings.TrimSpace(q.Get("until")),
 	}
 	d := outbox.DeadFilter{Scope: outbox.Scope{Namespace: f.Namespace}, ErrorContains: f.Error, LastError: f.Group}
+	if _, set := q["cause"]; set && f.Group != "" {
+		return f, fmt.Errorf("choose a cause or one error text (group), not both")
+	}
 	if f.Topic != "" {
 		d.Topics = []string{f.Topic}
 	}
@@ -60,7 +67,7 @@ func parseFilter(q url.Values, now time.Time) (filter, error) {
 // values returns the filter as query values, empty fields left out.
 func (f filter) values() url.Values {
 	v := url.Values{}
-	for i, s := range []string{f.Namespace, f.Topic, f.Tenant, f.Error, f.Group, f.Since, f.Until} {
+	for i, s := range []string{f.Namespace, f.Topic, f.Tenant, f.Error, f.Group, f.Cause, f.Since, f.Until} {
 		if s != "" {
 			v.Set(filterKeys[i], s)
 		}

@@ -56,6 +56,9 @@ type Options struct {
 	CSRFKey []byte
 	// Logger receives the errors the pages report (default slog.Default()).
 	Logger *slog.Logger
+	// DatabaseTimeout is how long the summary of [Databases] waits for each database:
+	// default [DefaultDatabaseTimeout].
+	DatabaseTimeout time.Duration
 }
 
 // withDefaults fills the zero fields and bounds the others, so that no value can make the
@@ -88,20 +91,32 @@ func (o Options) withDefaults() Options {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+	if o.DatabaseTimeout <= 0 {
+		o.DatabaseTimeout = DefaultDatabaseTimeout
+	}
 	return o
 }
 
-// ui serves the pages of one store.
+// ui serves the pages of one store, or the summary of several.
 type ui struct {
 	store *outbox.Store
 	o     Options
 	pages map[string]*template.Template
+	// home is the address of the summary of the databases the store is one of; "" when
+	// it is the only one. summary marks the ui of that summary, which has no store.
+	home    string
+	summary bool
 }
 
 // Handler returns the web view of store's table. See the package documentation for what it
 // serves and how to mount it. A nil store serves an error page.
 func Handler(store *outbox.Store, o Options) http.Handler {
-	u := &ui{store: store, o: o.withDefaults()}
+	return newHandler(store, o.withDefaults(), "")
+}
+
+// newHandler returns the pages of one store; home links back to a summary.
+func newHandler(store *outbox.Store, o Options, home string) http.Handler {
+	u := &ui{store: store, o: o, home: home}
 	u.pages = parsePages()
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", u.overview)
@@ -118,6 +133,11 @@ func Handler(store *outbox.Store, o Options) http.Handler {
 	mux.HandleFunc("GET /message/{id}", u.message)
 	mux.HandleFunc("GET /message/{id}/payload", u.payload)
 	mux.HandleFunc("GET /search", u.search)
+	return u.wrap(u.assets(mux))
+}
+
+// assets adds the static files and the not-found page to mux.
+func (u *ui) assets(mux *http.ServeMux) *http.ServeMux {
 	static, _ := fs.Sub(assets, "static")
 	mux.Handle("GET /static/", http.StripPrefix("/static/", staticFiles(static)))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -127,7 +147,11 @@ func Handler(store *outbox.Store, o Options) http.Handler {
 		}
 		u.fail(w, r, http.StatusNotFound, "no such page", nil)
 	})
+	return mux
+}
 
+// wrap puts the guards in front of mux and strips the prefix.
+func (u *ui) wrap(mux *http.ServeMux) http.Handler {
 	cop := http.NewCrossOriginProtection()
 	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		u.fail(w, r, http.StatusForbidden, "refused: the request came from another site (cross-origin). Nothing was changed.", nil)
@@ -151,7 +175,7 @@ func (u *ui) guard(next http.Handler) http.Handler {
 		if r.Body != nil {
 			r.Body = http.MaxBytesReader(w, r.Body, 1<<20)
 		}
-		if u.store == nil {
+		if u.store == nil && !u.summary {
 			u.fail(w, r, http.StatusInternalServerError, "the outbox view was set up without a store", nil)
 			return
 		}
@@ -209,14 +233,18 @@ type page struct {
 	CSRF     string
 	Refresh  int
 	Notice   string
-	Data     any
+	// Home is the address of the summary of several databases ("" for one); Multi marks
+	// the summary page itself.
+	Home  string
+	Multi bool
+	Data  any
 }
 
 func (u *ui) page(w http.ResponseWriter, r *http.Request, nav, heading string, data any) page {
 	return page{
 		Title: u.o.Title, Heading: heading, Prefix: u.o.Prefix, Nav: nav,
 		ReadOnly: u.o.ReadOnly, Hide: u.o.HidePayloads, CSRF: u.csrfToken(w, r), Data: data,
-		Notice: notice(r.URL.Query()),
+		Notice: notice(r.URL.Query()), Home: u.home,
 	}
 }
 

@@ -2,6 +2,7 @@ package outboxui_test
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"html"
@@ -29,10 +30,12 @@ var backends = []string{"sqlite", "postgres", "mysql"}
 // env is one test's database, store and view, served under /outbox by a test server,
 // and a browser-like client that keeps cookies and does not follow redirects.
 type env struct {
-	ctx    context.Context
-	store  *outbox.Store
-	srv    *httptest.Server
-	client *http.Client
+	ctx     context.Context
+	backend string
+	db      *sql.DB
+	store   *outbox.Store
+	srv     *httptest.Server
+	client  *http.Client
 }
 
 func dialectOf(backend string) outbox.Dialect {
@@ -55,7 +58,7 @@ func setup(t *testing.T, backend string, o outboxui.Options) *env {
 	jar, err := cookiejar.New(nil)
 	require.NoError(t, err)
 	client := &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	return &env{ctx: ctx, store: store, srv: srv, client: client}
+	return &env{ctx: ctx, backend: backend, db: db, store: store, srv: srv, client: client}
 }
 
 // eachBackend runs fn on every database, in parallel.
@@ -185,7 +188,7 @@ func TestOverview(t *testing.T) {
 		require.Contains(t, r.header.Get("Content-Security-Policy"), "default-src 'none'")
 		require.Contains(t, r.body, `<meta http-equiv="refresh" content="7">`)
 		require.Regexp(t, `<span class="n">2</span><span class="l">pending \(due\)</span>`, r.body)
-		require.Regexp(t, `<span class="n">2</span><span class="l">delivered</span>`, r.body)
+		require.Regexp(t, `<span class="n" id="delivered-total">2</span><span class="l">delivered</span>`, r.body)
 		require.Regexp(t, `<span class="n">2</span><span class="l">dead</span>`, r.body)
 		require.Contains(t, r.body, `id="oldest-pending"`)
 		require.Regexp(t, `<td>shop</td><td>order\.paid</td>`, r.body)
@@ -219,9 +222,9 @@ func TestDeadLetters(t *testing.T) {
 		r := e.get(t, "/outbox/dead")
 		require.Equal(t, http.StatusOK, r.status, r.body)
 		require.Contains(t, r.body, "(5 dead rows)")
-		groups := regexp.MustCompile(`(?s)<td class="num">(\d+)</td><td class="err"><a [^>]*>([^<]*)</a>`).FindAllStringSubmatch(r.body, -1)
+		groups := regexp.MustCompile(`(?s)<td class="num">(\d+)</td><td class="err"><details[^>]*><summary class="fingerprint">([^<]*) <span`).FindAllStringSubmatch(r.body, -1)
 		require.Len(t, groups, 2)
-		require.Equal(t, []string{"4", "permanent: timeout after 5s"}, groups[0][1:], "most rows first")
+		require.Equal(t, []string{"4", "permanent: timeout after &lt;n&gt;"}, groups[0][1:], "most rows first")
 		require.Equal(t, []string{"1", "permanent: schema: total missing"}, groups[1][1:])
 		for _, id := range append(append(timeouts, schema...), billing...) {
 			require.Contains(t, r.body, `href="/outbox/message/`+id.String()+`"`)
@@ -337,10 +340,10 @@ func TestBulkByFilterAndGroup(t *testing.T) {
 		require.Equal(t, outbox.StatusDead, e.status(t, timeouts[2]), "another topic")
 		require.Equal(t, outbox.StatusDead, e.status(t, later), "died after the count")
 
-		// A group: discard every row whose last error is exactly "permanent: timeout".
+		// A cause: discard every row whose last error has the fingerprint "permanent: timeout".
 		r = e.get(t, "/outbox/dead?ns=shop")
-		require.Contains(t, html.UnescapeString(r.body), "/outbox/dead/confirm?action=discard&group=permanent%3A+timeout&ns=shop")
-		r = e.get(t, "/outbox/dead/confirm?action=discard&group=permanent%3A+timeout&ns=shop")
+		require.Contains(t, html.UnescapeString(r.body), "/outbox/dead/confirm?action=discard&cause=permanent%3A+timeout&ns=shop")
+		r = e.get(t, "/outbox/dead/confirm?action=discard&cause=permanent%3A+timeout&ns=shop")
 		require.Contains(t, r.body, `<strong id="confirm-count">2</strong>`)
 		r = e.post(t, "/outbox/dead/bulk", formOf(t, r.body))
 		require.Equal(t, http.StatusSeeOther, r.status, r.body)
@@ -355,6 +358,41 @@ func TestBulkByFilterAndGroup(t *testing.T) {
 		require.Equal(t, http.StatusBadRequest, r.status)
 		require.Equal(t, http.StatusBadRequest, e.get(t, "/outbox/dead/confirm?action=drop").status)
 		require.Equal(t, int64(1), e.deadCount(t))
+	})
+}
+
+// TestDeadCauses: one error met on four topics is one cause, its texts listed inside it,
+// each a link to its rows; the cause's replay acts on its rows only, after a confirmation
+// that counts them.
+func TestDeadCauses(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, outboxui.Options{}, func(t *testing.T, e *env) {
+		var large []uuid.UUID
+		for i, topic := range []string{"orders.created", "orders.paid", "orders.refunded", "orders.shipped"} {
+			large = append(large, e.settle(t, outbox.StatusDead, "kafka: produce to "+topic+": MESSAGE_TOO_LARGE", msg("shop", topic, i))...)
+		}
+		other := e.settle(t, outbox.StatusDead, "kafka: produce to orders.created: UNKNOWN_TOPIC_OR_PARTITION", msg("shop", "orders.created", 9))
+
+		r := e.get(t, "/outbox/dead")
+		require.Equal(t, http.StatusOK, r.status, r.body)
+		body := html.UnescapeString(r.body)
+		require.Equal(t, 2, strings.Count(body, `<tr class="cause">`), "two causes, not five texts")
+		require.Contains(t, body, "permanent: kafka: produce to <name>: MESSAGE_TOO_LARGE <span class=\"muted\">(4 texts)</span>")
+		for _, topic := range []string{"orders.created", "orders.paid", "orders.refunded", "orders.shipped"} {
+			require.Contains(t, body, "/outbox/dead?group="+url.QueryEscape("permanent: kafka: produce to "+topic+": MESSAGE_TOO_LARGE"))
+		}
+		fp := "permanent: kafka: produce to <name>: MESSAGE_TOO_LARGE"
+		r = e.get(t, "/outbox/dead/confirm?action=replay&cause="+url.QueryEscape(fp))
+		require.Equal(t, http.StatusOK, r.status, r.body)
+		require.Contains(t, r.body, `<strong id="confirm-count">4</strong>`)
+		r = e.post(t, "/outbox/dead/bulk", formOf(t, r.body))
+		require.Equal(t, http.StatusSeeOther, r.status, r.body)
+		require.Equal(t, "/outbox/dead?done=replayed&n=4", r.location)
+		for _, id := range large {
+			require.Equal(t, outbox.StatusPending, e.status(t, id))
+		}
+		require.Equal(t, outbox.StatusDead, e.status(t, other[0]), "another cause")
+		require.Equal(t, http.StatusBadRequest, e.get(t, "/outbox/dead/confirm?action=replay&cause=x&group=y").status)
 	})
 }
 
@@ -597,6 +635,47 @@ func TestPagination(t *testing.T) {
 		require.Len(t, seen, n)
 		for _, id := range want {
 			require.True(t, seen[id.String()])
+		}
+	})
+}
+
+// TestOverviewTopicMixChanged: on a table whose topic mix changed (billing busy an hour
+// ago, shop busy now) with more delivered rows than Stats reads, the overview's per-topic
+// delivered cells are exact since the time it shows, and the total is marked an estimate.
+func TestOverviewTopicMixChanged(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, outboxui.Options{}, func(t *testing.T, e *env) {
+		deliver := func(ns string, n int) {
+			for lo := 0; lo < n; lo += outbox.MaxBatch {
+				var msgs []outbox.Message
+				for i := lo; i < min(lo+outbox.MaxBatch, n); i++ {
+					msgs = append(msgs, msg(ns, fmt.Sprint("t", i%4), i))
+				}
+				e.settle(t, outbox.StatusDelivered, "", msgs...)
+			}
+		}
+		deliver("billing", 2921)
+		shift := map[string]string{
+			"postgres": `UPDATE outbox_events SET updated_at = updated_at - interval '1 hour'`,
+			"mysql":    `UPDATE outbox_events SET updated_at = DATE_SUB(updated_at, INTERVAL 1 HOUR)`,
+			"sqlite":   `UPDATE outbox_events SET updated_at = updated_at - 3600000000`,
+		}[e.backend]
+		_, err := e.db.ExecContext(e.ctx, shift)
+		require.NoError(t, err)
+		deliver("shop", 1902)
+
+		r := e.get(t, "/outbox/")
+		require.Equal(t, http.StatusOK, r.status, r.body)
+		require.Contains(t, r.body, `<span class="n" id="delivered-total">≈ `, "the total is marked an estimate")
+		require.Contains(t, r.body, `id="delivered-since"`)
+		cells := regexp.MustCompile(`<tr><td>(\w+)</td><td>(t\d)</td>(?:<td class="num">[\d,]+</td>){3}<td class="num delivered">([\d,]+)</td>`).FindAllStringSubmatch(r.body, -1)
+		require.Len(t, cells, 8)
+		for _, c := range cells {
+			if c[1] == "shop" {
+				require.Contains(t, []string{"475", "476"}, c[3], "shop/%s: exact", c[2])
+			} else {
+				require.Less(t, len(c[3]), 3, "billing/%s: only its rows in the window, not a share of the total: %s", c[2], c[3])
+			}
 		}
 	})
 }

@@ -39,7 +39,9 @@
 //     a lean nine-column table with the claim index only.
 //  13. web view: the outboxui overview and dead-letter page rendered in-process on a table
 //     with the retained delivered rows, more recent deliveries than the activity chart
-//     samples, 10,000 dead rows and the ordered migration set (target: overview < 100 ms).
+//     samples, 10,000 dead rows and the ordered migration set (target: overview < 100 ms);
+//     on PostgreSQL and SQLite also the summary of outboxui.Databases over 50 databases,
+//     one of them down (target: < 1 s).
 //  14. store loop: StoreN fresh rows of 200-byte payloads drained by a Publisher against a
 //     plain loop of Store.Claim and Store.Ack on the same Store, at batch 100 and 500.
 //  15. guarded raw loop: the burn-down by the raw loop, by a raw loop that keeps the

@@ -2,13 +2,17 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/migrations"
 	"github.com/outboxgo/outbox/outboxui"
 )
 
@@ -35,14 +39,33 @@ type uiResult struct {
 	BlockedKeys sample `json:"blocked_keys_ms"`
 	// Target is the overview's target in milliseconds.
 	Target float64 `json:"overview_target_ms"`
+	// Many is the summary of outboxui.Databases over many databases, one of them down
+	// (PostgreSQL and SQLite only).
+	Many *uiManyResult `json:"many,omitempty"`
+}
+
+// uiManyResult is the summary page of a view over uiManyDatabases databases: uiManyDatabases-1
+// of the backend (SQLite files, or tables of the bench database on PostgreSQL), each with
+// uiManyPending pending and uiManyDead dead rows, and one PostgreSQL database whose server
+// does not answer (a closed port).
+type uiManyResult struct {
+	Databases int    `json:"databases"`
+	Down      int    `json:"down"`
+	Summary   sample `json:"summary_ms"`
+	// Target is the summary's target in milliseconds.
+	Target float64 `json:"summary_target_ms"`
 }
 
 const (
-	uiRecent   = outbox.ActivitySampleRows + 5_000
-	uiDead     = 10_000
-	uiPending  = 1_000
-	uiRounds   = 15
-	uiTargetMs = 100
+	uiManyDatabases = 50
+	uiManyPending   = 100
+	uiManyDead      = 10
+	uiManyTargetMs  = 1000
+	uiRecent        = outbox.ActivitySampleRows + 5_000
+	uiDead          = 10_000
+	uiPending       = 1_000
+	uiRounds        = 15
+	uiTargetMs      = 100
 )
 
 func runUI(ctx context.Context, cfg config, b backend, res *backendResult) error {
@@ -82,23 +105,7 @@ func runUI(ctx context.Context, cfg config, b backend, res *backendResult) error
 	logf("%s: ui: loaded %d delivered (%d recent) + %d dead + %d pending rows in %.1fs", b.name(), cfg.Retained, uiRecent, uiDead, uiPending, time.Since(start).Seconds())
 
 	h := outboxui.Handler(store, outboxui.Options{})
-	render := func(path string) (sample, error) {
-		var ms []float64
-		for i := range uiRounds + 1 {
-			req := httptest.NewRequestWithContext(ctx, http.MethodGet, path, nil)
-			rec := httptest.NewRecorder()
-			t0 := time.Now()
-			h.ServeHTTP(rec, req)
-			d := time.Since(t0)
-			if rec.Code != http.StatusOK {
-				return sample{}, fmt.Errorf("GET %s: %d: %.300s", path, rec.Code, rec.Body.String())
-			}
-			if i > 0 { // the first render warms the caches
-				ms = append(ms, float64(d.Microseconds())/1000)
-			}
-		}
-		return summarize(ms), nil
-	}
+	render := func(path string) (sample, error) { return renderRounds(ctx, h, path) }
 	r := &uiResult{Delivered: cfg.Retained, Recent: uiRecent, Dead: uiDead, Pending: uiPending, Target: uiTargetMs}
 	if r.Overview, err = render("/"); err != nil {
 		return err
@@ -132,7 +139,100 @@ func runUI(ctx context.Context, cfg config, b backend, res *backendResult) error
 		b.name(), cfg.Retained, uiRecent, uiDead, uiPending, r.Overview.Median, r.Overview.Min, r.Overview.Max, uiTargetMs,
 		r.Stats.Median, r.Activity.Median, r.BlockedKeys.Median, r.DeadPage.Median)
 	res.UI = r
+	if b.name() == "postgres" || b.name() == "sqlite" {
+		if r.Many, err = runUIMany(ctx, b); err != nil {
+			return fmt.Errorf("summary of %d databases: %w", uiManyDatabases, err)
+		}
+	}
 	return nil
+}
+
+// runUIMany measures the summary of outboxui.Databases over uiManyDatabases databases, one
+// of them down.
+func runUIMany(ctx context.Context, b backend) (*uiManyResult, error) {
+	var dbs []outboxui.Database
+	dir, err := os.MkdirTemp("", "outbox-bench-ui-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	var pools []*sql.DB
+	defer func() {
+		for _, p := range pools {
+			_ = p.Close()
+		}
+	}()
+	start := time.Now()
+	for i := range uiManyDatabases - 1 {
+		db, table := b.admin(), fmt.Sprintf("%s_many_%02d", uiTable, i)
+		if b.name() == "sqlite" {
+			if db, err = sql.Open("sqlite", sqliteDSN(filepath.Join(dir, fmt.Sprintf("tenant-%02d.db", i)))); err != nil {
+				return nil, err
+			}
+			pools = append(pools, db)
+		} else {
+			defer func() { _, _ = b.admin().ExecContext(context.WithoutCancel(ctx), `DROP TABLE IF EXISTS `+table) }()
+		}
+		if err := migrations.Up(ctx, db, b.name(), migrations.Options{Table: table}); err != nil {
+			return nil, err
+		}
+		if b.name() == "postgres" {
+			_, _ = db.ExecContext(ctx, `TRUNCATE `+table)
+		}
+		store, err := outbox.New(db, b.dialect(), outbox.Options{Table: table})
+		if err != nil {
+			return nil, err
+		}
+		if err := settleBatches(ctx, store, uiManyDead, outbox.StatusDead, []string{"permanent: schema: field currency is missing"}); err != nil {
+			return nil, err
+		}
+		if err := enqueueUI(ctx, store, uiManyPending, 0); err != nil {
+			return nil, err
+		}
+		dbs = append(dbs, outboxui.Database{Name: fmt.Sprintf("tenant-%02d", i), Store: store})
+	}
+	down, err := sql.Open("pgx", "postgres://postgres@127.0.0.1:1/gone?connect_timeout=2")
+	if err != nil {
+		return nil, err
+	}
+	pools = append(pools, down)
+	gone, err := outbox.New(down, outbox.Postgres(), outbox.Options{})
+	if err != nil {
+		return nil, err
+	}
+	dbs = append(dbs, outboxui.Database{Name: "down", Store: gone})
+	logf("%s: ui: %d databases (one down) set up in %.1fs", b.name(), len(dbs), time.Since(start).Seconds())
+	h, err := outboxui.Databases(dbs, outboxui.Options{})
+	if err != nil {
+		return nil, err
+	}
+	r := &uiManyResult{Databases: len(dbs), Down: 1, Target: uiManyTargetMs}
+	if r.Summary, err = renderRounds(ctx, h, "/"); err != nil {
+		return nil, err
+	}
+	logf("%s: ui summary over %d databases, one down: %.1f ms (min %.1f, max %.1f; target < %d ms)",
+		b.name(), len(dbs), r.Summary.Median, r.Summary.Min, r.Summary.Max, uiManyTargetMs)
+	return r, nil
+}
+
+// renderRounds renders h's page at path uiRounds times after one warm-up, in-process, and
+// returns the milliseconds of each.
+func renderRounds(ctx context.Context, h http.Handler, path string) (sample, error) {
+	var ms []float64
+	for i := range uiRounds + 1 {
+		req := httptest.NewRequestWithContext(ctx, http.MethodGet, path, nil)
+		rec := httptest.NewRecorder()
+		t0 := time.Now()
+		h.ServeHTTP(rec, req)
+		d := time.Since(t0)
+		if rec.Code != http.StatusOK {
+			return sample{}, fmt.Errorf("GET %s: %d: %.300s", path, rec.Code, rec.Body.String())
+		}
+		if i > 0 { // the first render warms the caches
+			ms = append(ms, float64(d.Microseconds())/1000)
+		}
+	}
+	return summarize(ms), nil
 }
 
 // enqueueUI enqueues n rows in the bench namespace, a partition key each, from offset.

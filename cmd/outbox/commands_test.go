@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -33,12 +34,12 @@ func TestStats(t *testing.T) {
 		out := f.ok(t, "stats", "--json")
 		var keys map[string]json.RawMessage
 		require.NoError(t, json.Unmarshal([]byte(out), &keys))
-		require.ElementsMatch(t, []string{"pending", "scheduled", "processing", "delivered", "dead", "oldest_pending_age_seconds", "delivered_estimated", "topics"},
+		require.ElementsMatch(t, []string{"pending", "scheduled", "processing", "delivered", "dead", "oldest_pending_age_seconds", "oldest_undelivered_age_seconds", "delivered_estimated", "delivered_since", "topics"},
 			slices.Collect(maps.Keys(keys)))
 		var topics []map[string]any
 		require.NoError(t, json.Unmarshal(keys["topics"], &topics))
 		require.Len(t, topics, 2)
-		require.ElementsMatch(t, []string{"namespace", "topic", "pending", "scheduled", "processing", "delivered", "dead", "oldest_pending_age_seconds", "delivered_estimated"},
+		require.ElementsMatch(t, []string{"namespace", "topic", "pending", "scheduled", "processing", "delivered", "dead", "oldest_pending_age_seconds", "oldest_undelivered_age_seconds", "delivered_estimated"},
 			slices.Collect(maps.Keys(topics[0])))
 
 		var st statsJSON
@@ -48,9 +49,11 @@ func TestStats(t *testing.T) {
 		require.Less(t, st.OldestPendingAgeSeconds, 600.0)
 		require.Len(t, st.Topics, 2)
 		require.Equal(t, topicStatsJSON{Namespace: ns, Topic: "order.paid", countsJSON: countsJSON{Pending: 1, Scheduled: 1, Dead: 1,
-			OldestPendingAgeSeconds: st.Topics[0].OldestPendingAgeSeconds}}, st.Topics[0])
+			OldestPendingAgeSeconds: st.Topics[0].OldestPendingAgeSeconds, OldestUndeliveredAgeSeconds: st.Topics[0].OldestUndeliveredAgeSeconds}}, st.Topics[0])
 		require.Equal(t, topicStatsJSON{Namespace: ns, Topic: "order.placed", countsJSON: countsJSON{Pending: 1, Processing: 1, Delivered: 1, Dead: 1,
-			OldestPendingAgeSeconds: st.Topics[1].OldestPendingAgeSeconds}}, st.Topics[1])
+			OldestPendingAgeSeconds: st.Topics[1].OldestPendingAgeSeconds, OldestUndeliveredAgeSeconds: st.Topics[1].OldestUndeliveredAgeSeconds}}, st.Topics[1])
+		require.GreaterOrEqual(t, st.Topics[1].OldestUndeliveredAgeSeconds, st.Topics[1].OldestPendingAgeSeconds, "the processing row is undelivered since its enqueue")
+		require.Nil(t, st.DeliveredSince, "a handful of delivered rows are counted all")
 
 		// Scope flags, before and after the command.
 		f.okJSON(t, &st, "--topic", "order.paid", "stats")
@@ -71,7 +74,7 @@ func TestStats(t *testing.T) {
 		}
 
 		table := f.ok(t, "stats")
-		require.Regexp(t, `(?m)^NAMESPACE +TOPIC +PENDING +SCHEDULED +PROCESSING +DELIVERED +DEAD +OLDEST PENDING$`, table)
+		require.Regexp(t, `(?m)^NAMESPACE +TOPIC +PENDING +SCHEDULED +PROCESSING +DELIVERED +DEAD +OLDEST PENDING +OLDEST UNDELIVERED$`, table)
 		require.Regexp(t, `(?m)^shop +order\.placed +1 +0 +1 +1 +1 `, table)
 		require.Regexp(t, `(?m)^total +2 +1 +1 +1 +2 `, table)
 	})
@@ -252,8 +255,42 @@ func TestReplayAll(t *testing.T) {
 		r, err = f.store.Get(context.Background(), s.dead1)
 		require.NoError(t, err)
 		require.Equal(t, outbox.StatusDead, r.Status, "another topic's dead row stays dead")
-		require.Equal(t, "dead rows replayed: 1\n", f.ok(t, "dead", "replay", "--all"))
-		require.Equal(t, "dead rows replayed: 0\n", f.ok(t, "dead", "replay", "--all"))
+		require.Equal(t, "dead rows replayed: 1\n", f.ok(t, "dead", "replay", "--all", "--yes"))
+		require.Equal(t, "dead rows replayed: 0\n", f.ok(t, "dead", "replay", "--all", "--yes"))
+	})
+}
+
+// An unfiltered replay --all (every dead row in the table) is refused without --yes when
+// no one can be asked, and asks on a terminal; --dry-run counts and changes nothing.
+func TestReplayAllConfirms(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, f *fixture) {
+		f.seed(t)
+		before := f.fingerprint(t)
+		f.fails(t, exitUsage, "add --yes", "dead", "replay", "--all")
+		f.fails(t, exitUsage, "add --yes", "dead", "replay", "--all", "--json")
+		f.fails(t, exitUsage, "only with --all", "dead", "replay", "--dry-run", uuid.NewString())
+		require.Equal(t, "dead rows that would be replayed: 2 (dry run: nothing was changed)\n", f.ok(t, "dead", "replay", "--all", "--dry-run"))
+		var dry map[string]any
+		f.okJSON(t, &dry, "dead", "replay", "--all", "--dry-run", "--topic", "order.paid")
+		require.Equal(t, map[string]any{"dry_run": true, "would_replay_count": float64(1)}, dry)
+		require.Equal(t, before, f.fingerprint(t), "nothing changed")
+
+		// On a terminal, the command asks; anything but y/yes changes nothing.
+		ask := func(answer string) (result, string) {
+			var out, errb, prompt bytes.Buffer
+			c := newCLI(func(string) string { return "" }, &out, &errb)
+			c.confirm = promptOn(strings.NewReader(answer), &prompt)
+			code := c.run(context.Background(), []string{"--dsn", f.dsn, "dead", "replay", "--all"})
+			return result{code: code, stdout: out.String(), stderr: errb.String()}, prompt.String()
+		}
+		r, prompt := ask("n\n")
+		require.Equal(t, exitUsage, r.code, r.stderr)
+		require.Contains(t, prompt, "replay all 2 dead rows of table outbox_events? [y/N]")
+		require.Contains(t, r.stderr, "not confirmed; nothing was changed")
+		require.Equal(t, before, f.fingerprint(t))
+		r, _ = ask("yes\n")
+		require.Equal(t, 0, r.code, r.stderr)
+		require.Equal(t, "dead rows replayed: 2\n", r.stdout)
 	})
 }
 

@@ -88,7 +88,7 @@ func parseID(s string) (uuid.UUID, error) {
 // connects to anything.
 func (c *cli) connect(ctx context.Context, n needs) (*conn, error) {
 	if len(c.global.dsns) > 1 || c.global.dsnFile != "" {
-		return nil, usagef("only stats takes several databases (--dsn more than once, --dsn-file); give this command one --dsn")
+		return nil, usagef("only stats and ui take several databases (--dsn more than once, --dsn-file); give this command one --dsn")
 	}
 	table, err := c.tableName()
 	if err != nil {

@@ -20,10 +20,18 @@ import (
 
 const deadUsage = `  outbox dead list [--limit N] [--cursor C] [--since T] [--until T] [--payloads]
                                     dead rows, newest death first, one page at a time
+  outbox dead list --group [--limit N] [--since T] [--until T]
+                                    dead rows grouped by cause: errors with their numbers,
+                                    ids, quoted names, topics and URL paths masked, the
+                                    largest first, each with its distinct texts
   outbox dead show ID               one row (in any state) with its payload
   outbox dead replay ID...          move dead rows back to pending, due now, attempts 0
-  outbox dead replay --all          replay every dead row that --namespace, --topic,
-                                    --tenant, --since and --until select
+  outbox dead replay --all [--dry-run] [--yes]
+                                    replay every dead row that --namespace, --topic,
+                                    --tenant, --since and --until select; --dry-run counts
+                                    them and changes nothing; with none of those filters
+                                    (every dead row in the table) it needs --yes, or a
+                                    "y" typed at the prompt on a terminal
   outbox dead discard ID...         delete dead rows
 
 T is a time (2026-01-02T15:04:05Z, 2026-01-02) or an age (90m, 72h, 7d: that long ago,
@@ -40,7 +48,10 @@ func runDead(ctx context.Context, c *cli, args []string) error {
 	since := fs.String("since", "", "list, replay --all: rows that died at or after T")
 	until := fs.String("until", "", "list, replay --all: rows that died before T")
 	all := fs.Bool("all", false, "replay: every dead row the filters select")
+	dryRun := fs.Bool("dry-run", false, "replay --all: count the rows it would replay, change nothing")
+	yes := fs.Bool("yes", false, "replay --all: replay without asking, also with no filter (every dead row)")
 	payloads := fs.Bool("payloads", false, "list --json: include each row's payload (dead show always does)")
+	group := fs.Bool("group", false, "list: count the rows by cause (--limit causes) instead of listing them")
 	pos, err := c.parse(fs, deadUsage, args)
 	if err != nil {
 		return err
@@ -52,23 +63,25 @@ func runDead(ctx context.Context, c *cli, args []string) error {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	allowed := map[string][]string{
-		"list":    {"limit", "cursor", "since", "until", "payloads"},
+		"list":    {"limit", "cursor", "since", "until", "payloads", "group"},
 		"show":    {},
-		"replay":  {"all", "since", "until"},
+		"replay":  {"all", "since", "until", "dry-run", "yes"},
 		"discard": {},
 	}
 	own, ok := allowed[verb]
 	if !ok {
 		return usagef("unknown dead command %q: use list, show, replay or discard", verb)
 	}
-	for _, name := range []string{"limit", "cursor", "since", "until", "all", "payloads"} {
+	for _, name := range []string{"limit", "cursor", "since", "until", "all", "payloads", "dry-run", "yes", "group"} {
 		if set[name] && !slices.Contains(own, name) {
 			return usagef("dead %s does not take --%s", verb, name)
 		}
 	}
-	if set["since"] || set["until"] {
-		if verb == "replay" && !*all {
-			return usagef("dead replay takes --since and --until only with --all")
+	if verb == "replay" && !*all {
+		for _, name := range []string{"since", "until", "dry-run", "yes"} {
+			if set[name] {
+				return usagef("dead replay takes --%s only with --all", name)
+			}
 		}
 	}
 	filter, err := c.deadFilter(*since, *until)
@@ -82,6 +95,12 @@ func runDead(ctx context.Context, c *cli, args []string) error {
 		}
 		if *limit < 1 || *limit > outbox.MaxBatch {
 			return usagef("--limit must be between 1 and %d, got %d", outbox.MaxBatch, *limit)
+		}
+		if *group {
+			if set["cursor"] || set["payloads"] {
+				return usagef("dead list --group takes no --cursor or --payloads")
+			}
+			return c.deadCauses(ctx, outbox.DeadGroupsOptions{DeadFilter: filter, Limit: *limit})
 		}
 		o := outbox.ListDeadOptions{DeadFilter: filter, Limit: *limit, Cursor: *cursor}
 		return c.deadList(ctx, o, listFlags{limitSet: set["limit"], payloads: *payloads})
@@ -103,7 +122,7 @@ func runDead(ctx context.Context, c *cli, args []string) error {
 			if len(ids) > 0 {
 				return usagef("dead replay takes ids or --all, not both")
 			}
-			return c.replayAll(ctx, filter)
+			return c.replayAll(ctx, filter, replayAllFlags{dryRun: *dryRun, yes: *yes})
 		}
 		return c.replayOrDiscard(ctx, ids, "replay", filter.Scope)
 	default:
@@ -279,6 +298,72 @@ func (c *cli) deadList(ctx context.Context, o outbox.ListDeadOptions, lf listFla
 	if page.Next != "" {
 		fmt.Fprintf(c.stdout, "more: %s\n", c.nextPageCommand(cn, o, lf, page.Next))
 	}
+	return nil
+}
+
+// causeJSON is one cause of dead list --group --json, textJSON one of its texts.
+type causeJSON struct {
+	Fingerprint string     `json:"fingerprint"`
+	Count       int64      `json:"count"`
+	FirstDied   *time.Time `json:"first_died"`
+	LastDied    *time.Time `json:"last_died"`
+	Texts       []textJSON `json:"texts"`
+}
+
+type textJSON struct {
+	LastError string     `json:"last_error"`
+	Count     int64      `json:"count"`
+	FirstDied *time.Time `json:"first_died"`
+	LastDied  *time.Time `json:"last_died"`
+}
+
+// deadCauses prints the dead rows grouped by cause, each cause's texts under it.
+func (c *cli) deadCauses(ctx context.Context, o outbox.DeadGroupsOptions) error {
+	cn, err := c.connect(ctx, needTable)
+	if err != nil {
+		return err
+	}
+	defer cn.Close()
+	g, err := cn.store.DeadCauses(ctx, o)
+	if err != nil {
+		return fmt.Errorf("group dead rows of %s: %w", cn.table.Name(), err)
+	}
+	if c.global.json {
+		causes := make([]causeJSON, 0, len(g.Causes))
+		for _, k := range g.Causes {
+			cj := causeJSON{Fingerprint: k.Fingerprint, Count: k.Count, FirstDied: timePtr(k.FirstDied), LastDied: timePtr(k.LastDied)}
+			for _, t := range k.Texts {
+				cj.Texts = append(cj.Texts, textJSON{LastError: t.LastError, Count: t.Count, FirstDied: timePtr(t.FirstDied), LastDied: timePtr(t.LastDied)})
+			}
+			causes = append(causes, cj)
+		}
+		c.printJSON(map[string]any{"total": g.Total, "ungrouped": g.Ungrouped, "causes": causes})
+		return nil
+	}
+	if g.Total == 0 {
+		fmt.Fprintln(c.stdout, "no dead rows")
+		return nil
+	}
+	tw := c.table()
+	fmt.Fprintln(tw, "ROWS\tFIRST DIED\tLAST DIED\tCAUSE / TEXTS")
+	for _, k := range g.Causes {
+		fp := k.Fingerprint
+		if fp == "" {
+			fp = "(no error recorded)"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\n", k.Count, k.FirstDied.UTC().Format(time.RFC3339), k.LastDied.UTC().Format(time.RFC3339), clip(fp, 100))
+		if len(k.Texts) > 1 {
+			for _, t := range k.Texts {
+				fmt.Fprintf(tw, "\t\t\t  %d × %s\n", t.Count, clip(t.LastError, 96))
+			}
+		}
+	}
+	_ = tw.Flush()
+	fmt.Fprintf(c.stdout, "%d dead rows in %d causes shown", g.Total, len(g.Causes))
+	if g.Ungrouped > 0 {
+		fmt.Fprintf(c.stdout, "; %d with errors too rare to group", g.Ungrouped)
+	}
+	fmt.Fprintln(c.stdout)
 	return nil
 }
 
@@ -497,12 +582,49 @@ func (c *cli) replayOrDiscard(ctx context.Context, args []string, verb string, s
 	return tw.Flush()
 }
 
-func (c *cli) replayAll(ctx context.Context, f outbox.DeadFilter) error {
+// replayAllFlags are dead replay --all's own flags.
+type replayAllFlags struct{ dryRun, yes bool }
+
+// replayAll replays every dead row f selects. A dry run counts them instead. A filter
+// that selects the whole table (no scope, no time window) replays every dead row at once,
+// which can flood a recovering broker: it needs --yes, or a confirmation typed on a
+// terminal; without either it is refused before connecting.
+func (c *cli) replayAll(ctx context.Context, f outbox.DeadFilter, rf replayAllFlags) error {
+	everything := f.Scope.Namespace == "" && len(f.Scope.Topics) == 0 && f.Scope.TenantID == uuid.Nil &&
+		f.Since.IsZero() && f.Until.IsZero()
+	ask := everything && !rf.dryRun && !rf.yes
+	if ask && (c.confirm == nil || c.global.json) {
+		return usagef("dead replay --all with no --namespace, --topic, --tenant, --since or --until replays every dead row " +
+			"in the table at once: add --yes to do so, or --dry-run to count them first; nothing was changed")
+	}
 	cn, err := c.connect(ctx, needTable)
 	if err != nil {
 		return err
 	}
 	defer cn.Close()
+	if rf.dryRun || ask {
+		g, err := cn.store.DeadGroups(ctx, outbox.DeadGroupsOptions{DeadFilter: f, Limit: 1})
+		if err != nil {
+			return fmt.Errorf("count dead rows: %w", err)
+		}
+		if rf.dryRun {
+			if c.global.json {
+				c.printJSON(map[string]any{"dry_run": true, "would_replay_count": g.Total})
+				return nil
+			}
+			fmt.Fprintf(c.stdout, "dead rows that would be replayed: %d (dry run: nothing was changed)\n", g.Total)
+			return nil
+		}
+		if g.Total == 0 {
+			fmt.Fprintln(c.stdout, "dead rows replayed: 0")
+			return nil
+		}
+		// The rows counted are the rows replayed: those that die after the count are left.
+		f.Until = g.Newest.Add(time.Microsecond)
+		if !c.confirm(fmt.Sprintf("replay all %d dead rows of table %s? [y/N] ", g.Total, cn.table.Name())) {
+			return usagef("not confirmed; nothing was changed")
+		}
+	}
 	n, err := cn.store.ReplayWhere(ctx, f)
 	if err != nil {
 		return fmt.Errorf("replay: %w", err)

@@ -1,12 +1,14 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"net/url"
 	"os/exec"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
@@ -192,4 +194,49 @@ func TestUnusableDSN(t *testing.T) {
 		require.NotContains(t, r.stdout+r.stderr, d.secret)
 		require.NotContains(t, r.stdout+r.stderr, "s3cret")
 	}
+}
+
+// dead list --group counts dead rows by cause: one error on four topics is one cause with
+// its four texts; --json gives the same.
+func TestDeadListGroup(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, f *fixture) {
+		ctx := context.Background()
+		topics := []string{"orders.created", "orders.paid", "orders.refunded", "orders.shipped"}
+		var msgs []outbox.Message
+		for _, topic := range append(topics, "orders.created") {
+			msgs = append(msgs, outbox.Message{Namespace: "shop", Topic: topic, Payload: []byte(`{}`)})
+		}
+		_, err := f.store.EnqueueStandalone(ctx, msgs...)
+		require.NoError(t, err)
+		recs, err := f.store.Claim(ctx, outbox.ClaimOptions{Limit: 10, Lease: time.Hour, MaxAttempts: 5, WorkerID: "t"})
+		require.NoError(t, err)
+		require.Len(t, recs, 5)
+		seen := map[string]bool{}
+		for _, r := range recs {
+			e := "kafka: produce to " + r.Topic + ": MESSAGE_TOO_LARGE"
+			if seen[r.Topic] {
+				e = "kafka: produce to " + r.Topic + ": UNKNOWN_TOPIC_OR_PARTITION"
+			}
+			seen[r.Topic] = true
+			require.NoError(t, f.store.Complete(ctx, outbox.Outcome{Lease: r.Lease(), Status: outbox.StatusDead, Error: e}))
+		}
+		var g struct {
+			Total     int64       `json:"total"`
+			Ungrouped int64       `json:"ungrouped"`
+			Causes    []causeJSON `json:"causes"`
+		}
+		f.okJSON(t, &g, "dead", "list", "--group")
+		require.EqualValues(t, 5, g.Total)
+		require.Len(t, g.Causes, 2)
+		require.Equal(t, "kafka: produce to <name>: MESSAGE_TOO_LARGE", g.Causes[0].Fingerprint)
+		require.EqualValues(t, 4, g.Causes[0].Count)
+		require.Len(t, g.Causes[0].Texts, 4)
+		require.Equal(t, "kafka: produce to <name>: UNKNOWN_TOPIC_OR_PARTITION", g.Causes[1].Fingerprint)
+		out := f.ok(t, "dead", "list", "--group", "--limit", "1")
+		require.Contains(t, out, "kafka: produce to <name>: MESSAGE_TOO_LARGE")
+		require.Contains(t, out, "1 × kafka: produce to orders.paid: MESSAGE_TOO_LARGE")
+		require.NotContains(t, out, "UNKNOWN_TOPIC", "--limit counts causes")
+		require.Contains(t, out, "5 dead rows in 1 causes shown")
+		f.fails(t, exitUsage, "no --cursor", "dead", "list", "--group", "--cursor", "x")
+	})
 }

@@ -22,9 +22,13 @@
 // Install it with:
 //
 //	go install github.com/outboxgo/outbox/cmd/outbox@latest
+//
+// or, until a release is tagged (when @latest finds no version), with go install ./cmd/outbox
+// in a clone of the repository.
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -42,7 +46,11 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	c := newCLI(os.Getenv, os.Stdout, os.Stderr)
+	if st, err := os.Stdin.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+		c.confirm = promptOn(os.Stdin, os.Stderr)
+	}
+	code := c.run(ctx, os.Args[1:])
 	stop()
 	os.Exit(code)
 }
@@ -77,12 +85,31 @@ type cli struct {
 	global         globalFlags
 	// secrets are strings that must never be printed (a DSN's password, raw and escaped).
 	secrets []string
+	// confirm asks a yes/no question on a terminal and reports a yes; nil when the
+	// command does not run on one, and so cannot ask.
+	confirm func(question string) bool
+}
+
+func newCLI(env func(string) string, stdout, stderr io.Writer) *cli {
+	return &cli{stdout: stdout, stderr: stderr, env: env}
+}
+
+// promptOn returns a confirm that writes the question to out and reads one line from in:
+// "y" or "yes", in any case, is a yes.
+func promptOn(in io.Reader, out io.Writer) func(string) bool {
+	r := bufio.NewReader(in)
+	return func(q string) bool {
+		fmt.Fprint(out, q)
+		line, _ := r.ReadString('\n')
+		a := strings.ToLower(strings.TrimSpace(line))
+		return a == "y" || a == "yes"
+	}
 }
 
 // globalFlags are accepted before the command and by every command.
 type globalFlags struct {
 	dialect string
-	// dsn is the last --dsn given; dsns every one, in order (only stats takes several).
+	// dsn is the last --dsn given; dsns every one, in order (stats and ui take several).
 	dsn       string
 	dsns      []string
 	dsnFile   string
@@ -120,7 +147,11 @@ func init() {
 // without the process: tests call it in-process with their own arguments, environment and
 // streams.
 func run(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) int {
-	c := &cli{stdout: stdout, stderr: stderr, env: env}
+	return newCLI(env, stdout, stderr).run(ctx, args)
+}
+
+func (c *cli) run(ctx context.Context, args []string) int {
+	stderr := c.stderr
 	err := c.dispatch(ctx, args)
 	if err == nil {
 		return exitOK
@@ -184,12 +215,12 @@ func (c *cli) flagSet(name string) *flag.FlagSet {
 	defer func() { c.global = saved }()
 	g := &c.global
 	fs.StringVar(&g.dialect, "dialect", "", "database: postgres, mysql or sqlite (env OUTBOX_DIALECT; inferred from the DSN when it can be)")
-	fs.Func("dsn", "the database, a DSN `string` (env OUTBOX_DSN): postgres://..., mysql://user:pass@host:port/db, user:pass@tcp(host:port)/db, sqlite:path or file:path; stats takes it more than once", func(s string) error {
+	fs.Func("dsn", "the database, a DSN `string` (env OUTBOX_DSN): postgres://..., mysql://user:pass@host:port/db, user:pass@tcp(host:port)/db, sqlite:path or file:path; stats and ui take it more than once", func(s string) error {
 		g.dsn = s
 		g.dsns = append(g.dsns, s)
 		return nil
 	})
-	fs.StringVar(&g.dsnFile, "dsn-file", "", "stats only: a file of DSNs, one a line (blank lines and # comments ignored)")
+	fs.StringVar(&g.dsnFile, "dsn-file", "", "stats and ui: a file of DSNs, one a line (blank lines and # comments ignored)")
 	fs.StringVar(&g.table, "table", "", "outbox table (default "+outbox.DefaultTable+")")
 	fs.StringVar(&g.namespace, "namespace", "", "only rows of this namespace (env OUTBOX_NAMESPACE)")
 	fs.Func("topic", "only rows of this topic (repeatable)", func(s string) error {

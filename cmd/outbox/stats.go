@@ -12,15 +12,21 @@ const statsUsage = `  outbox stats [--namespace NS] [--topic T]... [--tenant ID]
   outbox stats --dsn DSN --dsn DSN... | --dsn-file F [--timeout D] [--json]
 
 Counts rows by state: pending (due now), scheduled (pending, not yet due), processing,
-delivered and dead, and the age of the oldest due pending row, overall and per namespace
-and topic. Given several databases (--dsn more than once, or --dsn-file with one DSN a
+delivered and dead, the age of the oldest due pending row and of the oldest undelivered
+one since it was first due (the one to alert on: it grows through an outage), overall
+and per namespace and topic. Up to 2,000 delivered rows every count is exact; beyond,
+per-topic delivered counts are exact since the time printed, and the total delivered is an
+estimate, marked ~. Given several databases (--dsn more than once, or --dsn-file with one DSN a
 line), prints a row per database and their total; a database that cannot be read is
 reported in its row, and the command then exits with 1.`
 
 // statsJSON is the stats document. Its keys are part of the command's interface.
 type statsJSON struct {
 	countsJSON
-	Topics []topicStatsJSON `json:"topics"`
+	// DeliveredSince, when set, is the time after which every per-topic delivered count
+	// (and a scoped total) is exact; null when they count every delivered row.
+	DeliveredSince *time.Time       `json:"delivered_since"`
+	Topics         []topicStatsJSON `json:"topics"`
 }
 
 type topicStatsJSON struct {
@@ -36,8 +42,11 @@ type countsJSON struct {
 	Delivered               int64   `json:"delivered"`
 	Dead                    int64   `json:"dead"`
 	OldestPendingAgeSeconds float64 `json:"oldest_pending_age_seconds"`
+	// OldestUndeliveredAgeSeconds counts from when the oldest undelivered row was first
+	// due, whatever retries and outage probes did since: the figure to alert on.
+	OldestUndeliveredAgeSeconds float64 `json:"oldest_undelivered_age_seconds"`
 	// DeliveredEstimated says that delivered is an estimate: on a large table, counting
-	// every delivered row would make stats slow.
+	// every delivered row would make stats slow. Per-topic counts are never estimates.
 	DeliveredEstimated bool `json:"delivered_estimated"`
 }
 
@@ -81,28 +90,48 @@ func runStats(ctx context.Context, c *cli, args []string) error {
 // statsDocument is st as the stats document.
 func statsDocument(st outbox.Stats) statsJSON {
 	out := statsJSON{
-		countsJSON: countsJSON{st.Pending, st.Scheduled, st.Processing, st.Delivered, st.Dead, st.OldestPendingAge.Seconds(), st.DeliveredEstimated},
-		Topics:     make([]topicStatsJSON, 0, len(st.Topics)),
+		countsJSON: countsJSON{st.Pending, st.Scheduled, st.Processing, st.Delivered, st.Dead, st.OldestPendingAge.Seconds(),
+			st.OldestUndeliveredAge.Seconds(), st.DeliveredEstimated},
+		DeliveredSince: timePtr(st.DeliveredSince),
+		Topics:         make([]topicStatsJSON, 0, len(st.Topics)),
 	}
 	for _, t := range st.Topics {
 		out.Topics = append(out.Topics, topicStatsJSON{Namespace: t.Namespace, Topic: t.Topic,
-			countsJSON: countsJSON{t.Pending, t.Scheduled, t.Processing, t.Delivered, t.Dead, t.OldestPendingAge.Seconds(), st.DeliveredEstimated}})
+			countsJSON: countsJSON{t.Pending, t.Scheduled, t.Processing, t.Delivered, t.Dead, t.OldestPendingAge.Seconds(),
+				t.OldestUndeliveredAge.Seconds(), false}})
 	}
 	return out
 }
 
 func printStats(c *cli, st outbox.Stats) {
 	tw := c.table()
-	fmt.Fprintln(tw, "NAMESPACE\tTOPIC\tPENDING\tSCHEDULED\tPROCESSING\tDELIVERED\tDEAD\tOLDEST PENDING")
+	fmt.Fprintln(tw, "NAMESPACE\tTOPIC\tPENDING\tSCHEDULED\tPROCESSING\tDELIVERED\tDEAD\tOLDEST PENDING\tOLDEST UNDELIVERED")
 	for _, t := range st.Topics {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%d\t%s\n", t.Namespace, t.Topic,
-			t.Pending, t.Scheduled, t.Processing, delivered(t.Delivered, st.DeliveredEstimated), t.Dead, age(t.OldestPendingAge))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%d\t%s\t%s\n", t.Namespace, t.Topic,
+			t.Pending, t.Scheduled, t.Processing, since(t.Delivered, st.DeliveredSince), t.Dead, age(t.OldestPendingAge), age(t.OldestUndeliveredAge))
 	}
-	fmt.Fprintf(tw, "total\t\t%d\t%d\t%d\t%s\t%d\t%s\n",
-		st.Pending, st.Scheduled, st.Processing, delivered(st.Delivered, st.DeliveredEstimated), st.Dead, age(st.OldestPendingAge))
+	total := deliveredCell(st)
+	fmt.Fprintf(tw, "total\t\t%d\t%d\t%d\t%s\t%d\t%s\t%s\n",
+		st.Pending, st.Scheduled, st.Processing, total, st.Dead, age(st.OldestPendingAge), age(st.OldestUndeliveredAge))
 	_ = tw.Flush()
-	if st.DeliveredEstimated {
-		fmt.Fprintln(c.stdout, "~ delivered counts are estimates (too many delivered rows to count quickly)")
+	deliveredNotes(c, st.DeliveredEstimated, st.DeliveredSince)
+}
+
+// since formats an exact delivered count, marking one over a window with "*".
+func since(n int64, t time.Time) string {
+	if t.IsZero() {
+		return fmt.Sprint(n)
+	}
+	return fmt.Sprintf("%d*", n)
+}
+
+// deliveredNotes explains the marks of the delivered column.
+func deliveredNotes(c *cli, estimated bool, t time.Time) {
+	if !t.IsZero() {
+		fmt.Fprintf(c.stdout, "* delivered since %s (exact; too many delivered rows to count them all quickly)\n", t.UTC().Format(time.RFC3339))
+	}
+	if estimated {
+		fmt.Fprintln(c.stdout, "~ total delivered is an estimate from the database's statistics")
 	}
 }
 

@@ -182,7 +182,13 @@ func sumStats(results []dbStats) (total outbox.Stats, failed int) {
 		total.Delivered += st.Delivered
 		total.Dead += st.Dead
 		total.OldestPendingAge = max(total.OldestPendingAge, st.OldestPendingAge)
+		total.OldestUndeliveredAge = max(total.OldestUndeliveredAge, st.OldestUndeliveredAge)
 		total.DeliveredEstimated = total.DeliveredEstimated || st.DeliveredEstimated
+		// Each database counts since its own time; the total since the latest of them at
+		// most (its per-topic sums may reach further back in some databases).
+		if st.DeliveredSince.After(total.DeliveredSince) {
+			total.DeliveredSince = st.DeliveredSince
+		}
 		for _, t := range st.Topics {
 			k := [2]string{t.Namespace, t.Topic}
 			sum := topics[k]
@@ -196,6 +202,7 @@ func sumStats(results []dbStats) (total outbox.Stats, failed int) {
 			sum.Delivered += t.Delivered
 			sum.Dead += t.Dead
 			sum.OldestPendingAge = max(sum.OldestPendingAge, t.OldestPendingAge)
+			sum.OldestUndeliveredAge = max(sum.OldestUndeliveredAge, t.OldestUndeliveredAge)
 		}
 	}
 	for _, t := range topics {
@@ -212,26 +219,32 @@ func sumStats(results []dbStats) (total outbox.Stats, failed int) {
 func (c *cli) printMany(results []dbStats, total outbox.Stats) {
 	failed := slices.ContainsFunc(results, func(r dbStats) bool { return r.err != nil })
 	tw := c.table()
-	head := "DATABASE\tPENDING\tSCHEDULED\tPROCESSING\tDELIVERED\tDEAD\tOLDEST PENDING"
+	head := "DATABASE\tPENDING\tSCHEDULED\tPROCESSING\tDELIVERED\tDEAD\tOLDEST PENDING\tOLDEST UNDELIVERED"
 	if failed {
 		head += "\tERROR"
 	}
 	fmt.Fprintln(tw, head)
 	for _, r := range results {
 		if r.err != nil {
-			fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\t-\t%s\n", r.shown, c.rowError(r.err))
+			fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\t-\t-\t%s\n", r.shown, c.rowError(r.err))
 			continue
 		}
 		st := r.st
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%d\t%s\n", r.shown,
-			st.Pending, st.Scheduled, st.Processing, delivered(st.Delivered, st.DeliveredEstimated), st.Dead, age(st.OldestPendingAge))
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%d\t%s\t%s\n", r.shown,
+			st.Pending, st.Scheduled, st.Processing, deliveredCell(st), st.Dead, age(st.OldestPendingAge), age(st.OldestUndeliveredAge))
 	}
-	fmt.Fprintf(tw, "total\t%d\t%d\t%d\t%s\t%d\t%s\n",
-		total.Pending, total.Scheduled, total.Processing, delivered(total.Delivered, total.DeliveredEstimated), total.Dead, age(total.OldestPendingAge))
+	fmt.Fprintf(tw, "total\t%d\t%d\t%d\t%s\t%d\t%s\t%s\n",
+		total.Pending, total.Scheduled, total.Processing, deliveredCell(total), total.Dead, age(total.OldestPendingAge), age(total.OldestUndeliveredAge))
 	_ = tw.Flush()
-	if total.DeliveredEstimated {
-		fmt.Fprintln(c.stdout, "~ delivered counts are estimates (too many delivered rows to count quickly)")
+	deliveredNotes(c, total.DeliveredEstimated, total.DeliveredSince)
+}
+
+// deliveredCell is a total delivered count with its mark: ~ an estimate, * since a time.
+func deliveredCell(st outbox.Stats) string {
+	if st.DeliveredEstimated {
+		return delivered(st.Delivered, true)
 	}
+	return since(st.Delivered, st.DeliveredSince)
 }
 
 // rowError is a database's error as its row shows it: one line, no secrets, the library's

@@ -4,20 +4,27 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"database/sql"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"time"
 
+	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/outboxui"
 )
 
 const uiUsage = `  outbox ui [--listen ADDR] [--token T] [--read-only] [--hide-payloads]
                                     serve the web view of the table until interrupted
+  outbox ui --dsn DSN --dsn DSN... | --dsn-file F [--timeout D] [flags above]
+                                    one view over several databases: a summary row per
+                                    database (one that does not answer within --timeout
+                                    shows its error in its row), then each one's pages
 
 --listen defaults to 127.0.0.1:8080, reachable from this machine only. Any other address
 (another interface, or all of them with :8080) also needs --token or OUTBOX_UI_TOKEN:
@@ -34,6 +41,7 @@ func runUI(ctx context.Context, c *cli, args []string) error {
 	token := fs.String("token", "", "token required of every request (env OUTBOX_UI_TOKEN); needed beyond loopback")
 	readOnly := fs.Bool("read-only", false, "show no replay or discard, and refuse them")
 	hide := fs.Bool("hide-payloads", false, "show payload sizes, not payloads")
+	timeout := fs.Duration("timeout", outboxui.DefaultDatabaseTimeout, "several databases: how long the summary waits for each")
 	pos, err := c.parse(fs, uiUsage, args)
 	if err != nil {
 		return err
@@ -55,16 +63,32 @@ func runUI(ctx context.Context, c *cli, args []string) error {
 	if *token != "" && len(*token) < 16 {
 		return usagef("--token must be at least 16 characters")
 	}
-	cn, err := c.connect(ctx, needTable)
-	if err != nil {
-		return err
+	opts := outboxui.Options{ReadOnly: *readOnly, HidePayloads: *hide, DatabaseTimeout: *timeout}
+	var (
+		h     http.Handler
+		shown string
+	)
+	if len(c.global.dsns) > 1 || c.global.dsnFile != "" {
+		dbs, closeAll, err := c.uiDatabases()
+		if err != nil {
+			return err
+		}
+		defer closeAll()
+		if h, err = outboxui.Databases(dbs, opts); err != nil {
+			return err
+		}
+		shown = fmt.Sprintf("%d databases", len(dbs))
+	} else {
+		cn, err := c.connect(ctx, needTable)
+		if err != nil {
+			return err
+		}
+		defer cn.Close()
+		cn.db.SetMaxOpenConns(4) // requests side by side; each page reads on one connection at a time
+		opts.Title = cn.table.Name()
+		h = outboxui.Handler(cn.store, opts)
+		shown = "table " + cn.table.Name() + " of " + cn.shown
 	}
-	defer cn.Close()
-	cn.db.SetMaxOpenConns(4) // requests side by side; each page reads on one connection at a time
-
-	var h http.Handler = outboxui.Handler(cn.store, outboxui.Options{
-		ReadOnly: *readOnly, HidePayloads: *hide, Title: cn.table.Name(),
-	})
 	if *token != "" {
 		h = requireToken(*token, h)
 	} else {
@@ -79,7 +103,7 @@ func runUI(ctx context.Context, c *cli, args []string) error {
 	if *readOnly {
 		mode = " (read-only)"
 	}
-	fmt.Fprintf(c.stdout, "outbox ui: serving table %s of %s on http://%s/%s\n", cn.table.Name(), cn.shown, ln.Addr(), mode)
+	fmt.Fprintf(c.stdout, "outbox ui: serving %s on http://%s/%s\n", shown, ln.Addr(), mode)
 	if *token != "" {
 		fmt.Fprintln(c.stdout, "outbox ui: open it once with ?token=<your token>")
 	}
@@ -99,6 +123,92 @@ func runUI(ctx context.Context, c *cli, args []string) error {
 		return fmt.Errorf("serving the view: %v", err)
 	}
 	return nil
+}
+
+// uiDatabases opens a store over each database that --dsn and --dsn-file give, without
+// connecting: a database that is down when the view starts shows so in its row, and
+// answers once it is back. Every DSN is resolved first, so a malformed one is bad input;
+// a SQLite file that does not exist is an error too, rather than a new empty database.
+// Each database is named after the last part of its DSN (its database or file name).
+func (c *cli) uiDatabases() ([]outboxui.Database, func(), error) {
+	table, err := c.tableName()
+	if err != nil {
+		return nil, nil, err
+	}
+	srcs, err := c.sources()
+	if err != nil {
+		return nil, nil, err
+	}
+	var (
+		dbs   []outboxui.Database
+		pools []*sql.DB
+	)
+	closeAll := func() {
+		for _, db := range pools {
+			_ = db.Close()
+		}
+	}
+	names := map[string]int{}
+	for _, s := range srcs {
+		dialect := ""
+		if inferDialect(s.dsn) == "" {
+			dialect = c.dialect()
+		}
+		t, err := resolve(dialect, s.dsn)
+		if err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("%s: %w", s.where, err)
+		}
+		c.secrets = append(c.secrets, t.secrets()...)
+		if t.sqlitePath != "" {
+			if _, err := os.Stat(t.sqlitePath); err != nil {
+				closeAll()
+				return nil, nil, fmt.Errorf("%s: no SQLite database at %s (create it with: outbox migrate up)", s.where, t.sqlitePath)
+			}
+		}
+		db, err := sql.Open(t.driver, t.dsn)
+		if err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("%s: cannot open %s: %v", s.where, t.shown, err)
+		}
+		pools = append(pools, db)
+		db.SetMaxOpenConns(2)
+		d := map[string]func() outbox.Dialect{"postgres": outbox.Postgres, "mysql": outbox.MySQL, "sqlite": outbox.SQLite}[t.dialect]
+		store, err := outbox.New(db, d(), outbox.Options{Table: table.Name()})
+		if err != nil {
+			closeAll()
+			return nil, nil, err
+		}
+		name := dsnName(t.shown)
+		if names[name]++; names[name] > 1 {
+			name = fmt.Sprintf("%s-%d", name, names[name])
+		}
+		dbs = append(dbs, outboxui.Database{Name: name, Detail: t.shown, Store: store})
+	}
+	return dbs, closeAll, nil
+}
+
+// dsnName names a database after the last part of its DSN, before any query: a file name
+// without its extension, or a database name; characters a name may not hold become "-".
+func dsnName(shown string) string {
+	s, _, _ := strings.Cut(shown, "?")
+	s = s[strings.LastIndexAny(s, "/:")+1:]
+	for _, ext := range []string{".sqlite3", ".sqlite", ".db"} {
+		s = strings.TrimSuffix(s, ext)
+	}
+	s = strings.Map(func(r rune) rune {
+		if r < 128 && (r == '.' || r == '_' || r == '-' || r == '~' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z') {
+			return r
+		}
+		return '-'
+	}, s)
+	if len(s) > 56 {
+		s = s[:56]
+	}
+	if s == "" {
+		return "db"
+	}
+	return s
 }
 
 // isLoopback reports whether every address that addr (host:port) listens on is a loopback

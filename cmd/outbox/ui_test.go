@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -37,7 +39,7 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-var servingRE = regexp.MustCompile(`serving table \S+ of .* on (http://\S+/)`)
+var servingRE = regexp.MustCompile(`serving (?:table \S+ of .*|\d+ databases) on (http://\S+/)`)
 
 // serveUI starts outbox ui with the global flags dsn and the ui flags args on a free
 // loopback port and returns its address, and
@@ -222,4 +224,36 @@ func TestUIRefusesForeignHost(t *testing.T) {
 		require.Contains(t, body, s.dead1.String(), host)
 	}
 	require.Equal(t, 0, stop())
+}
+
+// TestUIManyDatabases: outbox ui over --dsn given twice and a --dsn-file serves a summary
+// row per database, one whose server is down among them, and each database's pages.
+func TestUIManyDatabases(t *testing.T) {
+	t.Parallel()
+	a, b, pg := setup(t, "sqlite"), setup(t, "sqlite"), setup(t, "postgres")
+	a.seed(t)
+	file := filepath.Join(t.TempDir(), "dsns")
+	require.NoError(t, os.WriteFile(file, []byte("# tenants\n"+pg.dsn+"\npostgres://postgres:secret-pw@127.0.0.1:1/gone?connect_timeout=2\n"), 0o600))
+	base, stop := serveUI(t, nil, a.dsn, "--dsn", b.dsn, "--dsn-file", file, "--timeout", "5s")
+	res, err := http.Get(base)
+	require.NoError(t, err)
+	body, err := io.ReadAll(res.Body)
+	res.Body.Close()
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, res.StatusCode, string(body))
+	rows := regexp.MustCompile(`<tr class="db( down)?" data-db="([^"]+)">`).FindAllStringSubmatch(string(body), -1)
+	require.Len(t, rows, 4, string(body))
+	require.Equal(t, []string{"", " down"}, []string{rows[2][1], rows[3][1]}, "the database that is down, and only it")
+	require.Equal(t, "gone", rows[3][2], "named after its database")
+	require.NotContains(t, string(body), "secret-pw", "no password on the page")
+	require.Regexp(t, `data-db="`+rows[0][2]+`"><td><a href="/db/`+rows[0][2]+`/">[^<]*</a> <span class="muted small">[^<]*</span></td>\s*<td class="num">2</td>`, string(body), "a's pending rows")
+	res, err = http.Get(base + "db/" + rows[0][2] + "/dead")
+	require.NoError(t, err)
+	res.Body.Close()
+	require.Equal(t, http.StatusOK, res.StatusCode)
+	require.Equal(t, 0, stop())
+
+	r := runCLI(t, nil, "--dsn", a.dsn, "--dsn", "sqlite:"+filepath.Join(t.TempDir(), "none.db"), "ui")
+	require.Equal(t, exitFail, r.code)
+	require.Contains(t, r.stderr, "no SQLite database at")
 }

@@ -25,7 +25,9 @@ func (*Dialect) Stats(ctx context.Context, q dialect.DBTX, t dialect.Table, p di
 			count(*) FILTER (WHERE state = 0 AND due_at > n.now),
 			count(*) FILTER (WHERE state = 1),
 			count(*) FILTER (WHERE state = 3),
-			coalesce(extract(epoch FROM n.now - min(due_at) FILTER (WHERE state = 0 AND due_at <= n.now)) * 1e6, 0)::bigint
+			coalesce(extract(epoch FROM n.now - min(due_at) FILTER (WHERE state = 0 AND due_at <= n.now)) * 1e6, 0)::bigint,
+			coalesce(extract(epoch FROM n.now - min(CASE WHEN lease_token IS NOT NULL THEN created_at WHEN due_at <= n.now THEN due_at END)
+				FILTER (WHERE state IN (0, 1))) * 1e6, 0)::bigint
 		FROM ` + tbl + `, (SELECT ` + now + ` AS now) n WHERE state IN (0, 1, 3)` + sc + ` GROUP BY namespace, topic, n.now`
 	type key struct{ ns, topic string }
 	byKey := map[key]*dialect.TopicStats{}
@@ -41,30 +43,41 @@ func (*Dialect) Stats(ctx context.Context, q dialect.DBTX, t dialect.Table, p di
 	}
 	_, err := query(ctx, q, func(s scanner) (struct{}, error) {
 		var k key
-		var pend, sched, proc, dead, ageMicros int64
-		if err := s.Scan(&k.ns, &k.topic, &pend, &sched, &proc, &dead, &ageMicros); err != nil {
+		var pend, sched, proc, dead, ageMicros, undMicros int64
+		if err := s.Scan(&k.ns, &k.topic, &pend, &sched, &proc, &dead, &ageMicros, &undMicros); err != nil {
 			return struct{}{}, err
 		}
 		ts := get(k)
 		ts.Pending, ts.Scheduled, ts.Processing, ts.Dead = pend, sched, proc, dead
 		ts.OldestPendingAge = time.Duration(ageMicros) * time.Microsecond
+		// First due: due_at while never claimed; created_at once claimed (retries move due_at).
+		ts.OldestUndeliveredAge = time.Duration(undMicros) * time.Microsecond
 		return struct{}{}, nil
 	}, live, a.Values...)
 	if err != nil {
 		return dialect.StatsSample{}, err
 	}
 	b := newArgs()
-	sample := `SELECT namespace, topic, count(*) OVER (), coalesce(TRUE` + b.scope(p.Scope, "") + `, FALSE) FROM (SELECT namespace, topic, tenant FROM ` + tbl +
+	// Each sampled row, whether it is in scope, and whether it settled at the sample's
+	// oldest time (which a full sample may have cut), with that time's age.
+	sample := `SELECT namespace, topic, count(*) OVER (), coalesce(TRUE` + b.scope(p.Scope, "") + `, FALSE),
+			updated_at = min(updated_at) OVER (), (extract(epoch FROM ` + now + ` - min(updated_at) OVER ()) * 1e6)::bigint
+		FROM (SELECT namespace, topic, tenant, updated_at FROM ` + tbl +
 		` WHERE state = 2 ORDER BY updated_at DESC LIMIT ` + b.Add(p.DeliveredSample) + `) s`
 	var out dialect.StatsSample
+	atOldest := map[key]int64{}
+	var window int64
 	_, err = query(ctx, q, func(s scanner) (struct{}, error) {
 		var k key
-		var in bool
-		if err := s.Scan(&k.ns, &k.topic, &out.DeliveredSampled, &in); err != nil {
+		var in, oldest bool
+		if err := s.Scan(&k.ns, &k.topic, &out.DeliveredSampled, &in, &oldest, &window); err != nil {
 			return struct{}{}, err
 		}
 		if in {
 			get(k).Delivered++
+			if oldest {
+				atOldest[k]++
+			}
 		}
 		return struct{}{}, nil
 	}, sample, b.Values...)
@@ -72,6 +85,11 @@ func (*Dialect) Stats(ctx context.Context, q dialect.DBTX, t dialect.Table, p di
 		return dialect.StatsSample{}, err
 	}
 	if out.DeliveredSampled >= int64(p.DeliveredSample) {
+		// Exact since the sample's oldest time: the rows at it are left out.
+		out.DeliveredWindow = time.Duration(max(window, 1)) * time.Microsecond
+		for k, n := range atOldest {
+			byKey[k].Delivered -= n
+		}
 		// The planner's estimate of the table's rows, less the live and dead ones counted:
 		// no delivered row is read.
 		var est float64

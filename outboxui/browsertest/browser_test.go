@@ -54,6 +54,19 @@ func browser(t *testing.T) string {
 	return path
 }
 
+// headless starts the browser at exe for the test, closed when it ends, and returns its
+// context.
+func headless(ctx context.Context, t *testing.T, exe string) context.Context {
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(exe), chromedp.NoSandbox, chromedp.DisableGPU,
+		chromedp.WindowSize(1280, 900), chromedp.Flag("hide-scrollbars", true))
+	actx, acancel := chromedp.NewExecAllocator(ctx, opts...)
+	t.Cleanup(acancel)
+	bctx, bcancel := chromedp.NewContext(actx, chromedp.WithLogf(t.Logf))
+	t.Cleanup(bcancel)
+	return bctx
+}
+
 // seed fills a SQLite outbox with an hour of traffic: delivered rows spread over the last
 // hour, a few dead letters of three errors, a backlog and a blocked ordered key. It
 // returns the id of one dead letter.
@@ -137,13 +150,7 @@ func TestBrowser(t *testing.T) {
 	}
 	require.NoError(t, os.MkdirAll(dir, 0o755))
 
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(exe), chromedp.NoSandbox, chromedp.DisableGPU,
-		chromedp.WindowSize(1280, 900), chromedp.Flag("hide-scrollbars", true))
-	actx, acancel := chromedp.NewExecAllocator(ctx, opts...)
-	defer acancel()
-	bctx, bcancel := chromedp.NewContext(actx, chromedp.WithLogf(t.Logf))
-	defer bcancel()
+	bctx := headless(ctx, t, exe)
 
 	row := chromedp.CSS(`input[name=id][value="` + deadID.String() + `"]`)
 	require.NoError(t, chromedp.Do(bctx,
@@ -189,4 +196,71 @@ func TestBrowser(t *testing.T) {
 		require.NoError(t, os.WriteFile(path, png, 0o644))
 		t.Logf("screenshot: %s (%d bytes)", path, len(png))
 	}
+}
+
+// TestBrowserManyDatabases: the summary of 50 SQLite databases and a PostgreSQL one that
+// is down, the one down shown in its row; a database's name leads to its own overview, and
+// "All databases" back.
+func TestBrowserManyDatabases(t *testing.T) {
+	exe := browser(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var dbs []outboxui.Database
+	for i := range 50 {
+		db := testdb.SQLite(t)
+		require.NoError(t, migrations.Up(ctx, db, "sqlite", migrations.Options{}))
+		store, err := outbox.New(db, outbox.SQLite(), outbox.Options{})
+		require.NoError(t, err)
+		dbs = append(dbs, outboxui.Database{Name: fmt.Sprintf("tenant-%02d", i+1), Store: store})
+	}
+	_, err := dbs[2].Store.EnqueueStandalone(ctx, outbox.Message{Namespace: "shop", Topic: "order.placed", Payload: json.RawMessage(`{}`)})
+	require.NoError(t, err)
+	gone, err := sql.Open("pgx", "postgres://postgres@127.0.0.1:1/gone?connect_timeout=2")
+	require.NoError(t, err)
+	defer gone.Close()
+	down, err := outbox.New(gone, outbox.Postgres(), outbox.Options{})
+	require.NoError(t, err)
+	dbs = append(dbs, outboxui.Database{Name: "eu-postgres", Detail: "postgres://app@127.0.0.1:1/gone", Store: down})
+	h, err := outboxui.Databases(dbs, outboxui.Options{Prefix: "/outbox", Title: "tenants", Refresh: -1})
+	require.NoError(t, err)
+	mux := http.NewServeMux()
+	mux.Handle("/outbox/", h)
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+
+	bctx := headless(ctx, t, exe)
+
+	require.NoError(t, chromedp.Do(bctx,
+		chromedp.Navigate(srv.URL+"/outbox/"),
+		chromedp.WaitVisible(chromedp.CSS(`table.databases`)),
+	))
+	rows, err := chromedp.Run(bctx, chromedp.Evaluate[int](`document.querySelectorAll("tr.db").length`))
+	require.NoError(t, err)
+	downText, err := chromedp.Run(bctx, chromedp.Text(chromedp.CSS(`tr.db.down[data-db="eu-postgres"] td.err`)))
+	require.NoError(t, err)
+	downCount, err := chromedp.Run(bctx, chromedp.Text(chromedp.CSS(`#down-count`)))
+	require.NoError(t, err)
+	shot, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
+	require.NoError(t, err)
+	require.NoError(t, chromedp.Do(bctx,
+		chromedp.Click(chromedp.CSS(`tr.db[data-db="tenant-03"] a`)),
+		chromedp.WaitVisible(chromedp.CSS(`#oldest-pending`)),
+	))
+	pending, err := chromedp.Run(bctx, chromedp.Text(chromedp.CSS(`section.cards .card:first-child .n`)))
+	require.NoError(t, err)
+	require.NoError(t, chromedp.Do(bctx,
+		chromedp.Click(chromedp.CSS(`a.home`)),
+		chromedp.WaitVisible(chromedp.CSS(`table.databases`)),
+	))
+	require.Equal(t, 51, rows, "a row per database")
+	require.Contains(t, downText, "unreachable")
+	require.Equal(t, "1 not answering", strings.TrimSpace(downCount))
+	require.Equal(t, "1", strings.TrimSpace(pending), "tenant-03's own overview")
+
+	dir := os.Getenv("OUTBOX_SCREENSHOTS")
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "ui-databases.png"), shot, 0o644))
 }

@@ -35,13 +35,15 @@ func (Dialect) Stats(ctx context.Context, q dialect.DBTX, t dialect.Table, p dia
 	r := sqlkit.StatsReads{
 		Live: `SELECT namespace, topic, COALESCE(SUM(` + due + `), 0),` +
 			` COALESCE(SUM(status = 'pending' AND next_attempt_at > UTC_TIMESTAMP(6)), 0), COALESCE(SUM(status = 'processing'), 0),` +
-			` COALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(CASE WHEN ` + due + ` THEN next_attempt_at END), UTC_TIMESTAMP(6)), 0)` +
+			` COALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(CASE WHEN ` + due + ` THEN next_attempt_at END), UTC_TIMESTAMP(6)), 0),` +
+			` COALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(` + sqlkit.SQLFirstDue("UTC_TIMESTAMP(6)") + `), UTC_TIMESTAMP(6)), 0)` +
 			` FROM ` + tbl + mysqlIndex(t, "claim") + ` WHERE status IN ('pending', 'processing')` + sqlkit.ScopeSQL(la, p.Scope, "", sqlkit.UUIDBytes) +
 			` GROUP BY namespace, topic`,
 		Dead: `SELECT namespace, topic, COUNT(*) FROM ` + tbl + mysqlIndex(t, "retention") + ` WHERE status = 'dead'` +
 			sqlkit.ScopeSQL(da, p.Scope, "", sqlkit.UUIDBytes) + ` GROUP BY namespace, topic`,
-		Sample: `SELECT namespace, topic, tenant_id, COUNT(*) FROM (SELECT namespace, topic, tenant_id FROM ` + tbl + mysqlIndex(t, "retention") +
-			` WHERE status = 'delivered' ORDER BY updated_at DESC LIMIT ?) s GROUP BY namespace, topic, tenant_id`,
+		Sample: sqlkit.SampleSQL(`SELECT namespace, topic, tenant_id, updated_at FROM `+tbl+mysqlIndex(t, "retention")+
+			` WHERE status = 'delivered' ORDER BY updated_at DESC LIMIT ?`,
+			func(lo string) string { return `COALESCE(TIMESTAMPDIFF(MICROSECOND, ` + lo + `, UTC_TIMESTAMP(6)), 0)` }),
 		SampleArgs: []any{p.DeliveredSample},
 		Total: func(counted int64) (n int64, err error) {
 			err = q.QueryRowContext(ctx, `SELECT COALESCE(TABLE_ROWS, 0) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?`,

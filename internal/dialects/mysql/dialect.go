@@ -94,7 +94,7 @@ var (
 // clock as Unix microseconds; the UPDATE stamps the rows with that same reading, so the
 // records returned are exactly the rows stored, without reading them again, and one claim
 // has one instant (as now() has in a PostgreSQL transaction). A deadlock (error 1213) or lock wait timeout
-// (1205) retries the whole claim up to 4 times after a short jittered pause. A claim is six
+// (1205) runs the whole claim again after a short jittered pause, up to 4 tries in all (3 retries). A claim is six
 // statements (SET TRANSACTION, START TRANSACTION, the two index reads, UPDATE, COMMIT),
 // five when there is nothing to claim and seven when it reclaims. With go-sql-driver's
 // default server-side prepared statements, each statement with arguments costs two round
@@ -625,12 +625,7 @@ func (d Dialect) claim(ctx context.Context, db *sql.DB, t dialect.Table, outcome
 		recs[i].LockedUntil = lockedUntil
 	}
 	sqlkit.StampClaimed(recs, p)
-	slices.SortFunc(recs, func(x, y dialect.Record) int {
-		if c := x.CreatedAt.Compare(y.CreatedAt); c != 0 {
-			return c
-		}
-		return strings.Compare(string(x.ID[:]), string(y.ID[:]))
-	})
+	dialect.SortClaimed(recs)
 	return lost, recs, nil
 }
 

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 
 	"github.com/google/uuid"
@@ -105,7 +104,7 @@ func mysqlClaimHeads(ctx context.Context, tx *sql.Tx, t dialect.Table, p dialect
 		return nil, 0, err
 	}
 	recs = append(recs, more...)
-	sortClaimOrder(recs)
+	dialect.SortClaimed(recs)
 	return recs, max(now, now2), nil
 }
 
@@ -152,7 +151,7 @@ func mysqlLockFirst(ctx context.Context, tx *sql.Tx, t dialect.Table, p dialect.
 	if err != nil {
 		return nil, 0, err
 	}
-	sortClaimOrder(recs)
+	dialect.SortClaimed(recs)
 	return recs, now, nil
 }
 
@@ -277,7 +276,7 @@ func mysqlHeadsByKey(ctx context.Context, tx *sql.Tx, t dialect.Table, p dialect
 	if recs, err = mysqlStillHeads(ctx, tx, t, p, recs); err != nil {
 		return nil, 0, err
 	}
-	sortClaimOrder(recs)
+	dialect.SortClaimed(recs)
 	recs = recs[:min(n, len(recs))]
 	// The next visit starts after the keys this one has dealt with: those without a due
 	// head and those whose head it takes, up to the first key whose head it leaves, which
@@ -324,16 +323,6 @@ func (Dialect) BlockedKeys(ctx context.Context, q dialect.DBTX, t dialect.Table,
 	a := &dialect.Args{}
 	query := sqlkit.BlockedKeysQuery(mysqlTable(t), "order_key", ` FORCE INDEX (`+sqlkit.QuoteIdent(t.Index("order"), '`')+`)`, a, p, sqlkit.UUIDBytes)
 	return sqlkit.QueryBlockedKeys(ctx, q, query, a.Values)
-}
-
-// sortClaimOrder sorts records in claim order, (created_at, id).
-func sortClaimOrder(recs []dialect.Record) {
-	slices.SortFunc(recs, func(x, y dialect.Record) int {
-		if c := x.CreatedAt.Compare(y.CreatedAt); c != 0 {
-			return c
-		}
-		return strings.Compare(string(x.ID[:]), string(y.ID[:]))
-	})
 }
 
 // mysqlVisits remembers, per table and namespace, the key after which the next key visit

@@ -29,12 +29,16 @@ func (*Dialect) Stats(ctx context.Context, q dialect.DBTX, t dialect.Table, p di
 		Live: `SELECT namespace, topic, count(*) FILTER (WHERE ` + due + `),` +
 			` count(*) FILTER (WHERE status = 'pending' AND next_attempt_at > now()),` +
 			` count(*) FILTER (WHERE status = 'processing'),` +
-			` COALESCE((EXTRACT(EPOCH FROM now() - min(next_attempt_at) FILTER (WHERE ` + due + `)) * 1000000)::bigint, 0)` +
+			` COALESCE((EXTRACT(EPOCH FROM now() - min(next_attempt_at) FILTER (WHERE ` + due + `)) * 1000000)::bigint, 0),` +
+			` COALESCE((EXTRACT(EPOCH FROM now() - min(` + sqlkit.SQLFirstDue("now()") + `)) * 1000000)::bigint, 0)` +
 			` FROM ` + tbl + ` WHERE status IN ('pending', 'processing')` + sqlkit.ScopeSQL(la, p.Scope, "", pgUUID) + ` GROUP BY namespace, topic`,
 		Dead: `SELECT namespace, topic, count(*) FROM ` + tbl + ` WHERE status = 'dead'` + sqlkit.ScopeSQL(da, p.Scope, "", pgUUID) +
 			` GROUP BY namespace, topic`,
-		Sample: `SELECT namespace, topic, tenant_id, count(*) FROM (SELECT namespace, topic, tenant_id FROM ` + tbl +
-			` WHERE status = 'delivered' ORDER BY updated_at DESC LIMIT $1::bigint) s GROUP BY namespace, topic, tenant_id`,
+		Sample: sqlkit.SampleSQL(`SELECT namespace, topic, tenant_id, updated_at FROM `+tbl+
+			` WHERE status = 'delivered' ORDER BY updated_at DESC LIMIT $1::bigint`,
+			func(lo string) string {
+				return `COALESCE((EXTRACT(EPOCH FROM now() - ` + lo + `) * 1000000)::bigint, 0)`
+			}),
 		SampleArgs: []any{p.DeliveredSample},
 		Total: func(int64) (int64, error) {
 			return pgPlanRows(ctx, q, `SELECT 1 FROM `+tbl+` WHERE status = 'delivered'`)

@@ -397,7 +397,7 @@ func pgEligible(a *dialect.Args, p dialect.ClaimParams) string {
 		sqlkit.ScopeSQL(a, p.Scope, "", pgUUID)
 }
 
-func (*Dialect) Claim(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.ClaimParams) ([]dialect.Record, error) {
+func (d *Dialect) claimRows(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.ClaimParams) ([]dialect.Record, error) {
 	return pgRetryDeadlock(ctx, func() ([]dialect.Record, error) { return pgClaim(ctx, db, t, p) })
 }
 
@@ -525,7 +525,7 @@ func (d *Dialect) Get(ctx context.Context, q dialect.DBTX, t dialect.Table, id u
 	return sqlkit.GetRecord(q.QueryRowContext(ctx, d.statements(t).get, pgUUID(id)))
 }
 
-// CompleteAndClaim implements [dialect.SettleClaimer]. An unordered claim is one statement: the
+// completeAndClaimRows is CompleteAndClaim before the sort. An unordered claim is one statement: the
 // settle (Complete's statement) and the claim (Claim's) as data-modifying CTEs, which run
 // once, on one snapshot, and commit together:
 //
@@ -548,7 +548,7 @@ func (d *Dialect) Get(ctx context.Context, q dialect.DBTX, t dialect.Table, id u
 // the claimed rows (returning every settled id instead cost a scan of a batch of rows more
 // per call). An ordered claim must see the keys the outcomes release, which a statement's snapshot
 // cannot, so it runs after Complete in one transaction instead.
-func (d *Dialect) CompleteAndClaim(ctx context.Context, db *sql.DB, t dialect.Table, outcomes []dialect.Outcome, p dialect.ClaimParams) ([]dialect.Record, []uuid.UUID, error) {
+func (d *Dialect) completeAndClaimRows(ctx context.Context, db *sql.DB, t dialect.Table, outcomes []dialect.Outcome, p dialect.ClaimParams) ([]dialect.Record, []uuid.UUID, error) {
 	if p.Ordered {
 		return pgCompleteThenClaimOrdered(ctx, d, db, t, outcomes, p)
 	}
@@ -604,4 +604,20 @@ func pgCompleteThenClaimOrdered(ctx context.Context, d *Dialect, db *sql.DB, t d
 		return nil, nil, err
 	}
 	return recs, lost, nil
+}
+
+// Claim implements [dialect.Dialect]. RETURNING has no order of its own, and an ordered
+// claim merges two reads, so the records are put in claim order here, once.
+func (d *Dialect) Claim(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.ClaimParams) ([]dialect.Record, error) {
+	recs, err := d.claimRows(ctx, db, t, p)
+	dialect.SortClaimed(recs)
+	return recs, err
+}
+
+// CompleteAndClaim implements [dialect.SettleClaimer], with the claimed records in claim
+// order (Claim).
+func (d *Dialect) CompleteAndClaim(ctx context.Context, db *sql.DB, t dialect.Table, outcomes []dialect.Outcome, p dialect.ClaimParams) ([]dialect.Record, []uuid.UUID, error) {
+	recs, lost, err := d.completeAndClaimRows(ctx, db, t, outcomes, p)
+	dialect.SortClaimed(recs)
+	return recs, lost, err
 }

@@ -532,61 +532,6 @@ func TestPostgresClaimScope(t *testing.T) {
 	require.Equal(t, []uuid.UUID{res[0].ID, res[1].ID, res[2].ID}, []uuid.UUID{recs[0].ID, recs[1].ID, recs[2].ID})
 }
 
-// TestPostgresConcurrentClaims: eight claimers draining 3000 rows see every row exactly
-// once, and their batched acks settle all of them.
-func TestPostgresConcurrentClaims(t *testing.T) {
-	t.Parallel()
-	b := setupPostgres(t, "")
-	const rows, workers = 3000, 8
-	b.enqueue(t, pgMsgs(rows)...)
-
-	var (
-		mu   sync.Mutex
-		seen = make(map[uuid.UUID]int, rows)
-		wg   sync.WaitGroup
-		errs = make(chan error, workers)
-	)
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			o := pgClaimOpts(37)
-			o.WorkerID = fmt.Sprintf("worker-%d", w)
-			for {
-				recs, err := b.store.Claim(b.ctx, o)
-				if err != nil {
-					errs <- err
-					return
-				}
-				if len(recs) == 0 {
-					return // the rest is claimed or locked by claims that will return it
-				}
-				leases := make([]outbox.Lease, len(recs))
-				mu.Lock()
-				for i, r := range recs {
-					seen[r.ID]++
-					leases[i] = r.Lease()
-				}
-				mu.Unlock()
-				if err := b.store.Ack(b.ctx, leases...); err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		require.NoError(t, err)
-	}
-	require.Len(t, seen, rows)
-	for id, n := range seen {
-		require.Equal(t, 1, n, "row %s claimed %d times", id, n)
-	}
-	require.Equal(t, rows, b.count(t, "status = 'delivered' AND attempts = 1"))
-}
-
 // TestPostgresClaimPlan proves that the claim statement the dialect actually sends walks
 // the partial claim index in claim order: no sort, no scan of delivered rows.
 func TestPostgresClaimPlan(t *testing.T) {

@@ -33,13 +33,15 @@ func (Dialect) Stats(ctx context.Context, q dialect.DBTX, t dialect.Table, p dia
 	r := sqlkit.StatsReads{
 		Live: `SELECT namespace, topic, COALESCE(SUM(` + due + `), 0),` +
 			` COALESCE(SUM(status = 'pending' AND next_attempt_at > ` + sqliteNow + `), 0), COALESCE(SUM(status = 'processing'), 0),` +
-			` COALESCE(` + sqliteNow + ` - MIN(CASE WHEN ` + due + ` THEN next_attempt_at END), 0)` +
+			` COALESCE(` + sqliteNow + ` - MIN(CASE WHEN ` + due + ` THEN next_attempt_at END), 0),` +
+			` COALESCE(` + sqliteNow + ` - MIN(` + sqlkit.SQLFirstDue(sqliteNow) + `), 0)` +
 			` FROM ` + tbl + sqliteIndex(t, "claim") + ` WHERE status IN ('pending', 'processing')` + sqlkit.ScopeSQL(la, p.Scope, "", sqlkit.UUIDBytes) +
 			` GROUP BY namespace, topic`,
 		Dead: `SELECT namespace, topic, COUNT(*) FROM ` + tbl + sqliteIndex(t, "retention") + ` WHERE ` + sqlkit.Retained(dialect.StatusDead) +
 			sqlkit.ScopeSQL(da, p.Scope, "", sqlkit.UUIDBytes) + ` GROUP BY namespace, topic`,
-		Sample: `SELECT namespace, topic, tenant_id, COUNT(*) FROM (SELECT namespace, topic, tenant_id FROM ` + tbl + sqliteIndex(t, "retention") +
-			` WHERE ` + sqlkit.Retained(dialect.StatusDelivered) + ` ORDER BY updated_at DESC LIMIT ?) GROUP BY namespace, topic, tenant_id`,
+		Sample: sqlkit.SampleSQL(`SELECT namespace, topic, tenant_id, updated_at FROM `+tbl+sqliteIndex(t, "retention")+
+			` WHERE `+sqlkit.Retained(dialect.StatusDelivered)+` ORDER BY updated_at DESC LIMIT ?`,
+			func(lo string) string { return `COALESCE(` + sqliteNow + ` - ` + lo + `, 0)` }),
 		SampleArgs: []any{p.DeliveredSample},
 		Total: func(counted int64) (n int64, err error) {
 			// Two subqueries: SQLite reads min or max alone from the end of the rowid

@@ -157,7 +157,7 @@ func sqliteEligible(a *dialect.Args, p dialect.ClaimParams) string {
 		sqlkit.ScopeSQL(a, p.Scope, "", sqlkit.UUIDBytes)
 }
 
-func (d Dialect) Claim(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.ClaimParams) (recs []dialect.Record, err error) {
+func (d Dialect) claimRows(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.ClaimParams) (recs []dialect.Record, err error) {
 	if p.Ordered && p.Namespace != "" {
 		return d.claimOrdered(ctx, db, t, p)
 	}
@@ -440,7 +440,7 @@ func sqliteGateOf(db *sql.DB) chan struct{} {
 	return g.(chan struct{})
 }
 
-// CompleteAndClaim implements [dialect.SettleClaimer]: Complete's statement and the claim run in one
+// completeAndClaimRows is CompleteAndClaim before the sort: Complete's statement and the claim run in one
 // transaction, in one turn of the pool's writes (sqliteTurn), so they take the write lock
 // and commit once. The transaction's first statement writes, so it takes the write lock
 // before it reads, as an autocommit write does. The claim sees the settled rows as they now
@@ -449,7 +449,7 @@ func sqliteGateOf(db *sql.DB) chan struct{} {
 // Statements that are not prepared yet run unprepared in the transaction, and are prepared
 // on the pool after it, once its connection is back: preparing them inside would wait for a
 // second connection while holding one, forever on a pool of one.
-func (d Dialect) CompleteAndClaim(ctx context.Context, db *sql.DB, t dialect.Table, outcomes []dialect.Outcome, p dialect.ClaimParams) (recs []dialect.Record, lost []uuid.UUID, err error) {
+func (d Dialect) completeAndClaimRows(ctx context.Context, db *sql.DB, t dialect.Table, outcomes []dialect.Outcome, p dialect.ClaimParams) (recs []dialect.Record, lost []uuid.UUID, err error) {
 	var missed []string
 	lost, recs, err = d.completeAndClaim(ctx, db, t, outcomes, p, &missed)
 	d.stmts.Warm(ctx, missed)
@@ -478,4 +478,20 @@ func (d Dialect) completeAndClaim(ctx context.Context, db *sql.DB, t dialect.Tab
 		return nil, nil, err
 	}
 	return lost, recs, nil
+}
+
+// Claim implements [dialect.Dialect]. RETURNING has no order of its own, and an ordered
+// claim merges two reads, so the records are put in claim order here, once.
+func (d Dialect) Claim(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.ClaimParams) ([]dialect.Record, error) {
+	recs, err := d.claimRows(ctx, db, t, p)
+	dialect.SortClaimed(recs)
+	return recs, err
+}
+
+// CompleteAndClaim implements [dialect.SettleClaimer], with the claimed records in claim
+// order (Claim).
+func (d Dialect) CompleteAndClaim(ctx context.Context, db *sql.DB, t dialect.Table, outcomes []dialect.Outcome, p dialect.ClaimParams) ([]dialect.Record, []uuid.UUID, error) {
+	recs, lost, err := d.completeAndClaimRows(ctx, db, t, outcomes, p)
+	dialect.SortClaimed(recs)
+	return recs, lost, err
 }

@@ -14,18 +14,40 @@ import (
 
 // StatsReads are a dialect's three Stats statements, rendered for one call.
 //
-//   - live: namespace, topic, due pending, scheduled pending, processing, and the age in
-//     microseconds of the oldest due pending row (0 when none), grouped by namespace and
-//     topic, over the claim index, within the scope;
+//   - live: namespace, topic, due pending, scheduled pending, processing, the age in
+//     microseconds of the oldest due pending row (0 when none), and of the oldest
+//     undelivered row since it was first due (0 when none; see [SQLFirstDue]), grouped by
+//     namespace and topic, over the claim index, within the scope;
 //   - dead: namespace, topic, count of dead rows, within the scope;
-//   - sample: namespace, topic, tenant_id and a count, grouped, over the most recent
-//     delivered rows (any scope, bounded by the statement's LIMIT);
+//   - sample: namespace, topic, tenant_id, a count, the count of rows settled at the
+//     sample's oldest updated_at, and that time's age in microseconds, grouped, over the
+//     most recent delivered rows (any scope, bounded by the statement's LIMIT: see
+//     [SampleSQL]);
 //   - total: the table's delivered rows, estimated, given how many live and dead rows
 //     the other reads counted; run only when the sample is full.
 type StatsReads struct {
 	Live, Dead, Sample             string
 	LiveArgs, DeadArgs, SampleArgs []any
 	Total                          func(counted int64) (int64, error)
+}
+
+// SQLFirstDue renders when a live row was first due, given the dialect's now: while it was
+// never claimed (no lease token), its next_attempt_at, which nothing has moved; once it
+// was, its created_at, since each retry and each outage's probe moves next_attempt_at
+// forward. NULL for a row never claimed and not due yet (delayed).
+func SQLFirstDue(now string) string {
+	return `CASE WHEN lease_token IS NOT NULL THEN created_at WHEN next_attempt_at <= ` + now + ` THEN next_attempt_at END`
+}
+
+// SampleSQL renders the sample read over the rows that recent selects (namespace, topic,
+// tenant_id and updated_at of the most recent delivered rows, with their LIMIT): per
+// (namespace, topic, tenant), the rows, the rows at the sample's oldest updated_at (a
+// window function over the limited rows), and age(lo), the dialect's age in microseconds
+// of the oldest updated_at.
+func SampleSQL(recent string, age func(lo string) string) string {
+	return `SELECT namespace, topic, tenant_id, COUNT(*), SUM(CASE WHEN updated_at = lo THEN 1 ELSE 0 END), ` + age("MAX(lo)") +
+		` FROM (SELECT namespace, topic, tenant_id, updated_at, MIN(updated_at) OVER () AS lo FROM (` + recent + `) s0) s` +
+		` GROUP BY namespace, topic, tenant_id`
 }
 
 // topicKey is the (namespace, topic) of a TopicStats entry.
@@ -43,15 +65,16 @@ func RunStatsReads(ctx context.Context, q dialect.DBTX, sc dialect.Scope, limit 
 	}
 	_, err := QueryAll(ctx, q, r.Live, r.LiveArgs, func(s RowScanner) (struct{}, error) {
 		var (
-			ns, topic                 string
-			due, sched, proc, ageUsec int64
+			ns, topic                          string
+			due, sched, proc, ageUsec, undUsec int64
 		)
-		if err := s.Scan(&ns, &topic, &due, &sched, &proc, &ageUsec); err != nil {
+		if err := s.Scan(&ns, &topic, &due, &sched, &proc, &ageUsec, &undUsec); err != nil {
 			return struct{}{}, err
 		}
 		e := entry(ns, topic)
 		e.Pending, e.Scheduled, e.Processing = due, sched, proc
 		e.OldestPendingAge = time.Duration(max(ageUsec, 0)) * time.Microsecond
+		e.OldestUndeliveredAge = time.Duration(max(undUsec, 0)) * time.Microsecond
 		return struct{}{}, nil
 	})
 	if err != nil {
@@ -72,18 +95,22 @@ func RunStatsReads(ctx context.Context, q dialect.DBTX, sc dialect.Scope, limit 
 		return dialect.StatsSample{}, err
 	}
 	var out dialect.StatsSample
+	atLo := map[topicKey]int64{}
+	var loUsec int64
 	_, err = QueryAll(ctx, q, r.Sample, r.SampleArgs, func(s RowScanner) (struct{}, error) {
 		var (
-			ns, topic string
-			tenant    uuid.NullUUID
-			n         int64
+			ns, topic   string
+			tenant      uuid.NullUUID
+			n, at, usec int64
 		)
-		if err := s.Scan(&ns, &topic, &tenant, &n); err != nil {
+		if err := s.Scan(&ns, &topic, &tenant, &n, &at, &usec); err != nil {
 			return struct{}{}, err
 		}
 		out.DeliveredSampled += n
+		loUsec = max(loUsec, usec)
 		if inScope(sc, ns, topic, tenant.UUID) {
 			entry(ns, topic).Delivered += n
+			atLo[topicKey{ns, topic}] += at
 		}
 		return struct{}{}, nil
 	})
@@ -91,6 +118,11 @@ func RunStatsReads(ctx context.Context, q dialect.DBTX, sc dialect.Scope, limit 
 		return dialect.StatsSample{}, err
 	}
 	if out.DeliveredSampled >= int64(limit) {
+		// The sample may have cut the rows settled at its oldest time: count after it.
+		out.DeliveredWindow = time.Duration(max(loUsec, 1)) * time.Microsecond
+		for k, n := range atLo {
+			byTopic[k].Delivered -= n
+		}
 		var counted int64
 		for _, e := range byTopic {
 			counted += e.Pending + e.Scheduled + e.Processing + e.Dead

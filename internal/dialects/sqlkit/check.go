@@ -38,8 +38,7 @@ func CheckTables(ctx context.Context, db *sql.DB, name string, t dialect.Table,
 	if kind != name {
 		return WrongDialect(desc, kind, name)
 	}
-	migrate := fmt.Sprintf("run migrations.Up(ctx, db, %q, migrations.Options{Table: %q}) or `outbox migrate up --dialect %s --table %s`",
-		name, t.Name(), name, t.Name())
+	migrate := MigrateFix(name, t.Name())
 	for _, table := range slices.Sorted(maps.Keys(tables)) {
 		have, err := columns(ctx, db, table)
 		if err != nil {
@@ -88,9 +87,8 @@ func QueryStrings(ctx context.Context, db *sql.DB, query string, args ...any) ([
 func MissingTable(name string, t dialect.Table, err error) *dialect.CheckError {
 	return &dialect.CheckError{
 		Problem: fmt.Sprintf("the outbox table %q does not exist", t.Name()),
-		Fix: fmt.Sprintf("run migrations.Up(ctx, db, %q, migrations.Options{Table: %q}) or `outbox migrate up`",
-			name, t.Name()),
-		Err: err,
+		Fix:     MigrateFix(name, t.Name()),
+		Err:     err,
 	}
 }
 
@@ -168,4 +166,11 @@ func CheckOrderedTable(name string, t dialect.Table, exists bool, want []string,
 		Problem: fmt.Sprintf("table %q lacks %s", t.Name(), strings.Join(missing, " and ")),
 		Fix:     orderedFix("ordered delivery (PublisherOptions.Ordered) needs the order index", name, t),
 	}
+}
+
+// MigrateFix says how to create or update the table of the dialect name: in code, or with
+// the command, whose flags name both, so that it can be pasted as it is.
+func MigrateFix(name, table string) string {
+	return fmt.Sprintf("run migrations.Up(ctx, db, %q, migrations.Options{Table: %q}) or `outbox migrate up --dialect %s --table %s`",
+		name, table, name, table)
 }

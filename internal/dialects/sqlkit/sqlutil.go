@@ -263,16 +263,16 @@ func InTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(tx *sql.
 }
 
 // Deadlocks and lock wait timeouts: a claim, or a write that is its own transaction, runs
-// again after losing one, up to lockTries times, pausing before try+1 uniformly between
-// half and all of lockRetryPause doubled per try, so that claimers that collided do not
-// collide again in step.
+// again after losing one, lockTries times in all (the first try and up to lockTries-1
+// retries), pausing before try+1 uniformly between half and all of lockRetryPause doubled
+// per try, so that claimers that collided do not collide again in step.
 const (
 	lockTries      = 4
 	lockRetryPause = 4 * time.Millisecond
 )
 
-// RetryLocked runs fn, and runs it again while it fails with an error retryable accepts, up
-// to lockTries times in all. fn must have done nothing when it fails so: a statement that
+// RetryLocked runs fn, and runs it again while it fails with an error retryable accepts:
+// lockTries tries in all, so up to lockTries-1 retries. fn must have done nothing when it fails so: a statement that
 // was its own transaction, or a whole transaction, chosen as a deadlock's victim.
 func RetryLocked[T any](ctx context.Context, retryable func(error) bool, fn func() (T, error)) (T, error) {
 	for try := 1; ; try++ {
