@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -50,22 +51,23 @@ type CircuitOptions struct {
 	ProbeMax time.Duration
 }
 
-func (o *CircuitOptions) validate() error {
-	switch {
-	case o.Threshold == 0:
-		o.Threshold = DefaultCircuitThreshold
-	case o.Threshold < 0:
-		return invalid("Circuit.Threshold", "must be at least 1, got %d", o.Threshold)
+// withDefaults returns o with its zero fields set to the defaults.
+func (o CircuitOptions) withDefaults() CircuitOptions {
+	o.Threshold = cmp.Or(o.Threshold, DefaultCircuitThreshold)
+	o.ProbeMin = cmp.Or(o.ProbeMin, DefaultProbeMin)
+	if o.ProbeMax == 0 {
+		o.ProbeMax = max(DefaultProbeMax, o.ProbeMin)
 	}
+	return o
+}
+
+// validate checks options whose defaults are applied (withDefaults).
+func (o CircuitOptions) validate() error {
 	switch {
-	case o.ProbeMin == 0:
-		o.ProbeMin = DefaultProbeMin
+	case o.Threshold < 1:
+		return invalid("Circuit.Threshold", "must be at least 1, got %d", o.Threshold)
 	case o.ProbeMin < time.Millisecond:
 		return invalid("Circuit.ProbeMin", "must be at least 1ms, got %s", o.ProbeMin)
-	}
-	switch {
-	case o.ProbeMax == 0:
-		o.ProbeMax = max(DefaultProbeMax, o.ProbeMin)
 	case o.ProbeMax < o.ProbeMin:
 		return invalid("Circuit.ProbeMax", "must be at least ProbeMin (%s), got %s", o.ProbeMin, o.ProbeMax)
 	}
@@ -116,8 +118,8 @@ func newCircuit(o CircuitOptions) *circuit {
 	}
 }
 
-// gate is what a claim loop may do now.
-type gate struct {
+// permit is what a claim loop may do now.
+type permit struct {
 	// claim: claim as usual (closed), or, with probe, claim one message as the probe.
 	claim, probe bool
 	// wait, when claim is false: wait until changed is closed or wait passes, then ask
@@ -128,28 +130,28 @@ type gate struct {
 
 // allow tells a claim loop whether to claim. When the circuit is open and the next probe is
 // due, the one loop that asks first gets the probe, and the circuit turns half-open.
-func (c *circuit) allow() gate {
+func (c *circuit) allow() permit {
 	if c == nil {
-		return gate{claim: true}
+		return permit{claim: true}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch c.state {
 	case circuitClosed:
-		return gate{claim: true}
+		return permit{claim: true}
 	case circuitOpen:
 		if d := c.nextProbe.Sub(c.now()); d > 0 {
-			return gate{wait: d, changed: c.changed}
+			return permit{wait: d, changed: c.changed}
 		}
 		c.set(circuitHalfOpen)
 		c.probeAt = c.now()
-		return gate{claim: true, probe: true}
+		return permit{claim: true, probe: true}
 	default: // half-open: the probe decides, unless it was lost
 		if d := c.probeAt.Add(probeLost).Sub(c.now()); d > 0 {
-			return gate{wait: min(d, c.opts.ProbeMax), changed: c.changed}
+			return permit{wait: min(d, c.opts.ProbeMax), changed: c.changed}
 		}
 		c.probeAt = c.now()
-		return gate{claim: true, probe: true}
+		return permit{claim: true, probe: true}
 	}
 }
 
@@ -171,13 +173,13 @@ type transition struct {
 	probeIn        time.Duration // when opened: the first probe's pause
 }
 
-// record takes the result of one published batch: allUnavailable when every message it
+// afterBatch takes the result of one published batch: allUnavailable when every message it
 // published failed [Unavailable]; began is when its publish began, and probe says it was
 // the probe. A batch that reached the destination closes the circuit, the probe or any
 // other that began after the circuit opened; one that began before says nothing about the
 // destination since (another loop's batch, in flight when the outage began, may have got
 // through just before it), so it leaves an open circuit to its probe.
-func (c *circuit) record(allUnavailable, probe bool, began time.Time) transition {
+func (c *circuit) afterBatch(allUnavailable, probe bool, began time.Time) transition {
 	if c == nil {
 		return transition{}
 	}

@@ -20,8 +20,8 @@ import (
 // set: an enqueue keeps only the caller's headers, a publish runs on the publisher's own
 // context.
 
-// EnqueueHook watches each message that [Store.Enqueue], [Store.EnqueueBatch] and
-// [Store.EnqueueStandalone] write. It may add headers, such as the trace context of a span
+// EnqueueHook watches each message that [Store.Enqueue], [Store.EnqueueBatch],
+// [Store.EnqueueStandalone] and [Store.EnqueueOn] (package pgxv5's enqueues) write. It may add headers, such as the trace context of a span
 // it starts, and they are stored with the row.
 //
 // StartEnqueue is called for each message before it is validated, in the order given. m is

@@ -168,7 +168,14 @@ type Result struct {
 }
 
 // Tx is what Enqueue writes on: the caller's open transaction. [*sql.Tx] satisfies it, and
-// so do wrappers that embed one (sqlx.Tx, for example). Enqueue never calls Commit or
+// so does a wrapper that embeds one and passes queries and arguments on unchanged (sqlx.Tx
+// does: its ExecContext is the embedded *sql.Tx's). A wrapper that formats queries itself
+// does not work, though it satisfies Tx: bun.Tx replaces placeholders with literals and
+// sends the dialect's $1 without its argument. Enqueue refuses a bun.Tx before any SQL
+// runs, and names the fix for other wrappers when PostgreSQL reports a missing parameter:
+// pass the *sql.Tx the wrapper embeds (tx.Tx for bun.Tx), the same transaction. With GORM,
+// pass the *sql.Tx under its transaction (tx.Statement.ConnPool); with pgx's own
+// transactions, use package github.com/outboxgo/outbox/pgxv5. Enqueue never calls Commit or
 // Rollback; they are part of Tx so that a [*sql.DB], which has neither, cannot be passed by
 // accident: an event enqueued on the pool beside a business transaction would commit even
 // when the business change rolls back. To enqueue without a business transaction, use
@@ -190,7 +197,10 @@ func (s *Store) Enqueue(ctx context.Context, tx Tx, m Message) (Result, error) {
 	if isNil(tx) {
 		return Result{}, invalid("Tx", "is nil")
 	}
-	rs, err := s.enqueue(ctx, tx, []Message{m}, -1)
+	if err := checkTx(tx); err != nil {
+		return Result{}, err
+	}
+	rs, err := s.enqueue(ctx, writeTarget{q: tx}, []Message{m}, -1)
 	if err != nil {
 		return Result{}, err
 	}
@@ -204,10 +214,13 @@ func (s *Store) EnqueueBatch(ctx context.Context, tx Tx, msgs []Message) ([]Resu
 	if isNil(tx) {
 		return nil, invalid("Tx", "is nil")
 	}
+	if err := checkTx(tx); err != nil {
+		return nil, err
+	}
 	if len(msgs) == 0 {
 		return nil, nil
 	}
-	return s.enqueue(ctx, tx, msgs, 0)
+	return s.enqueue(ctx, writeTarget{q: tx}, msgs, 0)
 }
 
 // EnqueueStandalone writes msgs in a short transaction of its own on the store's pool and
@@ -228,7 +241,7 @@ func (s *Store) EnqueueStandalone(ctx context.Context, msgs ...Message) ([]Resul
 	if len(msgs) == 1 {
 		first = -1 // a single message is not "message 0 of a batch" in errors
 	}
-	res, err := s.enqueue(ctx, tx, msgs, first)
+	res, err := s.enqueue(ctx, writeTarget{q: tx}, msgs, first)
 	if err != nil {
 		return nil, err
 	}
@@ -238,7 +251,65 @@ func (s *Store) EnqueueStandalone(ctx context.Context, msgs ...Message) ([]Resul
 	return res, nil
 }
 
-func (s *Store) enqueue(ctx context.Context, q dialect.DBTX, msgs []Message, firstIndex int) (res []Result, err error) {
+// EnqueueOn writes msgs as [Store.EnqueueBatch] does (validation, ids, hooks, dedupe keys
+// reported in [Result.Duplicate], wake-ups), with statements that r runs on the caller's
+// transaction: for a transaction that database/sql does not manage. It is what driver
+// adapters build on (package github.com/outboxgo/outbox/pgxv5 enqueues on a pgx.Tx with
+// it); application code calls those, or [Store.Enqueue]. The dialect renders the
+// statements ([dialect.Renderer], which the built-in PostgreSQL dialect has); without that
+// ability EnqueueOn returns an error matching [errors.ErrUnsupported] and writes nothing.
+//
+// r must run on an open transaction of the store's database, which EnqueueOn cannot check:
+// an adapter should take a transaction type, as [Tx] does. The first-use check of
+// [Store.Enqueue] does not run here: it reads the pool's driver and the caller's
+// database/sql transaction, and the rendering ability stands in for it.
+func (s *Store) EnqueueOn(ctx context.Context, r dialect.Runner, msgs []Message) ([]Result, error) {
+	if isNil(r) {
+		return nil, invalid("Runner", "is nil")
+	}
+	rd, ok := s.dialect.(dialect.Renderer)
+	if !ok {
+		return nil, fmt.Errorf("outbox: enqueue: the %s dialect does not render its statements (dialect.Renderer), so it enqueues only on a database/sql transaction: %w", s.dialect.Name(), errors.ErrUnsupported)
+	}
+	if len(msgs) == 0 {
+		return nil, nil
+	}
+	return s.enqueue(ctx, writeTarget{r: r, rd: rd}, msgs, 0)
+}
+
+// writeTarget is where an enqueue writes: the caller's database/sql transaction q, run by
+// the dialect, or (EnqueueOn) a Runner r of another driver's transaction, which runs the
+// statements the dialect renders with rd.
+type writeTarget struct {
+	q  dialect.DBTX
+	r  dialect.Runner
+	rd dialect.Renderer
+}
+
+func (w writeTarget) insert(ctx context.Context, s *Store, rows []dialect.Row) ([]bool, error) {
+	if w.r == nil {
+		return s.dialect.Insert(ctx, w.q, s.table, rows)
+	}
+	stmts, err := w.rd.RenderInsert(s.table, rows)
+	if err != nil {
+		return nil, err
+	}
+	return dialect.RunInsert(ctx, w.r, stmts, rows)
+}
+
+func (w writeTarget) signal(ctx context.Context, s *Store, namespace string) error {
+	if w.r == nil {
+		return s.notifier.Signal(ctx, w.q, s.table, namespace)
+	}
+	st, ok := w.rd.RenderSignal(s.table, namespace)
+	if !ok {
+		return nil
+	}
+	_, err := w.r.Exec(ctx, st.Query, st.Args...)
+	return err
+}
+
+func (s *Store) enqueue(ctx context.Context, w writeTarget, msgs []Message, firstIndex int) (res []Result, err error) {
 	if s.hooks.Enqueue != nil {
 		var state []enqueueHooked
 		msgs, state = s.startEnqueueHooks(ctx, msgs)
@@ -264,14 +335,19 @@ func (s *Store) enqueue(ctx context.Context, q dialect.DBTX, msgs []Message, fir
 			Payload: m.Payload, PayloadHash: sum[:], Delay: m.Delay,
 		}
 	}
-	if err := s.checkFirstUse(ctx, q); err != nil {
-		return nil, err
+	if w.q != nil {
+		if err := s.checkFirstUse(ctx, w.q); err != nil {
+			return nil, err
+		}
 	}
-	inserted, err := s.dialect.Insert(ctx, q, s.table, rows)
+	inserted, err := w.insert(ctx, s, rows)
 	if err != nil {
 		size := 0
 		for i := range rows {
 			size += len(rows[i].Payload)
+		}
+		if e := placeholderError(w.q, err); w.q != nil && e != nil {
+			return nil, e
 		}
 		return nil, s.explain("enqueue", err, size)
 	}
@@ -292,7 +368,7 @@ func (s *Store) enqueue(ctx context.Context, q dialect.DBTX, msgs []Message, fir
 	}
 	for _, ns := range woken {
 		if s.notifier != nil && s.signalled.allow(ns) {
-			if err := s.notifier.Signal(ctx, q, s.table, ns); err != nil {
+			if err := w.signal(ctx, s, ns); err != nil {
 				return nil, s.sqlError("enqueue: signal", err)
 			}
 		}
@@ -510,6 +586,7 @@ type Failure struct {
 // marked [Unavailable] goes back to pending with the claim's attempt given back, whatever
 // the attempt count (see [RetryPolicy.Outcome]). Lost leases are reported as by [Store.Ack].
 func (s *Store) Nack(ctx context.Context, policy RetryPolicy, failures ...Failure) error {
+	policy = policy.withDefaults()
 	if err := policy.validate(); err != nil {
 		return err
 	}
@@ -660,14 +737,14 @@ func (s *Store) explain(op string, err error, payload int) error {
 	return fmt.Errorf("outbox: %s (%s dialect): %w", op, s.dialect.Name(), err)
 }
 
-// isNil reports whether tx is nil or a nil pointer in an interface (a nil *sql.Tx), which
+// isNil reports whether v is nil or a nil pointer in an interface (a nil *sql.Tx), which
 // would panic on first use.
-func isNil(tx Tx) bool {
-	if tx == nil {
+func isNil(v any) bool {
+	if v == nil {
 		return true
 	}
-	v := reflect.ValueOf(tx)
-	return v.Kind() == reflect.Pointer && v.IsNil()
+	rv := reflect.ValueOf(v)
+	return rv.Kind() == reflect.Pointer && rv.IsNil()
 }
 
 // truncateUTF8 cuts s to at most n bytes without splitting a rune, and drops NUL bytes

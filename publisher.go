@@ -21,7 +21,7 @@ import (
 // Defaults of [PublisherOptions].
 const (
 	DefaultBatchSize       = 100
-	DefaultPollInterval    = 200 * time.Millisecond // it bounds latency after a partial batch
+	DefaultPollInterval    = 200 * time.Millisecond // it bounds latency when idle
 	DefaultIdleBackoffMax  = time.Second            // idle pause while a listener brings wake-ups
 	DefaultLease           = 30 * time.Second
 	DefaultShutdownTimeout = 10 * time.Second
@@ -51,7 +51,7 @@ var (
 
 // Internal timings that are not worth an option.
 const (
-	// settleAttempts is how often the publisher tries to record a batch's outcomes before
+	// settleAttempts is how often the publisher tries to settle a batch's outcomes before
 	// leaving the rows to their lease (they are then redelivered: at least once).
 	settleAttempts = 4
 	// settleRetryDelay is the first pause between those tries; it doubles.
@@ -78,6 +78,12 @@ type PublisherOptions struct {
 	// PollInterval is the pause after a claim that found less than a full batch, and the
 	// first pause when idle. It must not exceed Lease/3. Default [DefaultPollInterval], or
 	// Lease/3 when that is shorter.
+	//
+	// While nothing wakes the publisher for rows that other processes commit (MySQL and
+	// SQLite, or PostgreSQL while its listener is away), a partial batch is followed by a
+	// pause of 10ms instead (or PollInterval, when shorter), doubling while claims come back
+	// empty: rows that keep coming from another process are claimed within about 10ms, at
+	// one claim per batch found, and an idle publisher still polls every PollInterval.
 	PollInterval time.Duration
 
 	// IdleBackoffMax caps the idle pause: while claims come back empty the pause doubles
@@ -177,9 +183,6 @@ type PublisherOptions struct {
 	// none. See [PublisherObserver].
 	Observer PublisherObserver
 
-	// idleDefault records that IdleBackoffMax was left to its default.
-	idleDefault bool
-
 	// Ordered delivers the events of each namespace and partition key one at a time, in
 	// enqueue order ((created_at, id) at insert), across every publisher of the table and
 	// through retries: a row is claimed only when every earlier row of its key was
@@ -188,7 +191,7 @@ type PublisherOptions struct {
 	// the key back too, until an operator replays or discards it ([Store.BlockedKeys] lists
 	// such keys); set OrderedSkipDead to pass over dead rows instead. Every publisher that
 	// serves the same rows must set it alike: an unordered publisher ignores the order.
-	// An ordered publisher records a full batch's outcomes with its next claim, which it makes
+	// An ordered publisher settles a full batch's outcomes with its next claim, which it makes
 	// only once the batch is published, not during its publish (see [Publisher.Run]).
 	// It needs a dialect that implements [dialect.OrderedClaimer]; [NewPublisher] refuses another
 	// dialect with an error matching [errors.ErrUnsupported]. It also needs the table's
@@ -204,8 +207,32 @@ type PublisherOptions struct {
 	OrderedSkipDead bool
 }
 
-// validate applies the defaults and checks the settings.
-func (o *PublisherOptions) validate() error {
+// withDefaults returns a copy of o with every zero field set to its default, except
+// IdleBackoffMax, whose default depends on whether wake-ups come from other processes while
+// the publisher runs (see idleCap); the copy owns its Topics.
+func (o PublisherOptions) withDefaults() PublisherOptions {
+	o.Topics = append([]string(nil), o.Topics...) // the caller may reuse its slice
+	o.BatchSize = cmp.Or(o.BatchSize, DefaultBatchSize)
+	o.Lease = cmp.Or(o.Lease, DefaultLease)
+	o.PollInterval = cmp.Or(o.PollInterval, min(DefaultPollInterval, o.Lease/3))
+	o.Retry = o.Retry.withDefaults()
+	if o.WorkerID == "" {
+		o.WorkerID = uuid.NewString()
+	}
+	o.Concurrency = cmp.Or(o.Concurrency, 1)
+	o.PublishTimeout = cmp.Or(o.PublishTimeout, DefaultPublishTimeout)
+	o.ShutdownTimeout = cmp.Or(o.ShutdownTimeout, DefaultShutdownTimeout)
+	o.SweepInterval = cmp.Or(o.SweepInterval, DefaultSweepInterval)
+	o.Retention = o.Retention.withDefaults()
+	o.Circuit = o.Circuit.withDefaults()
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o
+}
+
+// validate checks options whose defaults are applied (withDefaults).
+func (o PublisherOptions) validate() error {
 	if err := checkText("Namespace", o.Namespace, 1, MaxNamespaceBytes); err != nil {
 		return err
 	}
@@ -213,61 +240,30 @@ func (o *PublisherOptions) validate() error {
 		return err
 	}
 	switch {
-	case o.BatchSize == 0:
-		o.BatchSize = DefaultBatchSize
 	case o.BatchSize < 1 || o.BatchSize > MaxBatch:
 		return invalid("BatchSize", "must be between 1 and %d, got %d", MaxBatch, o.BatchSize)
-	}
-	switch {
-	case o.Lease == 0:
-		o.Lease = DefaultLease
 	case o.Lease < MinLease:
 		return invalid("Lease", "must be at least %s, got %s", MinLease, o.Lease)
-	}
-	switch {
-	case o.PollInterval == 0:
-		o.PollInterval = min(DefaultPollInterval, o.Lease/3)
 	case o.PollInterval < 0:
 		return invalid("PollInterval", "must be positive, got %s", o.PollInterval)
 	case o.PollInterval > o.Lease/3:
 		return invalid("PollInterval", "must be at most Lease/3 (%s), got %s", o.Lease/3, o.PollInterval)
-	}
-	switch {
-	case o.IdleBackoffMax == 0:
-		o.IdleBackoffMax, o.idleDefault = o.PollInterval, true
-	case o.IdleBackoffMax < o.PollInterval:
+	case o.IdleBackoffMax != 0 && o.IdleBackoffMax < o.PollInterval:
 		return invalid("IdleBackoffMax", "must be at least PollInterval (%s), got %s", o.PollInterval, o.IdleBackoffMax)
 	}
 	if err := o.Retry.validate(); err != nil {
 		return err
 	}
-	if o.WorkerID == "" {
-		o.WorkerID = uuid.NewString()
-	}
 	if err := checkText("WorkerID", o.WorkerID, 1, MaxWorkerIDBytes); err != nil {
 		return err
 	}
 	switch {
-	case o.Concurrency == 0:
-		o.Concurrency = 1
 	case o.Concurrency < 1:
 		return invalid("Concurrency", "must be at least 1, got %d", o.Concurrency)
-	}
-	switch {
-	case o.PublishTimeout == 0:
-		o.PublishTimeout = DefaultPublishTimeout
 	case o.PublishTimeout < 0:
 		return invalid("PublishTimeout", "must not be negative, got %s", o.PublishTimeout)
-	}
-	switch {
-	case o.ShutdownTimeout == 0:
-		o.ShutdownTimeout = DefaultShutdownTimeout
 	case o.ShutdownTimeout < 0:
 		return invalid("ShutdownTimeout", "must not be negative, got %s", o.ShutdownTimeout)
-	}
-	switch {
-	case o.SweepInterval == 0:
-		o.SweepInterval = DefaultSweepInterval
 	case o.SweepInterval < 0:
 		return invalid("SweepInterval", "must not be negative, got %s", o.SweepInterval)
 	}
@@ -280,10 +276,13 @@ func (o *PublisherOptions) validate() error {
 	if o.OrderedSkipDead && !o.Ordered {
 		return invalid("OrderedSkipDead", "applies to ordered publishers only; set Ordered too")
 	}
-	if o.Logger == nil {
-		o.Logger = slog.Default()
-	}
 	return nil
+}
+
+// backoffMax caps the pause after database errors: IdleBackoffMax, or PollInterval when
+// it is left to its default.
+func (o PublisherOptions) backoffMax() time.Duration {
+	return cmp.Or(o.IdleBackoffMax, o.PollInterval)
 }
 
 // DeadLetter describes a message that a [Publisher] moved to dead, as passed to
@@ -334,7 +333,7 @@ type PublisherStats struct {
 
 // Publisher is the background worker that delivers committed outbox rows through a
 // [Transport]: it claims batches from a [Store], checks each payload against its hash,
-// publishes, and records every outcome of a batch at once: delivered, rescheduled under its
+// publishes, and settles every outcome of a batch at once: delivered, rescheduled under its
 // [RetryPolicy], or dead. Leases of in-flight batches are renewed, rows
 // that exhausted their attempts are swept to dead, and database errors are logged and
 // retried with backoff. Delivery is at least once.
@@ -353,9 +352,9 @@ type Publisher struct {
 	claimed, delivered, retried, dead, leaseLost, errs atomic.Int64
 	unavailable, circuitOpens                          atomic.Int64
 
-	// gate, when set, schedules this publisher's claims among the stores of a [Relay]
-	// (relay.go); nil for a publisher of its own.
-	gate claimGate
+	// slots, when set, schedule this publisher's claims among the stores of a [Relay]
+	// (relay_slots.go); nil for a publisher of its own.
+	slots *storeSlots
 	// circ, when set, is a [Relay]'s circuit breaker, shared by all its stores; a publisher
 	// of its own makes its own in Run.
 	circ *circuit
@@ -370,7 +369,7 @@ func NewPublisher(store *Store, tr Transport, opts PublisherOptions) (*Publisher
 	if tr == nil {
 		return nil, invalid("transport", "is nil")
 	}
-	opts.Topics = append([]string(nil), opts.Topics...) // the caller may reuse its slice
+	opts = opts.withDefaults()
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
@@ -433,12 +432,12 @@ func (p *Publisher) Wake() {
 //
 // It starts [PublisherOptions.Concurrency] claim loops and a sweeper. A claim loop claims a
 // batch, dead-letters rows whose payload fails its hash check, publishes the rest while
-// renewing their leases every Lease/3, and records all outcomes in one statement. After a
-// full batch it records them together with the next claim, in one transaction
+// renewing their leases every Lease/3, and settles all outcomes in one statement. After a
+// full batch it settles them together with the next claim, in one transaction
 // ([Store.CompleteAndClaim], where the dialect is a [dialect.SettleClaimer]: every built-in one), so
 // that a backlog drains at one commit per batch, and claims that batch while the full one
 // is in the transport when the transport takes long enough for the overlap to pay (not
-// ordered publishers); after a partial batch it records them
+// ordered publishers); after a partial batch it settles them
 // alone ([Store.Complete]) and waits PollInterval;
 // while claims come back empty it waits longer each time, up to IdleBackoffMax. Database
 // errors are logged, counted and retried after a backoff; they never stop Run.
@@ -547,7 +546,7 @@ func (p *Publisher) awaitReady(ctx context.Context) error {
 		if !sleep(ctx, delay) {
 			return nil
 		}
-		delay = min(delay*2, p.opts.IdleBackoffMax)
+		delay = min(delay*2, p.opts.backoffMax())
 	}
 }
 
@@ -576,12 +575,15 @@ func (r *run) wakeAll() {
 	}
 }
 
-// idleCap is the longest idle pause: see PublisherOptions.IdleBackoffMax.
+// idleCap is the longest idle pause: IdleBackoffMax, or, left to its default, one that
+// depends on whether a listener brings wake-ups from other processes (see
+// PublisherOptions.IdleBackoffMax).
 func (r *run) idleCap() time.Duration {
-	if r.p.opts.idleDefault && r.listening.Load() {
-		return max(DefaultIdleBackoffMax, r.p.opts.PollInterval)
+	o := r.p.opts
+	if o.IdleBackoffMax == 0 && r.listening.Load() {
+		return max(DefaultIdleBackoffMax, o.PollInterval)
 	}
-	return r.p.opts.IdleBackoffMax
+	return o.backoffMax()
 }
 
 // listenLoop keeps a dialect.Notifier listener connected while Run runs, waking the claim loops on
@@ -630,223 +632,13 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-func (r *run) claimLoop(w waker) {
-	p := r.p
-	o := ClaimOptions{Scope: p.opts.Scope, Limit: p.opts.BatchSize, Lease: p.opts.Lease, MaxAttempts: p.opts.Retry.MaxAttempts, WorkerID: p.opts.WorkerID,
-		Ordered: p.opts.Ordered, OrderedSkipDead: p.opts.OrderedSkipDead}
-	_, fold := p.store.dialect.(dialect.SettleClaimer)
-	// Ordered publishers do not claim ahead: a batch claimed while the one before is in the
-	// transport holds its keys too, so a publisher would hold the heads of twice as many
-	// keys, which the other publishers' claims then walk past (eight of them on one SQLite
-	// file, claiming ahead, delivered too slowly under the race detector). They still
-	// record a full batch's outcomes with their next claim.
-	claimAhead := !p.opts.Ordered
-	// A claim ahead pays while the transport takes a while: the database claims the next
-	// batch while the broker takes this one. With a transport that answers at once there is
-	// nothing to overlap, and the claim ahead only costs: it passes over the batch in flight
-	// (still processing, first in the claim's order) and holds twice the rows. So a loop
-	// claims ahead while its last publish took at least a sixteenth of its last claim
-	// (aheadWorth), and otherwise records the batch's outcomes with the claim that follows
-	// the publish, which is still one transaction per batch.
-	var lastPublish, lastClaim time.Duration // the first batch is published before a claim ahead
-	idle := p.opts.PollInterval
-	errDelay := p.opts.PollInterval
-	chase := len(chaseDelays) // position in chaseDelays; at the end when not chasing
-	// pause waits up to d, less while chasing a wake-up; a wake-up ends it early and
-	// starts a chase.
-	pause := func(d time.Duration) {
-		if chase < len(chaseDelays) {
-			d = min(d, chaseDelays[chase])
-			chase++
-		}
-		if w.wait(r.ctx, d) {
-			chase, idle = 0, p.opts.PollInterval
-		}
-	}
-	// A claim loop pipelines: while a full batch is being published, it records the
-	// outcomes of the batch before (prev) and claims the next one, in one transaction where
-	// the dialect can (next). So the database's work overlaps the broker's, and a backlog
-	// drains at one commit per batch. An ordered loop records a full batch's outcomes with
-	// its next claim too, but makes that claim only once the batch is published.
-	var (
-		prev    *outcomes // published, not yet recorded
-		carry   *outcomes // published, to record with the outcomes of cur (the loop stopped claiming ahead)
-		cur     []Record  // claimed, to publish
-		curLost map[uuid.UUID]bool
-		probing bool // cur is the circuit breaker's probe
-	)
-	// In a Relay, each claimed batch holds a slot of the relay's budget until it is
-	// recorded (nil methods do nothing without a relay; see relay_gate.go).
-	lg := newLoopGate(p.gate)
-	defer lg.releaseAll()
-	defer func() {
-		if prev != nil { // stopped with a batch published: record it alone
-			r.settle(prev, false)
-		}
-	}()
-	for {
-		if cur == nil {
-			if r.ctx.Err() != nil {
-				return
-			}
-			// Circuit breaker: while the destination is down, claim nothing but the probe.
-			g := r.circ.allow()
-			if !g.claim {
-				if prev != nil {
-					r.settle(prev, false)
-					prev = nil
-					lg.release()
-				}
-				r.circuitWait(g)
-				continue
-			}
-			co := o
-			if g.probe {
-				co.Limit = probeSize
-			}
-			// The claim runs on the work context so that a shutdown cannot cut it off after
-			// the database leased rows but before this loop learned which; the rows it
-			// returns are published like any in-flight batch.
-			if lg != nil {
-				if prev != nil && lg.contended() {
-					r.settle(prev, false) // other stores wait: record it alone and queue
-					prev = nil
-					lg.release()
-				}
-				if prev == nil { // else prev's slot passes to this claim
-					woken, ok := lg.acquire(r.ctx, w, chase < len(chaseDelays))
-					if !ok {
-						return
-					}
-					if woken {
-						chase, idle = 0, p.opts.PollInterval
-					}
-				}
-			}
-			began := time.Now()
-			recs, err := r.next(&prev, co, fold)
-			lastClaim = time.Since(began)
-			lg.claimed(len(recs), err)
-			if g.probe && (err != nil || len(recs) == 0) {
-				r.circ.probeVoid() // nothing was asked of the destination
-			}
-			if err != nil {
-				if r.work.Err() != nil {
-					return
-				}
-				r.claimFailed(err, &errDelay)
-				continue
-			}
-			errDelay = p.opts.PollInterval
-			if len(recs) == 0 && g.probe {
-				continue // the circuit waits for the next probe
-			}
-			if len(recs) == 0 {
-				d := idle
-				idle = min(idle*2, r.idleCap())
-				pause(d) // a wake-up resets idle
-				continue
-			}
-			idle = p.opts.PollInterval
-			p.claimed.Add(int64(len(recs)))
-			cur, curLost, probing = recs, map[uuid.UUID]bool{}, g.probe
-		}
-
-		full := len(cur) == p.opts.BatchSize
-		published := make(chan *outcomes, 1)
-		go func(recs []Record, lost map[uuid.UUID]bool) { published <- r.publishBatch(recs, lost) }(cur, curLost)
-		var (
-			ahead    []Record
-			aheadErr error
-		)
-		if full && claimAhead && aheadWorth(lastPublish, lastClaim) && r.ctx.Err() == nil && r.circ.closed() && lg.ahead(prev != nil) {
-			began := time.Now()
-			ahead, aheadErr = r.next(&prev, o, fold) // more is likely waiting
-			lastClaim = time.Since(began)
-			lg.claimed(len(ahead), aheadErr)
-		} else if prev != nil {
-			if fold && len(prev.items)+len(cur) <= MaxBatch {
-				carry = prev // recorded with this batch, after its publish: one transaction for both
-			} else {
-				r.settle(prev, false)
-			}
-			prev = nil
-			lg.release()
-		}
-		aheadLost := map[uuid.UUID]bool{}
-		out := r.awaitPublish(published, ahead, aheadLost, carry)
-		if out == nil {
-			prev, carry = carry, nil // the deferred settle records it
-			return                   // the shutdown deadline passed: this batch's rows keep their lease
-		}
-		lastPublish = out.took
-		r.circuitRecord(out, probing)
-		probing = false
-		if carry != nil {
-			out, carry = carry.join(out), nil
-		}
-		if len(ahead) > 0 {
-			p.claimed.Add(int64(len(ahead)))
-		}
-		prev = out
-		cur, curLost = ahead, aheadLost
-		if len(cur) == 0 {
-			cur = nil
-		}
-		switch {
-		case !full:
-			r.settle(prev, false)
-			prev = nil
-			lg.release()
-			pause(p.opts.PollInterval)
-		case aheadErr != nil && r.work.Err() == nil:
-			r.claimFailed(aheadErr, &errDelay) // prev is recorded with the next claim
-		case !fold && cur == nil:
-			r.settle(prev, false) // nothing to record it with
-			prev = nil
-			lg.release()
-		}
-	}
-}
-
 // Log messages that a Relay keeps quiet while it reports the store down (relay.go).
 const (
 	msgClaimFailed  = "outbox publisher: claim failed"
 	msgListenerLost = "outbox publisher: wake-up listener lost its connection; polling until it reconnects"
 )
 
-// claimFailed counts and logs a failed claim, waits *delay, and doubles it up to
-// IdleBackoffMax.
-func (r *run) claimFailed(err error, delay *time.Duration) {
-	r.p.errs.Add(1)
-	r.p.log.Error(msgClaimFailed, "err", err, "retry_in", *delay)
-	sleep(r.ctx, *delay)
-	*delay = min(*delay*2, r.p.opts.IdleBackoffMax)
-}
-
-// next records the outcomes of *prev, if any, and claims the next batch: in one
-// transaction when fold (the dialect is a dialect.SettleClaimer), one after the other otherwise.
-func (r *run) next(prev **outcomes, o ClaimOptions, fold bool) ([]Record, error) {
-	defer r.watch("a claim")()
-	b := *prev
-	*prev = nil
-	if b != nil && !fold {
-		r.settle(b, false)
-		b = nil
-	}
-	octx := r.startClaim()
-	var recs []Record
-	var err error
-	if b == nil {
-		recs, err = r.p.store.Claim(r.work, o)
-	} else {
-		recs, err = r.settleAndClaim(b, o)
-	}
-	r.endClaim(octx, len(recs), err)
-	return recs, err
-}
-
-// slowCall is how long a claim or the recording of outcomes may take before the publisher
+// slowCall is how long a claim or the settling of outcomes may take before the publisher
 // warns that it waits, for a connection of the pool or for locks.
 const slowCall = 5 * time.Second
 
@@ -884,7 +676,7 @@ func (r *run) watch(what string) (done func()) {
 
 // awaitPublish waits for a batch's publish and returns its outcomes, renewing meanwhile the
 // leases of ahead, the batch claimed during it, marking those it lost in lost, and those of
-// carry, a batch published before whose outcomes wait to be recorded with this one's.
+// carry, a batch published before whose outcomes wait to be settled with this one's.
 func (r *run) awaitPublish(published <-chan *outcomes, ahead []Record, lost map[uuid.UUID]bool, carry *outcomes) *outcomes {
 	if len(ahead) == 0 && carry == nil {
 		return <-published
@@ -919,7 +711,7 @@ func (r *run) awaitPublish(published <-chan *outcomes, ahead []Record, lost map[
 	}
 }
 
-// outcomes are the fates of one published batch, waiting to be recorded.
+// outcomes are the fates of one published batch, waiting to be settled.
 type outcomes struct {
 	items []settlement
 	// lost marks the rows whose lease was lost while the batch was published.
@@ -932,29 +724,12 @@ type outcomes struct {
 	began                  time.Time     // when the publish began
 	took                   time.Duration // how long the transport took
 	// partly is set when some messages of a batch, not all, failed [Unavailable] (for two
-	// batches recorded together, of either one; their sums no longer tell).
+	// batches settled together, of either one; their sums no longer tell).
 	partly bool
-}
-
-// settleAndClaim records prev's outcomes and claims the next batch in one transaction
-// (Store.CompleteAndClaim). When that fails, it records them alone, as settle does, and
-// returns the error for the claim loop to back off.
-func (r *run) settleAndClaim(prev *outcomes, o ClaimOptions) ([]Record, error) {
-	outs := prev.pending()
-	if len(outs) == 0 {
-		return r.p.store.Claim(r.work, o)
-	}
-	recs, lost, err := r.p.store.CompleteAndClaim(r.work, outs, o)
-	if err != nil {
-		if r.work.Err() == nil {
-			// The transaction may have committed with its reply lost: settle knows.
-			r.settle(prev, true)
-		}
-		return nil, err
-	}
-	r.lostLeases(lost, prev.lost, "settling")
-	r.report(prev)
-	return recs, nil
+	// sent is set once a settle of these outcomes failed in a way that may still have
+	// applied it (the transaction committed, its reply was lost): a lost lease is then
+	// checked against what this publisher sent (settledEarlier).
+	sent bool
 }
 
 // settlement is the fate of one claimed row.
@@ -1028,23 +803,7 @@ func (r *run) publishBatch(recs []Record, lost map[uuid.UUID]bool) *outcomes {
 	return b
 }
 
-// aheadWorth reports whether a claim loop should claim its next batch while this one is
-// published: when the last publish took at least a sixteenth of the last claim, so that the
-// overlap saves more than the claim ahead costs (see claimLoop), and at least
-// aheadMinPublish. A loop learns it from its first batch, which it publishes without
-// claiming ahead: turning the claim ahead on costs nothing, but turning it off records the
-// batch claimed before alone.
-func aheadWorth(lastPublish, lastClaim time.Duration) bool {
-	return lastPublish >= aheadMinPublish && 16*lastPublish >= lastClaim
-}
-
-// aheadMinPublish is the shortest publish worth a claim ahead: a transport that answers
-// sooner made no network round trip (it hands messages to memory, a channel, a buffer),
-// and an in-process SQLite claim is quick enough that such a publish would otherwise pass
-// for a sixteenth of it, now and then, turning the claim ahead on and off.
-const aheadMinPublish = 200 * time.Microsecond
-
-// join returns the outcomes of b and then c, to record together.
+// join returns the outcomes of b and then c, to settle together.
 func (b *outcomes) join(c *outcomes) *outcomes {
 	lost := make(map[uuid.UUID]bool, len(b.lost)+len(c.lost))
 	maps.Copy(lost, b.lost)
@@ -1056,7 +815,7 @@ func (b *outcomes) join(c *outcomes) *outcomes {
 	return j
 }
 
-// pending returns the outcomes still to record: those of rows whose lease was not lost.
+// pending returns the outcomes still to settle: those of rows whose lease was not lost.
 func (b *outcomes) pending() []Outcome {
 	outs := make([]Outcome, 0, len(b.items))
 	for _, it := range b.items {
@@ -1223,10 +982,10 @@ func (r *run) lostLeases(ids []uuid.UUID, lost map[uuid.UUID]bool, while string)
 		idsAttr(fresh), "count", len(fresh))
 }
 
-// settle records the outcomes of a batch in one Complete call, retrying database errors a
-// few times, and reports them. Rows whose lease was lost are left to their new owner.
-// maybeApplied says an earlier call may have recorded them already (its reply was lost).
-func (r *run) settle(b *outcomes, maybeApplied bool) {
+// settle settles the outcomes of a batch in one Store.Complete call, retrying database
+// errors a few times, and reports them. Rows whose lease was lost are left to their new
+// owner.
+func (r *run) settle(b *outcomes) {
 	p := r.p
 	outs := b.pending()
 	if len(outs) == 0 {
@@ -1234,21 +993,21 @@ func (r *run) settle(b *outcomes, maybeApplied bool) {
 	}
 	var err error
 	delay := settleRetryDelay
-	attempt := 1
-	for ; ; attempt++ {
-		done := r.watch("recording outcomes")
+	for attempt := 1; ; attempt++ {
+		done := r.watch("settling outcomes")
 		err = p.store.Complete(r.work, outs...)
 		done()
 		if err == nil || errors.Is(err, ErrLeaseLost) || r.work.Err() != nil {
 			break
 		}
 		p.errs.Add(1)
+		b.sent = true
 		if attempt == settleAttempts {
-			p.log.Error("outbox publisher: could not record outcomes; the rows keep their lease and will be redelivered after it expires",
+			p.log.Error("outbox publisher: could not settle outcomes; the rows keep their lease and will be redelivered after it expires",
 				"err", err, idsAttr(dialect.Leases(outs)), "count", len(outs))
 			return
 		}
-		p.log.Warn("outbox publisher: recording outcomes failed; retrying", "err", err, "retry_in", delay, "count", len(outs))
+		p.log.Warn("outbox publisher: settling outcomes failed; retrying", "err", err, "retry_in", delay, "count", len(outs))
 		if !sleep(r.work, delay) {
 			break
 		}
@@ -1259,7 +1018,7 @@ func (r *run) settle(b *outcomes, maybeApplied bool) {
 	case err == nil:
 	case errors.As(err, &lle):
 		ids := lle.IDs
-		if attempt > 1 || maybeApplied {
+		if b.sent {
 			ids = r.settledEarlier(outs, ids)
 		}
 		r.lostLeases(ids, b.lost, "settling")
@@ -1404,7 +1163,7 @@ func (r *run) sweepLoop() {
 			return
 		case <-t.C:
 		}
-		if g := r.p.gate; g != nil && !g.background(r.ctx) {
+		if s := r.p.slots; s != nil && !s.background(r.ctx) {
 			return // a relay spaces the sweeps of its stores out with its idle probes
 		}
 		if sinceFull >= fullSweepEvery {

@@ -6,9 +6,10 @@ import (
 	"github.com/google/uuid"
 )
 
-// The publisher's side of the circuit breaker (circuit.go): the claim loops ask the circuit
-// before each claim (claimLoop), wait while it is open (circuitWait), and report every
-// published batch to it (circuitRecord).
+// circuitAdmission is the circuit breaker (circuit.go) as a claim loop's admission: while
+// the destination is down it admits nothing but the probe, and it hears of every
+// published batch.
+type circuitAdmission struct{ r *run }
 
 // probeSize is the number of messages a probe claims. One: the probe asks whether the
 // destination answers, and one message answers that as well as a hundred, while it costs
@@ -16,42 +17,61 @@ import (
 // it but the reply was lost, at most one duplicate.
 const probeSize = 1
 
-// circuitWait waits while the circuit keeps the loop from claiming: until the next probe is
-// due, the circuit changes, or Run's context ends. Wake-ups are not listened to here, so
-// that no enqueue, NOTIFY or [Publisher.Wake] makes the loop claim while the destination
-// is down; one that arrives meanwhile stays pending in the loop's waker.
-func (r *run) circuitWait(g gate) {
-	t := time.NewTimer(g.wait)
+// admit lets the loop claim while the circuit is closed, and claim the probe when the
+// circuit is open and the probe is due. Otherwise it settles the batch s carries and waits
+// until the next probe is due, the circuit changes, or Run's context ends. Wake-ups are not
+// listened to here, so that no enqueue, NOTIFY or [Publisher.Wake] makes the loop claim
+// while the destination is down; one that arrives meanwhile stays pending in the loop's
+// waker.
+func (a circuitAdmission) admit(s *settler, _ bool) (ticket, bool) {
+	pm := a.r.circ.allow()
+	if pm.claim {
+		return ticket{probe: pm.probe}, true
+	}
+	s.settle()
+	t := time.NewTimer(pm.wait)
 	defer t.Stop()
 	select {
-	case <-r.ctx.Done():
-	case <-g.changed:
+	case <-a.r.ctx.Done():
+	case <-pm.changed:
 	case <-t.C:
+	}
+	return ticket{}, false
+}
+
+// ahead lets a loop claim ahead only while the circuit is closed.
+func (a circuitAdmission) ahead(*settler) bool { return a.r.circ.closed() }
+
+// claimed ends a probe whose claim failed or found nothing: the destination was not asked.
+func (a circuitAdmission) claimed(t ticket, n int, err error) {
+	if t.probe && (err != nil || n == 0) {
+		a.r.circ.probeVoid()
 	}
 }
 
-// circuitRecord reports a published batch to the circuit, and the transition it caused.
+// published reports a published batch to the circuit, and the transition it caused.
 // A batch that published nothing (every row lost its lease or failed its hash check) says
 // nothing about the destination.
-func (r *run) circuitRecord(b *outcomes, probe bool) {
-	if r.circ == nil {
-		return
-	}
+func (a circuitAdmission) published(b *outcomes, t ticket) {
+	r := a.r
 	if b.published == 0 {
-		if probe {
+		if t.probe {
 			r.circ.probeVoid()
 		}
 		return
 	}
-	t := r.circ.record(b.unavailable == b.published, probe, b.began)
+	tr := r.circ.afterBatch(b.unavailable == b.published, t.probe, b.began)
 	switch {
-	case t.opened:
+	case tr.opened:
 		r.p.circuitOpens.Add(1)
-		r.circuitChanged(true, t, b.unavailableErr)
-	case t.closed:
-		r.circuitChanged(false, t, nil)
+		r.circuitChanged(true, tr, b.unavailableErr)
+	case tr.closed:
+		r.circuitChanged(false, tr, nil)
 	}
 }
+
+func (circuitAdmission) released() {}
+func (circuitAdmission) close()    {}
 
 // circuitChanged is called once each time the circuit opens (open true: a batch came back
 // all Unavailable, cause being its first error) or closes again (a batch got through). It

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"math/rand/v2"
 	"time"
 )
@@ -49,8 +50,14 @@ func DefaultRetention() Retention {
 
 func (r Retention) enabled() bool { return r.Delivered > 0 || r.Dead > 0 }
 
-// validate applies the default interval and checks the settings.
-func (r *Retention) validate() error {
+// withDefaults returns r with the default interval when it has none.
+func (r Retention) withDefaults() Retention {
+	r.Interval = cmp.Or(r.Interval, DefaultRetentionInterval)
+	return r
+}
+
+// validate checks settings whose defaults are applied (withDefaults).
+func (r Retention) validate() error {
 	switch {
 	case r.Delivered < 0:
 		return invalid("Retention.Delivered", "must not be negative, got %s", r.Delivered)
@@ -58,8 +65,6 @@ func (r *Retention) validate() error {
 		return invalid("Retention.Dead", "must not be negative, got %s", r.Dead)
 	case r.Interval < 0:
 		return invalid("Retention.Interval", "must not be negative, got %s", r.Interval)
-	case r.Interval == 0:
-		r.Interval = DefaultRetentionInterval
 	}
 	return nil
 }

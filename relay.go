@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -45,10 +46,10 @@ type RelayOptions struct {
 
 	// MaxInFlight is the relay's budget: how many claims and batches may be under way at
 	// once, over all stores. A slot is taken before a claim and returned when the claim
-	// finds nothing or when the batch it claimed is recorded, so it bounds the connections
+	// finds nothing or when the batch it claimed is settled, so it bounds the connections
 	// the relay's claims hold at once and the messages in the transport (MaxInFlight ×
 	// BatchSize). Slots go to the stores' claim loops in the order they asked (first in,
-	// first out), and a store whose batch is recorded while others wait queues behind them,
+	// first out), and a store whose batch is settled while others wait queues behind them,
 	// so a store with a large backlog delays a claim of another store by about one batch.
 	// Default [DefaultRelayMaxInFlight].
 	MaxInFlight int
@@ -69,37 +70,37 @@ type RelayOptions struct {
 	DownBackoffMax time.Duration
 }
 
-func (o *RelayOptions) validate() error {
-	pub := o.Publisher // a copy: each store's publisher applies the defaults itself
-	pub.Topics = append([]string(nil), pub.Topics...)
-	if err := pub.validate(); err != nil {
-		return err
-	}
-	switch {
-	case o.MaxInFlight == 0:
-		o.MaxInFlight = DefaultRelayMaxInFlight
-	case o.MaxInFlight < 0:
-		return invalid("MaxInFlight", "must be at least 1, got %d", o.MaxInFlight)
-	}
-	switch {
-	case o.IdleProbesPerSecond == 0:
-		o.IdleProbesPerSecond = DefaultRelayIdleProbesPerSecond
-	case o.IdleProbesPerSecond < 0, math.IsNaN(o.IdleProbesPerSecond), math.IsInf(o.IdleProbesPerSecond, 0):
-		return invalid("IdleProbesPerSecond", "must be a positive number, got %v", o.IdleProbesPerSecond)
-	case o.IdleProbesPerSecond < 0.001 || o.IdleProbesPerSecond > 1e6:
-		return invalid("IdleProbesPerSecond", "must be between 0.001 and 1e6, got %v", o.IdleProbesPerSecond)
-	}
-	switch {
-	case o.DownBackoffMax == 0:
-		o.DownBackoffMax = DefaultRelayDownBackoffMax
-	case o.DownBackoffMax < 0:
-		return invalid("DownBackoffMax", "must not be negative, got %s", o.DownBackoffMax)
-	}
+// withDefaults returns a copy of o with its zero fields set to their defaults, and the
+// relay's own WorkerID and Logger in Publisher. The other Publisher fields keep their zero
+// values: each store's publisher applies their defaults itself ([Relay.Add]).
+func (o RelayOptions) withDefaults() RelayOptions {
+	o.Publisher.Topics = append([]string(nil), o.Publisher.Topics...) // the caller may reuse its slice
+	o.MaxInFlight = cmp.Or(o.MaxInFlight, DefaultRelayMaxInFlight)
+	o.IdleProbesPerSecond = cmp.Or(o.IdleProbesPerSecond, DefaultRelayIdleProbesPerSecond)
+	o.DownBackoffMax = cmp.Or(o.DownBackoffMax, DefaultRelayDownBackoffMax)
 	if o.Publisher.WorkerID == "" {
 		o.Publisher.WorkerID = uuid.NewString()
 	}
 	if o.Publisher.Logger == nil {
 		o.Publisher.Logger = slog.Default()
+	}
+	return o
+}
+
+// validate checks options whose defaults are applied (withDefaults).
+func (o RelayOptions) validate() error {
+	if err := o.Publisher.withDefaults().validate(); err != nil {
+		return err
+	}
+	switch {
+	case o.MaxInFlight < 0:
+		return invalid("MaxInFlight", "must be at least 1, got %d", o.MaxInFlight)
+	case o.IdleProbesPerSecond < 0, math.IsNaN(o.IdleProbesPerSecond), math.IsInf(o.IdleProbesPerSecond, 0):
+		return invalid("IdleProbesPerSecond", "must be a positive number, got %v", o.IdleProbesPerSecond)
+	case o.IdleProbesPerSecond < 0.001 || o.IdleProbesPerSecond > 1e6:
+		return invalid("IdleProbesPerSecond", "must be between 0.001 and 1e6, got %v", o.IdleProbesPerSecond)
+	case o.DownBackoffMax < 0:
+		return invalid("DownBackoffMax", "must not be negative, got %s", o.DownBackoffMax)
 	}
 	return nil
 }
@@ -131,7 +132,7 @@ type RelayStoreStats struct {
 	Since     time.Time
 	LastError string
 	// InFlight is the relay slots the store holds: claims under way and batches claimed
-	// and not yet recorded.
+	// and not yet settled.
 	InFlight int
 }
 
@@ -192,7 +193,7 @@ func NewRelay(tr Transport, opts RelayOptions) (*Relay, error) {
 	if tr == nil {
 		return nil, invalid("transport", "is nil")
 	}
-	opts.Publisher.Topics = append([]string(nil), opts.Publisher.Topics...)
+	opts = opts.withDefaults()
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
@@ -206,10 +207,7 @@ func NewRelay(tr Transport, opts RelayOptions) (*Relay, error) {
 	// One circuit breaker for the relay: its stores share one transport, so an outage of
 	// the destination is one outage, probed by one store at a time, not by every store.
 	if co := opts.Publisher.Circuit; !co.Disabled {
-		if err := co.validate(); err != nil {
-			return nil, err
-		}
-		r.circ = newCircuit(co)
+		r.circ = newCircuit(co.withDefaults()) // validate checked it
 	}
 	return r, nil
 }
@@ -254,7 +252,7 @@ func (r *Relay) Add(name string, store *Store, opts ...PublisherOptions) error {
 	if err != nil {
 		return err
 	}
-	p.gate = memberGate{m: m, s: r.sched}
+	p.slots = &storeSlots{m: m, s: r.sched}
 	p.circ = r.circ
 	m.pub = p
 
@@ -272,8 +270,8 @@ func (r *Relay) Add(name string, store *Store, opts ...PublisherOptions) error {
 
 // Remove stops serving the store added under name and forgets it; an unknown name returns
 // an error matching [ErrUnknownStore]. It waits, as [Publisher.Run] does at shutdown, up to
-// the store's ShutdownTimeout for its batches in flight to be published and recorded; rows
-// still unrecorded then keep their lease and are claimed again once it expires, by the
+// the store's ShutdownTimeout for its batches in flight to be published and settled; rows
+// still unsettled then keep their lease and are claimed again once it expires, by the
 // relay if the store is added again or by any publisher of the table. Nothing is lost.
 // Rows that were never claimed stay pending.
 func (r *Relay) Remove(name string) error {

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"fmt"
 	"math/rand/v2"
 	"time"
@@ -28,21 +29,17 @@ func DefaultRetryPolicy() RetryPolicy {
 	return RetryPolicy{BaseDelay: time.Second, MaxDelay: 5 * time.Minute, MaxAttempts: 10}
 }
 
-func (p *RetryPolicy) withDefaults() {
+// withDefaults returns p with its zero fields set to those of [DefaultRetryPolicy].
+func (p RetryPolicy) withDefaults() RetryPolicy {
 	d := DefaultRetryPolicy()
-	if p.BaseDelay == 0 {
-		p.BaseDelay = d.BaseDelay
-	}
-	if p.MaxDelay == 0 {
-		p.MaxDelay = d.MaxDelay
-	}
-	if p.MaxAttempts == 0 {
-		p.MaxAttempts = d.MaxAttempts
-	}
+	p.BaseDelay = cmp.Or(p.BaseDelay, d.BaseDelay)
+	p.MaxDelay = cmp.Or(p.MaxDelay, d.MaxDelay)
+	p.MaxAttempts = cmp.Or(p.MaxAttempts, d.MaxAttempts)
+	return p
 }
 
-func (p *RetryPolicy) validate() error {
-	p.withDefaults()
+// validate checks a policy whose defaults are applied (withDefaults).
+func (p RetryPolicy) validate() error {
 	switch {
 	case p.BaseDelay < 0:
 		return invalid("BaseDelay", "must not be negative, got %s", p.BaseDelay)

@@ -258,3 +258,37 @@ func (n notifyingCounter) Signal(ctx context.Context, q dialect.DBTX, t dialect.
 func (n notifyingCounter) Listen(ctx context.Context, db *sql.DB, t dialect.Table, ready func(), wake func(string)) error {
 	return n.Dialect.(dialect.Notifier).Listen(ctx, db, t, ready, wake)
 }
+
+// TestPublisherFollowsAStreamFromAnotherProcess: where nothing wakes the publisher for rows
+// that another process commits (no listener: here DisableNotify, so PostgreSQL too), a
+// batch that found rows is followed by a quick poll, not by PollInterval: the second of two
+// events committed elsewhere a little apart is delivered long before PollInterval passes.
+func TestPublisherFollowsAStreamFromAnotherProcess(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, e *pubEnv) {
+		store, err := outbox.New(e.db, pubDialect(e.backend), outbox.Options{DisableNotify: true})
+		require.NoError(t, err)
+		o := fastOptions(t, "follow")
+		o.PollInterval, o.IdleBackoffMax, o.Lease = 3*time.Second, 3*time.Second, 10*time.Second
+		rec := newRecorder(nil)
+		p, err := outbox.NewPublisher(store, rec.transport("p"), o)
+		require.NoError(t, err)
+		start(t, p)
+		// The first claim finds nothing (the publisher then waits PollInterval): the first
+		// event is delivered by the poll after that pause.
+		first := e.enqueue(t, "follow", 1)
+		e.waitCounts(t, 30*time.Second, func(m map[outbox.Status]int) bool { return m[outbox.StatusDelivered] == 1 })
+		require.Equal(t, []int{1}, rec.seen(first[0]))
+		// That claim found a partial batch: the next poll comes within about 10ms, and then
+		// at pauses that double from there. An event committed 50ms later is found within
+		// a second; with a pause of PollInterval after the batch it would wait 3s.
+		time.Sleep(50 * time.Millisecond)
+		second := e.enqueue(t, "follow", 1)
+		committed := time.Now()
+		e.waitCounts(t, 30*time.Second, func(m map[outbox.Status]int) bool { return m[outbox.StatusDelivered] == 2 })
+		took := time.Since(committed)
+		t.Logf("%s: the second event was delivered %s after its commit", e.backend, took.Round(time.Millisecond))
+		require.Less(t, took, 1500*time.Millisecond, "a poll of PollInterval (3s) after the partial batch")
+		require.Equal(t, []int{1}, rec.seen(second[0]))
+	})
+}

@@ -330,6 +330,77 @@ type PoolBinder interface {
 	BindPool(db *sql.DB) Dialect
 }
 
+// Renderer renders the statements of an enqueue instead of running them, so that the
+// engine can run them on a connection that database/sql does not manage: package pgxv5
+// enqueues on a pgx transaction with it, through the engine's Store.EnqueueOn. A dialect
+// with it should build its own [Dialect.Insert] and [Notifier.Signal] from the same
+// renderings and run them with [RunInsert] and a [DBTXRunner], so that an insert is built
+// one way whatever runs it. The built-in PostgreSQL dialect implements it; a dialect whose
+// insert needs the answer of one statement to render the next (MySQL's, which reserves
+// dedupe keys first) cannot. The checklist, which the pgxv5 module's tests check for
+// PostgreSQL:
+//
+//  1. RenderInsert returns the statements that write rows, in order, as [Dialect.Insert]
+//     would run them: the same SQL, with arguments that the database's native driver
+//     binds as database/sql binds them (strings, []byte, int64, slices of them). Each
+//     statement writes the next [InsertStatement.Rows] of rows; together they write all.
+//  2. Each statement says, in [InsertStatement.Result], how its caller learns which rows
+//     went in, and a duplicate dedupe key never raises an error (it would abort the
+//     caller's transaction on PostgreSQL): see [InsertResult].
+//  3. RenderSignal returns the statement that [Notifier.Signal] runs for namespace, to be
+//     run with [Runner.Exec] on the caller's transaction, and false when the dialect is
+//     not a [Notifier].
+//
+// The renderings depend only on their arguments: they read no connection state.
+type Renderer interface {
+	RenderInsert(t Table, rows []Row) ([]InsertStatement, error)
+	RenderSignal(t Table, namespace string) (Statement, bool)
+}
+
+// Statement is one SQL statement and its arguments, with the placeholders of the database.
+type Statement struct {
+	Query string
+	Args  []any
+}
+
+// InsertStatement is one statement of a [Renderer]'s insert.
+type InsertStatement struct {
+	Statement
+	// Rows is how many rows it writes: the next Rows of those rendered, in order.
+	Rows int
+	// Result says how its caller learns which of its rows were inserted.
+	Result InsertResult
+}
+
+// InsertResult is how a caller learns which rows of an [InsertStatement] were inserted;
+// [RunInsert] reads each kind.
+type InsertResult uint8
+
+const (
+	// InsertedAll: the statement inserts all its rows or fails (none has a dedupe key).
+	// Run it with [Runner.Exec].
+	InsertedAll InsertResult = iota
+	// InsertedIfAffected: the statement writes one row and skips it, without an error,
+	// when its dedupe key exists. Run it with [Runner.Exec]; one affected row means it
+	// went in.
+	InsertedIfAffected
+	// InsertedReturned: the statement skips rows whose dedupe key exists, without an
+	// error, and returns the id of each row it inserted, one column. Run it with
+	// [Runner.QueryIDs]; a row whose id is not returned was a duplicate.
+	InsertedReturned
+)
+
+// Runner runs rendered statements on the caller's transaction, whatever its driver: the
+// engine's Store.EnqueueOn takes one. [DBTXRunner] adapts a [DBTX]; package pgxv5 adapts a
+// pgx transaction.
+type Runner interface {
+	// Exec runs a statement that returns no rows and returns how many rows it affected.
+	Exec(ctx context.Context, query string, args ...any) (int64, error)
+	// QueryIDs runs a statement that returns one column of ids and returns them in the
+	// order the database did, as [QueryIDs] does.
+	QueryIDs(ctx context.Context, query string, args ...any) ([]uuid.UUID, error)
+}
+
 // FirstUseChecker catches, on the caller's own transaction at a store's first enqueue, the
 // setup mistakes that would otherwise show up late or as something else: a pool of another
 // database than the dialect's (whose statements fail with syntax errors), or settings

@@ -17,7 +17,7 @@
 //
 // Whatever only some databases can do comes as a separate interface that a Dialect value
 // may also implement: [Checker], [Notifier], [SettleClaimer], [OrderedClaimer], [Purger],
-// [Administrator], [Inspector] and [PoolBinder]. None of them embeds Dialect. The engine
+// [Administrator], [Inspector], [PoolBinder] and [Renderer]. None of them embeds Dialect. The engine
 // finds each by a type assertion on the dialect passed to outbox.New; a dialect that lacks
 // one makes the matching Store call return an error matching [errors.ErrUnsupported],
 // so adding an ability never breaks an existing dialect. Assert the abilities you
@@ -42,6 +42,6 @@
 // builds placeholders and their arguments in one pass, [ScanTime] and [ScanHeaders] scan
 // the columns drivers disagree on or that may be damaged, [QueryIDs] reads the ids an
 // UPDATE ... RETURNING returns, [Lost] and [Leases] tell which leases a statement did not
-// settle, and [SortClaimed] puts claimed rows in claim order. The built-in dialects use
-// them too.
+// settle, [SortClaimed] puts claimed rows in claim order, and [RunInsert] with
+// [DBTXRunner] runs a [Renderer]'s insert. The built-in dialects use them too.
 package dialect

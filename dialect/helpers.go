@@ -179,3 +179,68 @@ func SortClaimed(recs []Record) {
 		return bytes.Compare(a.ID[:], b.ID[:])
 	})
 }
+
+// RunInsert runs the statements of a [Renderer]'s insert of rows on r, in order, and
+// returns which rows went in, as [Dialect.Insert] returns them. A statement that does not
+// account for its rows, or statements that do not add up to rows, are errors of the
+// dialect's.
+func RunInsert(ctx context.Context, r Runner, stmts []InsertStatement, rows []Row) ([]bool, error) {
+	inserted := make([]bool, len(rows))
+	done := 0
+	for _, st := range stmts {
+		if st.Rows < 1 || st.Rows > len(rows)-done {
+			return nil, fmt.Errorf("insert statement of %d rows after %d of %d", st.Rows, done, len(rows))
+		}
+		part := inserted[done : done+st.Rows]
+		switch st.Result {
+		case InsertedAll, InsertedIfAffected:
+			n, err := r.Exec(ctx, st.Query, st.Args...)
+			if err != nil {
+				return nil, err
+			}
+			if st.Result == InsertedIfAffected && st.Rows != 1 {
+				return nil, fmt.Errorf("insert statement of %d rows reports by affected rows", st.Rows)
+			}
+			for i := range part {
+				part[i] = st.Result == InsertedAll || n == 1
+			}
+		case InsertedReturned:
+			ids, err := r.QueryIDs(ctx, st.Query, st.Args...)
+			if err != nil {
+				return nil, err
+			}
+			got := make(map[uuid.UUID]bool, len(ids))
+			for _, id := range ids {
+				got[id] = true
+			}
+			for i := range part {
+				part[i] = got[rows[done+i].ID]
+			}
+		default:
+			return nil, fmt.Errorf("insert statement with unknown result kind %d", st.Result)
+		}
+		done += st.Rows
+	}
+	if done != len(rows) {
+		return nil, fmt.Errorf("insert statements write %d of %d rows", done, len(rows))
+	}
+	return inserted, nil
+}
+
+// DBTXRunner returns a [Runner] that runs statements on q: what a [Renderer] dialect's own
+// Insert and Signal run their renderings with.
+func DBTXRunner(q DBTX) Runner { return dbtxRunner{q} }
+
+type dbtxRunner struct{ q DBTX }
+
+func (r dbtxRunner) Exec(ctx context.Context, query string, args ...any) (int64, error) {
+	res, err := r.q.ExecContext(ctx, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+func (r dbtxRunner) QueryIDs(ctx context.Context, query string, args ...any) ([]uuid.UUID, error) {
+	return QueryIDs(ctx, r.q, query, args...)
+}

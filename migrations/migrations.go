@@ -102,7 +102,9 @@ func Dialects() []string { return gooseset.Dialects() }
 
 // NewProvider returns a goose Provider for the base set of the dialect named dialect
 // ("postgres", "mysql" or "sqlite", as returned by [outbox.Dialect.Name]) with the files
-// rendered for the table. It ignores opts.Ordered: [NewOrderedProvider] returns the ordered
+// rendered for the table. Every function of this package that takes a dialect name also
+// takes the names users give those databases, in any case: "postgresql", "pgx" and "pq"
+// for "postgres", "mariadb" for "mysql", "sqlite3" for "sqlite". It ignores opts.Ordered: [NewOrderedProvider] returns the ordered
 // set's. An unknown dialect returns an error matching [errors.ErrUnsupported] that lists
 // the known ones.
 func NewProvider(db *sql.DB, dialect string, opts Options) (*goose.Provider, error) {

@@ -34,7 +34,7 @@ func TestUnknownDialectListsTheKnownOnes(t *testing.T) {
 	db := testdb.SQLite(t)
 	err := migrations.Up(context.Background(), db, "pg", migrations.Options{})
 	require.ErrorIs(t, err, errors.ErrUnsupported)
-	require.Contains(t, err.Error(), `"pg" (have: mysql, postgres, sqlite)`)
+	require.Contains(t, err.Error(), `"pg" (use one of mysql, postgres, sqlite;`)
 	_, err = migrations.Versions("pg", "")
 	require.ErrorIs(t, err, errors.ErrUnsupported)
 	_, err = migrations.OrderedVersions("pg", "")
@@ -43,6 +43,45 @@ func TestUnknownDialectListsTheKnownOnes(t *testing.T) {
 	require.ErrorIs(t, err, errors.ErrUnsupported)
 	err = migrations.Up(context.Background(), db, "pg", migrations.Options{Ordered: true})
 	require.ErrorIs(t, err, errors.ErrUnsupported)
+}
+
+// The names users type for a database (its driver's, its other spellings, in any case)
+// migrate as its dialect name does, through every entry point.
+func TestDialectAliases(t *testing.T) {
+	t.Parallel()
+	aliases := map[string][]string{
+		"postgres": {"postgresql", "pgx", "PostgreSQL", "pq"},
+		"mysql":    {"mariadb", "MySQL"},
+		"sqlite":   {"sqlite3", " SQLite "},
+	}
+	for backend, names := range aliases {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			want, err := migrations.Versions(backend, "")
+			require.NoError(t, err)
+			for _, name := range names {
+				got, err := migrations.Versions(name, "")
+				require.NoError(t, err, name)
+				require.Equal(t, want, got, name)
+				_, err = migrations.OrderedVersions(name, "")
+				require.NoError(t, err, name)
+			}
+			db := testdb.Open(t, backend)
+			name := names[0]
+			require.NoError(t, migrations.Up(ctx, db, name, migrations.Options{Ordered: true}), name)
+			s, err := outbox.New(db, backends[backend].dialect, outbox.Options{})
+			require.NoError(t, err)
+			require.NoError(t, s.Check(ctx))
+			p, err := migrations.NewProvider(db, name, migrations.Options{})
+			require.NoError(t, err)
+			v, err := p.GetDBVersion(ctx)
+			require.NoError(t, err)
+			require.Equal(t, want[len(want)-1].ID, v)
+			require.NoError(t, migrations.Down(ctx, db, name, migrations.Options{}), name)
+			require.ErrorContains(t, s.Check(ctx), "does not exist", "Down with an alias dropped the table")
+		})
+	}
 }
 
 // Migrations of one dialect refuse a pool of another kind, before goose runs anything.

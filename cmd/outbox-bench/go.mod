@@ -19,6 +19,7 @@ require (
 	github.com/mattn/go-isatty v0.0.24 // indirect
 	github.com/mfridman/interpolate v0.0.2 // indirect
 	github.com/ncruces/go-strftime v1.1.0 // indirect
+	github.com/outboxgo/outbox/pgxv5 v0.0.0
 	github.com/pressly/goose/v3 v3.29.0 // indirect
 	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
 	github.com/sethvargo/go-retry v0.5.0 // indirect
@@ -32,3 +33,5 @@ require (
 )
 
 replace github.com/outboxgo/outbox => ../..
+
+replace github.com/outboxgo/outbox/pgxv5 => ../../pgxv5

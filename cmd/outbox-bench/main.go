@@ -8,6 +8,8 @@
 //  1. enqueue: transactions per second of BEGIN; INSERT business row; COMMIT, of the same
 //     plus a hand-written outbox INSERT, and of the same plus one library Enqueue, at
 //     concurrency 1 and 8;
+//     1b. enqueue on pgx (PostgreSQL): the same transaction on a pgx.Tx of a pgxpool, with
+//     the outbox row written by pgxv5.Enqueue against a raw pgx INSERT of the same row.
 //  2. batch enqueue: rows per second of Store.EnqueueBatch against the best raw multi-row
 //     insert, per batch size;
 //  3. burn-down: preloaded pending rows drained by a Publisher with a no-op transport against
@@ -255,7 +257,7 @@ func main() {
 		burnN    = flag.Int("n", 0, "rows per burn-down (default: 10000 quick, 100000 full)")
 		rounds   = flag.Int("burn-rounds", 0, "alternating library/raw pairs of the headline burn-down (default: 3 quick, 10 full)")
 		retained = flag.Int("retained", 0, "retained delivered rows in the growth scenario (default: 100000 quick, 1000000 full)")
-		only     = flag.String("only", "", "run only these scenarios (comma list of enqueue, batch, burndown, breakdown, latency, growth, stats, purge, ordered, broker, shortdrain, relay, costs, tablecost, ui, storeloop, guarded, scaleout, sustained; latency needs burndown; tablecost, scaleout and sustained run only when named)")
+		only     = flag.String("only", "", "run only these scenarios (comma list of enqueue, pgx, batch, burndown, breakdown, latency, growth, stats, purge, ordered, broker, shortdrain, relay, costs, tablecost, ui, storeloop, guarded, scaleout, sustained; latency needs burndown; tablecost, scaleout and sustained run only when named)")
 		storeB   = flag.String("store-batches", "", "batch sizes of the storeloop scenario, comma list (default 100,500)")
 		storeW   = flag.String("store-workers", "", "claim loops of the storeloop scenario, comma list (default: 1 quick, 1,2 full)")
 		cpuprof  = flag.String("cpuprofile", "", "write a CPU profile of the bench process (library and raw alike) to this file")
@@ -400,6 +402,7 @@ func runBackend(ctx context.Context, cfg config, b backend, res *backendResult) 
 	}{
 		{"commit counter validation", "burndown", validateCounter},
 		{"enqueue", "enqueue", runEnqueue},
+		{"enqueue on a pgx transaction", "pgx", runEnqueuePgx},
 		{"batch enqueue", "batch", runBatchEnqueue},
 		{"burn-down", "burndown", runBurndown},
 		{"burn-down breakdown", "breakdown", runBreakdown},

@@ -58,6 +58,23 @@ func pairedRatio(a, b []float64) float64 {
 // committed transactions per second. Each goroutine begins, runs body and commits; seq
 // numbers the transactions across goroutines.
 func txLoop(ctx context.Context, db *sql.DB, conc int, d time.Duration, seq *atomic.Int64, body func(ctx context.Context, tx *sql.Tx, i int) error) (float64, error) {
+	return loop(ctx, conc, d, seq, func(ctx context.Context, i int) error {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		if err := body(ctx, tx, i); err != nil {
+			_ = tx.Rollback()
+			return err
+		}
+		return tx.Commit()
+	})
+}
+
+// loop runs one, again and again, on conc goroutines for d, and returns its calls per
+// second; seq numbers the calls across goroutines. The first error stops every goroutine
+// and is returned.
+func loop(ctx context.Context, conc int, d time.Duration, seq *atomic.Int64, one func(ctx context.Context, i int) error) (float64, error) {
 	var (
 		done     atomic.Int64
 		wg       sync.WaitGroup
@@ -71,18 +88,7 @@ func txLoop(ctx context.Context, db *sql.DB, conc int, d time.Duration, seq *ato
 	for range conc {
 		wg.Go(func() {
 			for time.Now().Before(deadline) && ctx.Err() == nil {
-				err := func() error {
-					tx, err := db.BeginTx(ctx, nil)
-					if err != nil {
-						return err
-					}
-					if err := body(ctx, tx, int(seq.Add(1))); err != nil {
-						_ = tx.Rollback()
-						return err
-					}
-					return tx.Commit()
-				}()
-				if err != nil {
+				if err := one(ctx, int(seq.Add(1))); err != nil {
 					errOnce.Do(func() { firstErr = err; cancel() })
 					return
 				}
@@ -98,7 +104,6 @@ func txLoop(ctx context.Context, db *sql.DB, conc int, d time.Duration, seq *ato
 	return float64(done.Load()) / elapsed.Seconds(), nil
 }
 
-// variant is one contender of a paired measurement.
 type variant struct {
 	name string
 	run  func(ctx context.Context) (float64, error)

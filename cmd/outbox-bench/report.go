@@ -50,6 +50,7 @@ type backendResult struct {
 	Server     serverInfo         `json:"server"`
 	Validation *counterValidation `json:"counter_validation,omitempty"`
 	Enqueue    []enqueueResult    `json:"enqueue,omitempty"`
+	PgxEnqueue []pgxEnqueueResult `json:"enqueue_pgx_vs_raw_pgx,omitempty"`
 	Batch      []batchResult      `json:"batch_enqueue,omitempty"`
 	Burndown   *burnResult        `json:"burndown,omitempty"`
 	Sweep      []sweepPoint       `json:"burndown_sweep,omitempty"`
@@ -150,6 +151,8 @@ var targets = []target{
 	{"enqueue_vs_raw_c1", ">= 0.95", func(v float64) bool { return v >= 0.95 }},
 	{"enqueue_vs_raw_c8", ">= 0.95", func(v float64) bool { return v >= 0.95 }},
 	{"enqueue_vs_business_c8", "(cost of an outbox)", nil},
+	{"enqueue_pgx_vs_raw_pgx_c1", ">= 0.95 (pgxv5 on a pgx.Tx)", func(v float64) bool { return v >= 0.95 }},
+	{"enqueue_pgx_vs_raw_pgx_c8", ">= 0.95 (pgxv5 on a pgx.Tx)", func(v float64) bool { return v >= 0.95 }},
 	{"enqueue_notify_vs_quiet_c8", ">= 0.95 (PostgreSQL NOTIFY)", func(v float64) bool { return v >= 0.95 }},
 	{"batch_enqueue_vs_raw", ">= 0.90", func(v float64) bool { return v >= 0.90 }},
 	{"burndown_vs_raw", ">= 1.0", func(v float64) bool { return v >= 1.0 }},
@@ -221,6 +224,11 @@ func (r *backendResult) metrics(cfg config) []metric {
 		add("enqueue_keyed_vs_unkeyed_c8", e.KeyedVsLib)
 		if e.Quiet != nil {
 			add("enqueue_notify_vs_quiet_c8", e.LibVsQuiet)
+		}
+	}
+	for _, e := range r.PgxEnqueue {
+		if e.Concurrency == 1 || e.Concurrency == 8 {
+			add(fmt.Sprintf("enqueue_pgx_vs_raw_pgx_c%d", e.Concurrency), e.LibVsRaw)
 		}
 	}
 	if b := r.headlineBatch(cfg.Batch); b != nil {

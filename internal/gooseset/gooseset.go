@@ -50,22 +50,47 @@ type Set struct {
 // maxSuffixBytes is the longest VersionSuffix: 48 + 14 is within PostgreSQL's 63 bytes.
 const maxSuffixBytes = 63 - dialect.MaxTableBytes - 1
 
+// aliases maps the other names users give a database (its driver's name, its other
+// spellings) to the dialect name, so that "postgresql", "pgx", "sqlite3" or "mariadb"
+// migrate as "postgres", "sqlite" and "mysql" do.
+var aliases = map[string]string{
+	"postgresql": "postgres", "pgx": "postgres", "pgx/v5": "postgres", "pq": "postgres", "lib/pq": "postgres",
+	"sqlite3": "sqlite", "mariadb": "mysql",
+}
+
 // Dialects lists the dialect names that have migrations.
 func Dialects() []string { return slices.Sorted(maps.Keys(dialects)) }
 
-func (s Set) unknown(dialect string) error {
-	return fmt.Errorf("%s: no migrations for dialect %q (have: %s): %w",
-		s.Name, dialect, strings.Join(Dialects(), ", "), errors.ErrUnsupported)
+// Canonical returns the dialect name that name stands for: a dialect name, or one of its
+// aliases, in any case. ok is false for a name it does not know.
+func Canonical(name string) (dialect string, ok bool) {
+	n := strings.ToLower(strings.TrimSpace(name))
+	if a, found := aliases[n]; found {
+		n = a
+	}
+	_, ok = dialects[n]
+	return n, ok
+}
+
+// dialect returns the dialect name that name stands for, or an error that lists the names
+// it knows.
+func (s Set) dialect(name string) (string, error) {
+	if d, ok := Canonical(name); ok {
+		return d, nil
+	}
+	return "", fmt.Errorf("%s: no migrations for dialect %q (use one of %s; postgresql, pgx, sqlite3 and mariadb name them too): %w",
+		s.Name, name, strings.Join(Dialects(), ", "), errors.ErrUnsupported)
 }
 
 // Provider returns a goose Provider for dialect with the files rendered for table (default
 // DefaultTable) and the version table versionTable (default "<table>" + VersionSuffix).
 // Like every goose Provider, it creates its version table on its first operation.
 func (s Set) Provider(db *sql.DB, dialect, table, versionTable string) (*goose.Provider, error) {
-	gd, ok := dialects[dialect]
-	if !ok {
-		return nil, s.unknown(dialect)
+	dialect, err := s.dialect(dialect)
+	if err != nil {
+		return nil, err
 	}
+	gd := dialects[dialect]
 	t, vt, err := s.tables(table, versionTable)
 	if err != nil {
 		return nil, err
@@ -79,6 +104,10 @@ func (s Set) Provider(db *sql.DB, dialect, table, versionTable string) (*goose.P
 
 // Up applies every migration, after checking that db is the kind of database dialect names.
 func (s Set) Up(ctx context.Context, db *sql.DB, dialect, table, versionTable string) error {
+	dialect, err := s.dialect(dialect)
+	if err != nil {
+		return err
+	}
 	p, err := s.Provider(db, dialect, table, versionTable)
 	if err != nil {
 		return err
@@ -96,8 +125,9 @@ func (s Set) Up(ctx context.Context, db *sql.DB, dialect, table, versionTable st
 // goose Provider would): whether the set was ever migrated on this table, by [Set.Up] or a
 // [Set.Provider]. It runs the same check of the server as Up first.
 func (s Set) HasVersionTable(ctx context.Context, db *sql.DB, dialect, table, versionTable string) (bool, error) {
-	if _, ok := dialects[dialect]; !ok {
-		return false, s.unknown(dialect)
+	dialect, err := s.dialect(dialect)
+	if err != nil {
+		return false, err
 	}
 	_, vt, err := s.tables(table, versionTable)
 	if err != nil {
@@ -137,6 +167,10 @@ func TableExists(ctx context.Context, db *sql.DB, dialect, name string) (bool, e
 
 // Down rolls every migration back, after the same check as Up.
 func (s Set) Down(ctx context.Context, db *sql.DB, dialect, table, versionTable string) error {
+	dialect, err := s.dialect(dialect)
+	if err != nil {
+		return err
+	}
 	p, err := s.Provider(db, dialect, table, versionTable)
 	if err != nil {
 		return err
@@ -234,8 +268,9 @@ type Version struct {
 // Versions returns the dialect's migrations rendered for table, oldest first, split into
 // statements.
 func (s Set) Versions(dialect, table string) ([]Version, error) {
-	if _, ok := dialects[dialect]; !ok {
-		return nil, s.unknown(dialect)
+	dialect, err := s.dialect(dialect)
+	if err != nil {
+		return nil, err
 	}
 	t, err := s.table(table)
 	if err != nil {

@@ -35,6 +35,7 @@ var (
 	_ dialect.Purger          = (*Dialect)(nil)
 	_ dialect.Administrator   = (*Dialect)(nil)
 	_ dialect.Inspector       = (*Dialect)(nil)
+	_ dialect.Renderer        = (*Dialect)(nil)
 )
 
 // Dialect keeps the statements that do not depend on call arguments rendered
@@ -181,6 +182,9 @@ func renderPgInsert(tbl string, s sqlkit.InsertShape) (one, many string) {
 	one = head + ` VALUES (` + values.String() + `'pending', 0, ` + next + `, now(), now())` + conflict
 	many = head + ` SELECT ` + selects.String() + `'pending', 0, ` + delay + `, now(), now()` +
 		` FROM unnest(` + arrays.String() + `) AS u(` + names.String() + `)` + conflict
+	if conflict != "" {
+		many += ` RETURNING id` // which rows went in: the others were duplicates
+	}
 	return one, many
 }
 
@@ -244,28 +248,40 @@ func pgNullStr(s string) *string {
 
 func (*Dialect) Name() string { return "postgres" }
 
+// Insert runs the statements of RenderInsert on q: one way an insert is built, whether
+// the engine runs it on a database/sql transaction or on a pgx one (package pgxv5).
 func (d *Dialect) Insert(ctx context.Context, q dialect.DBTX, t dialect.Table, rows []dialect.Row) ([]bool, error) {
+	stmts, err := d.RenderInsert(t, rows)
+	if err != nil {
+		return nil, err
+	}
+	return dialect.RunInsert(ctx, dialect.DBTXRunner(q), stmts, rows)
+}
+
+// RenderInsert implements [dialect.Renderer]: one INSERT ... VALUES for a single row, one
+// INSERT ... SELECT FROM unnest per chunk of a batch (pgChunkLen).
+func (d *Dialect) RenderInsert(t dialect.Table, rows []dialect.Row) ([]dialect.InsertStatement, error) {
 	st := d.statements(t)
-	inserted := make([]bool, 0, len(rows))
+	stmts := make([]dialect.InsertStatement, 0, 1)
 	for len(rows) > 0 {
 		chunk := rows[:pgChunkLen(rows)]
 		rows = rows[len(chunk):]
+		shape := sqlkit.ShapeOf(chunk)
 		var (
-			ok  []bool
+			is  dialect.InsertStatement
 			err error
 		)
-		shape := sqlkit.ShapeOf(chunk)
 		if len(chunk) == 1 {
-			ok, err = pgInsertOne(ctx, q, st.insertOne[shape], shape, chunk)
+			is, err = pgInsertOne(st.insertOne[shape], shape, &chunk[0])
 		} else {
-			ok, err = pgInsertMany(ctx, q, st.insertMany[shape], shape, chunk)
+			is, err = pgInsertMany(st.insertMany[shape], shape, chunk)
 		}
 		if err != nil {
 			return nil, err
 		}
-		inserted = append(inserted, ok...)
+		stmts = append(stmts, is)
 	}
-	return inserted, nil
+	return stmts, nil
 }
 
 // pgChunkLen returns how many of rows go into the next statement: at least one, at most
@@ -288,11 +304,10 @@ func pgChunkLen(rows []dialect.Row) int {
 	return len(rows)
 }
 
-func pgInsertOne(ctx context.Context, q dialect.DBTX, query string, shape sqlkit.InsertShape, rows []dialect.Row) ([]bool, error) {
-	r := &rows[0]
+func pgInsertOne(query string, shape sqlkit.InsertShape, r *dialect.Row) (dialect.InsertStatement, error) {
 	headers, err := r.Headers.Value()
 	if err != nil {
-		return nil, err
+		return dialect.InsertStatement{}, err
 	}
 	// The payload is bound as a string, not []byte: in pgx's simple protocol mode a
 	// []byte becomes a bytea literal, which a json column would not take as JSON.
@@ -300,13 +315,17 @@ func pgInsertOne(ctx context.Context, q dialect.DBTX, query string, shape sqlkit
 	if shape&sqlkit.WithDelay != 0 {
 		vals = append(vals, sqlkit.Micros(r.Delay))
 	}
-	return sqlkit.InsertOutcome(ctx, q, query, vals, rows, r.DedupeKey != "", " RETURNING id")
+	result := dialect.InsertedAll
+	if r.DedupeKey != "" {
+		result = dialect.InsertedIfAffected
+	}
+	return dialect.InsertStatement{Statement: dialect.Statement{Query: query, Args: vals}, Rows: 1, Result: result}, nil
 }
 
 // pgInsertMany binds each column of the shape as one array. unnest returns the elements in
 // order, so of two rows with one dedupe key in a batch the first goes in, as with VALUES
 // lists; the report comes from RETURNING either way, so it is always what the database did.
-func pgInsertMany(ctx context.Context, q dialect.DBTX, query string, shape sqlkit.InsertShape, rows []dialect.Row) ([]bool, error) {
+func pgInsertMany(query string, shape sqlkit.InsertShape, rows []dialect.Row) (dialect.InsertStatement, error) {
 	n := len(rows)
 	ids, namespaces, topics, payloads := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	hashes := make([][]byte, n)
@@ -338,7 +357,7 @@ func pgInsertMany(ctx context.Context, q dialect.DBTX, query string, shape sqlki
 		if headers != nil {
 			h, err := r.Headers.Value()
 			if err != nil {
-				return nil, err
+				return dialect.InsertStatement{}, err
 			}
 			if s, ok := h.(string); ok {
 				headers[i] = &s
@@ -362,7 +381,11 @@ func pgInsertMany(ctx context.Context, q dialect.DBTX, query string, shape sqlki
 	if delays != nil {
 		vals = append(vals, delays)
 	}
-	return sqlkit.InsertOutcome(ctx, q, query, vals, rows, shape&sqlkit.WithDedupe != 0, " RETURNING id")
+	is := dialect.InsertStatement{Statement: dialect.Statement{Query: query, Args: vals}, Rows: n}
+	if shape&sqlkit.WithDedupe != 0 {
+		is.Result = dialect.InsertedReturned // the statement ends in RETURNING id
+	}
+	return is, nil
 }
 
 // pgEligible renders the claim predicate. The leading status IN (...) term implies the

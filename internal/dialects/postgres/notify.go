@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
+	"time"
 
 	"github.com/outboxgo/outbox/dialect"
 	"github.com/outboxgo/outbox/internal/dialects/sqlkit"
@@ -19,9 +20,15 @@ import (
 // publishers. PostgreSQL delivers it when the transaction commits, drops it on rollback,
 // and folds identical notifications of one transaction into one, so a transaction that
 // enqueues many events sends one signal per namespace.
-func (*Dialect) Signal(ctx context.Context, q dialect.DBTX, t dialect.Table, namespace string) error {
-	_, err := q.ExecContext(ctx, `SELECT pg_notify($1, current_schema() || ':' || $2)`, t.Name(), namespace)
+func (d *Dialect) Signal(ctx context.Context, q dialect.DBTX, t dialect.Table, namespace string) error {
+	st, _ := d.RenderSignal(t, namespace)
+	_, err := q.ExecContext(ctx, st.Query, st.Args...)
 	return err
+}
+
+// RenderSignal implements [dialect.Renderer]: the statement Signal runs.
+func (*Dialect) RenderSignal(t dialect.Table, namespace string) (dialect.Statement, bool) {
+	return dialect.Statement{Query: `SELECT pg_notify($1, current_schema() || ':' || $2)`, Args: []any{t.Name(), namespace}}, true
 }
 
 // Listen implements [dialect.Notifier]: LISTEN on a connection of its own, taken from db and
@@ -40,11 +47,15 @@ func (*Dialect) Listen(ctx context.Context, db *sql.DB, t dialect.Table, ready f
 		return err
 	}
 	return conn.Raw(func(dc any) error {
-		wait, err := pgxWaiter(dc)
+		wait, closeConn, err := pgxWaiter(dc)
 		if err != nil {
 			return err // the connection is still clean: it goes back to the pool
 		}
-		// From here on the connection listens: it must never serve anyone else.
+		// From here on the connection listens: it must never serve anyone else. ErrBadConn
+		// makes database/sql close its driver connection, but a *sql.DB over a pgxpool.Pool
+		// (stdlib.OpenDBFromPool) only releases it to that pool, which keeps a connection
+		// that is not closed: so close the pgx connection itself too.
+		defer closeConn()
 		if err := execRaw(ctx, dc, `LISTEN `+sqlkit.QuoteIdent(t.Name(), '"')); err != nil {
 			return errors.Join(driver.ErrBadConn, err)
 		}
@@ -72,14 +83,15 @@ func execRaw(ctx context.Context, dc any, query string) error {
 }
 
 // pgxWaiter returns a function that waits for the next notification on dc, a connection of
-// pgx's database/sql driver, and returns its payload. pgx's stdlib connection has
-// Conn() *pgx.Conn, whose WaitForNotification(ctx) returns (*pgconn.Notification, error);
+// pgx's database/sql driver, and returns its payload, and a function that closes the pgx
+// connection. pgx's stdlib connection has Conn() *pgx.Conn, whose
+// WaitForNotification(ctx) returns (*pgconn.Notification, error) and Close(ctx) error;
 // reaching them by name keeps the pgx packages out of this package's imports (and out of
 // the builds of users on other databases).
 //
 // A driver that wraps pgx's (for instrumentation, say) is looked through when its
 // connections have an Unwrap() driver.Conn method.
-func pgxWaiter(dc any) (func(ctx context.Context) (string, error), error) {
+func pgxWaiter(dc any) (wait func(ctx context.Context) (string, error), closeConn func(), err error) {
 	unsupported := fmt.Errorf("outbox: the %T driver cannot wait for PostgreSQL notifications (pgx's stdlib can): %w", dc, errors.ErrUnsupported)
 	for {
 		u, ok := dc.(interface{ Unwrap() driver.Conn })
@@ -90,17 +102,21 @@ func pgxWaiter(dc any) (func(ctx context.Context) (string, error), error) {
 	}
 	connFn := reflect.ValueOf(dc).MethodByName("Conn")
 	if !connFn.IsValid() || connFn.Type().NumIn() != 0 || connFn.Type().NumOut() != 1 {
-		return nil, unsupported
+		return nil, nil, unsupported
 	}
 	pgxConn := connFn.Call(nil)[0]
 	waitFn := pgxConn.MethodByName("WaitForNotification")
+	closeFn := pgxConn.MethodByName("Close")
 	ctxType := reflect.TypeFor[context.Context]()
 	errType := reflect.TypeFor[error]()
 	if !waitFn.IsValid() || waitFn.Type().NumIn() != 1 || waitFn.Type().In(0) != ctxType ||
 		waitFn.Type().NumOut() != 2 || waitFn.Type().Out(1) != errType {
-		return nil, unsupported
+		return nil, nil, unsupported
 	}
-	return func(ctx context.Context) (string, error) {
+	if !closeFn.IsValid() || closeFn.Type().NumIn() != 1 || closeFn.Type().In(0) != ctxType {
+		return nil, nil, unsupported
+	}
+	wait = func(ctx context.Context) (string, error) {
 		out := waitFn.Call([]reflect.Value{reflect.ValueOf(&ctx).Elem()})
 		if err, _ := out[1].Interface().(error); err != nil {
 			return "", err
@@ -113,5 +129,11 @@ func pgxWaiter(dc any) (func(ctx context.Context) (string, error), error) {
 			return p.String(), nil
 		}
 		return "", nil
-	}, nil
+	}
+	closeConn = func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		closeFn.Call([]reflect.Value{reflect.ValueOf(&ctx).Elem()})
+	}
+	return wait, closeConn, nil
 }

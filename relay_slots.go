@@ -9,106 +9,85 @@ import (
 	"time"
 )
 
-// claimGate is the hook through which a [Relay] schedules the claim loops of its stores'
-// publishers. A Publisher of its own has none. The claim loop consults it at two points:
-// before each claim (acquire, or tryAcquire for a claim made while a batch is in the
-// transport) and after each batch is recorded (release); see loopGate for the counting.
+// slotAdmission admits the claims of one claim loop of a [Relay]'s store by the relay's
+// budget of slots (relaySched), shared by every store's loops. It counts the slots the loop
+// holds, one per batch claimed and not yet settled (plus the one of a claim under way), so
+// that the loop gives them all back when it stops.
 //
 // The circuit breaker belongs to the relay as a whole (a relay has one transport): every
-// store's publisher shares the relay's circuit (Publisher.circ), which the claim loop asks
-// before it asks the gate, so every store pauses together; a probe takes a slot like any
+// store's publisher shares the relay's circuit (Publisher.circ), whose admission the loop
+// asks first (admissions), so every store pauses together; a probe takes a slot like any
 // claim.
-type claimGate interface {
-	// acquire waits for a slot of the relay's budget, in FIFO order with every other
-	// store's loops. probe says the loop's last claim found nothing and no wake-up came
-	// since: the claim is an idle probe, admitted first by the relay's probe budget, a
-	// wait that a wake-up on w ends early (woken). A store that is down waits for its
-	// backoff first. ok is false when ctx ended.
-	acquire(ctx context.Context, w waker, probe bool) (woken, ok bool)
-	// tryAcquire takes a slot only if one is free and no loop waits for one.
-	tryAcquire() bool
-	// contended reports whether loops wait for a slot: a loop then lets its finished
-	// batch's slot go instead of passing it to its next claim.
-	contended() bool
-	// release returns n slots.
-	release(n int)
-	// claimed reports the outcome of a claim: n rows, or err (the store's health).
-	claimed(n int, err error)
-	// background admits a sweep through the probe budget; false when ctx ended.
-	background(ctx context.Context) bool
-}
-
-// loopGate is one claim loop's side of a claimGate: it counts the slots the loop holds,
-// one per batch claimed and not yet recorded (plus the one of a claim under way), so that
-// the loop returns them all when it stops. Its methods do nothing on a nil *loopGate: a
-// Publisher of its own claims as it always did.
-type loopGate struct {
-	g         claimGate
+type slotAdmission struct {
+	ctx       context.Context // Run's
+	slots     storeSlots
+	w         waker
 	held      int
 	lastEmpty bool // the last claim returned no rows
 }
 
-func newLoopGate(g claimGate) *loopGate {
-	if g == nil {
-		return nil
+// admit takes a slot for the next claim, in FIFO order with every other store's loops.
+// A loop that carries a batch passes that batch's slot on to the claim that settles it,
+// unless other loops wait for one: it then settles the batch alone and queues. A claim
+// that follows an empty claim, unless the loop chases a wake-up, is an idle probe, paced
+// by the relay (storeSlots.acquire).
+func (a *slotAdmission) admit(s *settler, chasing bool) (ticket, bool) {
+	if s.carrying() {
+		if !a.slots.contended() {
+			return ticket{}, true
+		}
+		s.settle()
 	}
-	return &loopGate{g: g}
+	woken, ok := a.slots.acquire(a.ctx, a.w, a.lastEmpty && !chasing)
+	if !ok {
+		return ticket{}, false
+	}
+	a.held++
+	return ticket{woken: woken}, true
 }
 
-// acquire takes a slot for the next claim; chasing says the loop is chasing a wake-up.
-func (l *loopGate) acquire(ctx context.Context, w waker, chasing bool) (woken, ok bool) {
-	woken, ok = l.g.acquire(ctx, w, l.lastEmpty && !chasing)
-	if ok {
-		l.held++
+// ahead lets a claim made while a batch is in the transport take over the slot of the
+// batch it settles, unless other loops wait; without one it needs a free slot that no
+// other loop waits for.
+func (a *slotAdmission) ahead(s *settler) bool {
+	if s.carrying() {
+		return !a.slots.contended()
 	}
-	return woken, ok
-}
-
-// ahead decides whether the loop claims while a batch is in the transport. With a batch
-// to record (hasPrev) the claim takes over that batch's slot, unless other loops wait;
-// without one it needs a free slot that no other loop waits for.
-func (l *loopGate) ahead(hasPrev bool) bool {
-	switch {
-	case l == nil:
-		return true
-	case hasPrev:
-		return !l.g.contended()
-	case l.g.tryAcquire():
-		l.held++
+	if a.slots.tryAcquire() {
+		a.held++
 		return true
 	}
 	return false
 }
 
-func (l *loopGate) contended() bool { return l.g.contended() }
-
-// release returns the slot of a batch just recorded (or left to its lease).
-func (l *loopGate) release() {
-	if l == nil || l.held == 0 {
-		return
-	}
-	l.held--
-	l.g.release(1)
-}
-
-// claimed reports a claim's outcome; a claim that brought no rows returns its slot.
-func (l *loopGate) claimed(n int, err error) {
-	if l == nil {
-		return
-	}
-	l.g.claimed(n, err)
-	l.lastEmpty = err == nil && n == 0
+// claimed reports a claim's outcome to the store's health; a claim that brought no rows
+// gives its slot back.
+func (a *slotAdmission) claimed(_ ticket, n int, err error) {
+	a.slots.claimed(err)
+	a.lastEmpty = err == nil && n == 0
 	if err != nil || n == 0 {
-		l.release()
+		a.released()
 	}
 }
 
-func (l *loopGate) releaseAll() {
-	if l == nil || l.held == 0 {
+func (a *slotAdmission) published(*outcomes, ticket) {}
+
+// released gives back the slot of a batch just settled (or left to its lease), or joined
+// with one that holds a slot of its own.
+func (a *slotAdmission) released() {
+	if a.held == 0 {
 		return
 	}
-	l.g.release(l.held)
-	l.held = 0
+	a.held--
+	a.slots.release(1)
+}
+
+func (a *slotAdmission) close() {
+	if a.held == 0 {
+		return
+	}
+	a.slots.release(a.held)
+	a.held = 0
 }
 
 // relaySched is a relay's budget: MaxInFlight slots handed out first come, first served,
@@ -218,13 +197,17 @@ func (s *relaySched) reserveProbe() time.Duration {
 	return turn.Sub(now)
 }
 
-// memberGate is the claimGate of one store of a relay.
-type memberGate struct {
+// storeSlots is one store's side of its relay's budget: the slots its claim loops take and
+// the probe pace its idle claims and sweeps follow.
+type storeSlots struct {
 	m *relayMember
 	s *relaySched
 }
 
-func (g memberGate) acquire(ctx context.Context, w waker, probe bool) (woken, ok bool) {
+// acquire waits for a slot of the relay's budget. probe says the claim is an idle probe: it
+// waits for its turn of the relay's probe pace first, a wait that a wake-up on w ends early
+// (woken). A store that is down waits for its backoff first. ok is false when ctx ended.
+func (g storeSlots) acquire(ctx context.Context, w waker, probe bool) (woken, ok bool) {
 	if d := g.m.health.retryIn(); d > 0 {
 		// Down: retry after the store's backoff. Wake-ups do not cut it short; an enqueue
 		// on a database that cannot be reached fails anyway.
@@ -243,7 +226,8 @@ func (g memberGate) acquire(ctx context.Context, w waker, probe bool) (woken, ok
 	return woken, true
 }
 
-func (g memberGate) tryAcquire() bool {
+// tryAcquire takes a slot only if one is free and no loop waits for one.
+func (g storeSlots) tryAcquire() bool {
 	if !g.s.tryAcquire() {
 		return false
 	}
@@ -251,14 +235,17 @@ func (g memberGate) tryAcquire() bool {
 	return true
 }
 
-func (g memberGate) contended() bool { return g.s.contended() }
+// contended reports whether loops wait for a slot.
+func (g storeSlots) contended() bool { return g.s.contended() }
 
-func (g memberGate) release(n int) {
+// release returns n slots.
+func (g storeSlots) release(n int) {
 	g.m.inFlight.Add(-int64(n))
 	g.s.release(n)
 }
 
-func (g memberGate) claimed(_ int, err error) {
+// claimed reports the outcome of a claim to the store's health.
+func (g storeSlots) claimed(err error) {
 	switch {
 	case err == nil:
 		g.m.healthy()
@@ -268,7 +255,8 @@ func (g memberGate) claimed(_ int, err error) {
 	}
 }
 
-func (g memberGate) background(ctx context.Context) bool {
+// background admits a sweep through the probe pace; false when ctx ended.
+func (g storeSlots) background(ctx context.Context) bool {
 	if g.m.health.retryIn() > 0 {
 		return true // a sweep of a store that is down fails at once, at no cost to the server
 	}

@@ -1,0 +1,259 @@
+package outbox
+
+import (
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/outboxgo/outbox/dialect"
+)
+
+// loop is one claim loop of a run. It claims a batch, publishes it, and settles its
+// outcomes, over and over. It pipelines: the outcomes of a full batch are settled with the
+// next claim, in one transaction where the dialect can ([settler]), so a backlog drains at
+// one commit per batch; and while a full batch is in the transport the loop claims the next
+// one when that pays (aheadWorth), so the database's work overlaps the broker's. Before
+// each claim it asks its [admission] (the circuit breaker, a relay's slots).
+type loop struct {
+	r       *run
+	o       ClaimOptions
+	adm     admission
+	settler *settler
+	pace    pacer
+	// claimAhead is false for an ordered publisher: a batch claimed while the one before
+	// is in the transport holds its keys too, so a publisher would hold the heads of twice
+	// as many keys, which the other publishers' claims then walk past (eight of them on one
+	// SQLite file, claiming ahead, delivered too slowly under the race detector). It still
+	// settles a full batch's outcomes with its next claim.
+	claimAhead bool
+	// How long the last publish and the last claim took, for aheadWorth. The first batch
+	// is published before a claim ahead.
+	lastPublish, lastClaim time.Duration
+}
+
+// batch is a claimed batch, to publish.
+type batch struct {
+	recs []Record
+	// lost marks the rows whose lease was lost before the publish began (the batch was
+	// claimed while the one before it was published).
+	lost   map[uuid.UUID]bool
+	ticket ticket
+}
+
+func (r *run) claimLoop(w waker) {
+	p := r.p
+	adm := r.admission(w)
+	_, withClaim := p.store.dialect.(dialect.SettleClaimer)
+	l := &loop{
+		r: r,
+		o: ClaimOptions{Scope: p.opts.Scope, Limit: p.opts.BatchSize, Lease: p.opts.Lease, MaxAttempts: p.opts.Retry.MaxAttempts,
+			WorkerID: p.opts.WorkerID, Ordered: p.opts.Ordered, OrderedSkipDead: p.opts.OrderedSkipDead},
+		adm:        adm,
+		settler:    &settler{r: r, adm: adm, withClaim: withClaim},
+		pace:       pacer{r: r, w: w, idleDelay: p.opts.PollInterval, errDelay: p.opts.PollInterval, chase: len(chaseDelays)},
+		claimAhead: !p.opts.Ordered,
+	}
+	defer func() {
+		l.settler.settle() // stopped with a batch published: settle it alone
+		l.adm.close()
+	}()
+	var next batch // claimed ahead
+	for {
+		b := next
+		if b.recs == nil {
+			var ok bool
+			if b, ok = l.claim(); !ok {
+				return
+			}
+		}
+		var ok bool
+		if next, ok = l.publish(b); !ok {
+			return // the shutdown deadline passed: the batches' rows keep their lease
+		}
+	}
+}
+
+// claim waits to be admitted and claims, until a claim brings rows. It returns false once
+// Run's context ended, or when a claim failed because the work context ended. The claim
+// runs on the work context, so that a shutdown cannot cut it off after the database leased
+// rows but before the loop learned which; the rows it returns are published like any
+// in-flight batch.
+func (l *loop) claim() (batch, bool) {
+	r := l.r
+	for r.ctx.Err() == nil {
+		t, ok := l.adm.admit(l.settler, l.pace.chasing())
+		if !ok {
+			continue
+		}
+		if t.woken {
+			l.pace.woken()
+		}
+		o := l.o
+		if t.probe {
+			o.Limit = probeSize
+		}
+		recs, err := l.claimNow(o)
+		l.adm.claimed(t, len(recs), err)
+		if err != nil {
+			if r.work.Err() != nil {
+				return batch{}, false
+			}
+			l.pace.failed(err)
+			continue
+		}
+		l.pace.answered()
+		switch {
+		case len(recs) > 0:
+			l.pace.busy()
+			r.p.claimed.Add(int64(len(recs)))
+			return batch{recs: recs, lost: map[uuid.UUID]bool{}, ticket: t}, true
+		case !t.probe: // after an empty probe the circuit waits for the next one
+			l.pace.idle()
+		}
+	}
+	return batch{}, false
+}
+
+// publish publishes b and settles its outcomes, or carries them into the next claim. While
+// b is in the transport it claims the next batch, which it returns, when that pays, or
+// else keeps the batch it carries to settle with b's outcomes. It returns false when the
+// shutdown deadline passed first.
+func (l *loop) publish(b batch) (ahead batch, ok bool) {
+	r, p := l.r, l.r.p
+	full := len(b.recs) == p.opts.BatchSize
+	published := make(chan *outcomes, 1)
+	go func() { published <- r.publishBatch(b.recs, b.lost) }()
+
+	ahead.lost = map[uuid.UUID]bool{}
+	var aheadErr error
+	if full && l.claimAhead && aheadWorth(l.lastPublish, l.lastClaim) && r.ctx.Err() == nil && l.adm.ahead(l.settler) {
+		ahead.recs, aheadErr = l.claimNow(l.o) // more is likely waiting
+		l.adm.claimed(ticket{}, len(ahead.recs), aheadErr)
+	} else {
+		l.settler.keep(len(b.recs))
+	}
+	out := r.awaitPublish(published, ahead.recs, ahead.lost, l.settler.carried)
+	if out == nil {
+		return batch{}, false
+	}
+	l.lastPublish = out.took
+	l.adm.published(out, b.ticket)
+	l.settler.add(out)
+	if len(ahead.recs) > 0 {
+		p.claimed.Add(int64(len(ahead.recs)))
+	} else {
+		ahead.recs = nil
+	}
+	switch {
+	case !full:
+		l.settler.settle()
+		l.pace.partial()
+	case aheadErr != nil && r.work.Err() == nil:
+		l.pace.failed(aheadErr) // the outcomes are settled with the next claim
+	case !l.settler.withClaim && ahead.recs == nil:
+		l.settler.settle() // nothing to settle them with
+	}
+	return ahead, true
+}
+
+// claimNow claims with o, settling the batch the loop carries, and times it.
+func (l *loop) claimNow(o ClaimOptions) ([]Record, error) {
+	began := time.Now()
+	recs, err := l.settler.claim(o)
+	l.lastClaim = time.Since(began)
+	return recs, err
+}
+
+// aheadWorth reports whether a claim loop should claim its next batch while this one is
+// published. A claim ahead pays while the transport takes a while: the database claims the
+// next batch while the broker takes this one. With a transport that answers at once there
+// is nothing to overlap, and the claim ahead only costs: it passes over the batch in flight
+// (still processing, first in the claim's order) and holds twice the rows. So a loop claims
+// ahead while its last publish took at least a sixteenth of its last claim, and at least
+// aheadMinPublish, and otherwise settles the batch's outcomes with the claim that follows
+// the publish, which is still one transaction per batch. A loop learns it from its first
+// batch, which it publishes without claiming ahead: turning the claim ahead on costs
+// nothing, but turning it off settles the batch claimed before alone.
+func aheadWorth(lastPublish, lastClaim time.Duration) bool {
+	return lastPublish >= aheadMinPublish && 16*lastPublish >= lastClaim
+}
+
+// aheadMinPublish is the shortest publish worth a claim ahead: a transport that answers
+// sooner made no network round trip (it hands messages to memory, a channel, a buffer),
+// and an in-process SQLite claim is quick enough that such a publish would otherwise pass
+// for a sixteenth of it, now and then, turning the claim ahead on and off.
+const aheadMinPublish = 200 * time.Microsecond
+
+// pacer is a claim loop's pauses: the idle pause, which doubles while claims come back
+// empty; the backoff after failed claims; and the chase of a wake-up (chaseDelays).
+type pacer struct {
+	r         *run
+	w         waker
+	idleDelay time.Duration // the next idle pause
+	errDelay  time.Duration // the next pause after a failed claim
+	chase     int           // position in chaseDelays; at the end when not chasing
+}
+
+func (c *pacer) chasing() bool { return c.chase < len(chaseDelays) }
+
+// pause waits up to d, less while chasing a wake-up; a wake-up ends it early and starts a
+// chase.
+func (c *pacer) pause(d time.Duration) {
+	if c.chasing() {
+		d = min(d, chaseDelays[c.chase])
+		c.chase++
+	}
+	if c.w.wait(c.r.ctx, d) {
+		c.woken()
+	}
+}
+
+// followPoll is the pause after a partial batch while nothing wakes the loop for rows that
+// other processes commit: see partial.
+const followPoll = 10 * time.Millisecond
+
+// partial pauses after a partial batch. While a listener brings wake-ups from other
+// processes, that is PollInterval, a safety net. Otherwise polling is how their rows are
+// found, and a batch that found rows says more are on their way: the loop polls again after
+// followPoll (or PollInterval, when shorter), and while claims then come back empty after
+// pauses that double from there up to the idle cap. So a steady stream from another process
+// is claimed within about followPoll, as by a loop that polls that often, at one claim per
+// batch that brings rows; an idle loop polls as before. Under a producer at half the drain
+// rate on MariaDB and SQLite, the pause of PollInterval after every partial batch was the
+// whole of a p50 of 100-250 ms, where a 10 ms polling loop held 8-13 ms.
+func (c *pacer) partial() {
+	o := c.r.p.opts
+	if c.r.listening.Load() {
+		c.pause(o.PollInterval)
+		return
+	}
+	d := min(o.PollInterval, followPoll)
+	c.idleDelay = min(2*d, c.r.idleCap())
+	c.pause(d)
+}
+
+// woken starts a chase, and the idle pause over.
+func (c *pacer) woken() { c.chase, c.idleDelay = 0, c.r.p.opts.PollInterval }
+
+// idle pauses after an empty claim, and doubles the next idle pause up to idleCap.
+func (c *pacer) idle() {
+	d := c.idleDelay
+	c.idleDelay = min(d*2, c.r.idleCap())
+	c.pause(d)
+}
+
+// busy starts the idle pause over: a claim brought rows.
+func (c *pacer) busy() { c.idleDelay = c.r.p.opts.PollInterval }
+
+// answered starts the error backoff over: a claim succeeded.
+func (c *pacer) answered() { c.errDelay = c.r.p.opts.PollInterval }
+
+// failed counts and logs a failed claim, waits the error backoff, and doubles it up to
+// the cap (PublisherOptions.backoffMax).
+func (c *pacer) failed(err error) {
+	p := c.r.p
+	p.errs.Add(1)
+	p.log.Error(msgClaimFailed, "err", err, "retry_in", c.errDelay)
+	sleep(c.r.ctx, c.errDelay)
+	c.errDelay = min(c.errDelay*2, p.opts.backoffMax())
+}
