@@ -166,11 +166,11 @@ func TestPublisherWaitsForUnreachableDatabase(t *testing.T) {
 	p, err := outbox.NewPublisher(e.newStore(t, db, outbox.Postgres()), rec.transport("p"), opts)
 	require.NoError(t, err)
 	start(t, p)
-	waitFor(t, 20*time.Second, "a warning that the database is unreachable", func() bool {
+	testdb.Poll(t, 20*time.Second, "a warning that the database is unreachable", func() bool {
 		return strings.Contains(logs.String(), "database not reachable at start")
 	})
 	proxy.Restore()
-	waitFor(t, 30*time.Second, "delivery after the database came back", func() bool {
+	testdb.Poll(t, 30*time.Second, "delivery after the database came back", func() bool {
 		for _, id := range ids {
 			if len(rec.seen(id)) == 0 {
 				return false
@@ -264,18 +264,6 @@ func TestPublisherLogsFailuresAtWarn(t *testing.T) {
 	}
 	require.Equal(t, 1, warn, "logs:\n%s", logs.String())
 	require.Equal(t, 1, errLines, "logs:\n%s", logs.String())
-}
-
-// waitFor polls cond every 20ms until it holds or within passes.
-func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", within, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // An ordered publisher on a table without the order index returns the check's error once,

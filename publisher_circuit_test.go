@@ -16,6 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/internal/testdb"
 	"github.com/outboxgo/outbox/internal/transporttest"
 )
 
@@ -107,7 +108,7 @@ func TestPublisherCircuitOutage(t *testing.T) {
 		stop := start(t, p)
 
 		var openedAt time.Time
-		pollUntil(t, 20*time.Second, "the circuit to open", func() bool {
+		testdb.Poll(t, 20*time.Second, "the circuit to open", func() bool {
 			st := p.Stats()
 			openedAt = st.CircuitOpenedAt
 			return st.CircuitOpen
@@ -148,7 +149,7 @@ func TestPublisherCircuitOutage(t *testing.T) {
 		requireAttemptsAtMost(t, e, 1)
 
 		down.Store(false)
-		pollUntil(t, 2*o.Circuit.ProbeMax+time.Second, "delivery to resume", func() bool { return !p.Stats().CircuitOpen })
+		testdb.Poll(t, 2*o.Circuit.ProbeMax+time.Second, "delivery to resume", func() bool { return !p.Stats().CircuitOpen })
 		resumed := time.Since(restored)
 		e.waitCounts(t, 30*time.Second, func(m map[outbox.Status]int) bool {
 			return m[outbox.StatusDelivered] == n-1+len(more)
@@ -180,18 +181,6 @@ func requireAttemptsAtMost(t *testing.T, e *pubEnv, max int) {
 	var over int
 	require.NoError(t, e.db.QueryRow(e.rebind(`SELECT COUNT(*) FROM outbox_events WHERE attempts > ?`), max).Scan(&over))
 	require.Zero(t, over, "rows with more than %d attempts", max)
-}
-
-// pollUntil calls cond every 10ms until it holds, failing t after within.
-func pollUntil(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", within, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // TestPublisherPartialUnavailable: a batch where some messages are delivered and others
@@ -271,7 +260,7 @@ func TestPublisherCircuitShutdown(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() { errc <- p.Run(ctx) }()
-	pollUntil(t, 10*time.Second, "the circuit to open", func() bool { return p.Stats().CircuitOpen })
+	testdb.Poll(t, 10*time.Second, "the circuit to open", func() bool { return p.Stats().CircuitOpen })
 	cancel()
 	cancelled := time.Now()
 	require.NoError(t, <-errc)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/dialect"
+	"github.com/outboxgo/outbox/internal/testdb"
 )
 
 // slowPolling are publisher options whose polling is too slow to explain a delivery within
@@ -38,7 +39,7 @@ const wakeWithin = 10 * time.Second
 func startIdle(t *testing.T, e *pubEnv, p *outbox.Publisher) {
 	t.Helper()
 	start(t, p)
-	waitFor(t, wakeWithin, "the publisher's first claim", func() bool { return p.Stats().Claimed == 0 })
+	testdb.Poll(t, wakeWithin, "the publisher's first claim", func() bool { return p.Stats().Claimed == 0 })
 	time.Sleep(50 * time.Millisecond) // past the first empty claims; polling would now take 30s
 }
 
@@ -66,7 +67,7 @@ func TestWakeInProcess(t *testing.T) {
 		startIdle(t, e, p)
 		for range 3 {
 			id := commitOne(t, e.db, e.store, "n")
-			waitFor(t, wakeWithin, "a woken delivery", func() bool { return len(rec.seen(id)) > 0 })
+			testdb.Poll(t, wakeWithin, "a woken delivery", func() bool { return len(rec.seen(id)) > 0 })
 		}
 		// Another namespace does not wake it.
 		other := commitOne(t, e.db, e.store, "other")
@@ -92,7 +93,7 @@ func TestWakeByHand(t *testing.T) {
 	time.Sleep(200 * time.Millisecond) // the other store's enqueue woke nobody...
 	require.Empty(t, rec.seen(id))
 	p.Wake() // ...until the user's signal
-	waitFor(t, wakeWithin, "delivery after Wake", func() bool { return len(rec.seen(id)) > 0 })
+	testdb.Poll(t, wakeWithin, "delivery after Wake", func() bool { return len(rec.seen(id)) > 0 })
 }
 
 // On PostgreSQL an enqueue from another process (another pool and Store) wakes the
@@ -119,18 +120,18 @@ func TestWakeAcrossProcessesPostgres(t *testing.T) {
 		require.NoError(t, e.db.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'LISTEN%'`, app).Scan(&n))
 		return n
 	}
-	waitFor(t, wakeWithin, "the listener", func() bool { return listening() == 1 })
+	testdb.Poll(t, wakeWithin, "the listener", func() bool { return listening() == 1 })
 
 	producer := e.newStore(t, e.openPool(t), outbox.Postgres())
 	id := commitOne(t, e.db, producer, "n")
-	waitFor(t, wakeWithin, "a delivery woken by NOTIFY", func() bool { return len(rec.seen(id)) > 0 })
+	testdb.Poll(t, wakeWithin, "a delivery woken by NOTIFY", func() bool { return len(rec.seen(id)) > 0 })
 
 	_, err = e.db.Exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'LISTEN%'`, app)
 	require.NoError(t, err)
-	waitFor(t, wakeWithin, "the listener to reconnect", func() bool { return listening() == 1 })
+	testdb.Poll(t, wakeWithin, "the listener to reconnect", func() bool { return listening() == 1 })
 	producer = e.newStore(t, e.openPool(t), outbox.Postgres()) // its own signal limiter
 	id = commitOne(t, e.db, producer, "n")
-	waitFor(t, wakeWithin, "a delivery woken after the reconnect", func() bool { return len(rec.seen(id)) > 0 })
+	testdb.Poll(t, wakeWithin, "a delivery woken after the reconnect", func() bool { return len(rec.seen(id)) > 0 })
 }
 
 // Signal sends one notification per namespace at commit, none on rollback, and none with
