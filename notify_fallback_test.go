@@ -58,16 +58,16 @@ func TestSQLiteListenerFileRemovedFallsBackToPolling(t *testing.T) {
 	p, err := outbox.NewPublisher(store, rec.transport("p"), opts)
 	require.NoError(t, err)
 	start(t, p)
-	waitFor(t, wakeWithin, "the listener to hold a connection", func() bool { return db.Stats().InUse >= 1 })
+	testdb.Poll(t, wakeWithin, "the listener to hold a connection", func() bool { return db.Stats().InUse >= 1 })
 	id := commitOne(t, db, store, "n")
-	waitFor(t, wakeWithin, "a delivery before the removal", func() bool { return len(rec.seen(id)) > 0 })
+	testdb.Poll(t, wakeWithin, "a delivery before the removal", func() bool { return len(rec.seen(id)) > 0 })
 
 	require.NoError(t, os.Remove(file))
-	waitFor(t, wakeWithin, "the listener to fail to come back three times", func() bool {
+	testdb.Poll(t, wakeWithin, "the listener to fail to come back three times", func() bool {
 		return logs.count("DEBUG "+listenerStopped) >= 3
 	})
 	id = commitOne(t, db, store, "n")
-	waitFor(t, wakeWithin, "a delivery by polling", func() bool { return len(rec.seen(id)) > 0 })
+	testdb.Poll(t, wakeWithin, "a delivery by polling", func() bool { return len(rec.seen(id)) > 0 })
 	require.Equal(t, 1, logs.count("WARN "+listenerStopped), "the outage is logged once, as a warning")
 	require.Zero(t, logs.count("INFO "+listenerBack))
 }
@@ -105,10 +105,10 @@ func TestMySQLListenerKilledFallsBackToPolling(t *testing.T) {
 	for _, id := range ids {
 		_, _ = admin.Exec(`KILL ?`, id) // a connection may have closed meanwhile
 	}
-	waitFor(t, wakeWithin, "the listener to stop", func() bool { return logs.count("WARN "+listenerStopped) >= 1 })
+	testdb.Poll(t, wakeWithin, "the listener to stop", func() bool { return logs.count("WARN "+listenerStopped) >= 1 })
 	id := commitOne(t, e.db, e.store, "n")
-	waitFor(t, wakeWithin, "a delivery after the kill", func() bool { return len(rec.seen(id)) > 0 })
-	waitFor(t, wakeWithin, "the listener to be back", func() bool { return logs.count("INFO "+listenerBack) == 1 })
+	testdb.Poll(t, wakeWithin, "a delivery after the kill", func() bool { return len(rec.seen(id)) > 0 })
+	testdb.Poll(t, wakeWithin, "the listener to be back", func() bool { return logs.count("INFO "+listenerBack) == 1 })
 	require.Equal(t, 1, logs.count("WARN "+listenerStopped), "the outage is logged once, as a warning")
 }
 
