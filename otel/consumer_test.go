@@ -79,7 +79,7 @@ func TestConsumerContinuesTrace(t *testing.T) {
 			p, err := outbox.NewPublisher(e.store, b.tr, o)
 			require.NoError(t, err)
 			stop := run(t, p)
-			waitFor(t, 30*time.Second, "delivered", func() bool { return p.Stats().Delivered == 1 })
+			testdb.Poll(t, 30*time.Second, "delivered", func() bool { return p.Stats().Delivered == 1 })
 			stop()
 
 			got := trace.SpanContextFromContext(b.consume(t, propagation.TraceContext{}))

@@ -94,18 +94,6 @@ func driver(backend string) string {
 	return "sqlite"
 }
 
-// waitFor polls cond until it holds or within passes.
-func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s", what, within)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func run(t *testing.T, p *outbox.Publisher) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -576,7 +564,7 @@ func TestRetryThenSuccess(t *testing.T) {
 			p, err := outbox.NewPublisher(e.store, tr, o)
 			require.NoError(t, err)
 			stop := run(t, p)
-			waitFor(t, 30*time.Second, "delivered", func() bool { return p.Stats().Delivered == 1 })
+			testdb.Poll(t, 30*time.Second, "delivered", func() bool { return p.Stats().Delivered == 1 })
 			stop()
 
 			var sends []sdktrace.ReadOnlySpan
@@ -635,7 +623,7 @@ func TestMetrics(t *testing.T) {
 			require.ErrorIs(t, err, outboxotel.ErrWatched)
 			topic := []attribute.KeyValue{outboxotel.NamespaceKey.String(ns), outboxotel.TopicKey.String("t")}
 			pending := append(topic[:2:2], outboxotel.StatusKey.String("pending"))
-			waitFor(t, 10*time.Second, "the pending gauge shows the backlog", func() bool {
+			testdb.Poll(t, 10*time.Second, "the pending gauge shows the backlog", func() bool {
 				v, _ := sum(t, tm, "outbox.messages", pending...)
 				return v == n+m
 			})
@@ -651,10 +639,10 @@ func TestMetrics(t *testing.T) {
 			p, err := outbox.NewPublisher(e.store, tr, o)
 			require.NoError(t, err)
 			stop := run(t, p)
-			waitFor(t, 30*time.Second, "settled", func() bool { s := p.Stats(); return s.Delivered == n && s.Dead == m })
+			testdb.Poll(t, 30*time.Second, "settled", func() bool { s := p.Stats(); return s.Delivered == n && s.Dead == m })
 			stop()
 
-			waitFor(t, 10*time.Second, "the pending gauge falls to 0 and dead shows M", func() bool {
+			testdb.Poll(t, 10*time.Second, "the pending gauge falls to 0 and dead shows M", func() bool {
 				v, ok := sum(t, tm, "outbox.messages", pending...)
 				d, _ := sum(t, tm, "outbox.messages", append(topic[:2:2], outboxotel.StatusKey.String("dead"))...)
 				return ok && v == 0 && d == m
