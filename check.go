@@ -2,8 +2,12 @@ package outbox
 
 import (
 	"context"
+	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
+	"reflect"
+	"sync/atomic"
 
 	"github.com/outboxgo/outbox/dialect"
 )
@@ -52,4 +56,129 @@ func (s *Store) Check(ctx context.Context) error {
 		return fmt.Errorf("outbox: check: %w", err)
 	}
 	return nil
+}
+
+// firstUse holds the verdict of the check a [Store] runs at its first enqueue: nil until a
+// check reached one, then a pointer to it (a nil error when the store is fit to use).
+type firstUse struct {
+	verdict atomic.Pointer[firstUseVerdict]
+}
+
+type firstUseVerdict struct{ err error }
+
+// checkFirstUse runs the dialect's [dialect.FirstUseChecker] at the first enqueue of the
+// store, on the caller's own transaction q, and keeps its verdict: its [*CheckError] (a
+// dialect that does not match the pool, SQLite without WAL or a busy timeout), which every
+// later enqueue returns, or a pass. A dialect without the ability passes: its own Check,
+// if any, is for its user to run.
+//
+// It costs one atomic load per call once a verdict is reached. An error of the check that
+// may pass (a cancelled context, a lost connection, a transaction already aborted) is no
+// verdict: the call goes on as if the check had passed, the statement that follows fails
+// as it would have, and the next call checks again. Any other error means the dialect
+// could not tell (a server it does not recognise): the store passes, and Check still
+// reports what it is.
+func (s *Store) checkFirstUse(ctx context.Context, q dialect.DBTX) error {
+	if v := s.first.verdict.Load(); v != nil {
+		return v.err
+	}
+	v := s.firstUseVerdict(ctx, q)
+	if v == nil {
+		return nil
+	}
+	s.first.verdict.CompareAndSwap(nil, v)
+	return v.err
+}
+
+// passed is the verdict of a store fit to use.
+var passed = &firstUseVerdict{}
+
+// firstUseVerdict runs the check; nil when it reached no verdict.
+func (s *Store) firstUseVerdict(ctx context.Context, q dialect.DBTX) *firstUseVerdict {
+	c, ok := s.dialect.(dialect.FirstUseChecker)
+	if !ok {
+		return passed
+	}
+	err := c.CheckFirstUse(ctx, s.db.Driver(), q)
+	var ce *CheckError
+	switch {
+	case err == nil:
+		return passed
+	case errors.As(err, &ce):
+		return &firstUseVerdict{err: err}
+	case transient(ctx, err):
+		return nil
+	default:
+		return passed // the dialect could not tell: Check says what the server is
+	}
+}
+
+// transient reports whether err, met by a check query, may pass: the context ended, the
+// connection or transaction is gone, or the transaction was aborted by an earlier
+// statement (PostgreSQL's 25P02), as opposed to a server's answer to the query itself.
+func transient(ctx context.Context, err error) bool {
+	var state interface{ SQLState() string }
+	return ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrTxDone) || errors.Is(err, sql.ErrConnDone) ||
+		(errors.As(err, &state) && state.SQLState() == "25P02")
+}
+
+// This file catches the transaction wrappers that satisfy [Tx] but cannot run a dialect's
+// statements. A dialect writes SQL in its database's own placeholders ($1 on PostgreSQL, ?
+// on MySQL and SQLite) and hands it to tx.ExecContext with its arguments. A wrapper that
+// embeds a *sql.Tx and keeps its methods (sqlx.Tx) passes them on unchanged and works. A
+// wrapper whose ExecContext formats the query itself does not: bun.Tx replaces bun's own
+// "?" placeholders with the arguments as literals and sends the query without them, so a
+// PostgreSQL statement arrives with $1 and nothing bound ("there is no parameter $1", which
+// aborts the transaction), and a MySQL or SQLite one arrives with its values rewritten
+// by bun's formatter. The fix is to pass the *sql.Tx such a wrapper embeds (tx.Tx for
+// bun.Tx), which is the same transaction.
+//
+// Enqueue does not look through the wrapper by itself: a wrapper may exist to watch its
+// queries (tracing, logging), and running past it unasked would hide the insert from it.
+
+// formattingTx returns, for a transaction type known to format queries itself, the
+// expression of the *sql.Tx it embeds; "" for any other type.
+func formattingTx(tx Tx) string {
+	if _, ok := tx.(*sql.Tx); ok {
+		return "" // the common case, without reflection
+	}
+	t := reflect.TypeOf(tx)
+	if t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t.PkgPath() == "github.com/uptrace/bun" && t.Name() == "Tx" {
+		return "tx.Tx"
+	}
+	return ""
+}
+
+// checkTx refuses, before any SQL runs, a transaction type known to rewrite the dialect's
+// placeholders; the caller's transaction stays usable.
+func checkTx(tx Tx) error {
+	if fix := formattingTx(tx); fix != "" {
+		return &CheckError{
+			Problem: fmt.Sprintf("%T formats each query itself and rewrites the dialect's placeholders, so the outbox cannot write on it", tx),
+			Fix:     fmt.Sprintf("pass %s, the *sql.Tx it embeds: the same transaction", fix),
+		}
+	}
+	return nil
+}
+
+// placeholderError explains a PostgreSQL "there is no parameter $n" (SQLSTATE 42P02) met
+// by an enqueue on q when q is not a *sql.Tx: a wrapper sent the statement without its
+// arguments. It returns nil for any other error.
+func placeholderError(q any, err error) error {
+	if _, ok := q.(*sql.Tx); ok {
+		return nil
+	}
+	var state interface{ SQLState() string }
+	if !errors.As(err, &state) || state.SQLState() != "42P02" {
+		return nil
+	}
+	return &CheckError{
+		Problem: fmt.Sprintf("%T sent the statement without its arguments: it rewrites queries or their placeholders", q),
+		Fix:     "pass the *sql.Tx it wraps (for a wrapper that embeds one, the embedded field), or a Tx that passes queries and arguments on unchanged",
+		Err:     err,
+	}
 }
