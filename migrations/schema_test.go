@@ -41,14 +41,15 @@ func TestSchemaOffTheSearchPath(t *testing.T) {
 	db := testdb.Postgres(t)
 	schema := newSchema(t, db, "myschema")
 	opts := migrations.Options{Schema: schema, Ordered: true}
+	store, err := outbox.New(db, outbox.Postgres(), outbox.Options{Schema: schema})
+	require.NoError(t, err)
+	require.ErrorContains(t, store.Check(ctx), "--schema "+schema, "the fix names the schema")
 	require.NoError(t, migrations.Up(ctx, db, "postgres", opts))
 	require.True(t, regclass(t, db, schema+".outbox_events"))
 	require.True(t, regclass(t, db, schema+".outbox_events_order_idx"))
 	require.True(t, regclass(t, db, schema+".outbox_events_goose_version"))
 	require.False(t, regclass(t, db, "outbox_events"), "nothing is created on the search_path")
 
-	store, err := outbox.New(db, outbox.Postgres(), outbox.Options{Schema: schema})
-	require.NoError(t, err)
 	require.NoError(t, store.Check(ctx))
 	var got atomic.Int64
 	p, err := outbox.NewPublisher(store, outbox.TransportFunc(func(_ context.Context, b []outbox.Delivery) []error {
