@@ -46,6 +46,12 @@ type Options struct {
 	// letter or underscore, at most 48 bytes (room for the index names derived from it).
 	// Default [DefaultTable].
 	Table string
+	// Schema places the table in a named schema, by the same rules as Table (at most 63
+	// bytes): every statement names the table by schema and name, whatever the connection's
+	// search_path, and wake-ups have a channel of their own per schema. Default none: the
+	// table is found where the connection finds unqualified names. Only dialects with the
+	// [dialect.Schemer] ability accept one (PostgreSQL's); others refuse it at New.
+	Schema string
 	// MaxPayloadBytes bounds a message payload. Default [DefaultMaxPayloadBytes]; at most 1 GiB.
 	// Keep it below what the server accepts in one statement: MySQL refuses packets over
 	// max_allowed_packet (16 MiB by default on MariaDB, 64 MiB on MySQL 8) and drops the
@@ -96,6 +102,16 @@ func New(db *sql.DB, d Dialect, opts Options) (*Store, error) {
 	t, err := dialect.NewTable(name)
 	if err != nil {
 		return nil, invalid("table", "%s", err)
+	}
+	if opts.Schema != "" {
+		if sd, ok := d.(dialect.Schemer); !ok || !sd.SupportsSchema() {
+			e := invalid("Schema", "the %s dialect cannot place the table in a schema; leave Schema empty", d.Name())
+			e.kind = errors.ErrUnsupported
+			return nil, e
+		}
+		if t, err = dialect.NewTableIn(opts.Schema, name); err != nil {
+			return nil, invalid("Schema", "%s", err)
+		}
 	}
 	maxPayload := opts.MaxPayloadBytes
 	switch {

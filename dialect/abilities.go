@@ -16,6 +16,16 @@ import (
 // a case it cannot handle. After each interface come the types of its parameters and
 // results. The engine validates every parameter before a method runs.
 
+// Schemer is the ability to place the table in a named schema ([NewTableIn]). The engine
+// refuses a table with a schema, before any statement runs, for a dialect that lacks it; a
+// dialect that has it qualifies the table by its schema wherever it renders it, and so the
+// names of indexes and of notification channels derived from it. The built-in PostgreSQL
+// dialect implements it.
+type Schemer interface {
+	// SupportsSchema reports whether the dialect honours [Table.Schema].
+	SupportsSchema() bool
+}
+
 // Checker checks that db is a database the dialect is written for and that the table t is
 // ready to use. The engine's Store.Check calls it, and a Publisher when it starts. It
 // returns a [*CheckError] for a problem that configuration must fix, and any other error

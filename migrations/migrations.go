@@ -84,6 +84,11 @@ type Options struct {
 	// Table is the outbox table name; default outbox.DefaultTable. It is validated with
 	// [dialect.NewTable].
 	Table string
+	// Schema places the table, its indexes and the version tables in a named schema,
+	// which must exist, named in every statement whatever the connection's search_path
+	// (PostgreSQL only; the other dialects refuse it with a *outbox.ValidationError). Give
+	// the Store the same [outbox.Options.Schema]. Default none.
+	Schema string
 	// VersionTable is goose's version table of the base set; default
 	// "<Table>_goose_version".
 	VersionTable string
@@ -108,7 +113,7 @@ func Dialects() []string { return gooseset.Dialects() }
 // set's. An unknown dialect returns an error matching [errors.ErrUnsupported] that lists
 // the known ones.
 func NewProvider(db *sql.DB, dialect string, opts Options) (*goose.Provider, error) {
-	return set.Provider(db, dialect, opts.Table, opts.VersionTable)
+	return set.In(opts.Schema).Provider(db, dialect, opts.Table, opts.VersionTable)
 }
 
 // NewOrderedProvider returns a goose Provider for the ordered set of the dialect, rendered
@@ -117,20 +122,20 @@ func NewProvider(db *sql.DB, dialect string, opts Options) (*goose.Provider, err
 // before the base set goes below its first version. Like every goose Provider, it creates
 // its version table on its first operation, even a status.
 func NewOrderedProvider(db *sql.DB, dialect string, opts Options) (*goose.Provider, error) {
-	return ordered.Provider(db, dialect, opts.Table, "")
+	return ordered.In(opts.Schema).Provider(db, dialect, opts.Table, "")
 }
 
 // Up applies every migration of the base set for the table and, with opts.Ordered, then
 // every migration of the ordered set. It first checks that db is the kind of database the
 // dialect names, and returns an error matching [outbox.ErrMisconfigured] when it is not.
 func Up(ctx context.Context, db *sql.DB, dialect string, opts Options) error {
-	if err := set.Up(ctx, db, dialect, opts.Table, opts.VersionTable); err != nil {
+	if err := set.In(opts.Schema).Up(ctx, db, dialect, opts.Table, opts.VersionTable); err != nil {
 		return err
 	}
 	if !opts.Ordered {
 		return nil
 	}
-	return ordered.Up(ctx, db, dialect, opts.Table, "")
+	return ordered.In(opts.Schema).Up(ctx, db, dialect, opts.Table, "")
 }
 
 // Down rolls every migration back, dropping the table: first the ordered set, when its
@@ -138,16 +143,16 @@ func Up(ctx context.Context, db *sql.DB, dialect string, opts Options) error {
 // Ordered creates the order index again. Like [Up], it refuses a pool of another kind of
 // database.
 func Down(ctx context.Context, db *sql.DB, dialect string, opts Options) error {
-	has, err := ordered.HasVersionTable(ctx, db, dialect, opts.Table, "")
+	has, err := ordered.In(opts.Schema).HasVersionTable(ctx, db, dialect, opts.Table, "")
 	if err != nil {
 		return err
 	}
 	if has {
-		if err := ordered.Down(ctx, db, dialect, opts.Table, ""); err != nil {
+		if err := ordered.In(opts.Schema).Down(ctx, db, dialect, opts.Table, ""); err != nil {
 			return err
 		}
 	}
-	return set.Down(ctx, db, dialect, opts.Table, opts.VersionTable)
+	return set.In(opts.Schema).Down(ctx, db, dialect, opts.Table, opts.VersionTable)
 }
 
 // Version is one migration of the outbox table, rendered for a table name.

@@ -57,6 +57,9 @@ func (c *cli) tableName() (dialect.Table, error) {
 	if err != nil {
 		return dialect.Table{}, usagef("invalid --table: %s", err)
 	}
+	if t, err = dialect.NewTableIn(c.global.schema, name); err != nil {
+		return dialect.Table{}, usagef("invalid --schema: %s", err)
+	}
 	return t, nil
 }
 
@@ -142,7 +145,7 @@ func open(ctx context.Context, t target, table dialect.Table, n needs) (*conn, e
 		return nil, err
 	}
 	d := map[string]func() outbox.Dialect{"postgres": outbox.Postgres, "mysql": outbox.MySQL, "sqlite": outbox.SQLite}[t.dialect]
-	cn.store, err = outbox.New(db, d(), outbox.Options{Table: table.Name()})
+	cn.store, err = outbox.New(db, d(), outbox.Options{Table: table.Name(), Schema: table.Schema()})
 	if err != nil {
 		_ = db.Close()
 		return nil, err
@@ -176,21 +179,24 @@ func (cn *conn) check(ctx context.Context, n needs) error {
 	return nil
 }
 
-// tableExists reports whether the table is visible on the connection (PostgreSQL: on its
-// search_path; MySQL: in its database).
+// tableExists reports whether the table is visible on the connection (PostgreSQL: in the
+// --schema, or on its search_path without one; MySQL: in its database).
 func (cn *conn) tableExists(ctx context.Context, name string) (bool, error) {
 	var q string
+	args := []any{name}
 	switch cn.dialect {
 	case "postgres":
 		q = `SELECT count(*) FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-			WHERE c.relname = $1 AND c.relkind IN ('r', 'p') AND n.nspname = ANY (current_schemas(false))`
+			WHERE c.relname = $1 AND c.relkind IN ('r', 'p')
+			AND (n.nspname = $2 OR ($2 = '' AND n.nspname = ANY (current_schemas(false))))`
+		args = append(args, cn.table.Schema())
 	case "mysql":
 		q = `SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?`
 	case "sqlite":
 		q = `SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = ?`
 	}
 	var count int
-	if err := cn.db.QueryRowContext(ctx, q, name).Scan(&count); err != nil {
+	if err := cn.db.QueryRowContext(ctx, q, args...).Scan(&count); err != nil {
 		return false, fmt.Errorf("look for table %s: %v", name, err)
 	}
 	return count > 0, nil
@@ -201,7 +207,7 @@ func (cn *conn) tableExists(ctx context.Context, name string) (bool, error) {
 // one. known is false when that version table is absent (the table was migrated another
 // way, as with the goose command line and its own version table): then nothing is known.
 func (cn *conn) versions(ctx context.Context) (current, target int64, known bool, err error) {
-	p, err := migrations.NewProvider(cn.db, cn.dialect, migrations.Options{Table: cn.table.Name()})
+	p, err := migrations.NewProvider(cn.db, cn.dialect, migrations.Options{Table: cn.table.Name(), Schema: cn.table.Schema()})
 	if err != nil {
 		return 0, 0, false, err
 	}
@@ -213,8 +219,8 @@ func (cn *conn) versions(ctx context.Context) (current, target int64, known bool
 	if err != nil || !ok {
 		return 0, target, false, err
 	}
-	// The table name passed validation with the outbox table's rules (NewTable).
-	if err := cn.db.QueryRowContext(ctx, `SELECT COALESCE(MAX(version_id), 0) FROM `+vt).Scan(&current); err != nil {
+	// The names passed validation with the outbox table's rules (NewTableIn).
+	if err := cn.db.QueryRowContext(ctx, `SELECT COALESCE(MAX(version_id), 0) FROM `+cn.qualify(vt)).Scan(&current); err != nil {
 		return 0, target, false, fmt.Errorf("read %s: %v", vt, err)
 	}
 	return current, target, true, nil
@@ -223,6 +229,14 @@ func (cn *conn) versions(ctx context.Context) (current, target int64, known bool
 // countUndelivered returns how many rows are not delivered (pending, processing, dead).
 func (cn *conn) countUndelivered(ctx context.Context) (int64, error) {
 	var n int64
-	err := cn.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+cn.table.Name()+` WHERE status <> 'delivered'`).Scan(&n)
+	err := cn.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+cn.qualify(cn.table.Name())+` WHERE status <> 'delivered'`).Scan(&n)
 	return n, err
+}
+
+// qualify prefixes a table of the outbox's schema with that schema, when --schema is given.
+func (cn *conn) qualify(name string) string {
+	if s := cn.table.Schema(); s != "" {
+		return s + "." + name
+	}
+	return name
 }

@@ -399,6 +399,9 @@ func (c *cli) nextPageCommand(cn *conn, o outbox.ListDeadOptions, lf listFlags, 
 	if c.global.table != "" {
 		add("--table", c.global.table)
 	}
+	if c.global.schema != "" {
+		add("--schema", c.global.schema)
+	}
 	if c.global.namespace != "" {
 		add("--namespace", c.global.namespace)
 	}

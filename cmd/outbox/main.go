@@ -114,6 +114,7 @@ type globalFlags struct {
 	dsns      []string
 	dsnFile   string
 	table     string
+	schema    string
 	namespace string
 	topics    []string
 	tenant    string
@@ -222,6 +223,7 @@ func (c *cli) flagSet(name string) *flag.FlagSet {
 	})
 	fs.StringVar(&g.dsnFile, "dsn-file", "", "stats and ui: a file of DSNs, one a line (blank lines and # comments ignored)")
 	fs.StringVar(&g.table, "table", "", "outbox table (default "+outbox.DefaultTable+")")
+	fs.StringVar(&g.schema, "schema", "", "PostgreSQL only: the schema of the table, named in every statement whatever the search_path (default none)")
 	fs.StringVar(&g.namespace, "namespace", "", "only rows of this namespace (env OUTBOX_NAMESPACE)")
 	fs.Func("topic", "only rows of this topic (repeatable)", func(s string) error {
 		g.topics = append(g.topics, s)

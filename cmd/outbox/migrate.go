@@ -60,7 +60,7 @@ type migrator struct {
 // orderedExists reports whether the ordered set's version table exists: whether the set
 // was ever applied to the table.
 func (m *migrator) orderedExists(ctx context.Context) (bool, error) {
-	ok, err := gooseset.TableExists(ctx, m.cn.db, m.cn.dialect, m.cn.table.Name()+migrations.OrderedVersionSuffix)
+	ok, err := gooseset.TableExists(ctx, m.cn.db, m.cn.dialect, m.cn.qualify(m.cn.table.Name()+migrations.OrderedVersionSuffix))
 	if err != nil {
 		return false, fmt.Errorf("read the ordered migrations of %s: %v", m.cn.table.Name(), err)
 	}
@@ -115,7 +115,7 @@ func runMigrate(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 	defer cn.Close()
-	opts := migrations.Options{Table: cn.table.Name()}
+	opts := migrations.Options{Table: cn.table.Name(), Schema: cn.table.Schema()}
 	m := &migrator{cn: cn}
 	if m.base, err = migrations.NewProvider(cn.db, cn.dialect, opts); err != nil {
 		return err

@@ -45,6 +45,31 @@ type Set struct {
 	// 14 bytes, so that the name fits PostgreSQL's 63-byte identifiers after a table name
 	// of [dialect.MaxTableBytes].
 	VersionSuffix string
+	// Schema places the table and the version table in a named schema (PostgreSQL only),
+	// named in every statement rather than found through the search_path. Default none.
+	Schema string
+}
+
+// In returns the set for tables in the named schema ("" for none).
+func (s Set) In(schema string) Set {
+	s.Schema = schema
+	return s
+}
+
+// checkSchema validates the set's schema for the dialect: a *outbox.ValidationError for a
+// bad name or a dialect other than PostgreSQL.
+func (s Set) checkSchema(dialectName string) error {
+	if s.Schema == "" {
+		return nil
+	}
+	if dialectName != "postgres" {
+		return &outbox.ValidationError{Index: -1, Field: "Schema",
+			Reason: fmt.Sprintf("the %s migrations cannot place the table in a schema; leave Schema empty", dialectName)}
+	}
+	if _, err := dialect.NewTableIn(s.Schema, s.DefaultTable); err != nil {
+		return &outbox.ValidationError{Index: -1, Field: "Schema", Reason: err.Error()}
+	}
+	return nil
 }
 
 // maxSuffixBytes is the longest VersionSuffix: 48 + 14 is within PostgreSQL's 63 bytes.
@@ -95,6 +120,9 @@ func (s Set) Provider(db *sql.DB, dialect, table, versionTable string) (*goose.P
 	if err != nil {
 		return nil, err
 	}
+	if err := s.checkSchema(dialect); err != nil {
+		return nil, err
+	}
 	files, err := s.render(dialect, t)
 	if err != nil {
 		return nil, err
@@ -133,6 +161,9 @@ func (s Set) HasVersionTable(ctx context.Context, db *sql.DB, dialect, table, ve
 	if err != nil {
 		return false, err
 	}
+	if err := s.checkSchema(dialect); err != nil {
+		return false, err
+	}
 	if err := s.matchServer(ctx, db, dialect); err != nil {
 		return false, err
 	}
@@ -145,12 +176,19 @@ func (s Set) HasVersionTable(ctx context.Context, db *sql.DB, dialect, table, ve
 
 // TableExists reports whether a table of that name exists where a goose Provider of the
 // dialect looks for its version table: PostgreSQL's current schema (the first existing one
-// on the search_path), MySQL's current database, SQLite's main database.
+// on the search_path) or the schema of a name "schema.table", MySQL's current database,
+// SQLite's main database.
 func TableExists(ctx context.Context, db *sql.DB, dialect, name string) (bool, error) {
 	var q string
+	args := []any{name}
 	switch dialect {
 	case "postgres":
-		q = `SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = current_schema() AND tablename = $1`
+		schema, table, _ := strings.Cut(name, ".")
+		if table == "" {
+			schema, table = "", name
+		}
+		q = `SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = coalesce(nullif($2, ''), current_schema()) AND tablename = $1`
+		args = []any{table, schema}
 	case "mysql":
 		q = `SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?`
 	case "sqlite":
@@ -159,7 +197,7 @@ func TableExists(ctx context.Context, db *sql.DB, dialect, name string) (bool, e
 		return false, fmt.Errorf("no catalog query for dialect %q: %w", dialect, errors.ErrUnsupported)
 	}
 	var n int
-	if err := db.QueryRowContext(ctx, q, name).Scan(&n); err != nil {
+	if err := db.QueryRowContext(ctx, q, args...).Scan(&n); err != nil {
 		return false, fmt.Errorf("look for table %s: %w", name, err)
 	}
 	return n > 0, nil
@@ -214,7 +252,7 @@ func (s Set) tables(table, versionTable string) (t, vt string, err error) {
 		if _, err := dialect.NewTable(versionTable); err != nil {
 			return "", "", invalidTable(err)
 		}
-		return t, versionTable, nil
+		return t, s.qualify(versionTable), nil
 	}
 	suffix := s.VersionSuffix
 	if suffix == "" {
@@ -223,7 +261,16 @@ func (s Set) tables(table, versionTable string) (t, vt string, err error) {
 	if len(suffix) > maxSuffixBytes {
 		return "", "", fmt.Errorf("%s: version table suffix %q is longer than %d bytes", s.Name, suffix, maxSuffixBytes)
 	}
-	return t, t + suffix, nil
+	return t, s.qualify(t + suffix), nil
+}
+
+// qualify prefixes a version table's name with the set's schema, which goose's PostgreSQL
+// store reads as "schema.table".
+func (s Set) qualify(name string) string {
+	if s.Schema == "" {
+		return name
+	}
+	return s.Schema + "." + name
 }
 
 // matchServer checks that db is the kind of database dialect names. A database it does not
@@ -254,7 +301,15 @@ func (s Set) render(dialect, table string) (fs.FS, error) {
 		if err != nil {
 			return nil, err
 		}
-		out[e.Name()] = &fstest.MapFile{Data: []byte(strings.ReplaceAll(string(b), s.Placeholder, table))}
+		text := string(b)
+		if s.Schema != "" {
+			// Qualify every reference to the table, and the indexes that DROP INDEX names;
+			// CREATE INDEX names its index bare, and PostgreSQL puts it in the table's schema.
+			q := `"` + s.Schema + `".`
+			text = strings.ReplaceAll(text, `DROP INDEX IF EXISTS "`+s.Placeholder, `DROP INDEX IF EXISTS `+q+`"`+s.Placeholder)
+			text = strings.ReplaceAll(text, `"`+s.Placeholder+`"`, q+`"`+s.Placeholder+`"`)
+		}
+		out[e.Name()] = &fstest.MapFile{Data: []byte(strings.ReplaceAll(text, s.Placeholder, table))}
 	}
 	return out, nil
 }

@@ -22,7 +22,7 @@ func pgAt(a *dialect.Args, t time.Time) string { return a.Add(t.UTC()) + `::time
 // from the planner's statistics (EXPLAIN), which cost no scan. Status values are literals,
 // not parameters, so that a generic plan can still prove a partial index's predicate.
 func (*Dialect) Stats(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.StatsParams) (dialect.StatsSample, error) {
-	tbl := sqlkit.QuoteIdent(t.Name(), '"')
+	tbl := pgTable(t)
 	due := `status = 'pending' AND next_attempt_at <= now()`
 	la, da := &dialect.Args{Numbered: true}, &dialect.Args{Numbered: true}
 	r := sqlkit.StatsReads{
@@ -68,7 +68,7 @@ func pgPlanRows(ctx context.Context, q dialect.DBTX, query string) (int64, error
 // ListDead walks the partial retention index (status, updated_at) backwards.
 func (d *Dialect) ListDead(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ListDeadParams) ([]dialect.Record, error) {
 	a := &dialect.Args{Numbered: true}
-	query := `SELECT ` + sqlkit.SelectList(sqlkit.RecordColumns, "", nil) + ` FROM ` + sqlkit.QuoteIdent(t.Name(), '"') +
+	query := `SELECT ` + sqlkit.SelectList(sqlkit.RecordColumns, "", nil) + ` FROM ` + pgTable(t) +
 		` WHERE ` + sqlkit.DeadWhere(a, p, pgAt, pgUUID, pgContains) + ` ORDER BY updated_at DESC, id DESC LIMIT ` + a.Add(p.Limit) + `::bigint`
 	return sqlkit.QueryAll(ctx, q, query, a.Values, sqlkit.ScanRecord)
 }
@@ -77,7 +77,7 @@ func (d *Dialect) ListDead(ctx context.Context, q dialect.DBTX, t dialect.Table,
 // row's current version when a concurrent claim, purge or replay held it.
 func (*Dialect) Replay(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.ReplayParams) ([]uuid.UUID, error) {
 	ids := pgUUIDArray(len(p.IDs), func(i int) uuid.UUID { return p.IDs[i] })
-	return dialect.QueryIDs(ctx, db, `UPDATE `+sqlkit.QuoteIdent(t.Name(), '"')+` SET status = 'pending', attempts = 0, next_attempt_at = now(),`+
+	return dialect.QueryIDs(ctx, db, `UPDATE `+pgTable(t)+` SET status = 'pending', attempts = 0, next_attempt_at = now(),`+
 		` locked_by = NULL, locked_until = NULL, lease_token = $2, replays = replays + 1, updated_at = now()`+
 		` WHERE id = ANY($1::uuid[]) AND status = 'dead' RETURNING id`, ids, pgUUID(p.Token))
 }
@@ -85,14 +85,14 @@ func (*Dialect) Replay(ctx context.Context, db *sql.DB, t dialect.Table, p diale
 // Discard is one DELETE ... RETURNING.
 func (*Dialect) Discard(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.DiscardParams) ([]uuid.UUID, error) {
 	ids := pgUUIDArray(len(p.IDs), func(i int) uuid.UUID { return p.IDs[i] })
-	return dialect.QueryIDs(ctx, db, `DELETE FROM `+sqlkit.QuoteIdent(t.Name(), '"')+` WHERE id = ANY($1::uuid[]) AND status = 'dead' RETURNING id`, ids)
+	return dialect.QueryIDs(ctx, db, `DELETE FROM `+pgTable(t)+` WHERE id = ANY($1::uuid[]) AND status = 'dead' RETURNING id`, ids)
 }
 
 // pgPurgeSQL renders the purge of one status: the oldest rows by the partial retention
 // index, locked with SKIP LOCKED so that concurrent purgers take different rows, in a
 // materialized CTE that runs once.
 func pgPurgeSQL(t dialect.Table, status dialect.Status) string {
-	tbl := sqlkit.QuoteIdent(t.Name(), '"')
+	tbl := pgTable(t)
 	return `WITH c AS MATERIALIZED (SELECT id FROM ` + tbl + ` WHERE status = '` + string(status) + `'` +
 		` AND updated_at < now() - ` + pgMicros(`$1::bigint`) + ` ORDER BY updated_at LIMIT $2::bigint FOR UPDATE SKIP LOCKED)` +
 		` DELETE FROM ` + tbl + ` AS t USING c WHERE t.id = c.id`

@@ -15,7 +15,7 @@ import (
 func (d *Dialect) Check(ctx context.Context, db *sql.DB, t dialect.Table) error {
 	return sqlkit.CheckTables(ctx, db, d.Name(), t, func(ctx context.Context, db *sql.DB, table string) ([]string, error) {
 		return sqlkit.QueryStrings(ctx, db, `SELECT attname FROM pg_attribute WHERE attrelid = to_regclass($1)`+
-			` AND attnum > 0 AND NOT attisdropped`, sqlkit.QuoteIdent(table, '"'))
+			` AND attnum > 0 AND NOT attisdropped`, pgQualify(t.Schema(), table))
 	}, map[string][]string{t.Name(): sqlkit.RecordColumns})
 }
 
@@ -27,7 +27,7 @@ func (d *Dialect) Check(ctx context.Context, db *sql.DB, t dialect.Table) error 
 func (d *Dialect) CheckOrdered(ctx context.Context, db *sql.DB, t dialect.Table) error {
 	want := []string{t.Index("order"), t.Index("unkeyed")}
 	rows, err := db.QueryContext(ctx, `SELECT c.relname, x.indisvalid FROM pg_index x JOIN pg_class c ON c.oid = x.indexrelid`+
-		` WHERE x.indrelid = to_regclass($1) AND c.relname IN ($2, $3)`, sqlkit.QuoteIdent(t.Name(), '"'), want[0], want[1])
+		` WHERE x.indrelid = to_regclass($1) AND c.relname IN ($2, $3)`, pgTable(t), want[0], want[1])
 	if err != nil {
 		return err
 	}
@@ -52,7 +52,7 @@ func (d *Dialect) CheckOrdered(ctx context.Context, db *sql.DB, t dialect.Table)
 		slices.Sort(invalid)
 		rebuild := make([]string, len(invalid))
 		for i, n := range invalid {
-			rebuild[i] = "REINDEX INDEX CONCURRENTLY " + sqlkit.QuoteIdent(n, '"')
+			rebuild[i] = "REINDEX INDEX CONCURRENTLY " + pgQualify(t.Schema(), n)
 		}
 		return &dialect.CheckError{
 			Problem: fmt.Sprintf("index %s of table %q is invalid (a CREATE INDEX CONCURRENTLY failed), so ordered claims would read the whole table",
@@ -62,7 +62,7 @@ func (d *Dialect) CheckOrdered(ctx context.Context, db *sql.DB, t dialect.Table)
 	}
 	exists := true
 	if len(have) < len(want) {
-		if err := db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, sqlkit.QuoteIdent(t.Name(), '"')).Scan(&exists); err != nil {
+		if err := db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, pgTable(t)).Scan(&exists); err != nil {
 			return err
 		}
 	}

@@ -104,7 +104,7 @@ var (
 // payload and headers are json, not jsonb, so the bytes consumers receive are the bytes
 // enqueued, as the payload hash requires. Create the table with the migrations package.
 type Dialect struct {
-	stmts sync.Map // table name → *pgStatements
+	stmts sync.Map // dialect.Table → *pgStatements
 }
 
 type pgStatements struct {
@@ -128,7 +128,7 @@ const pgOnConflict = ` ON CONFLICT (namespace, topic, dedupe_key) WHERE dedupe_k
 func pgMicros(expr string) string { return expr + ` * interval '1 microsecond'` }
 
 func renderPgStatements(t dialect.Table) *pgStatements {
-	tbl := sqlkit.QuoteIdent(t.Name(), '"')
+	tbl := pgTable(t)
 	st := &pgStatements{
 		ack: `UPDATE ` + tbl + ` SET status = 'delivered', delivered_at = now(), locked_by = NULL, locked_until = NULL,` +
 			` updated_at = now() WHERE id = ANY($1::uuid[]) AND lease_token = $2::uuid AND status = 'processing' RETURNING id`,
@@ -190,10 +190,10 @@ func renderPgInsert(tbl string, s sqlkit.InsertShape) (one, many string) {
 }
 
 func (d *Dialect) statements(t dialect.Table) *pgStatements {
-	if s, ok := d.stmts.Load(t.Name()); ok {
+	if s, ok := d.stmts.Load(t); ok {
 		return s.(*pgStatements)
 	}
-	s, _ := d.stmts.LoadOrStore(t.Name(), renderPgStatements(t))
+	s, _ := d.stmts.LoadOrStore(t, renderPgStatements(t))
 	return s.(*pgStatements)
 }
 
@@ -425,7 +425,7 @@ func pgClaim(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.Cla
 	if p.Ordered && p.Namespace != "" {
 		return pgClaimOrdered(ctx, q, t, p)
 	}
-	tbl := sqlkit.QuoteIdent(t.Name(), '"')
+	tbl := pgTable(t)
 	a := &dialect.Args{Numbered: true}
 	return pgLease(ctx, q, t, p, a, `WITH c AS MATERIALIZED (SELECT id FROM `+tbl+` WHERE `+pgEligible(a, p)+pgOrdered(tbl, p)+
 		` ORDER BY created_at, id LIMIT `+a.Add(p.Limit)+`::bigint FOR UPDATE SKIP LOCKED)`)
@@ -434,7 +434,7 @@ func pgClaim(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.Cla
 // pgLease runs a claim: with, a WITH clause whose last query c returns the locked ids
 // (its arguments already in a), followed by the UPDATE that leases them.
 func pgLease(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ClaimParams, a *dialect.Args, with string) ([]dialect.Record, error) {
-	return sqlkit.QueryClaimed(ctx, q, p, with+pgLeaseUpdate(sqlkit.QuoteIdent(t.Name(), '"'), a, p), a.Values...)
+	return sqlkit.QueryClaimed(ctx, q, p, with+pgLeaseUpdate(pgTable(t), a, p), a.Values...)
 }
 
 // pgLeaseUpdate renders the UPDATE that leases the rows of c and returns claimColumns.
@@ -511,7 +511,7 @@ func (d *Dialect) Extend(ctx context.Context, q dialect.DBTX, t dialect.Table, p
 // rescanned by a nested-loop semi-join and lock more than Limit rows; a materialized
 // CTE runs once.
 func (*Dialect) Bury(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.BuryParams) ([]uuid.UUID, error) {
-	tbl := sqlkit.QuoteIdent(t.Name(), '"')
+	tbl := pgTable(t)
 	a := &dialect.Args{Numbered: true}
 	query := `WITH c AS MATERIALIZED (SELECT id FROM ` + tbl + ` WHERE ` + sqlkit.BuryCandidates(a, p, func() string { return `now()` }, pgUUID, `::bigint`) +
 		` ORDER BY created_at, id LIMIT ` + a.Add(p.Limit) + `::bigint FOR UPDATE SKIP LOCKED)` +
@@ -552,7 +552,7 @@ func (d *Dialect) completeAndClaimRows(ctx context.Context, db *sql.DB, t dialec
 	if p.Ordered {
 		return pgCompleteThenClaimOrdered(ctx, d, db, t, outcomes, p)
 	}
-	tbl := sqlkit.QuoteIdent(t.Name(), '"')
+	tbl := pgTable(t)
 	settle, vals := d.settle(t, outcomes)
 	a := &dialect.Args{Numbered: true, Values: vals}
 	var b strings.Builder
@@ -620,4 +620,21 @@ func (d *Dialect) CompleteAndClaim(ctx context.Context, db *sql.DB, t dialect.Ta
 	recs, lost, err := d.completeAndClaimRows(ctx, db, t, outcomes, p)
 	dialect.SortClaimed(recs)
 	return recs, lost, err
+}
+
+// SupportsSchema implements [dialect.Schemer]: every statement names the table by its schema
+// when it has one.
+func (*Dialect) SupportsSchema() bool { return true }
+
+// pgTable returns the table's name quoted, qualified by its schema when it has one.
+func pgTable(t dialect.Table) string { return pgQualify(t.Schema(), t.Name()) }
+
+// pgQualify quotes name, a table or index of the table's schema, qualified by that schema
+// when it is not empty.
+func pgQualify(schema, name string) string {
+	q := sqlkit.QuoteIdent(name, '"')
+	if schema != "" {
+		q = sqlkit.QuoteIdent(schema, '"') + "." + q
+	}
+	return q
 }

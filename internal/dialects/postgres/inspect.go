@@ -14,7 +14,7 @@ func pgContains(ph string) string { return `strpos(last_error, ` + ph + `) > 0` 
 // pgDeadGroupsSQL renders DeadGroups' two reads over the partial retention index: the groups,
 // and the total with the newest death.
 func pgDeadGroupsSQL(t dialect.Table, p dialect.DeadGroupsParams) (groups, total string, gargs, targs []any) {
-	tbl := sqlkit.QuoteIdent(t.Name(), '"')
+	tbl := pgTable(t)
 	ga, ta := &dialect.Args{Numbered: true}, &dialect.Args{Numbered: true}
 	gw := sqlkit.DeadWhere(ga, dialect.ListDeadParams{DeadFilter: p.DeadFilter}, pgAt, pgUUID, pgContains)
 	groups = `SELECT COALESCE(last_error, ''), count(*), min(updated_at), max(updated_at) FROM ` + tbl + ` WHERE ` + gw +
@@ -31,7 +31,7 @@ func (*Dialect) DeadGroups(ctx context.Context, q dialect.DBTX, t dialect.Table,
 // pgActivitySQL renders the read of one status's most recent rows, per minute of Unix time,
 // a backward walk of the partial retention index from now - window.
 func pgActivitySQL(t dialect.Table, status dialect.Status) string {
-	return `SELECT floor(extract(epoch FROM updated_at) / 60)::bigint, count(*) FROM (SELECT updated_at FROM ` + sqlkit.QuoteIdent(t.Name(), '"') +
+	return `SELECT floor(extract(epoch FROM updated_at) / 60)::bigint, count(*) FROM (SELECT updated_at FROM ` + pgTable(t) +
 		` WHERE status = '` + string(status) + `' AND updated_at >= now() - ` + pgMicros(`$1::bigint`) +
 		` ORDER BY updated_at DESC LIMIT $2::bigint) s GROUP BY 1`
 }
@@ -46,7 +46,7 @@ func (*Dialect) Activity(ctx context.Context, q dialect.DBTX, t dialect.Table, p
 
 // pgDedupeKeySQL reads a row by the unique partial dedupe index.
 func pgDedupeKeySQL(t dialect.Table) string {
-	return `SELECT ` + sqlkit.SelectList(sqlkit.RecordColumns, "", nil) + ` FROM ` + sqlkit.QuoteIdent(t.Name(), '"') +
+	return `SELECT ` + sqlkit.SelectList(sqlkit.RecordColumns, "", nil) + ` FROM ` + pgTable(t) +
 		` WHERE namespace = $1 AND topic = $2 AND dedupe_key = $3`
 }
 

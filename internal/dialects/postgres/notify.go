@@ -6,6 +6,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"reflect"
 	"strings"
 	"time"
@@ -28,7 +29,27 @@ func (d *Dialect) Signal(ctx context.Context, q dialect.DBTX, t dialect.Table, n
 
 // RenderSignal implements [dialect.Renderer]: the statement Signal runs.
 func (*Dialect) RenderSignal(t dialect.Table, namespace string) (dialect.Statement, bool) {
+	if t.Schema() != "" {
+		return dialect.Statement{Query: `SELECT pg_notify($1, $2)`, Args: []any{pgChannel(t), t.Schema() + ":" + namespace}}, true
+	}
 	return dialect.Statement{Query: `SELECT pg_notify($1, current_schema() || ':' || $2)`, Args: []any{t.Name(), namespace}}, true
+}
+
+// pgChannel returns the NOTIFY channel of the table: its name, or for a table in a named
+// schema "schema.name", so that the same table name in two schemas has two channels. A
+// channel is an identifier, at most 63 bytes: a longer "schema.name" becomes the start of
+// the name and a hash of the whole.
+func pgChannel(t dialect.Table) string {
+	if t.Schema() == "" {
+		return t.Name()
+	}
+	c := t.Schema() + "." + t.Name()
+	if len(c) <= 63 {
+		return c
+	}
+	h := fnv.New64a()
+	h.Write([]byte(c))
+	return fmt.Sprintf("%.46s_%016x", t.Name(), h.Sum64())
 }
 
 // Listen implements [dialect.Notifier]: LISTEN on a connection of its own, taken from db and
@@ -42,9 +63,11 @@ func (*Dialect) Listen(ctx context.Context, db *sql.DB, t dialect.Table, ready f
 		return err
 	}
 	defer conn.Close()
-	var schema string
-	if err := conn.QueryRowContext(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
-		return err
+	schema := t.Schema()
+	if schema == "" {
+		if err := conn.QueryRowContext(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
+			return err
+		}
 	}
 	return conn.Raw(func(dc any) error {
 		wait, closeConn, err := pgxWaiter(dc)
@@ -56,7 +79,7 @@ func (*Dialect) Listen(ctx context.Context, db *sql.DB, t dialect.Table, ready f
 		// (stdlib.OpenDBFromPool) only releases it to that pool, which keeps a connection
 		// that is not closed: so close the pgx connection itself too.
 		defer closeConn()
-		if err := execRaw(ctx, dc, `LISTEN `+sqlkit.QuoteIdent(t.Name(), '"')); err != nil {
+		if err := execRaw(ctx, dc, `LISTEN `+sqlkit.QuoteIdent(pgChannel(t), '"')); err != nil {
 			return errors.Join(driver.ErrBadConn, err)
 		}
 		ready()

@@ -50,7 +50,7 @@ func pgOrdered(tbl string, p dialect.ClaimParams) string {
 // (pgHeadsByKey). The window keeps the walk from passing a whole backlog of rows held back
 // by heads in flight; the visit finds the heads beyond it.
 func pgClaimOrdered(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ClaimParams) ([]dialect.Record, error) {
-	tbl := sqlkit.QuoteIdent(t.Name(), '"')
+	tbl := pgTable(t)
 	a := &dialect.Args{Numbered: true}
 	window := ` AND created_at <= COALESCE((SELECT w.created_at FROM ` + tbl + ` w WHERE w.status IN ('pending', 'processing')` +
 		sqlkit.ScopeSQL(a, p.Scope, "w.", pgUUID) + ` ORDER BY w.created_at, w.id OFFSET ` + a.Add(sqlkit.OrderedWindow(p.Limit)) + `::bigint LIMIT 1), 'infinity')`
@@ -89,6 +89,6 @@ func pgHeadsByKey(tbl string, a *dialect.Args, p dialect.ClaimParams) string {
 // BlockedKeys implements [dialect.OrderedClaimer].
 func (*Dialect) BlockedKeys(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.BlockedKeysParams) ([]dialect.BlockedKey, error) {
 	a := &dialect.Args{Numbered: true}
-	query := sqlkit.BlockedKeysQuery(sqlkit.QuoteIdent(t.Name(), '"'), "partition_key", "", a, p, pgUUID)
+	query := sqlkit.BlockedKeysQuery(pgTable(t), "partition_key", "", a, p, pgUUID)
 	return sqlkit.QueryBlockedKeys(ctx, q, query, a.Values)
 }

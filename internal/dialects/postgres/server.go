@@ -27,6 +27,6 @@ func (d *Dialect) serverInfo(ctx context.Context, db *sql.DB, t dialect.Table) (
 		return info, err
 	}
 	err = db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = to_regclass($1))`,
-		sqlkit.QuoteIdent(t.Name(), '"')).Scan(&info.CitusDistributed)
+		pgTable(t)).Scan(&info.CitusDistributed)
 	return info, err
 }

@@ -38,7 +38,7 @@ func CheckTables(ctx context.Context, db *sql.DB, name string, t dialect.Table,
 	if kind != name {
 		return WrongDialect(desc, kind, name)
 	}
-	migrate := MigrateFix(name, t.Name())
+	migrate := migrateFix(name, t)
 	for _, table := range slices.Sorted(maps.Keys(tables)) {
 		have, err := columns(ctx, db, table)
 		if err != nil {
@@ -81,13 +81,23 @@ func QueryStrings(ctx context.Context, db *sql.DB, query string, args ...any) ([
 	return out, rows.Err()
 }
 
+// migrateFix says how to migrate the table t for the dialect name, with its schema if any.
+func migrateFix(name string, t dialect.Table) string {
+	opts, flags := fmt.Sprintf("Table: %q", t.Name()), " --table "+t.Name()
+	if s := t.Schema(); s != "" {
+		opts += fmt.Sprintf(", Schema: %q", s)
+		flags += " --schema " + s
+	}
+	return fmt.Sprintf("run migrations.Up(ctx, db, %q, migrations.Options{%s}) or `outbox migrate up --dialect %s%s`", name, opts, name, flags)
+}
+
 // MissingTable returns the [*dialect.CheckError] of a statement on the outbox table t that
 // failed with err because the table does not exist, for the dialect name: it says to
 // migrate, and wraps err. Each dialect recognises its database's error itself.
 func MissingTable(name string, t dialect.Table, err error) *dialect.CheckError {
 	return &dialect.CheckError{
 		Problem: fmt.Sprintf("the outbox table %q does not exist", t.Name()),
-		Fix:     MigrateFix(name, t.Name()),
+		Fix:     migrateFix(name, t),
 		Err:     err,
 	}
 }
@@ -166,11 +176,4 @@ func CheckOrderedTable(name string, t dialect.Table, exists bool, want []string,
 		Problem: fmt.Sprintf("table %q lacks %s", t.Name(), strings.Join(missing, " and ")),
 		Fix:     orderedFix("ordered delivery (PublisherOptions.Ordered) needs the order index", name, t),
 	}
-}
-
-// MigrateFix says how to create or update the table of the dialect name: in code, or with
-// the command, whose flags name both, so that it can be pasted as it is.
-func MigrateFix(name, table string) string {
-	return fmt.Sprintf("run migrations.Up(ctx, db, %q, migrations.Options{Table: %q}) or `outbox migrate up --dialect %s --table %s`",
-		name, table, name, table)
 }
