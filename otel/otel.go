@@ -106,6 +106,7 @@ type Telemetry struct {
 	lag        metric.Float64Histogram
 	messages   metric.Int64ObservableGauge
 	oldest     metric.Float64ObservableGauge
+	undeliv    metric.Float64ObservableGauge
 	circuit    metric.Int64ObservableGauge
 
 	mu         sync.Mutex
@@ -168,13 +169,16 @@ func New(opts Options) (*Telemetry, error) {
 	t.oldest, err = m.Float64ObservableGauge("outbox.oldest_pending.age", metric.WithUnit("s"),
 		metric.WithDescription("How long the oldest due pending row of a topic has been due, read by the store's poller."))
 	errs = append(errs, err)
+	t.undeliv, err = m.Float64ObservableGauge("outbox.oldest_undelivered.age", metric.WithUnit("s"),
+		metric.WithDescription("How long the oldest undelivered row of a topic has been due, counted from when it first fell due, so that retries and outage probes do not reset it: the age to alert on, read by the store's poller."))
+	errs = append(errs, err)
 	t.circuit, err = m.Int64ObservableGauge("outbox.circuit.open",
 		metric.WithDescription("1 while a publisher's circuit breaker is open (its destination unavailable), 0 while closed or once the publisher's observer is closed."))
 	errs = append(errs, err)
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("outboxotel: instruments: %w", err)
 	}
-	if _, err := m.RegisterCallback(t.observe, t.messages, t.oldest, t.circuit); err != nil {
+	if _, err := m.RegisterCallback(t.observe, t.messages, t.oldest, t.undeliv, t.circuit); err != nil {
 		return nil, fmt.Errorf("outboxotel: gauge callback: %w", err)
 	}
 	return t, nil

@@ -627,6 +627,10 @@ func TestMetrics(t *testing.T) {
 				v, _ := sum(t, tm, "outbox.messages", pending...)
 				return v == n+m
 			})
+			testdb.Poll(t, 10*time.Second, "the oldest undelivered age grows while nothing publishes", func() bool {
+				v, ok := sum(t, tm, "outbox.oldest_undelivered.age", topic...)
+				return ok && v > 0
+			})
 
 			tr := outbox.PerMessage(func(_ context.Context, d outbox.Delivery) error {
 				if strings.Contains(string(d.Payload), "true") {
@@ -645,7 +649,8 @@ func TestMetrics(t *testing.T) {
 			testdb.Poll(t, 10*time.Second, "the pending gauge falls to 0 and dead shows M", func() bool {
 				v, ok := sum(t, tm, "outbox.messages", pending...)
 				d, _ := sum(t, tm, "outbox.messages", append(topic[:2:2], outboxotel.StatusKey.String("dead"))...)
-				return ok && v == 0 && d == m
+				u, _ := sum(t, tm, "outbox.oldest_undelivered.age", topic...)
+				return ok && v == 0 && d == m && u == 0
 			})
 			w.Close()
 			elapsed := time.Since(began)

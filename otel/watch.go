@@ -37,7 +37,7 @@ type WatchOptions struct {
 }
 
 // StoreWatcher reads a store's [outbox.Store.Stats] every interval for the gauges
-// outbox.messages and outbox.oldest_pending.age. Stop it with [StoreWatcher.Close].
+// outbox.messages, outbox.oldest_pending.age and outbox.oldest_undelivered.age. Stop it with [StoreWatcher.Close].
 type StoreWatcher struct {
 	t       *Telemetry
 	store   *outbox.Store
@@ -134,7 +134,7 @@ func (w *StoreWatcher) observe(t *Telemetry, o metric.Observer) {
 		return
 	}
 	present := map[[2]string]bool{}
-	report := func(ns, topic string, pending, scheduled, processing, dead int64, oldest time.Duration) {
+	report := func(ns, topic string, pending, scheduled, processing, dead int64, oldest, undelivered time.Duration) {
 		base := []attribute.KeyValue{NamespaceKey.String(ns), TopicKey.String(topic)}
 		for _, c := range []struct {
 			status string
@@ -143,15 +143,16 @@ func (w *StoreWatcher) observe(t *Telemetry, o metric.Observer) {
 			o.ObserveInt64(t.messages, c.n, metric.WithAttributes(append(base[:2:2], StatusKey.String(c.status))...))
 		}
 		o.ObserveFloat64(t.oldest, oldest.Seconds(), metric.WithAttributes(base...))
+		o.ObserveFloat64(t.undeliv, undelivered.Seconds(), metric.WithAttributes(base...))
 	}
 	for _, ts := range w.last.Topics {
 		k := [2]string{ts.Namespace, ts.Topic}
 		present[k], w.seen[k] = true, true
-		report(ts.Namespace, ts.Topic, ts.Pending, ts.Scheduled, ts.Processing, ts.Dead, ts.OldestPendingAge)
+		report(ts.Namespace, ts.Topic, ts.Pending, ts.Scheduled, ts.Processing, ts.Dead, ts.OldestPendingAge, ts.OldestUndeliveredAge)
 	}
 	for k := range w.seen {
 		if !present[k] { // its rows are gone (purged): its gauges fall to zero
-			report(k[0], k[1], 0, 0, 0, 0, 0)
+			report(k[0], k[1], 0, 0, 0, 0, 0, 0)
 		}
 	}
 }
