@@ -36,7 +36,7 @@ func (Dialect) Listen(ctx context.Context, db *sql.DB, t dialect.Table, ready fu
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
+	defer sqlkit.CloseConn(conn)
 	query := mysqlNotifyProbe(t)
 	var f sqlkit.Fresh
 	probe := func(wake func(string)) (bool, error) {

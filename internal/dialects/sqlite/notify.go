@@ -54,7 +54,7 @@ func (Dialect) Listen(ctx context.Context, db *sql.DB, t dialect.Table, ready fu
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
+	defer sqlkit.CloseConn(conn)
 	file, err := sqliteMainFile(ctx, conn)
 	if err != nil {
 		return err

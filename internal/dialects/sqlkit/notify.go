@@ -2,6 +2,7 @@ package sqlkit
 
 import (
 	"database/sql"
+	"database/sql/driver"
 	"slices"
 	"time"
 
@@ -76,4 +77,13 @@ func (f *Fresh) WakeNew(rows *sql.Rows, err error, wake func(string)) (found boo
 		wake(ns)
 	}
 	return len(nss) > 0, nil
+}
+
+// CloseConn closes a listener's connection for good instead of giving it back to the pool
+// (rule 3 of dialect.Notifier): a connection that served a listener, whatever state it was
+// left in, never serves anyone else. Returning driver.ErrBadConn from Raw makes database/sql
+// close the driver connection.
+func CloseConn(conn *sql.Conn) {
+	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+	_ = conn.Close()
 }
