@@ -54,7 +54,15 @@ func (Dialect) Listen(ctx context.Context, db *sql.DB, t dialect.Table, ready fu
 	if err != nil {
 		return err
 	}
-	defer sqlkit.CloseConn(conn)
+	defer func() {
+		if ctx.Err() != nil {
+			sqlkit.CloseConn(conn) // stopped: the connection served a listener, it serves no one else
+		} else {
+			// Failed (the file was removed or replaced): the connection holds no listener
+			// state, and it may be the pool's only way to the data the old file still holds.
+			_ = conn.Close()
+		}
+	}()
 	file, err := sqliteMainFile(ctx, conn)
 	if err != nil {
 		return err
