@@ -33,15 +33,6 @@ import (
 // unreachable is skipped by testdb (or fails under OUTBOX_TEST_REQUIRE).
 var pubBackends = []string{"sqlite", "postgres", "mysql"}
 
-// enqueueOne enqueues m in a transaction of its own.
-func enqueueOne(s *outbox.Store, ctx context.Context, m outbox.Message) (outbox.Result, error) {
-	rs, err := s.EnqueueStandalone(ctx, m)
-	if err != nil {
-		return outbox.Result{}, err
-	}
-	return rs[0], nil
-}
-
 func pubDialect(backend string) outbox.Dialect {
 	switch backend {
 	case "postgres":

@@ -139,8 +139,8 @@ func requireConventions(t *testing.T, spans []sdktrace.ReadOnlySpan, system stri
 		str := func(k attribute.Key) string {
 			v, ok := attrs.Value(k)
 			require.True(t, ok, "span %q has no %s", sp.Name(), k)
-			require.NotEmpty(t, v.Emit(), "span %q: empty %s", sp.Name(), k)
-			return v.Emit()
+			require.NotEmpty(t, v.String(), "span %q: empty %s", sp.Name(), k)
+			return v.String()
 		}
 		require.Equal(t, system, str("messaging.system"), "span %q", sp.Name())
 		require.Equal(t, op.AsString(), str("messaging.operation.type"), "span %q", sp.Name())

@@ -53,11 +53,11 @@ func (c *cli) tableName() (dialect.Table, error) {
 	if name == "" {
 		name = outbox.DefaultTable
 	}
-	t, err := dialect.NewTable(name)
-	if err != nil {
+	if _, err := dialect.NewTable(name); err != nil {
 		return dialect.Table{}, usagef("invalid --table: %s", err)
 	}
-	if t, err = dialect.NewTableIn(c.global.schema, name); err != nil {
+	t, err := dialect.NewTableIn(c.global.schema, name)
+	if err != nil {
 		return dialect.Table{}, usagef("invalid --schema: %s", err)
 	}
 	return t, nil
