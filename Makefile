@@ -20,10 +20,10 @@ PACKAGES := ./... $(patsubst %,./%/...,$(filter-out .,$(MODULES)))
 # a lease running out), so more than the two cores of a small machine pays.
 TEST_P ?= 3
 # Tests that skip themselves under the race detector, and so run again without it: those that
-# measure latency or queries a second, or deliver thousands of events over a hundred stores
+# measure latency, queries a second or how long a publish took, or deliver thousands of events over a hundred stores
 # within a deadline, which its slowdown distorts, and the conformance suite's
 # mutation kit (a child test binary per planted bug), whose verdicts it does not change.
-NORACE_TESTS := ^(TestRelayFairness|TestRelayIdleCost|TestRelayManyDatabases|TestSuiteCatchesBrokenDialects)$$
+NORACE_TESTS := ^(TestRelayFairness|TestRelayIdleCost|TestRelayManyDatabases|TestPublisherClaimsAheadOnlyWhenItPays|TestSuiteCatchesBrokenDialects)$$
 NORACE_PACKAGES := . ./conformance
 
 .DEFAULT_GOAL := help

@@ -265,6 +265,9 @@ func (d *aheadProbe) CompleteAndClaim(ctx context.Context, db *sql.DB, t dialect
 // 100ms, none does (one batch processing: the one it settles), and no batch is settled
 // alone. Every message is delivered once either way.
 func TestPublisherClaimsAheadOnlyWhenItPays(t *testing.T) {
+	if raceEnabled {
+		t.Skip("times an instant publish against a claim, which the race detector's slowdown distorts; make test runs it")
+	}
 	t.Parallel()
 	const batch, batches = 5, 6
 	for _, tc := range []struct {
