@@ -54,6 +54,10 @@ type latencyResult struct {
 	// Process is true when the producer ran in a process of its own (the bench binary run
 	// again), with its own pool and Store.
 	Process bool `json:"producer_process,omitempty"`
+	// RoundsP50 and RoundsP99 are each round's figures (config.LatencyRounds); the fields
+	// above are their medians.
+	RoundsP50 []float64 `json:"rounds_p50_ms,omitempty"`
+	RoundsP99 []float64 `json:"rounds_p99_ms,omitempty"`
 }
 
 // idleResult is the latency of one event enqueued after the publisher sat idle.
@@ -99,15 +103,43 @@ func runLatency(ctx context.Context, cfg config, b backend, res *backendResult) 
 	} else {
 		logf("%s: latency: no burn-down rate, so no saturated runs (run with -only burndown,latency)", b.name())
 	}
-	for _, run := range runs {
-		r, err := latency(ctx, cfg, b, run.rate, run.poll, run.raw, run.shared, run.process)
-		if err != nil {
-			return err
+	// Every run LatencyRounds times, the order rotated each round; a run's figures are the
+	// medians over its rounds. Near the machine's limit (the saturated runs) one round's
+	// p99 can move by a factor of three from the next: SQLite gives its write lock to no
+	// writer in particular, and one claim that loses it a few times running waits out the
+	// busy handler's growing sleeps.
+	rounds := make([][]latencyResult, len(runs))
+	satRatios := []float64{}
+	for round := range max(1, cfg.LatencyRounds) {
+		var satLib, satRaw float64
+		for k := range runs {
+			i := (k + round) % len(runs)
+			run := runs[i]
+			r, err := latency(ctx, cfg, b, run.rate, run.poll, run.raw, run.shared, run.process)
+			if err != nil {
+				return err
+			}
+			r.Kind = run.kind
+			logf("%s: latency (%s, %s): %.0f msg/s (target %.0f): p50 %.1fms p90 %.1fms p99 %.1fms max %.1fms, %d messages, %d unpublished, %d early; p50 %.1f then %.1f ms (steady %v)",
+				b.name(), run.kind, r.Config, r.AchievedRate, r.TargetRate, r.P50, r.P90, r.P99, r.Max, r.Messages, r.Unpublished, r.Early, r.FirstHalfP50, r.SecondHalfP50, r.Steady)
+			rounds[i] = append(rounds[i], r)
+			if run.kind == "saturated" && run.raw {
+				satRaw = r.P99
+			} else if run.kind == "saturated" && run.poll == 0 {
+				satLib = r.P99
+			}
 		}
-		r.Kind = run.kind
-		logf("%s: latency (%s, %s): %.0f msg/s (target %.0f): p50 %.1fms p90 %.1fms p99 %.1fms max %.1fms, %d messages, %d unpublished, %d early; p50 %.1f then %.1f ms (steady %v)",
-			b.name(), run.kind, r.Config, r.AchievedRate, r.TargetRate, r.P50, r.P90, r.P99, r.Max, r.Messages, r.Unpublished, r.Early, r.FirstHalfP50, r.SecondHalfP50, r.Steady)
-		res.Latency = append(res.Latency, r)
+		if satLib > 0 && satRaw > 0 {
+			satRatios = append(satRatios, satLib/satRaw)
+		}
+	}
+	for _, rs := range rounds {
+		res.Latency = append(res.Latency, medianLatency(rs))
+	}
+	if len(satRatios) > 0 {
+		res.SaturatedP99VsRaw = median(satRatios)
+		res.SaturatedP99VsRawRounds = satRatios
+		logf("%s: saturated p99, default options ÷ raw loop, per round: %.2f (median %.2f)", b.name(), satRatios, res.SaturatedP99VsRaw)
 	}
 	for _, shared := range []bool{true, false} {
 		ms, err := latencyAfterIdle(ctx, cfg, b, shared)
@@ -118,6 +150,41 @@ func runLatency(ctx context.Context, cfg config, b backend, res *backendResult) 
 		res.Idle = append(res.Idle, idleResult{Idle: cfg.IdleWait.String(), Shared: shared, LatencyMs: ms})
 	}
 	return nil
+}
+
+// medianLatency folds the rounds of one latency run: the median of each percentile and of
+// the rates, the largest max, the sums of the counts, steady only when every round was;
+// RoundsP50 and RoundsP99 keep each round's figures.
+func medianLatency(rs []latencyResult) latencyResult {
+	m := rs[0]
+	pick := func(f func(latencyResult) float64) float64 {
+		xs := make([]float64, len(rs))
+		for i, r := range rs {
+			xs[i] = f(r)
+		}
+		return median(xs)
+	}
+	m.P50 = pick(func(r latencyResult) float64 { return r.P50 })
+	m.P90 = pick(func(r latencyResult) float64 { return r.P90 })
+	m.P99 = pick(func(r latencyResult) float64 { return r.P99 })
+	m.AchievedRate = pick(func(r latencyResult) float64 { return r.AchievedRate })
+	m.TxPerSecond = pick(func(r latencyResult) float64 { return r.TxPerSecond })
+	m.DeliveredRate = pick(func(r latencyResult) float64 { return r.DeliveredRate })
+	m.FirstHalfP50 = pick(func(r latencyResult) float64 { return r.FirstHalfP50 })
+	m.SecondHalfP50 = pick(func(r latencyResult) float64 { return r.SecondHalfP50 })
+	m.Messages, m.Unpublished, m.Early, m.Dropped = 0, 0, 0, 0
+	m.RoundsP50, m.RoundsP99 = nil, nil
+	for _, r := range rs {
+		m.Max = max(m.Max, r.Max)
+		m.Messages += r.Messages
+		m.Unpublished += r.Unpublished
+		m.Early += r.Early
+		m.Dropped += r.Dropped
+		m.Steady = m.Steady && r.Steady
+		m.RoundsP50 = append(m.RoundsP50, r.P50)
+		m.RoundsP99 = append(m.RoundsP99, r.P99)
+	}
+	return m
 }
 
 // latencyAfterIdle starts a publisher with default options, lets it sit idle for

@@ -117,6 +117,9 @@ type config struct {
 
 	// Latency (4).
 	LatencyDur time.Duration `json:"latency_duration"`
+	// LatencyRounds is how many times each latency run is repeated, in rotated order; the
+	// figures are the medians.
+	LatencyRounds int `json:"latency_rounds"`
 	// IdleWait is how long the publisher sits idle before the after-idle event.
 	IdleWait time.Duration `json:"idle_wait"`
 	// IdleDur is the window of the idle-cost scenario (idle.go), per configuration.
@@ -214,7 +217,7 @@ func modeConfig(mode string) (config, error) {
 			BurnN: 10_000, Batch: 100, Workers: 2, BurnRounds: 3,
 			SweepSizes: []int{10, 100, 500}, SweepRounds: 1,
 			BreakdownSizes: []int{100, 500}, BreakdownN: 5_000, BreakdownRounds: 1,
-			LatencyDur: 4 * time.Second, IdleWait: 3 * time.Second, IdleDur: 3 * time.Second,
+			LatencyDur: 4 * time.Second, LatencyRounds: 1, IdleWait: 3 * time.Second, IdleDur: 2 * time.Second,
 			Retained: 100_000, GrowthN: 5_000, GrowthRounds: 2,
 			BrokerN: 10_000, BrokerRounds: 2,
 			ShortN: 10_000, ShortBatches: []int{100, 500}, ShortWorkers: []int{1, 2}, ShortRounds: 1,
@@ -234,7 +237,7 @@ func modeConfig(mode string) (config, error) {
 			BurnN: 100_000, Batch: 100, Workers: 2, BurnRounds: 10,
 			SweepSizes: []int{10, 50, 100, 250, 500, 1000}, SweepRounds: 2,
 			BreakdownSizes: []int{100, 500}, BreakdownN: 20_000, BreakdownRounds: 2,
-			LatencyDur: 20 * time.Second, IdleWait: 30 * time.Second, IdleDur: 10 * time.Second,
+			LatencyDur: 10 * time.Second, LatencyRounds: 3, IdleWait: 30 * time.Second, IdleDur: 10 * time.Second,
 			Retained: 1_000_000, GrowthN: 100_000, GrowthRounds: 2,
 			BrokerN: 50_000, BrokerRounds: 6,
 			ShortN: 20_000, ShortBatches: []int{100, 500}, ShortWorkers: []int{1, 2}, ShortRounds: 6,

@@ -56,22 +56,26 @@ type backendResult struct {
 	Sweep      []sweepPoint       `json:"burndown_sweep,omitempty"`
 	Breakdown  []breakdownResult  `json:"burndown_breakdown,omitempty"`
 	Latency    []latencyResult    `json:"latency,omitempty"`
-	Idle       []idleResult       `json:"latency_after_idle,omitempty"`
-	Growth     *growthResult      `json:"growth,omitempty"`
-	Stats      *statsResult       `json:"stats,omitempty"`
-	PurgeBurn  *purgeBurnResult   `json:"purge_burndown,omitempty"`
-	Ordered    *orderedResult     `json:"burndown_ordered,omitempty"`
-	ShortDrain []shortDrainResult `json:"short_drain,omitempty"`
-	Relay      *relayResult       `json:"relay,omitempty"`
-	Broker     *brokerResult      `json:"broker,omitempty"`
-	Costs      *costResult        `json:"drain_costs,omitempty"`
-	TableCost  *tableCostResult   `json:"table_cost,omitempty"`
-	UI         *uiResult          `json:"ui,omitempty"`
-	StoreLoop  []storeLoopResult  `json:"store_loop,omitempty"`
-	Guarded    *guardedResult     `json:"guarded,omitempty"`
-	ScaleOut   []scaleOutPoint    `json:"scale_out,omitempty"`
-	Sustained  *sustainedResult   `json:"sustained,omitempty"`
-	IdleCost   []idleCostResult   `json:"idle_cost,omitempty"`
+	// SaturatedP99VsRaw is the saturated p99 with default options ÷ the raw loop's, the
+	// median of the per-round ratios (SaturatedP99VsRawRounds).
+	SaturatedP99VsRaw       float64            `json:"saturated_p99_vs_raw,omitempty"`
+	SaturatedP99VsRawRounds []float64          `json:"saturated_p99_vs_raw_rounds,omitempty"`
+	Idle                    []idleResult       `json:"latency_after_idle,omitempty"`
+	Growth                  *growthResult      `json:"growth,omitempty"`
+	Stats                   *statsResult       `json:"stats,omitempty"`
+	PurgeBurn               *purgeBurnResult   `json:"purge_burndown,omitempty"`
+	Ordered                 *orderedResult     `json:"burndown_ordered,omitempty"`
+	ShortDrain              []shortDrainResult `json:"short_drain,omitempty"`
+	Relay                   *relayResult       `json:"relay,omitempty"`
+	Broker                  *brokerResult      `json:"broker,omitempty"`
+	Costs                   *costResult        `json:"drain_costs,omitempty"`
+	TableCost               *tableCostResult   `json:"table_cost,omitempty"`
+	UI                      *uiResult          `json:"ui,omitempty"`
+	StoreLoop               []storeLoopResult  `json:"store_loop,omitempty"`
+	Guarded                 *guardedResult     `json:"guarded,omitempty"`
+	ScaleOut                []scaleOutPoint    `json:"scale_out,omitempty"`
+	Sustained               *sustainedResult   `json:"sustained,omitempty"`
+	IdleCost                []idleCostResult   `json:"idle_cost,omitempty"`
 }
 
 func describeMachine() machine {
@@ -177,6 +181,7 @@ var targets = []target{
 	{"saturated_latency_p99_ms", "(producer at half the burn-down rate)", nil},
 	{"saturated_latency_p50_ms_poll10ms", "(same, PollInterval 10ms)", nil},
 	{"saturated_latency_p99_ms_poll10ms", "(same, PollInterval 10ms)", nil},
+	{"saturated_p99_vs_raw", "<= 1.2 (default options ÷ the raw 10 ms loop, per round)", func(v float64) bool { return v <= 1.2 }},
 	{"burndown_retained_vs_empty", ">= 0.90", func(v float64) bool { return v >= 0.90 }},
 	{"burndown_ordered_vs_unordered", ">= 0.70", func(v float64) bool { return v >= 0.70 }},
 	{brokerMetric, "(a broker's 1 ms per batch on both sides)", nil},
@@ -263,6 +268,9 @@ func (r *backendResult) metrics(cfg config) []metric {
 			add("saturated_latency_p50_ms"+suffix, l.P50)
 			add("saturated_latency_p99_ms"+suffix, l.P99)
 		}
+	}
+	if r.SaturatedP99VsRaw > 0 {
+		add("saturated_p99_vs_raw", r.SaturatedP99VsRaw)
 	}
 	for _, i := range r.Idle {
 		name := "latency_ms_after_idle"
