@@ -16,9 +16,13 @@ MODULES := . cmd/outbox-bench cmd/outbox-bench-transports examples/bun examples/
 # modules' packages resolvable from here, and one invocation lets go test run the test binaries
 # of different modules side by side instead of one module after another.
 PACKAGES := ./... $(patsubst %,./%/...,$(filter-out .,$(MODULES)))
-# How many test binaries run at once. The tests mostly wait on the servers (a commit's fsync,
-# a lease running out), so more than the two cores of a small machine pays.
+# How many test binaries run at once, and how many parallel tests each runs at once (go
+# test's default is one per core). The tests mostly wait on the servers (a commit's fsync,
+# a lease running out), so more than the two cores of a small machine pays; each test has
+# a database of its own. TEST_PARALLEL × TEST_P tests at once keep well inside PostgreSQL's
+# default 100 connections.
 TEST_P ?= 3
+TEST_PARALLEL ?= 4
 # Tests that skip themselves under the race detector, and so run again without it: those that
 # measure latency, queries a second or how long a publish took, or deliver thousands of events over a hundred stores
 # within a deadline, which its slowdown distorts, and the conformance suite's
@@ -38,12 +42,12 @@ demo: ## Run the demo: an order service and a publisher on embedded SQLite
 
 .PHONY: test
 test: ## Run every test of every module under the race detector, on every backend and broker (all required; see README)
-	$(GO) test -race -count=1 -p $(TEST_P) -timeout 30m $(TESTFLAGS) $(PACKAGES)
+	$(GO) test -race -count=1 -p $(TEST_P) -parallel $(TEST_PARALLEL) -timeout 30m $(TESTFLAGS) $(PACKAGES)
 	$(GO) test -count=1 -run '$(NORACE_TESTS)' $(TESTFLAGS) $(NORACE_PACKAGES)
 
 .PHONY: test-norace
 test-norace: ## Every test without the race detector: quicker to build, for a local loop
-	$(GO) test -count=1 -p $(TEST_P) -timeout 30m $(TESTFLAGS) $(PACKAGES)
+	$(GO) test -count=1 -p $(TEST_P) -parallel $(TEST_PARALLEL) -timeout 30m $(TESTFLAGS) $(PACKAGES)
 
 .PHONY: test-race
 test-race: test ## The same as make test, which always runs the race detector

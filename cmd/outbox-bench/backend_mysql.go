@@ -164,10 +164,10 @@ func (b *myBackend) countStart(context.Context) (func(context.Context, *sql.DB, 
 			verdict = fmt.Sprintf("DIFFERS by %d", handler-predicted)
 		}
 		return commitCount{
-			Server: cl.Transactions(), Client: cl,
-			Method: "driver-counted transactions (autocommit statements + COMMITs), confirmed by session Handler_commit summed over the pool's connections",
-			Check: fmt.Sprintf("%d autocommit + %d commits = %d transactions; Handler_commit %d %s statements + commits = %d",
-				cl.Autocommit, cl.Commits, cl.Transactions(), handler, verdict, predicted),
+			Server: cl.Writes(), Client: cl,
+			Method: "driver-counted write transactions (autocommit statements that are not a SELECT + COMMITs), confirmed by session Handler_commit summed over the pool's connections",
+			Check: fmt.Sprintf("%d autocommit (%d of them SELECTs, the listener's probes among them) + %d commits = %d transactions, %d that could write; Handler_commit %d %s statements + commits = %d",
+				cl.Autocommit, cl.AutocommitReads, cl.Commits, cl.Transactions(), cl.Writes(), handler, verdict, predicted),
 		}, nil
 	}, nil
 }

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
+	"strings"
 	"sync/atomic"
 )
 
@@ -13,21 +14,24 @@ import (
 // inside one, commits and rollbacks, and connections opened. It is the client-side half of the
 // commit count; each backend confirms it with a server-side counter (see backend.countStart).
 type txCounter struct {
-	autocommit, inTx, commits, rollbacks, conns atomic.Int64
+	autocommit, autocommitReads, inTx, commits, rollbacks, conns atomic.Int64
 }
 
 // counts is a snapshot of a txCounter.
 type counts struct {
 	Autocommit int64 `json:"autocommit_statements"`
-	InTx       int64 `json:"statements_in_tx"`
-	Commits    int64 `json:"tx_commits"`
-	Rollbacks  int64 `json:"tx_rollbacks"`
-	Conns      int64 `json:"connections_opened"`
+	// AutocommitReads are the autocommit statements among them that begin with SELECT:
+	// a read, such as the MySQL listener's probe for other processes' commits.
+	AutocommitReads int64 `json:"autocommit_reads"`
+	InTx            int64 `json:"statements_in_tx"`
+	Commits         int64 `json:"tx_commits"`
+	Rollbacks       int64 `json:"tx_rollbacks"`
+	Conns           int64 `json:"connections_opened"`
 }
 
 func (c *txCounter) snapshot() counts {
 	return counts{
-		Autocommit: c.autocommit.Load(), InTx: c.inTx.Load(), Commits: c.commits.Load(),
+		Autocommit: c.autocommit.Load(), AutocommitReads: c.autocommitReads.Load(), InTx: c.inTx.Load(), Commits: c.commits.Load(),
 		Rollbacks: c.rollbacks.Load(), Conns: c.conns.Load(),
 	}
 }
@@ -35,6 +39,10 @@ func (c *txCounter) snapshot() counts {
 // Transactions is the number of committed transactions the client asked for: autocommit
 // statements plus explicit commits.
 func (c counts) Transactions() int64 { return c.Autocommit + c.Commits }
+
+// Writes is the number of transactions that could write: Transactions less the autocommit
+// reads.
+func (c counts) Writes() int64 { return c.Transactions() - c.AutocommitReads }
 
 // openCountingDB opens a pool on dsn through driverName's connector, with every connection
 // wrapped to count into a new txCounter. The wrapper forwards every optional interface the
@@ -97,12 +105,23 @@ type countingConn struct {
 // listener reaches pgx.
 func (x *countingConn) Unwrap() driver.Conn { return x.Conn }
 
-func (x *countingConn) count() {
-	if x.inTx {
+func (x *countingConn) count(query string) {
+	switch {
+	case x.inTx:
 		x.c.inTx.Add(1)
-	} else {
+	default:
 		x.c.autocommit.Add(1)
+		if isRead(query) {
+			x.c.autocommitReads.Add(1)
+		}
 	}
+}
+
+// isRead reports whether query begins with SELECT (after blanks), a statement that
+// changes nothing.
+func isRead(query string) bool {
+	q := strings.TrimLeft(query, " \t\r\n")
+	return len(q) >= 6 && strings.EqualFold(q[:6], "select")
 }
 
 func (x *countingConn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
@@ -112,7 +131,7 @@ func (x *countingConn) ExecContext(ctx context.Context, query string, args []dri
 	}
 	r, err := ec.ExecContext(ctx, query, args)
 	if !errors.Is(err, driver.ErrSkip) {
-		x.count()
+		x.count(query)
 	}
 	return r, err
 }
@@ -124,7 +143,7 @@ func (x *countingConn) QueryContext(ctx context.Context, query string, args []dr
 	}
 	r, err := qc.QueryContext(ctx, query, args)
 	if !errors.Is(err, driver.ErrSkip) {
-		x.count()
+		x.count(query)
 	}
 	return r, err
 }
@@ -142,7 +161,7 @@ func (x *countingConn) PrepareContext(ctx context.Context, query string) (driver
 	if err != nil {
 		return nil, err
 	}
-	return &countingStmt{Stmt: st, conn: x}, nil
+	return &countingStmt{Stmt: st, conn: x, query: query}, nil
 }
 
 func (x *countingConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
@@ -209,11 +228,12 @@ func (t *countingTx) Rollback() error {
 
 type countingStmt struct {
 	driver.Stmt
-	conn *countingConn
+	conn  *countingConn
+	query string
 }
 
 func (s *countingStmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
-	s.conn.count()
+	s.conn.count(s.query)
 	if se, ok := s.Stmt.(driver.StmtExecContext); ok {
 		return se.ExecContext(ctx, args)
 	}
@@ -221,7 +241,7 @@ func (s *countingStmt) ExecContext(ctx context.Context, args []driver.NamedValue
 }
 
 func (s *countingStmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
-	s.conn.count()
+	s.conn.count(s.query)
 	if sq, ok := s.Stmt.(driver.StmtQueryContext); ok {
 		return sq.QueryContext(ctx, args)
 	}
