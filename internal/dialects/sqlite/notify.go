@@ -105,7 +105,7 @@ func (Dialect) Listen(ctx context.Context, db *sql.DB, t dialect.Table, ready fu
 		defer watch.close()
 	}
 	ready()
-	var hotUntil time.Time
+	var hotUntil, read time.Time // read: when the counter was last read
 	checked := time.Now()
 	for {
 		if watch == nil {
@@ -127,9 +127,18 @@ func (Dialect) Listen(ctx context.Context, db *sql.DB, t dialect.Table, ready fu
 			}
 			if written {
 				hotUntil = time.Now().Add(sqliteNotifyHot)
+				// A commit writes the log many times, and a busy file (a publisher draining
+				// a backlog, in this process) raises events without pause: the counter is
+				// read at most every sqliteNotifyEvery, not on each event. Read on each,
+				// a drain of 100,000 rows read it about 5,000 times a second, and its rate
+				// fell to 0.65 of the raw loop (0.74 before SQLite listened).
+				if rest := sqliteNotifyEvery - time.Since(read); rest > 0 && !sleepCtx(ctx, rest) {
+					return ctx.Err()
+				}
 			}
 		}
 		var v int64
+		read = time.Now()
 		if err := version.QueryRowContext(ctx).Scan(&v); err != nil {
 			return err
 		}
@@ -186,4 +195,16 @@ func (Dialect) IdlePollInterval() time.Duration {
 		return sqliteNotifyEvery
 	}
 	return sqliteNotifyIdle
+}
+
+// sleepCtx waits d, and reports false when ctx ended first.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }
