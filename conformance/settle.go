@@ -65,12 +65,14 @@ func testAckPartial(t *testing.T, h Harness) {
 
 func testNackBackoff(t *testing.T, h Harness) {
 	e := setup(t, h)
-	policy := outbox.RetryPolicy{BaseDelay: time.Second, MaxDelay: 5 * time.Second, MaxAttempts: 100}
-	// attempts -> delay before jitter: 1s, 2s, 4s, then clamped to 5s before jitter.
+	// attempts -> delay before jitter: 10s, 20s, 40s, then clamped to 50s before jitter. The
+	// shortest jittered delay, 5s, outlasts the reads below on a loaded machine (with a
+	// base of 1s, half a second passed before the last claim under the race detector).
+	policy := outbox.RetryPolicy{BaseDelay: 10 * time.Second, MaxDelay: 50 * time.Second, MaxAttempts: 100}
 	cases := []struct {
 		attempts int
 		delay    time.Duration
-	}{{1, time.Second}, {2, 2 * time.Second}, {3, 4 * time.Second}, {4, 5 * time.Second}, {30, 5 * time.Second}}
+	}{{1, 10 * time.Second}, {2, 20 * time.Second}, {3, 40 * time.Second}, {4, 50 * time.Second}, {30, 50 * time.Second}}
 	const perCase = 6
 	e.enqueue(t, messages(len(cases)*perCase)...)
 	recs := e.claim(t, claimOpts(len(cases)*perCase, time.Minute))

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -11,6 +12,11 @@ import (
 	"github.com/outboxgo/outbox/internal/exampletest"
 	"github.com/outboxgo/outbox/internal/testdb"
 )
+
+// schemaMu serialises the backends' ent migrations, which run side by side otherwise: ent's
+// Schema.Create writes package-level state of the generated tables (a data race under the
+// race detector when two run at once).
+var schemaMu sync.Mutex
 
 // An order that commits is delivered exactly once; one that rolls back after enqueueing its
 // event leaves neither the order nor the event.
@@ -29,7 +35,10 @@ func TestPlaceOrder(t *testing.T) {
 			ob := exampletest.New(t, db, backend)
 			shop, err := openShop(db, exampletest.Drivers[backend])
 			require.NoError(t, err)
-			require.NoError(t, shop.setUp(ctx, "book", 3))
+			schemaMu.Lock() // ent's migration writes package-level table state: one at a time
+			err = shop.setUp(ctx, "book", 3)
+			schemaMu.Unlock()
+			require.NoError(t, err)
 			ob.Prove(t, exampletest.Shop{
 				Place: func(id int64, n int) error {
 					return shop.placeOrder(ctx, ob.Store, OrderPlaced{ID: id, SKU: "book", Quantity: n})
