@@ -340,7 +340,15 @@ func redactDSN(dsn string) string {
 			}
 			u.RawQuery = q.Encode()
 		}
-		return u.Redacted()
+		shown := u.Redacted()
+		// A scheme the command does not know ("a://user@/") may be a go-sql-driver DSN to
+		// --dialect mysql, whose password is what follows the first ':' ("//user"): hide that
+		// too when the URL's reading left it in view.
+		if cfg, err := mysql.ParseDSN(dsn); err == nil && cfg.Passwd != "" && strings.Contains(shown, cfg.Passwd) {
+			cfg.Passwd = redactedPassword
+			return cfg.FormatDSN()
+		}
+		return shown
 	}
 	dsn = redactKeyValue(dsn) // by key, before any other reading of the DSN
 	if cfg, err := mysql.ParseDSN(dsn); err == nil && strings.Contains(dsn, "@") {
