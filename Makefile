@@ -20,8 +20,8 @@ PACKAGES := ./... $(patsubst %,./%/...,$(filter-out .,$(MODULES)))
 # test's default is one per core). The tests mostly wait on the servers (a commit's fsync,
 # a lease running out), so more than the two cores of a small machine pays; each test has
 # a database of its own. TEST_PARALLEL × TEST_P tests at once keep well inside PostgreSQL's
-# default 100 connections (at most 56 were open at 6 × 3).
-TEST_P ?= 4
+# default 100 connections.
+TEST_P ?= 3
 TEST_PARALLEL ?= 4
 # Tests that skip themselves under the race detector, and so run again without it: those that
 # measure latency, queries a second, claims a second or how long a publish took, or deliver thousands of events over a hundred stores
@@ -42,10 +42,7 @@ demo: ## Run the demo: an order service and a publisher on embedded SQLite
 
 .PHONY: test
 test: ## Run every test of every module under the race detector, on every backend and broker (all required; see README)
-	@# The second run's test binaries (without the race detector) build while the first runs.
-	@norace=$$(mktemp -d); $(GO) test -c -o "$$norace/" $(NORACE_PACKAGES) >/dev/null 2>&1 & \
-	$(GO) test -race -count=1 -p $(TEST_P) -parallel $(TEST_PARALLEL) -timeout 30m $(TESTFLAGS) $(PACKAGES); status=$$?; \
-	wait; rm -rf "$$norace"; exit $$status
+	$(GO) test -race -count=1 -p $(TEST_P) -parallel $(TEST_PARALLEL) -timeout 30m $(TESTFLAGS) $(PACKAGES)
 	$(GO) test -count=1 -run '$(NORACE_TESTS)' $(TESTFLAGS) $(NORACE_PACKAGES)
 
 .PHONY: test-norace
