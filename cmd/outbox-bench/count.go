@@ -106,14 +106,13 @@ type countingConn struct {
 func (x *countingConn) Unwrap() driver.Conn { return x.Conn }
 
 func (x *countingConn) count(query string) {
-	switch {
-	case x.inTx:
+	if x.inTx {
 		x.c.inTx.Add(1)
-	default:
-		x.c.autocommit.Add(1)
-		if isRead(query) {
-			x.c.autocommitReads.Add(1)
-		}
+		return
+	}
+	x.c.autocommit.Add(1)
+	if isRead(query) {
+		x.c.autocommitReads.Add(1)
 	}
 }
 
