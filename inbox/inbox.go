@@ -219,7 +219,8 @@ func (in *Inbox) Claim(ctx context.Context, tx outbox.Tx, group, messageID strin
 // Purge deletes the records of messages processed more than olderThan ago (by the database
 // clock), at most batch rows per statement, each statement a short transaction of its own,
 // until a batch comes back short. It returns how many rows it deleted, also when ctx ends or
-// a statement fails part way. batch 0 means [DefaultPurgeBatch].
+// a statement fails part way. batch 0 means [DefaultPurgeBatch]. A statement chosen as a
+// deadlock's victim (deliveries inserting beside the purge) runs again, up to five times.
 //
 // olderThan is the dedupe window: a message redelivered after its record was purged is
 // processed again, so keep it longer than the broker may redeliver (its redelivery window,
@@ -239,13 +240,26 @@ func (in *Inbox) Purge(ctx context.Context, olderThan time.Duration, batch int) 
 		if err := ctx.Err(); err != nil {
 			return total, fmt.Errorf("inbox: purge: %w", err)
 		}
-		n, err := in.d.purgeBatch(ctx, in.db, olderThan, batch)
+		n, err := in.purgeBatch(ctx, olderThan, batch)
 		total += n
 		if err != nil {
 			return total, fmt.Errorf("inbox: purge: %w", err)
 		}
 		if n < int64(batch) {
 			return total, nil
+		}
+	}
+}
+
+// purgeBatch runs one purge statement, and runs it again, up to maxClaimAttempts times in
+// all, when the database chose it as a deadlock's victim: on MySQL and MariaDB a purge's
+// range locks can deadlock with the claims of deliveries inserting beside it. The statement is
+// its own transaction, so a victim deleted nothing.
+func (in *Inbox) purgeBatch(ctx context.Context, olderThan time.Duration, batch int) (int64, error) {
+	for attempt := 1; ; attempt++ {
+		n, err := in.d.purgeBatch(ctx, in.db, olderThan, batch)
+		if err == nil || attempt == maxClaimAttempts || ctx.Err() != nil || !serializationFailure(err) {
+			return n, err
 		}
 	}
 }

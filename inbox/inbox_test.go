@@ -844,3 +844,68 @@ func testOneConnectionPool(t *testing.T, e *env) {
 	do("Purge", func(ctx context.Context) error { _, err := e.in.Purge(ctx, time.Microsecond, 0); return err })
 	require.Equal(t, 1, e.effects(t, "g", "m1"))
 }
+
+// TestMySQLPurgeDeadlockVictim: a purge chosen as a deadlock's victim runs its statement again
+// rather than failing. The deadlock is made on purpose: a transaction heavier than the purge
+// (so that InnoDB picks the purge as the victim) locks a record in the middle of the purge's
+// batch, waits until the purge waits for it, then asks for a record the purge already holds.
+func TestMySQLPurgeDeadlockVictim(t *testing.T) {
+	t.Parallel()
+	e := setup(t, "mysql")
+	noop := func(context.Context, *sql.Tx) error { return nil }
+	for i := range 10 {
+		_, err := e.in.Process(e.ctx, "billing", fmt.Sprintf("old-%03d", i), noop)
+		require.NoError(t, err)
+	}
+	e.backdate(t, "old-%")
+
+	tx, err := e.db.BeginTx(e.ctx, nil)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback() }()
+	_, err = tx.ExecContext(e.ctx, `INSERT INTO effects (grp, message_id)
+		WITH RECURSIVE n (i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 500) SELECT 'heavy', i FROM n`)
+	require.NoError(t, err)
+	lock := "SELECT message_id FROM `" + e.table + "` WHERE consumer_group = 'billing' AND message_id = ? FOR UPDATE"
+	var id string
+	require.NoError(t, tx.QueryRowContext(e.ctx, lock, "old-005").Scan(&id))
+
+	type result struct {
+		n   int64
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		n, err := e.in.Purge(e.ctx, time.Hour, 7)
+		done <- result{n, err}
+	}()
+	// Wait until the purge holds old-001: a probe that will not wait finds it locked.
+	deadline := time.Now().Add(15 * time.Second)
+	for !e.lockedByOther(t, lock, "old-001") {
+		require.False(t, time.Now().After(deadline), "the purge never locked old-001")
+		time.Sleep(2 * time.Millisecond)
+	}
+	// The purge holds old-001 and waits (or will) for old-005: asking for old-001 closes the cycle.
+	require.NoError(t, tx.QueryRowContext(e.ctx, lock, "old-001").Scan(&id), "the heavier transaction must not be the victim")
+	require.NoError(t, tx.Commit())
+
+	r := <-done
+	require.NoError(t, r.err)
+	require.EqualValues(t, 10, r.n)
+	require.Zero(t, e.count(t, e.table))
+}
+
+// lockedByOther reports whether another transaction holds the row that lock (a SELECT ... FOR
+// UPDATE of one id) selects, asking with NOWAIT in a transaction of its own that it rolls back.
+func (e *env) lockedByOther(t *testing.T, lock, id string) bool {
+	t.Helper()
+	tx, err := e.db.BeginTx(e.ctx, nil)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback() }()
+	var got string
+	err = tx.QueryRowContext(e.ctx, lock+" NOWAIT", id).Scan(&got)
+	if err == nil || errors.Is(err, sql.ErrNoRows) {
+		return false
+	}
+	require.ErrorContains(t, err, "Error 1205", "a locked row fails NOWAIT with a lock wait timeout")
+	return true
+}
