@@ -814,3 +814,57 @@ func TestPostgresOrderedIndexByHand(t *testing.T) {
 	require.NoError(t, migrations.Up(b.ctx, b.db, "postgres", migrations.Options{Ordered: true}), "the ordered set skips them")
 	require.NoError(t, pgOrdered(fresh()))
 }
+
+// TestPostgresSettlePlan proves that settling many outcomes of mixed leases (the statement
+// that joins the outcomes, not the uniform ack) finds its rows through the primary key,
+// whatever the statistics say: with none (a table analyzed while empty, as a fresh outbox
+// is) and with fresh ones. A join planned as a scan of the table cost 350-380 ms at 1,000
+// outcomes on a table of 20,000 rows where the index takes a few.
+func TestPostgresSettlePlan(t *testing.T) {
+	t.Parallel()
+	for _, analyzed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("analyzed=%v", analyzed), func(t *testing.T) {
+			t.Parallel()
+			b := setupPostgres(t, "")
+			_, err := b.db.ExecContext(b.ctx, `ANALYZE "`+b.table+`"`) // while empty
+			require.NoError(t, err)
+			for range 4 {
+				b.enqueue(t, pgMsgs(1000)...)
+			}
+			if analyzed {
+				_, err := b.db.ExecContext(b.ctx, `ANALYZE "`+b.table+`"`)
+				require.NoError(t, err)
+			}
+			rec := &recordingConnector{}
+			rdb := openRecording(t, b, rec)
+			store, err := outbox.New(rdb, outbox.Postgres(), outbox.Options{})
+			require.NoError(t, err)
+			var leases []outbox.Lease
+			for range 2 { // two claims: two lease tokens, so not the uniform ack
+				recs, err := store.Claim(b.ctx, pgClaimOpts(500))
+				require.NoError(t, err)
+				for _, r := range recs {
+					leases = append(leases, r.Lease())
+				}
+			}
+			require.Len(t, leases, 1000)
+			require.NoError(t, store.Ack(b.ctx, leases...))
+			q := rec.last(t, "UPDATE")
+			require.Contains(t, q.sql, "unnest(", "the settle that joins the outcomes")
+
+			var out string
+			require.NoError(t, b.db.QueryRowContext(b.ctx, `EXPLAIN (FORMAT JSON) `+q.sql, q.args...).Scan(&out))
+			var plans []struct{ Plan planNode }
+			require.NoError(t, json.Unmarshal([]byte(out), &plans))
+			require.Len(t, plans, 1)
+			reads := 0
+			plans[0].Plan.walk(func(n *planNode) {
+				if n.RelationName == b.table && n.NodeType != "ModifyTable" {
+					reads++
+					require.Contains(t, []string{"Index Scan", "Bitmap Heap Scan"}, n.NodeType, "the table is read through its primary key")
+				}
+			})
+			require.Positive(t, reads)
+		})
+	}
+}
