@@ -892,8 +892,8 @@ func TestPublisherShutdown(t *testing.T) {
 			errc := make(chan error, 1)
 			go func() { errc <- p.Run(ctx) }()
 			<-started
+			cancelled := time.Now() // before cancel: Run may start its deadline before this goroutine runs again
 			cancel()
-			cancelled := time.Now()
 			require.NoError(t, <-errc)
 			took := time.Since(cancelled)
 			require.GreaterOrEqual(t, took, o.ShutdownTimeout)
