@@ -324,26 +324,10 @@ var urlUserinfo = regexp.MustCompile(`(://[^:/@]*:)[^@]*@`)
 // go-sql-driver DSN's user:password@, and a key=value password; sslpassword too.
 func redactDSN(dsn string) string {
 	if urlScheme.MatchString(dsn) || queryPassword(dsn) {
-		u, err := url.Parse(dsn)
-		if err != nil {
-			dsn = keyValuePassword.ReplaceAllStringFunc(dsn, func(m string) string {
-				key, _, _ := strings.Cut(m, "=")
-				return key + "=" + redactedPassword
-			})
-			return urlUserinfo.ReplaceAllString(dsn, "${1}"+redactedPassword+"@")
-		}
-		if q := u.Query(); q.Has("password") || q.Has("sslpassword") {
-			for _, k := range []string{"password", "sslpassword"} {
-				if q.Has(k) {
-					q.Set(k, redactedPassword)
-				}
-			}
-			u.RawQuery = q.Encode()
-		}
-		shown := u.Redacted()
+		shown := redactURL(dsn)
 		// A scheme the command does not know ("a://user@/") may be a go-sql-driver DSN to
 		// --dialect mysql, whose password is what follows the first ':' ("//user"): hide that
-		// too when the URL's reading left it in view.
+		// too when the URL's reading left it in view, whether or not it parsed as a URL.
 		if cfg, err := mysql.ParseDSN(dsn); err == nil && cfg.Passwd != "" && strings.Contains(shown, cfg.Passwd) {
 			cfg.Passwd = redactedPassword
 			return cfg.FormatDSN()
@@ -365,6 +349,28 @@ func redactDSN(dsn string) string {
 		}
 	}
 	return dsn
+}
+
+// redactURL hides the password of a URL DSN: its userinfo's and the password and sslpassword
+// query parameters. A DSN that does not parse as a URL has them replaced where they are written.
+func redactURL(dsn string) string {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		dsn = keyValuePassword.ReplaceAllStringFunc(dsn, func(m string) string {
+			key, _, _ := strings.Cut(m, "=")
+			return key + "=" + redactedPassword
+		})
+		return urlUserinfo.ReplaceAllString(dsn, "${1}"+redactedPassword+"@")
+	}
+	if q := u.Query(); q.Has("password") || q.Has("sslpassword") {
+		for _, k := range []string{"password", "sslpassword"} {
+			if q.Has(k) {
+				q.Set(k, redactedPassword)
+			}
+		}
+		u.RawQuery = q.Encode()
+	}
+	return u.Redacted()
 }
 
 // secretsOf returns the strings to scrub from anything printed: the password as written
