@@ -75,13 +75,11 @@ bench-anatomy: ## The SQLite claim and ack taken apart statement by statement (a
 # Fuzz targets of the root package; make fuzz runs each for FUZZTIME.
 FUZZ_TARGETS := FuzzEnqueue FuzzHeaders FuzzNewTable FuzzValidJSON
 FUZZTIME ?= 20s
-# Fuzzing workers per target (go test's default: one per core).
-FUZZ_PARALLEL ?= $(shell nproc 2>/dev/null || echo 2)
 
 .PHONY: fuzz
 fuzz: ## Fuzz message validation and enqueue, headers, table names and JSON checks (FUZZTIME each, default 20s)
-	@set -e; for f in $(FUZZ_TARGETS); do echo "== $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) -parallel $(FUZZ_PARALLEL) .; done
-	@echo "== FuzzResolve (cmd/outbox)"; $(GO) test -run '^$$' -fuzz '^FuzzResolve$$' -fuzztime $(FUZZTIME) -parallel $(FUZZ_PARALLEL) ./cmd/outbox
+	@set -e; for f in $(FUZZ_TARGETS); do echo "== $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) .; done
+	@echo "== FuzzResolve (cmd/outbox)"; $(GO) test -run '^$$' -fuzz '^FuzzResolve$$' -fuzztime $(FUZZTIME) ./cmd/outbox
 
 .PHONY: screenshots
 screenshots: ## Drive the web view in headless chromium and write the README's screenshots into docs/
