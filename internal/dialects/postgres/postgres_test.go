@@ -556,10 +556,7 @@ func TestPostgresClaimPlan(t *testing.T) {
 	_, err := b.db.ExecContext(b.ctx, `ANALYZE "`+b.table+`"`)
 	require.NoError(t, err)
 
-	rec := &recordingConnector{}
-	rdb := openRecording(t, b, rec)
-	store, err := outbox.New(rdb, outbox.Postgres(), outbox.Options{})
-	require.NoError(t, err)
+	rec, store := recordingStore(t, b)
 
 	// No scope, and the scope of a publisher serving one namespace and topic. (A scope the
 	// index does not cover and the statistics call rare, such as one tenant's rows, may
@@ -576,14 +573,10 @@ func TestPostgresClaimPlan(t *testing.T) {
 		require.NoError(t, store.Ack(b.ctx, recs[0].Lease()))
 		t.Logf("complete: %s", rec.last(t, "UPDATE").sql)
 
-		var out string
-		require.NoError(t, b.db.QueryRowContext(b.ctx, `EXPLAIN (FORMAT JSON) `+q.sql, q.args...).Scan(&out))
-		var plans []struct{ Plan planNode }
-		require.NoError(t, json.Unmarshal([]byte(out), &plans))
-		require.Len(t, plans, 1)
-		t.Logf("scope %+v:\n%s", sc, plans[0].Plan.format(""))
+		plan := b.explain(t, q)
+		t.Logf("scope %+v:\n%s", sc, plan.format(""))
 
-		cte := plans[0].Plan.find(func(n *planNode) bool { return n.SubplanName == "CTE c" })
+		cte := plan.find(func(n *planNode) bool { return n.SubplanName == "CTE c" })
 		require.NotNil(t, cte, "the claim's candidate query is a materialized CTE")
 		var nodes []*planNode
 		cte.walk(func(n *planNode) { nodes = append(nodes, n) })
@@ -601,6 +594,26 @@ func TestPostgresClaimPlan(t *testing.T) {
 		require.True(t, usesIndex, "the claim reads the claim index")
 		require.Subset(t, types, []string{"Limit", "LockRows"})
 	}
+}
+
+// recordingStore is a Store on b's database through a recordingConnector.
+func recordingStore(t *testing.T, b *pgBundle) (*recordingConnector, *outbox.Store) {
+	t.Helper()
+	rec := &recordingConnector{}
+	store, err := outbox.New(openRecording(t, b, rec), outbox.Postgres(), outbox.Options{})
+	require.NoError(t, err)
+	return rec, store
+}
+
+// explain returns the plan PostgreSQL makes for a recorded query with its arguments.
+func (b *pgBundle) explain(t *testing.T, q recordedQuery) planNode {
+	t.Helper()
+	var out string
+	require.NoError(t, b.db.QueryRowContext(b.ctx, `EXPLAIN (FORMAT JSON) `+q.sql, q.args...).Scan(&out))
+	var plans []struct{ Plan planNode }
+	require.NoError(t, json.Unmarshal([]byte(out), &plans))
+	require.Len(t, plans, 1)
+	return plans[0].Plan
 }
 
 // planNode is one node of EXPLAIN (FORMAT JSON).
@@ -835,10 +848,7 @@ func TestPostgresSettlePlan(t *testing.T) {
 				_, err := b.db.ExecContext(b.ctx, `ANALYZE "`+b.table+`"`)
 				require.NoError(t, err)
 			}
-			rec := &recordingConnector{}
-			rdb := openRecording(t, b, rec)
-			store, err := outbox.New(rdb, outbox.Postgres(), outbox.Options{})
-			require.NoError(t, err)
+			rec, store := recordingStore(t, b)
 			var leases []outbox.Lease
 			for range 2 { // two claims: two lease tokens, so not the uniform ack
 				recs, err := store.Claim(b.ctx, pgClaimOpts(500))
@@ -852,13 +862,9 @@ func TestPostgresSettlePlan(t *testing.T) {
 			q := rec.last(t, "UPDATE")
 			require.Contains(t, q.sql, "unnest(", "the settle that joins the outcomes")
 
-			var out string
-			require.NoError(t, b.db.QueryRowContext(b.ctx, `EXPLAIN (FORMAT JSON) `+q.sql, q.args...).Scan(&out))
-			var plans []struct{ Plan planNode }
-			require.NoError(t, json.Unmarshal([]byte(out), &plans))
-			require.Len(t, plans, 1)
+			plan := b.explain(t, q)
 			reads := 0
-			plans[0].Plan.walk(func(n *planNode) {
+			plan.walk(func(n *planNode) {
 				if n.RelationName == b.table && n.NodeType != "ModifyTable" {
 					reads++
 					require.Contains(t, []string{"Index Scan", "Bitmap Heap Scan"}, n.NodeType, "the table is read through its primary key")
