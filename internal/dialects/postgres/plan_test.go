@@ -92,9 +92,7 @@ func TestPostgresOrderedClaimPlan(t *testing.T) {
 	_, err := b.db.ExecContext(b.ctx, `ANALYZE "`+b.table+`"`)
 	require.NoError(t, err)
 
-	rec := &recordingConnector{}
-	store, err := outbox.New(openRecording(t, b, rec), outbox.Postgres(), outbox.Options{})
-	require.NoError(t, err)
+	rec, store := recordingStore(t, b)
 	dialecttest.TimeOrderedClaim(b.ctx, t, store)
 	var q recordedQuery
 	rec.mu.Lock()
