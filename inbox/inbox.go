@@ -240,7 +240,7 @@ func (in *Inbox) Purge(ctx context.Context, olderThan time.Duration, batch int) 
 		if err := ctx.Err(); err != nil {
 			return total, fmt.Errorf("inbox: purge: %w", err)
 		}
-		n, err := in.purgeBatch(ctx, olderThan, batch)
+		n, err := in.purgeOnce(ctx, olderThan, batch)
 		total += n
 		if err != nil {
 			return total, fmt.Errorf("inbox: purge: %w", err)
@@ -251,11 +251,11 @@ func (in *Inbox) Purge(ctx context.Context, olderThan time.Duration, batch int) 
 	}
 }
 
-// purgeBatch runs one purge statement, and runs it again, up to maxClaimAttempts times in
+// purgeOnce runs one purge statement, and runs it again, up to maxClaimAttempts times in
 // all, when the database chose it as a deadlock's victim: on MySQL and MariaDB a purge's
 // range locks can deadlock with the claims of deliveries inserting beside it. The statement is
 // its own transaction, so a victim deleted nothing.
-func (in *Inbox) purgeBatch(ctx context.Context, olderThan time.Duration, batch int) (int64, error) {
+func (in *Inbox) purgeOnce(ctx context.Context, olderThan time.Duration, batch int) (int64, error) {
 	for attempt := 1; ; attempt++ {
 		n, err := in.d.purgeBatch(ctx, in.db, olderThan, batch)
 		if err == nil || attempt == maxClaimAttempts || ctx.Err() != nil || !serializationFailure(err) {

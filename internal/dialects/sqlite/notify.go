@@ -109,12 +109,8 @@ func (Dialect) Listen(ctx context.Context, db *sql.DB, t dialect.Table, ready fu
 	checked := time.Now()
 	for {
 		if watch == nil {
-			t := time.NewTimer(sqliteNotifyEvery)
-			select {
-			case <-ctx.Done():
-				t.Stop()
+			if !sqlkit.Sleep(ctx, sqliteNotifyEvery) {
 				return ctx.Err()
-			case <-t.C:
 			}
 		} else {
 			d := sqliteNotifyIdle
@@ -132,7 +128,7 @@ func (Dialect) Listen(ctx context.Context, db *sql.DB, t dialect.Table, ready fu
 				// read at most every sqliteNotifyEvery, not on each event. Read on each,
 				// a drain of 100,000 rows read it about 5,000 times a second, and its rate
 				// fell to 0.65 of the raw loop (0.74 before SQLite listened).
-				if rest := sqliteNotifyEvery - time.Since(read); rest > 0 && !sleepCtx(ctx, rest) {
+				if rest := sqliteNotifyEvery - time.Since(read); rest > 0 && !sqlkit.Sleep(ctx, rest) {
 					return ctx.Err()
 				}
 			}
@@ -195,16 +191,4 @@ func (Dialect) IdlePollInterval() time.Duration {
 		return sqliteNotifyEvery
 	}
 	return sqliteNotifyIdle
-}
-
-// sleepCtx waits d, and reports false when ctx ended first.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

@@ -284,14 +284,21 @@ func RetryLocked[T any](ctx context.Context, retryable func(error) bool, fn func
 			return v, err
 		}
 		d := lockRetryPause << (try - 1)
-		d = d/2 + rand.N(d/2+1)
-		timer := time.NewTimer(d)
-		select {
-		case <-ctx.Done():
-			timer.Stop()
+		if !Sleep(ctx, d/2+rand.N(d/2+1)) {
 			return v, ctx.Err()
-		case <-timer.C:
 		}
+	}
+}
+
+// Sleep waits d, and reports false when ctx ended first.
+func Sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
 
