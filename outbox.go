@@ -614,7 +614,9 @@ func (s *Store) Nack(ctx context.Context, policy RetryPolicy, failures ...Failur
 }
 
 // Complete applies outcomes in one statement per [MaxBatch] rows. It is the primitive under
-// Ack and Nack; a publisher settles a mixed batch with it in a single round trip.
+// Ack and Nack; a publisher settles a mixed batch with it in a single round trip. A call that
+// names a row under two different leases is refused with a [*ValidationError]: a row
+// claimed again has a new lease, and only the latest can hold.
 func (s *Store) Complete(ctx context.Context, outcomes ...Outcome) error {
 	outcomes, err := checkOutcomes(outcomes)
 	if err != nil {
@@ -637,6 +639,9 @@ func (s *Store) Complete(ctx context.Context, outcomes ...Outcome) error {
 // checkOutcomes validates outcomes and returns a copy with every error bounded to
 // MaxLastErrorBytes; the caller's slice stays as it was.
 func checkOutcomes(outcomes []Outcome) ([]Outcome, error) {
+	if err := checkDistinct(dialect.Leases(outcomes)); err != nil {
+		return nil, err
+	}
 	outcomes = slices.Clone(outcomes)
 	for i := range outcomes {
 		o := &outcomes[i]
@@ -657,11 +662,33 @@ func checkOutcomes(outcomes []Outcome) ([]Outcome, error) {
 	return outcomes, nil
 }
 
+// checkDistinct refuses leases that name a row under two different tokens. A dialect
+// reports lost leases by row, so when one of them holds (the row was claimed again, and
+// only its latest lease can hold) the stale one would pass for applied. The same lease
+// repeated is one row, applied once.
+func checkDistinct(leases []Lease) error {
+	if len(leases) < 2 {
+		return nil
+	}
+	tokens := make(map[uuid.UUID]uuid.UUID, len(leases))
+	for _, l := range leases {
+		if t, seen := tokens[l.ID]; seen && t != l.Token {
+			return invalid("leases", "name row %s under two leases; settle or renew each row under its latest lease only", l.ID)
+		}
+		tokens[l.ID] = l.Token
+	}
+	return nil
+}
+
 // Extend renews the leases for another d, measured from now on the database clock. Rows
-// whose lease was lost are reported by a [*LeaseLostError]; the others are extended.
+// whose lease was lost are reported by a [*LeaseLostError]; the others are extended. A row
+// named under two leases is refused, as by [Store.Complete].
 func (s *Store) Extend(ctx context.Context, d time.Duration, leases ...Lease) error {
 	if d < time.Millisecond {
 		return invalid("Lease", "must be at least 1ms, got %s", d)
+	}
+	if err := checkDistinct(leases); err != nil {
+		return err
 	}
 	var lost []uuid.UUID
 	for chunk := range slices.Chunk(leases, MaxBatch) {

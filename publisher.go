@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"maps"
 	"runtime/debug"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -831,16 +830,37 @@ func (r *run) publishBatch(recs []Record, lost map[uuid.UUID]bool) *outcomes {
 	return b
 }
 
-// join returns the outcomes of b and then c, to settle together.
-func (b *outcomes) join(c *outcomes) *outcomes {
+// join returns the outcomes of b and then c, to settle together, and the rows of b that
+// c holds again. Such a row's lease in b ran out before b was settled, and this publisher
+// claimed the row again in c's batch: c's lease is the one that holds, so b's outcome for
+// it is left out, as a lost lease (one settle names each row once; by id alone, the stale
+// outcome would pass for settled and be counted twice).
+func (b *outcomes) join(c *outcomes) (j *outcomes, reclaimed []uuid.UUID) {
+	again := make(map[uuid.UUID]bool, len(c.items))
+	for _, it := range c.items {
+		again[it.out.ID] = true
+	}
+	items := make([]settlement, 0, len(b.items)+len(c.items))
 	lost := make(map[uuid.UUID]bool, len(b.lost)+len(c.lost))
-	maps.Copy(lost, b.lost)
+	for _, it := range b.items {
+		id := it.out.ID
+		switch {
+		case again[id]:
+			if !b.lost[id] { // a lease already found lost was counted then
+				reclaimed = append(reclaimed, id)
+			}
+			continue
+		case b.lost[id]:
+			lost[id] = true
+		}
+		items = append(items, it)
+	}
 	maps.Copy(lost, c.lost)
-	j := &outcomes{items: append(slices.Clip(b.items), c.items...), lost: lost,
+	j = &outcomes{items: append(items, c.items...), lost: lost,
 		published: b.published + c.published, unavailable: b.unavailable + c.unavailable,
 		unavailableErr: cmp.Or(b.unavailableErr, c.unavailableErr), began: b.began, took: c.took,
 		partly: b.partly || c.partly}
-	return j
+	return j, reclaimed
 }
 
 // pending returns the outcomes still to settle: those of rows whose lease was not lost.
@@ -1008,6 +1028,18 @@ func (r *run) lostLeases(ids []uuid.UUID, lost map[uuid.UUID]bool, while string)
 	r.p.leaseLost.Add(int64(len(fresh)))
 	r.p.log.Warn("outbox publisher: lease lost while "+while+"; another worker owns the rows now",
 		idsAttr(fresh), "count", len(fresh))
+}
+
+// reclaimed counts and logs rows whose lease ran out while their outcome waited to be
+// settled, and which this publisher has claimed again since (outcomes.join): lost leases,
+// though the new owner is this publisher.
+func (r *run) reclaimed(ids []uuid.UUID) {
+	if len(ids) == 0 {
+		return
+	}
+	r.p.leaseLost.Add(int64(len(ids)))
+	r.p.log.Warn("outbox publisher: lease ran out before the outcome was recorded; this publisher claimed the rows again, and records their new outcome instead",
+		idsAttr(ids), "count", len(ids))
 }
 
 // settle settles the outcomes of a batch in one Store.Complete call, retrying database

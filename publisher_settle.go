@@ -1,5 +1,7 @@
 package outbox
 
+import "github.com/google/uuid"
+
 // settler settles the outcomes of one claim loop's published batches. It carries the last
 // batch's outcomes into the loop's next claim, to settle them in the same transaction
 // (Store.CompleteAndClaim) where the dialect can (withClaim), so that a backlog drains at
@@ -22,7 +24,9 @@ func (s *settler) carrying() bool { return s.carried != nil }
 // (see keep).
 func (s *settler) add(b *outcomes) {
 	if s.carried != nil {
-		b = s.carried.join(b)
+		var reclaimed []uuid.UUID
+		b, reclaimed = s.carried.join(b)
+		s.r.reclaimed(reclaimed)
 	}
 	s.carried = b
 }

@@ -127,10 +127,12 @@ type Dialect interface {
 	// Claim leases up to p.Limit eligible rows and returns them as they are after the claim.
 	Claim(ctx context.Context, db *sql.DB, t Table, p ClaimParams) ([]Record, error)
 
-	// Complete settles claimed rows and returns the ids whose lease was lost.
+	// Complete settles claimed rows and returns the ids whose lease was lost. The engine
+	// never names a row under two leases in one call.
 	Complete(ctx context.Context, q DBTX, t Table, outcomes []Outcome) (lost []uuid.UUID, err error)
 
-	// Extend renews leases and returns the ids whose lease was lost.
+	// Extend renews leases and returns the ids whose lease was lost. The engine never
+	// names a row under two leases in one call.
 	Extend(ctx context.Context, q DBTX, t Table, p ExtendParams) (lost []uuid.UUID, err error)
 
 	// Bury dead-letters up to p.Limit exhausted rows and returns their ids.

@@ -890,7 +890,10 @@ func TestMySQLLeaseLost(t *testing.T) {
 	// The same lease twice in one call is one row, applied once.
 	require.NoError(t, e.store.Ack(e.ctx, re[0].Lease(), re[0].Lease()))
 	require.NoError(t, e.store.Extend(e.ctx, time.Hour, f.Lease(), f.Lease()))
-	require.Equal(t, []uuid.UUID{f.ID, f.ID}, lostIDs(e.store.Extend(e.ctx, time.Hour, outbox.Lease{ID: f.ID, Token: uuid.New()}, outbox.Lease{ID: f.ID})))
+	require.Equal(t, []uuid.UUID{f.ID}, lostIDs(e.store.Extend(e.ctx, time.Hour, outbox.Lease{ID: f.ID, Token: uuid.New()})))
+	// A row under two leases is refused: by row, a stale lease beside the live one would
+	// pass for applied.
+	require.ErrorIs(t, e.store.Extend(e.ctx, time.Hour, outbox.Lease{ID: f.ID, Token: uuid.New()}, f.Lease()), outbox.ErrInvalid)
 }
 
 func TestMySQLBury(t *testing.T) {
