@@ -27,7 +27,7 @@ TEST_PARALLEL ?= 4
 # measure latency, queries a second, claims a second or how long a publish took, or deliver thousands of events over a hundred stores
 # within a deadline, which its slowdown distorts, and the conformance suite's
 # mutation kit (a child test binary per planted bug), whose verdicts it does not change.
-NORACE_TESTS := ^(TestRelayFairness|TestRelayIdleCost|TestRelayManyDatabases|TestPublisherClaimsAheadOnlyWhenItPays|TestIdleDefaultFollowsTheListener|TestSuiteCatchesBrokenDialects)$$
+NORACE_TESTS := ^(TestRelayFairness|TestRelayIdleCost|TestRelayManyDatabases|TestPublisherClaimsAheadOnlyWhenItPays|TestIdleDefaultFollowsTheListener|TestSuiteCatchesBrokenDialects|TestPublisherLeasesRunOut)$$
 NORACE_PACKAGES := . ./conformance
 
 .DEFAULT_GOAL := help
