@@ -277,6 +277,14 @@ func latency(ctx context.Context, cfg config, b backend, rate float64, poll time
 	if err := b.reset(ctx, mainTable); err != nil {
 		return r, err
 	}
+	if cfg.History > 0 {
+		if err := b.loadRetained(ctx, mainTable, cfg.History); err != nil {
+			return r, err
+		}
+		if err := b.maintain(ctx, mainTable); err != nil {
+			return r, err
+		}
+	}
 	pubDB, _, err := b.pool(cfg.Workers + 2)
 	if err != nil {
 		return r, err

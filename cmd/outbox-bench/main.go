@@ -117,6 +117,9 @@ type config struct {
 
 	// Latency (4).
 	LatencyDur time.Duration `json:"latency_duration"`
+	// History is set by the sustained scenario from SustainHistory: delivered rows each of
+	// its windows starts with.
+	History int `json:"-"`
 	// LatencyRounds is how many times each latency run is repeated, in rotated order; the
 	// figures are the medians.
 	LatencyRounds int `json:"latency_rounds"`
@@ -179,6 +182,10 @@ type config struct {
 	SustainStart float64       `json:"sustain_start"`
 	SustainMax   float64       `json:"sustain_max"`
 	SustainDur   time.Duration `json:"sustain_duration"`
+	// SustainHistory is how many delivered rows the table holds, vacuumed and analyzed, when
+	// each sustained window starts (-sustain-history): an outbox with retained history. 0
+	// starts each window on an empty table, a new outbox's first seconds.
+	SustainHistory int `json:"sustain_history,omitempty"`
 
 	// Only restricts the run to some scenarios (-only); empty means all.
 	Only []string `json:"only,omitempty"`
@@ -275,6 +282,7 @@ func main() {
 		burnN    = flag.Int("n", 0, "rows per burn-down (default: 10000 quick, 100000 full)")
 		rounds   = flag.Int("burn-rounds", 0, "alternating library/raw pairs of the headline burn-down (default: 3 quick, 10 full)")
 		retained = flag.Int("retained", 0, "retained delivered rows in the growth scenario (default: 100000 quick, 1000000 full)")
+		history  = flag.Int("sustain-history", 0, "delivered rows (vacuumed and analyzed) the table holds when each sustained window starts (default 0: an empty table)")
 		only     = flag.String("only", "", "run only these scenarios (comma list of enqueue, pgx, batch, burndown, breakdown, latency, idle, growth, stats, purge, ordered, broker, shortdrain, relay, costs, tablecost, ui, storeloop, guarded, scaleout, sustained; latency needs burndown; tablecost, scaleout and sustained run only when named)")
 		storeB   = flag.String("store-batches", "", "batch sizes of the storeloop scenario, comma list (default 100,500)")
 		storeW   = flag.String("store-workers", "", "claim loops of the storeloop scenario, comma list (default: 1 quick, 1,2 full)")
@@ -315,6 +323,7 @@ func main() {
 	if *retained > 0 {
 		cfg.Retained = *retained
 	}
+	cfg.SustainHistory = max(*history, 0)
 
 	for _, l := range []struct {
 		flag string

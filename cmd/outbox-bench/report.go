@@ -420,7 +420,7 @@ func (rep *report) printTable(w io.Writer) {
 			fmt.Fprintf(tw, "\t%.0f\t%.0f\t%.0f\t%.3f\t%.3f\t%.3f\t\t\n", g.Raw.Median, g.Guarded.Median, g.Library.Median, g.LibraryVsGuarded, g.GuardedVsRaw, g.LibraryVsRaw)
 		}
 		if st := b.Sustained; st != nil {
-			fmt.Fprintf(tw, "sustained msg/s\tlibrary %.0f\traw %.0f\t(p99 <= 50 ms)\t\t\t\t\t\n", st.Library, st.Raw)
+			fmt.Fprintf(tw, "sustained msg/s\tlibrary %.0f\traw %.0f\t(p99 <= 50 ms, table of %d delivered rows)\t\t\t\t\t\n", st.Library, st.Raw, st.History)
 		}
 		if len(b.ScaleOut) > 0 {
 			fmt.Fprintln(tw, "scale-out rows/s\tprocesses\tlibrary\traw\tlibrary/raw\tlibrary/p1\traw/p1\t\t")

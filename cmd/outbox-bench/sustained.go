@@ -19,6 +19,8 @@ type sustainedResult struct {
 	Library float64 `json:"library_rate"`
 	Raw     float64 `json:"raw_rate"`
 	Ratio   float64 `json:"library_vs_raw"`
+	// History is the delivered rows each window's table started with (-sustain-history).
+	History int `json:"history_rows"`
 	// Steps are every run, in order.
 	Steps []latencyResult `json:"steps"`
 }
@@ -35,8 +37,9 @@ func held(r latencyResult) bool {
 func runSustained(ctx context.Context, cfg config, b backend, res *backendResult) error {
 	c := cfg
 	c.LatencyDur = cfg.SustainDur
+	c.History = cfg.SustainHistory
 	const poll = 10 * time.Millisecond
-	s := &sustainedResult{}
+	s := &sustainedResult{History: cfg.SustainHistory}
 	libOn, rawOn := true, true
 	for rate := cfg.SustainStart; (libOn || rawOn) && rate <= cfg.SustainMax; rate = math.Round(rate * 1.5) {
 		for _, raw := range []bool{false, true} {
