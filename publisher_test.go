@@ -398,8 +398,8 @@ func TestPublisherLeasesRunOut(t *testing.T) {
 			o := fastOptions(t, "expire")
 			o.WorkerID = fmt.Sprintf("pub-%d", i)
 			o.Lease, o.PollInterval = 60*time.Millisecond, 10*time.Millisecond
-			o.Retry.MaxAttempts = 1000 // a lost lease spends an attempt: none may die of it
-			o.Logger = nil // hundreds of lost leases
+			o.Retry.MaxAttempts = 1000               // a lost lease spends an attempt: none may die of it
+			o.Logger = slog.New(slog.DiscardHandler) // hundreds of lost leases
 			tr := rec.transport(o.WorkerID)
 			stalling := outbox.TransportFunc(func(ctx context.Context, b []outbox.Delivery) []error {
 				if rand.IntN(10) == 0 {
