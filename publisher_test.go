@@ -298,35 +298,13 @@ func TestPublisherConcurrentDrain(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, e *pubEnv) {
 		const n = 2000
-		ids := e.enqueue(t, "drain", n)
-		rec := newRecorder(func(outbox.Delivery) error {
-			if rand.IntN(5) == 0 {
-				return errors.New("broker hiccup")
-			}
-			return nil
-		})
-		var pubs []*outbox.Publisher
-		var stops []func()
-		for i := range 4 {
-			store := e.newStore(t, e.openPool(t), pubDialect(e.backend))
-			o := fastOptions(t, "drain")
-			o.WorkerID = fmt.Sprintf("pub-%d", i)
+		ids, rec, m, total := e.drainByFour(t, "drain", n, func(o *outbox.PublisherOptions, tr outbox.Transport) outbox.Transport {
 			o.Lease = 10 * time.Second
 			if e.backend != "sqlite" { // SQLite has one writer: more loops only queue for it
 				o.Concurrency = 2
 			}
-			p, err := outbox.NewPublisher(store, rec.transport(o.WorkerID), o)
-			require.NoError(t, err)
-			pubs = append(pubs, p)
-			stops = append(stops, start(t, p))
-		}
-		m := e.waitCounts(t, 2*time.Minute, func(m map[outbox.Status]int) bool {
-			return m[outbox.StatusDelivered]+m[outbox.StatusDead] == n
+			return tr
 		})
-		for _, stop := range stops {
-			stop()
-		}
-		total := sumStats(pubs)
 		t.Logf("%s: %v, stats %+v", e.backend, m, total)
 
 		rec.mu.Lock()
@@ -354,6 +332,40 @@ func TestPublisherConcurrentDrain(t *testing.T) {
 		require.Equal(t, total.Claimed, total.Delivered+total.Retried+total.Dead+total.LeaseLost)
 		require.Positive(t, total.Retried)
 	})
+}
+
+// drainByFour enqueues n messages in namespace ns and drains them with four publishers,
+// each on its own pool as separate processes would be, through a transport that fails about
+// 20 % of deliveries; setup adjusts each publisher's options and may wrap its transport. It
+// returns once every row is delivered or dead and the publishers have stopped: the ids, what
+// the transport saw, the table's counts and the publishers' summed counters.
+func (e *pubEnv) drainByFour(t *testing.T, ns string, n int, setup func(o *outbox.PublisherOptions, tr outbox.Transport) outbox.Transport) ([]uuid.UUID, *recorder, map[outbox.Status]int, outbox.PublisherStats) {
+	t.Helper()
+	ids := e.enqueue(t, ns, n)
+	rec := newRecorder(func(outbox.Delivery) error {
+		if rand.IntN(5) == 0 {
+			return errors.New("broker hiccup")
+		}
+		return nil
+	})
+	var pubs []*outbox.Publisher
+	var stops []func()
+	for i := range 4 {
+		o := fastOptions(t, ns)
+		o.WorkerID = fmt.Sprintf("pub-%d", i)
+		tr := setup(&o, rec.transport(o.WorkerID))
+		p, err := outbox.NewPublisher(e.newStore(t, e.openPool(t), pubDialect(e.backend)), tr, o)
+		require.NoError(t, err)
+		pubs = append(pubs, p)
+		stops = append(stops, start(t, p))
+	}
+	m := e.waitCounts(t, 2*time.Minute, func(m map[outbox.Status]int) bool {
+		return m[outbox.StatusDelivered]+m[outbox.StatusDead] == n
+	})
+	for _, stop := range stops {
+		stop()
+	}
+	return ids, rec, m, sumStats(pubs)
 }
 
 // sumStats adds up the counters of pubs.
@@ -385,40 +397,17 @@ func TestPublisherLeasesRunOut(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, e *pubEnv) {
 		const n = 2000
-		ids := e.enqueue(t, "expire", n)
-		rec := newRecorder(func(outbox.Delivery) error {
-			if rand.IntN(5) == 0 {
-				return errors.New("broker hiccup")
-			}
-			return nil
-		})
-		var pubs []*outbox.Publisher
-		var stops []func()
-		for i := range 4 {
-			o := fastOptions(t, "expire")
-			o.WorkerID = fmt.Sprintf("pub-%d", i)
+		ids, rec, m, total := e.drainByFour(t, "expire", n, func(o *outbox.PublisherOptions, tr outbox.Transport) outbox.Transport {
 			o.Lease, o.PollInterval = 60*time.Millisecond, 10*time.Millisecond
 			o.Retry.MaxAttempts = 1000               // a lost lease spends an attempt: none may die of it
 			o.Logger = slog.New(slog.DiscardHandler) // hundreds of lost leases
-			tr := rec.transport(o.WorkerID)
-			stalling := outbox.TransportFunc(func(ctx context.Context, b []outbox.Delivery) []error {
+			return outbox.TransportFunc(func(ctx context.Context, b []outbox.Delivery) []error {
 				if rand.IntN(10) == 0 {
 					time.Sleep(40 * time.Millisecond)
 				}
 				return tr.Publish(ctx, b)
 			})
-			p, err := outbox.NewPublisher(e.newStore(t, e.openPool(t), pubDialect(e.backend)), stalling, o)
-			require.NoError(t, err)
-			pubs = append(pubs, p)
-			stops = append(stops, start(t, p))
-		}
-		m := e.waitCounts(t, 2*time.Minute, func(m map[outbox.Status]int) bool {
-			return m[outbox.StatusDelivered]+m[outbox.StatusDead] == n
 		})
-		for _, stop := range stops {
-			stop()
-		}
-		total := sumStats(pubs)
 		rec.mu.Lock()
 		defer rec.mu.Unlock()
 		duplicates := 0
