@@ -639,7 +639,7 @@ func (s *Store) Complete(ctx context.Context, outcomes ...Outcome) error {
 // checkOutcomes validates outcomes and returns a copy with every error bounded to
 // MaxLastErrorBytes; the caller's slice stays as it was.
 func checkOutcomes(outcomes []Outcome) ([]Outcome, error) {
-	if err := checkDistinct(dialect.Leases(outcomes)); err != nil {
+	if err := checkDistinct(len(outcomes), func(i int) Lease { return outcomes[i].Lease }); err != nil {
 		return nil, err
 	}
 	outcomes = slices.Clone(outcomes)
@@ -662,16 +662,26 @@ func checkOutcomes(outcomes []Outcome) ([]Outcome, error) {
 	return outcomes, nil
 }
 
-// checkDistinct refuses leases that name a row under two different tokens. A dialect
-// reports lost leases by row, so when one of them holds (the row was claimed again, and
-// only its latest lease can hold) the stale one would pass for applied. The same lease
-// repeated is one row, applied once.
-func checkDistinct(leases []Lease) error {
-	if len(leases) < 2 {
+// checkDistinct refuses n leases (lease(i) is the i-th) that name a row under two
+// different tokens. A dialect reports lost leases by row, so when one of them holds (the
+// row was claimed again, and only its latest lease can hold) the stale one would pass for
+// applied. The same lease repeated is one row, applied once. Leases of one claim, the
+// common settle, share a token and need no map.
+func checkDistinct(n int, lease func(i int) Lease) error {
+	if n < 2 {
 		return nil
 	}
-	tokens := make(map[uuid.UUID]uuid.UUID, len(leases))
-	for _, l := range leases {
+	first := lease(0).Token
+	i := 1
+	for i < n && lease(i).Token == first {
+		i++
+	}
+	if i == n {
+		return nil
+	}
+	tokens := make(map[uuid.UUID]uuid.UUID, n)
+	for i := range n {
+		l := lease(i)
 		if t, seen := tokens[l.ID]; seen && t != l.Token {
 			return invalid("leases", "name row %s under two leases; settle or renew each row under its latest lease only", l.ID)
 		}
@@ -687,7 +697,7 @@ func (s *Store) Extend(ctx context.Context, d time.Duration, leases ...Lease) er
 	if d < time.Millisecond {
 		return invalid("Lease", "must be at least 1ms, got %s", d)
 	}
-	if err := checkDistinct(leases); err != nil {
+	if err := checkDistinct(len(leases), func(i int) Lease { return leases[i] }); err != nil {
 		return err
 	}
 	var lost []uuid.UUID
