@@ -181,15 +181,22 @@ func sqliteDSN(dsn string) (open, path string) {
 	return rest, p
 }
 
+// kvSpace is the white space that separates a key=value DSN's pairs, as libpq (isspace) and
+// pgx read it: with the vertical tab, which regexp's \s leaves out.
+const kvSpace = " \t\n\v\f\r"
+
+// kvSpaceClass is kvSpace as a regexp class.
+const kvSpaceClass = `[ \t\n\v\f\r]`
+
 // keyValuePassword finds the password in a key=value DSN as libpq reads it: password=secret
 // or password='a secret'. The secret may also be sslpassword's.
-var keyValuePassword = regexp.MustCompile(`(?i)\b(?:ssl)?password\s*=\s*('(?:[^'\\]|\\.)*'|[^\s]*)`)
+var keyValuePassword = regexp.MustCompile(`(?i)\b(?:ssl)?password` + kvSpaceClass + `*=` + kvSpaceClass + `*('(?:[^'\\]|\\.)*'|[^ \t\n\v\f\r]*)`)
 
 // passwordKey finds where a password's value begins in a key=value DSN.
-var passwordKey = regexp.MustCompile(`(?i)(?:^|\s)(?:ssl)?password\s*=\s*`)
+var passwordKey = regexp.MustCompile(`(?i)(?:^|` + kvSpaceClass + `)(?:ssl)?password` + kvSpaceClass + `*=` + kvSpaceClass + `*`)
 
 // nextKey finds the start of the next key=value pair.
-var nextKey = regexp.MustCompile(`\s+[A-Za-z_][A-Za-z0-9_]*\s*=`)
+var nextKey = regexp.MustCompile(kvSpaceClass + `+[A-Za-z_][A-Za-z0-9_]*` + kvSpaceClass + `*=`)
 
 // passwordSpans returns where each password value of a key=value DSN lies, by key, whatever
 // the rest of the DSN: from after "password=" to the next " key=" (or the end), so that
@@ -239,7 +246,7 @@ func keyValueSecrets(dsn string) []string {
 	for _, sp := range passwordSpans(dsn) {
 		v := dsn[sp[0]:sp[1]]
 		out = append(out, v, strings.Trim(v, "'"))
-		out = append(out, strings.FieldsFunc(v, func(r rune) bool { return r == ' ' || r == '\t' || r == '\n' || r == '\'' })...)
+		out = append(out, strings.FieldsFunc(v, func(r rune) bool { return r == '\'' || strings.ContainsRune(kvSpace, r) })...)
 	}
 	return out
 }

@@ -183,7 +183,7 @@ func FuzzResolve(f *testing.F) {
 func passwordWords(dsn string) []string {
 	var out []string
 	in := false
-	words := strings.Fields(dsn)
+	words := strings.FieldsFunc(dsn, func(r rune) bool { return strings.ContainsRune(kvSpace, r) }) // as libpq splits pairs
 	for i, w := range words {
 		l := strings.ToLower(w)
 		switch {
