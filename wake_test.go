@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,27 +21,46 @@ import (
 )
 
 // slowPolling are publisher options whose polling is too slow to explain a delivery within
-// the tests' deadlines: only a wake-up can.
+// the tests' deadlines: only a wake-up can. Their observer tells startIdle when the
+// publisher's first claim has come back empty.
 func slowPolling(t *testing.T, ns string) outbox.PublisherOptions {
 	o := fastOptions(t, ns)
 	o.PollInterval = 30 * time.Second
 	o.IdleBackoffMax = 30 * time.Second
 	o.Lease = 2 * time.Minute
 	o.SweepInterval = time.Hour
+	o.Observer = &idleWatch{}
 	return o
+}
+
+// idleWatch counts a publisher's claims that found nothing.
+type idleWatch struct{ empty atomic.Int64 }
+
+func (*idleWatch) StartPublish(ctx context.Context, _ []outbox.Delivery) context.Context {
+	return ctx
+}
+func (*idleWatch) EndPublish(context.Context, []outbox.Delivery, []outbox.AttemptResult) {}
+func (*idleWatch) Settled(context.Context, []outbox.Settled)                             {}
+func (*idleWatch) StartClaim(ctx context.Context) context.Context                        { return ctx }
+func (w *idleWatch) EndClaim(_ context.Context, n int, err error) {
+	if n == 0 && err == nil {
+		w.empty.Add(1)
+	}
 }
 
 // wakeWithin is how long a woken publisher may take to deliver on a loaded test machine:
 // far below slowPolling's poll interval.
 const wakeWithin = 10 * time.Second
 
-// startIdle starts p and waits until its first claims have found nothing, so that what it
-// delivers afterwards was enqueued while it was idle.
-func startIdle(t *testing.T, e *pubEnv, p *outbox.Publisher) {
+// startIdle starts p, made with slowPolling's options o, and waits until its first claim
+// has found nothing, so that what it delivers afterwards was enqueued while it was idle:
+// polling would take 30 s now.
+func startIdle(t *testing.T, o outbox.PublisherOptions, p *outbox.Publisher) {
 	t.Helper()
+	w := o.Observer.(*idleWatch)
 	start(t, p)
-	testdb.Poll(t, wakeWithin, "the publisher's first claim", func() bool { return p.Stats().Claimed == 0 })
-	time.Sleep(50 * time.Millisecond) // past the first empty claims; polling would now take 30s
+	testdb.Poll(t, wakeWithin, "the publisher's first empty claim", func() bool { return w.empty.Load() > 0 })
+	require.Zero(t, p.Stats().Claimed)
 }
 
 // commitOne enqueues one message in a business transaction on s and commits it.
@@ -62,9 +82,10 @@ func TestWakeInProcess(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, e *pubEnv) {
 		rec := newRecorder(nil)
-		p, err := outbox.NewPublisher(e.store, rec.transport("p"), slowPolling(t, "n"))
+		o := slowPolling(t, "n")
+		p, err := outbox.NewPublisher(e.store, rec.transport("p"), o)
 		require.NoError(t, err)
-		startIdle(t, e, p)
+		startIdle(t, o, p)
 		for range 3 {
 			id := commitOne(t, e.db, e.store, "n")
 			testdb.Poll(t, wakeWithin, "a woken delivery", func() bool { return len(rec.seen(id)) > 0 })
@@ -84,10 +105,11 @@ func TestWakeByHand(t *testing.T) {
 	rec := newRecorder(nil)
 	quiet, err := outbox.New(e.db, outbox.SQLite(), outbox.Options{DisableNotify: true})
 	require.NoError(t, err)
-	p, err := outbox.NewPublisher(quiet, rec.transport("p"), slowPolling(t, "n"))
+	o := slowPolling(t, "n")
+	p, err := outbox.NewPublisher(quiet, rec.transport("p"), o)
 	require.NoError(t, err)
 	p.Wake() // not running: nothing happens, nothing blocks
-	startIdle(t, e, p)
+	startIdle(t, o, p)
 	other := e.newStore(t, e.openPool(t), outbox.SQLite())
 	id := commitOne(t, e.db, other, "n")
 	time.Sleep(200 * time.Millisecond) // the other store's enqueue woke nobody...
@@ -112,9 +134,10 @@ func TestWakeAcrossProcessesPostgres(t *testing.T) {
 	t.Cleanup(func() { _ = pubDB.Close() })
 
 	rec := newRecorder(nil)
-	p, err := outbox.NewPublisher(e.newStore(t, pubDB, outbox.Postgres()), rec.transport("p"), slowPolling(t, "n"))
+	o := slowPolling(t, "n")
+	p, err := outbox.NewPublisher(e.newStore(t, pubDB, outbox.Postgres()), rec.transport("p"), o)
 	require.NoError(t, err)
-	startIdle(t, e, p)
+	startIdle(t, o, p)
 	listening := func() int {
 		var n int
 		require.NoError(t, e.db.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'LISTEN%'`, app).Scan(&n))
