@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/go-sql-driver/mysql"
@@ -240,14 +241,20 @@ func redactKeyValue(dsn string) string {
 }
 
 // keyValueSecrets returns the password values of a key=value DSN as passwordSpans finds
-// them, and each word of them, to scrub from messages that quote the DSN.
+// them, each word of them as a parser quotes it (0'00) and each part between its quotes,
+// longest first, to scrub from messages that quote the DSN: a longer secret is replaced
+// before a part of it can break it up.
 func keyValueSecrets(dsn string) []string {
 	var out []string
 	for _, sp := range passwordSpans(dsn) {
 		v := dsn[sp[0]:sp[1]]
 		out = append(out, v, strings.Trim(v, "'"))
-		out = append(out, strings.FieldsFunc(v, func(r rune) bool { return r == '\'' || strings.ContainsRune(kvSpace, r) })...)
+		for _, w := range strings.FieldsFunc(v, func(r rune) bool { return strings.ContainsRune(kvSpace, r) }) {
+			out = append(out, w)
+			out = append(out, strings.FieldsFunc(w, func(r rune) bool { return r == '\'' })...)
+		}
 	}
+	slices.SortStableFunc(out, func(a, b string) int { return len(b) - len(a) })
 	return out
 }
 
