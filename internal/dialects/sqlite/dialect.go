@@ -468,7 +468,7 @@ func (d Dialect) completeAndClaim(ctx context.Context, db *sql.DB, t dialect.Tab
 			return err
 		}
 		if p.Ordered && p.Namespace != "" {
-			recs, err = sqliteLeaseOrdered(ctx, tx, t, p, true)
+			recs, err = sqliteLeaseOrdered(ctx, prep, t, p, true)
 		} else {
 			recs, err = sqliteClaim(ctx, prep, t, p)
 		}

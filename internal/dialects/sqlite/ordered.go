@@ -55,8 +55,8 @@ func (d Dialect) claimOrdered(ctx context.Context, db *sql.DB, t dialect.Table, 
 			return nil, err
 		}
 	}
-	err = d.write(ctx, db, func(q, _ dialect.DBTX) error {
-		recs, err = sqliteLeaseOrdered(ctx, q, t, p, inWindow)
+	err = d.write(ctx, db, func(_, prep dialect.DBTX) error {
+		recs, err = sqliteLeaseOrdered(ctx, prep, t, p, inWindow)
 		return err
 	})
 	return recs, err

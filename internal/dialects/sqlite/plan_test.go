@@ -89,7 +89,7 @@ func TestSQLiteOrderedClaimPlan(t *testing.T) {
 	dialecttest.TimeOrderedClaim(ctx, t, s)
 
 	var claim string
-	for _, q := range rec.all() {
+	for _, q := range rec.every() {
 		if strings.Contains(q, `SET status = 'processing'`) && strings.Contains(q, `_order_idx`) && !strings.Contains(q, `RECURSIVE`) {
 			claim = q
 		}

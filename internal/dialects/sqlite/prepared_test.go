@@ -45,6 +45,37 @@ func TestSQLiteHotStatementsRunPrepared(t *testing.T) {
 	require.NotEmpty(t, rec.all(), "the wrapper sees unprepared statements (the enqueue's INSERT)")
 }
 
+// TestSQLiteOrderedLeaseRunsPrepared: an ordered claim's lease, alone and after a settle in
+// one transaction, runs prepared once warm: the race detector slows SQLite's parser some
+// twenty times, and eight ordered publishers spent a third of their time parsing.
+func TestSQLiteOrderedLeaseRunsPrepared(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, db, rec := newLoggedSQLiteStore(ctx, t)
+	require.NoError(t, migrations.Up(ctx, db, "sqlite", migrations.Options{Ordered: true}))
+	for _, k := range []string{"a", "b", "c", "d"} {
+		_, err := s.EnqueueStandalone(ctx, outbox.Message{Namespace: "n", Topic: "t", PartitionKey: k, Payload: []byte(`{}`)})
+		require.NoError(t, err)
+	}
+	o := outbox.ClaimOptions{Scope: outbox.Scope{Namespace: "n"}, Limit: 1, Lease: time.Minute, MaxAttempts: 5, WorkerID: "w", Ordered: true}
+	claimAndSettle := func() {
+		recs, err := s.Claim(ctx, o)
+		require.NoError(t, err)
+		require.Len(t, recs, 1)
+		recs, _, err = s.CompleteAndClaim(ctx, []outbox.Outcome{{Lease: recs[0].Lease(), Status: outbox.StatusDelivered}}, o)
+		require.NoError(t, err)
+		require.Len(t, recs, 1)
+		require.NoError(t, s.Ack(ctx, recs[0].Lease()))
+	}
+	claimAndSettle() // prepares them
+	rec.reset()
+	claimAndSettle()
+	for _, q := range rec.all() {
+		require.NotContains(t, q, `SET status = 'processing'`, "the ordered lease runs prepared")
+	}
+	require.Equal(t, 2, rec.preparedRuns(`SET status = 'processing'`), "the claim's lease and the settle's")
+}
+
 // newLoggedSQLiteStore returns a Store on a new, migrated SQLite database whose driver
 // records what it runs (unpreparedLog), the database, and the record.
 func newLoggedSQLiteStore(ctx context.Context, t *testing.T) (*outbox.Store, *sql.DB, *unpreparedLog) {
@@ -100,6 +131,13 @@ func (l *unpreparedLog) all() []string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return append([]string(nil), l.queries...)
+}
+
+// every returns every statement run, unprepared and prepared.
+func (l *unpreparedLog) every() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append(append([]string(nil), l.queries...), l.prepared...)
 }
 
 type unpreparedConnector struct {
