@@ -94,29 +94,13 @@ func TestPostgresOrderedClaimPlan(t *testing.T) {
 
 	rec, store := recordingStore(t, b)
 	dialecttest.TimeOrderedClaim(b.ctx, t, store)
-	var q recordedQuery
-	rec.mu.Lock()
-	for _, r := range rec.queries {
-		if strings.HasPrefix(r.sql, "WITH c AS") && strings.Contains(r.sql, "e.partition_key") {
-			q = r
-		}
-	}
-	rec.mu.Unlock()
-	require.NotEmpty(t, q.sql, "the ordered claim ran")
-
-	// EXPLAIN ANALYZE runs the claim: in a transaction that is rolled back.
-	tx, err := b.db.BeginTx(b.ctx, nil)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback() }()
-	var out string
-	require.NoError(t, tx.QueryRowContext(b.ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+q.sql, q.args...).Scan(&out))
-	var plans []struct{ Plan orderedPlanNode }
-	require.NoError(t, json.Unmarshal([]byte(out), &plans))
-	require.Len(t, plans, 1)
-	t.Logf("EXPLAIN ANALYZE of the ordered claim, %d rows:\n%s", rows, plans[0].Plan.format(""))
+	plan := b.explainAnalyzeLast(t, rec, "the ordered claim", func(sql string) bool {
+		return strings.HasPrefix(sql, "WITH c AS") && strings.Contains(sql, "e.partition_key")
+	})
+	t.Logf("EXPLAIN ANALYZE of the ordered claim, %d rows:\n%s", rows, plan.format(""))
 
 	var walk, head *orderedPlanNode
-	plans[0].Plan.walk(func(n *orderedPlanNode) {
+	plan.walk(func(n *orderedPlanNode) {
 		require.NotContains(t, n.NodeType, "Sort", "the claim sorts nothing")
 		require.NotEqual(t, "Seq Scan", n.NodeType, "the claim scans no table")
 		switch n.IndexName {
@@ -131,7 +115,6 @@ func TestPostgresOrderedClaimPlan(t *testing.T) {
 	// Half the keys are held back, so the walk passes about one row it may not take for
 	// each it takes, and checks each with one probe: far from the whole pending set.
 	require.Less(t, head.ActualLoops, 400, "rows the claim walked for 100, of %d pending", rows)
-	require.NoError(t, tx.Rollback())
 	dialecttest.TimeHeldBackClaim(b.ctx, t, b.store, rows)
 }
 
@@ -158,16 +141,26 @@ func TestPostgresHeadsByKeyPlanUnanalyzed(t *testing.T) {
 	recs, err := store.Claim(b.ctx, dialecttest.OrderedClaimOpts(10))
 	require.NoError(t, err)
 	require.Len(t, recs, 10)
+	plan := b.explainAnalyzeLast(t, rec, "the key visit", func(sql string) bool { return strings.HasPrefix(sql, "WITH RECURSIVE") })
+	t.Logf("EXPLAIN ANALYZE of the key visit, %d rows never analyzed:\n%s", keys*perKey, plan.format(""))
+	plan.walk(func(n *orderedPlanNode) {
+		require.LessOrEqual(t, n.ActualLoops, keys+1, "%s runs once per key at most, not once per row", n.NodeType)
+	})
+}
+
+// explainAnalyzeLast returns the EXPLAIN ANALYZE of the last query rec recorded that match
+// accepts (what names it), run in a transaction that is rolled back: it runs the query.
+func (b *pgBundle) explainAnalyzeLast(t *testing.T, rec *recordingConnector, what string, match func(sql string) bool) orderedPlanNode {
+	t.Helper()
 	var q recordedQuery
 	rec.mu.Lock()
 	for _, r := range rec.queries {
-		if strings.HasPrefix(r.sql, "WITH RECURSIVE") {
+		if match(r.sql) {
 			q = r
 		}
 	}
 	rec.mu.Unlock()
-	require.NotEmpty(t, q.sql, "the claim visited the keys")
-
+	require.NotEmpty(t, q.sql, "%s ran", what)
 	tx, err := b.db.BeginTx(b.ctx, nil)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback() }()
@@ -176,10 +169,7 @@ func TestPostgresHeadsByKeyPlanUnanalyzed(t *testing.T) {
 	var plans []struct{ Plan orderedPlanNode }
 	require.NoError(t, json.Unmarshal([]byte(out), &plans))
 	require.Len(t, plans, 1)
-	t.Logf("EXPLAIN ANALYZE of the key visit, %d rows never analyzed:\n%s", keys*perKey, plans[0].Plan.format(""))
-	plans[0].Plan.walk(func(n *orderedPlanNode) {
-		require.LessOrEqual(t, n.ActualLoops, keys+1, "%s runs once per key at most, not once per row", n.NodeType)
-	})
+	return plans[0].Plan
 }
 
 // orderedPlanNode is one node of EXPLAIN (ANALYZE, FORMAT JSON).
