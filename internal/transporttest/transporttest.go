@@ -129,6 +129,31 @@ func IDs(got []Received) (distinct map[uuid.UUID]bool, duplicates int) {
 	return distinct, duplicates
 }
 
+// Consumed polls consume until what it returns holds every message of want, up to within,
+// and returns its last answer; past the deadline it returns that answer as it is, for the
+// caller's assertions to say what is missing. A broker hands a consumer what it confirmed
+// to the publisher a moment later (AMQP pushes deliveries to a consumer goroutine), so a
+// read right after the last ack can miss the last messages.
+func Consumed(t testing.TB, want []outbox.Delivery, consume func() []Received, within time.Duration) []Received {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		got := consume()
+		ids, _ := IDs(got)
+		all := true
+		for _, d := range want {
+			if !ids[d.ID] {
+				all = false
+				break
+			}
+		}
+		if all || time.Now().After(deadline) {
+			return got
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // Outbox is a PostgreSQL outbox in a schema of its own, dropped after the test.
 type Outbox struct {
 	DB    *sql.DB
@@ -346,7 +371,7 @@ func EndToEnd(t *testing.T, ns string, tr outbox.Transport, consume func() []Rec
 	ob.WaitDelivered(t, 300, 30*time.Second)
 	st := run.Stop(t)
 	require.EqualValues(t, 300, st.Delivered)
-	RequireSame(t, want, consume())
+	RequireSame(t, want, Consumed(t, want, consume, 10*time.Second))
 }
 
 // Outage runs a Publisher of namespace ns through tr from a fresh PostgreSQL outbox: 60
@@ -370,7 +395,7 @@ func Outage(t *testing.T, ns string, tr outbox.Transport, cut, restore func(), c
 	t.Logf("publisher: %+v", st)
 	require.Zero(t, st.Dead)
 
-	got := consume()
+	got := Consumed(t, append(slices.Clone(first), second...), consume, 10*time.Second)
 	ids, dups := IDs(got)
 	t.Logf("%d received, %d duplicates", len(got), dups)
 	if dedupe {
@@ -557,7 +582,7 @@ func CircuitOutage(t *testing.T, ns string, tr outbox.Transport, cut, restore fu
 	for id, a := range after {
 		require.LessOrEqual(t, a, before[id]+1, "attempts of %s", id)
 	}
-	ids, dups := IDs(consume())
+	ids, dups := IDs(Consumed(t, want, consume, 10*time.Second))
 	t.Logf("%d duplicates", dups)
 	for _, d := range want {
 		require.True(t, ids[d.ID], "message %s missing", d.ID)
