@@ -37,7 +37,8 @@ NORACE_PACKAGES := . ./conformance
 # nothing of ours to find. The same tests run under it on PostgreSQL and MariaDB, and the
 # SQLite dialect's own concurrency (its write gate, statement cache and listener) under it in
 # the rest of the SQLite tests. The race pass skips them; they run without it after the timing
-# tests, which they would otherwise share the cores with.
+# tests, which they would otherwise share the cores with. Unlike NORACE_TESTS they stay valid
+# under the race detector, only slow, so they do not skip themselves: go test -race runs them.
 SQLITE_NORACE := ^TestSQLiteConformance$$/^Ordered$$/^Publishers$$|^TestPublisherPoolSizes$$/^sqlite$$|^(TestSQLiteOrderedClaimPlan|TestSQLitePurgePlan|TestSQLiteInspectPlan)$$
 
 .DEFAULT_GOAL := help
