@@ -61,8 +61,10 @@ type Options struct {
 	// DisableNotify turns off the wake-ups that cross processes, on dialects that have
 	// them ([dialect.Notifier]: PostgreSQL's NOTIFY): enqueues send no signal, and publishers on
 	// this store do not listen. Publishers then find rows from other processes by polling.
-	// Wake-ups within the process stay on. A publisher's listener keeps one connection of
-	// the pool; on a pool of one connection it does not listen, and warns unless this is set.
+	// Wake-ups within the process stay on. The publishers of one pool and table share one
+	// listener, which keeps one connection of the pool; it does not start where it would take
+	// the pool's last connection (db.SetMaxOpenConns(1), say), and says so once unless this
+	// is set.
 	DisableNotify bool
 	// Hooks watch the store's enqueues (and may add headers, such as a trace context).
 	// Default none. See [StoreHooks].
@@ -78,7 +80,6 @@ type Store struct {
 	maxPayload int
 	notifier   dialect.Notifier // nil when the dialect has none or DisableNotify is set
 	signalled  signalLimiter
-	hub        wakeHub
 	hooks      StoreHooks
 	// orderedReady records that the dialect's CheckOrdered passed (checkOrdered).
 	orderedReady atomic.Bool
@@ -390,7 +391,9 @@ func (s *Store) enqueue(ctx context.Context, w writeTarget, msgs []Message, firs
 		}
 		// Publishers in this process are woken now, before the caller commits: they chase
 		// the commit with a few quick claims (chaseDelays).
-		s.hub.signal(ns)
+		if h := hubFor(s.db, s.table); h != nil {
+			h.signal(ns)
+		}
 	}
 	return res, nil
 }

@@ -90,7 +90,7 @@ type PublisherOptions struct {
 	// the pause after database errors. At least PollInterval.
 	//
 	// The default depends on what wakes the publisher. Enqueues in the same process (on
-	// the same [Store]) always wake it, and so do enqueues anywhere while the publisher's
+	// the same pool and table) always wake it, and so do enqueues anywhere while the
 	// listener is connected ([dialect.Notifier]: PostgreSQL's LISTEN/NOTIFY with the pgx
 	// driver, SQLite's and MySQL's listeners, which watch for committed rows). Then polling
 	// is a safety net (for a PostgreSQL signal folded into an earlier one, a Store signals
@@ -124,10 +124,11 @@ type PublisherOptions struct {
 	// pool during a claim or a settle and none while its batch is in the transport, and never
 	// waits for a second while it holds one, so loops (and the sweeper, retention and your
 	// application) queue for the pool's connections instead of deadlocking on them; more
-	// loops than connections still publish in parallel. The wake-up listener
-	// keeps one connection for as long as Run runs: on a pool of exactly one
-	// (db.SetMaxOpenConns(1)) the publisher does not listen, warns once, and polls. A claim or
-	// settle that waits more than 5 s logs one warning with the pool's counters.
+	// loops than connections still publish in parallel. All publishers of one pool and table
+	// in the process share one wake-up listener, which keeps one connection while any of
+	// them runs; it never takes the pool's last connection (on db.SetMaxOpenConns(1) the
+	// publishers poll, and one warning says so). A claim or settle that waits more than 5 s
+	// logs one warning with the pool's counters and the connections the listeners hold.
 	Concurrency int
 
 	// PublishTimeout bounds one [Transport.Publish] call. When it passes, the call's context
@@ -476,23 +477,19 @@ func (p *Publisher) Run(ctx context.Context) error {
 	}
 	p.current.Store(r)
 	defer p.current.Store(nil)
-	defer p.store.hub.subscribe(p.opts.Namespace, r.wakeAll)()
+	sub := &wakeSub{namespace: p.opts.Namespace, wake: r.wakeAll, log: p.log}
+	if p.listens() {
+		sub.notifier = p.store.notifier
+	}
+	hub, unsubscribe := subscribe(p.store.db, p.store.table, sub)
+	r.hub = hub
+	defer unsubscribe()
 
 	var wg sync.WaitGroup
 	for _, w := range r.wakers {
 		wg.Go(func() { r.claimLoop(w) })
 	}
 	wg.Go(r.sweepLoop)
-	if p.listens() {
-		if p.store.db.Stats().MaxOpenConnections == 1 {
-			p.log.Warn("outbox publisher: not listening for wake-ups from other processes: the listener would hold "+
-				"the pool's only connection for good (db.SetMaxOpenConns(1)), so rows enqueued elsewhere are found by "+
-				"polling; allow the pool 2 connections or more for wake-ups, or set outbox.Options.DisableNotify",
-				"poll_interval", p.opts.PollInterval)
-		} else {
-			wg.Go(r.listenLoop)
-		}
-	}
 	wg.Go(r.retentionLoop)
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
@@ -535,12 +532,10 @@ func (p *Publisher) awaitReady(ctx context.Context) error {
 			}
 		}
 		switch {
-		case err == nil, errors.Is(err, errors.ErrUnsupported):
+		case err == nil, errors.Is(err, errors.ErrUnsupported), ctx.Err() != nil:
 			return nil
 		case errors.Is(err, ErrMisconfigured):
 			return err // not logged as well: the caller prints it, and it would show twice
-		case ctx.Err() != nil:
-			return nil
 		}
 		p.errs.Add(1)
 		p.log.Warn("outbox publisher: database not reachable at start; retrying", "err", err, "retry_in", delay)
@@ -562,8 +557,8 @@ type run struct {
 	abandoned atomic.Int64
 	// wakers wake the claim loops, one each.
 	wakers []waker
-	// listening is true while a dialect.Notifier listener is connected.
-	listening atomic.Bool
+	// hub brings wake-ups from the store's enqueues and its listener.
+	hub *wakeHub
 	// slow is true from the warning about a slow claim until a claim returns in time.
 	slow atomic.Bool
 	// circ is the circuit breaker shared by the claim loops; nil when disabled.
@@ -584,54 +579,10 @@ func (r *run) wakeAll() {
 // PublisherOptions.IdleBackoffMax).
 func (r *run) idleCap() time.Duration {
 	o := r.p.opts
-	if o.IdleBackoffMax == 0 && r.listening.Load() {
+	if o.IdleBackoffMax == 0 && r.hub.listening.Load() {
 		return max(DefaultIdleBackoffMax, o.PollInterval)
 	}
 	return o.backoffMax()
-}
-
-// listenLoop keeps a dialect.Notifier listener connected while Run runs, waking the claim loops on
-// every signal for the publisher's namespace, and once after each (re)connection, for what
-// was committed while it was away. A driver that cannot listen is logged once and left to
-// polling. A listener that stops is logged once, as a warning, however often it then fails
-// to come back (the claim loops poll meanwhile), and once more when it is back.
-func (r *run) listenLoop() {
-	p := r.p
-	const firstDelay = 100 * time.Millisecond
-	delay := firstDelay
-	lost := false
-	for r.ctx.Err() == nil {
-		err := p.store.notifier.Listen(r.ctx, p.store.db, p.store.table, func() {
-			r.listening.Store(true)
-			delay = firstDelay
-			if lost {
-				lost = false
-				p.log.Info(msgListenerBack)
-			}
-			r.wakeAll()
-		}, func(ns string) {
-			if ns == p.opts.Namespace {
-				r.wakeAll()
-			}
-		})
-		r.listening.Store(false)
-		switch {
-		case r.ctx.Err() != nil:
-			return
-		case errors.Is(err, errors.ErrUnsupported):
-			p.log.Info("outbox publisher: no wake-ups from other processes with this driver; polling finds their rows", "err", err)
-			return
-		}
-		level := slog.LevelDebug
-		if !lost {
-			lost, level = true, slog.LevelWarn
-		}
-		p.log.Log(r.ctx, level, msgListenerLost, "err", err, "retry_in", delay, "poll_interval", r.idleCap())
-		if !sleep(r.ctx, delay) {
-			return
-		}
-		delay = min(delay*2, DefaultIdleBackoffMax)
-	}
 }
 
 // listens reports whether Run keeps a listener: when the store has a Notifier, except in a
@@ -680,18 +631,20 @@ func (r *run) watch(what string) (done func()) {
 			return
 		}
 		st := r.p.store.db.Stats()
+		held := heldConns(r.p.store.db)
 		msg := "outbox publisher: " + what + " has waited " + slowCall.String() + " for the database"
 		if st.MaxOpenConnections > 0 && st.InUse >= st.MaxOpenConnections {
 			msg += fmt.Sprintf("; every connection of the pool is in use (%d of db.SetMaxOpenConns(%d)): "+
-				"transactions that stay open hold them, or the pool is too small for the publisher "+
-				"(Concurrency %d, each loop using one at a time) and the application together",
-				st.InUse, st.MaxOpenConnections, r.p.opts.Concurrency)
+				"the library's wake-up listeners hold %d, the other %d are in use by the application's transactions "+
+				"and the publishers' claims and settles (Concurrency %d each, one connection at a time a loop); "+
+				"look for transactions that stay open, or allow the pool more connections",
+				st.InUse, st.MaxOpenConnections, held, st.InUse-held, r.p.opts.Concurrency)
 		} else {
 			msg += "; the pool has connections to spare, so it waits for locks or for a slow server"
 		}
 		r.p.log.Warn(msg, "pool_max_open", st.MaxOpenConnections, "pool_open", st.OpenConnections,
-			"pool_in_use", st.InUse, "pool_idle", st.Idle, "pool_wait_count", st.WaitCount,
-			"pool_wait_duration", st.WaitDuration)
+			"pool_in_use", st.InUse, "pool_held_by_listeners", held, "pool_idle", st.Idle,
+			"pool_wait_count", st.WaitCount, "pool_wait_duration", st.WaitDuration)
 	})
 	return func() {
 		if timer.Stop() && r.slow.CompareAndSwap(true, false) {

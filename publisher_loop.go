@@ -231,7 +231,7 @@ const followPoll = 10 * time.Millisecond
 // whole of a p50 of 100-250 ms, where a 10 ms polling loop held 8-13 ms.
 func (c *pacer) partial() {
 	o := c.r.p.opts
-	if c.r.listening.Load() {
+	if c.r.hub.listening.Load() {
 		c.pause(o.PollInterval)
 		return
 	}

@@ -14,38 +14,33 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/internal/testdb"
 	"github.com/outboxgo/outbox/migrations"
 )
 
-// TestPublisherPoolSizes runs a publisher on pools of 1, 2 and 4 connections, with 1, 2
-// and 4 claim loops, ordered and not, with retention and without, with cross-process
-// wake-ups and without, on every backend. The pool is the application's too: half of a
-// 600-message backlog (six events a partition key) is enqueued on it while the publisher
-// runs. Every message must be delivered within the deadline: no combination may hang (a
-// path that holds one of the pool's connections while it waits for another, or a listener
-// that keeps the only one).
+// TestPublisherPoolSizes runs a publisher on pools of 1 and 2 connections, with 1 and 4
+// claim loops, ordered and not, with retention and without, on every backend. The pool is
+// the application's too: half of a 600-message backlog (six events a partition key) is
+// enqueued on it while the publisher runs. Every message must be delivered within the
+// deadline: no combination may hang (a path that holds one of the pool's connections while
+// it waits for another, or a listener that keeps the only one).
 func TestPublisherPoolSizes(t *testing.T) {
 	t.Parallel()
 	const backlog = 600
 	for _, backend := range pubBackends {
 		t.Run(backend, func(t *testing.T) {
 			t.Parallel()
-			for _, pool := range []int{1, 2, 4} {
-				for _, loops := range []int{1, 2, 4} {
+			for _, pool := range []int{1, 2} {
+				for _, loops := range []int{1, 4} {
 					for _, ordered := range []bool{false, true} {
 						for _, retention := range []bool{false, true} {
-							for _, wake := range []bool{false, true} {
-								name := fmt.Sprintf("pool%d/loops%d/ordered=%v/retention=%v/wake=%v", pool, loops, ordered, retention, wake)
-								t.Run(name, func(t *testing.T) {
-									// Each combination on a database of its own, beside the others:
-									// one after another, with a backlog of 2,000, they took nine minutes under the race
-									// detector on SQLite.
-									t.Parallel()
-									e := pubSetup(t, backend)
-									require.NoError(t, migrations.Up(context.Background(), e.db, e.backend, migrations.Options{Ordered: true}))
-									poolCase(t, e, backlog, pool, loops, ordered, retention, wake)
-								})
-							}
+							name := fmt.Sprintf("pool%d/loops%d/ordered=%v/retention=%v", pool, loops, ordered, retention)
+							t.Run(name, func(t *testing.T) {
+								t.Parallel()
+								e := pubSetup(t, backend)
+								require.NoError(t, migrations.Up(context.Background(), e.db, e.backend, migrations.Options{Ordered: true}))
+								poolCase(t, e, backlog, pool, loops, ordered, retention)
+							})
 						}
 					}
 				}
@@ -54,13 +49,126 @@ func TestPublisherPoolSizes(t *testing.T) {
 	}
 }
 
-// poolCase drains backlog messages through a publisher whose store, and the producer's,
-// is a pool of poolSize connections.
-func poolCase(t *testing.T, e *pubEnv, backlog, poolSize, loops int, ordered, retention, wake bool) {
+// TestPublishersShareOnePool runs 1, 2, 4 and 8 Publishers (one per namespace, and all on
+// one) on one Store whose pool, the application's too, allows 1, 2, 4 or 8 connections, and
+// two Stores on one pool, on every backend. The library holds at most one connection for
+// its listener and never the pool's last one; the application begins a transaction at
+// once, every event is delivered, and the publishers stop on cancel.
+func TestPublishersShareOnePool(t *testing.T) {
+	t.Parallel()
+	for _, backend := range pubBackends {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			for _, pool := range []int{1, 2, 4, 8} {
+				for _, n := range []int{1, 2, 4, 8} {
+					for _, oneNamespace := range []bool{false, true} {
+						t.Run(fmt.Sprintf("pool%d/publishers%d/one_namespace=%v", pool, n, oneNamespace), func(t *testing.T) {
+							t.Parallel()
+							sharedPoolCase(t, pubSetup(t, backend), pool, n, oneNamespace, 1)
+						})
+					}
+				}
+			}
+			for _, pool := range []int{1, 2, 4} {
+				t.Run(fmt.Sprintf("pool%d/two_stores", pool), func(t *testing.T) {
+					t.Parallel()
+					sharedPoolCase(t, pubSetup(t, backend), pool, 4, false, 2)
+				})
+			}
+		})
+	}
+}
+
+// sharedPoolCase runs n publishers on stores Stores of one pool of poolSize connections,
+// then enqueues 10 events per publisher on the same pool and waits for all of them.
+func sharedPoolCase(t *testing.T, e *pubEnv, poolSize, n int, oneNamespace bool, stores int) {
 	ctx := context.Background()
 	db := e.openPool(t)
 	db.SetMaxOpenConns(poolSize)
-	store, err := outbox.New(db, pubDialect(e.backend), outbox.Options{DisableNotify: !wake})
+	var ss []*outbox.Store
+	for range stores {
+		s, err := outbox.New(db, pubDialect(e.backend), outbox.Options{})
+		require.NoError(t, err)
+		ss = append(ss, s)
+	}
+	var mu sync.Mutex
+	delivered := map[uuid.UUID]bool{}
+	tr := outbox.TransportFunc(func(ctx context.Context, batch []outbox.Delivery) []error {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, d := range batch {
+			delivered[d.ID] = true
+		}
+		return make([]error, len(batch))
+	})
+	logs := &syncBuffer{}
+	prefix := "shared_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
+	namespaces := make([]string, n)
+	var stops []func()
+	for i := range n {
+		namespaces[i] = prefix
+		if !oneNamespace {
+			namespaces[i] = fmt.Sprintf("%s_%d", prefix, i)
+		}
+		pub, err := outbox.NewPublisher(ss[i%stores], tr, outbox.PublisherOptions{
+			Scope:  outbox.Scope{Namespace: namespaces[i]},
+			Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		})
+		require.NoError(t, err)
+		stops = append(stops, start(t, pub))
+	}
+
+	// The listener starts when the first publisher is ready, and only where the pool can
+	// spare it a connection; a pool that cannot is said once.
+	testdb.Poll(t, 60*time.Second, "every publisher started", func() bool {
+		return strings.Count(logs.String(), "outbox publisher started") == n
+	})
+	want := 0
+	if poolSize > 1 {
+		want = 1
+	}
+	require.Equal(t, want, outbox.ListenerConns(db), "listeners on one pool and table")
+	warnings := 1 - want
+	require.Equal(t, warnings, strings.Count(logs.String(), "not listening for wake-ups from other processes"), "one warning per pool:\n%s", logs.String())
+
+	// The application is never starved of its pool.
+	begin, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	tx, err := db.BeginTx(begin, nil)
+	require.NoError(t, err, "the application could not begin a transaction on the publishers' pool")
+	var ids []uuid.UUID
+	for i := range n {
+		msgs := make([]outbox.Message, 10)
+		for j := range msgs {
+			msgs[j] = outbox.Message{Namespace: namespaces[i], Topic: "t", Payload: json.RawMessage(`{}`)}
+		}
+		res, err := ss[i%stores].EnqueueBatch(ctx, tx, msgs)
+		require.NoError(t, err)
+		for _, r := range res {
+			ids = append(ids, r.ID)
+		}
+	}
+	require.NoError(t, tx.Commit())
+	testdb.Poll(t, 60*time.Second, "every event delivered", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(delivered) == len(ids)
+	})
+	require.Equal(t, want, outbox.ListenerConns(db), "listeners on one pool and table")
+	for _, stop := range stops {
+		stop()
+	}
+	require.Equal(t, 0, outbox.ListenerConns(db), "the last publisher out stops the listener")
+	require.Equal(t, 0, db.Stats().InUse, "connections still in use after every publisher stopped")
+}
+
+// poolCase drains backlog messages through a publisher whose store, and the producer's,
+// is a pool of poolSize connections.
+func poolCase(t *testing.T, e *pubEnv, backlog, poolSize, loops int, ordered, retention bool) {
+	ctx := context.Background()
+	db := e.openPool(t)
+	db.SetMaxOpenConns(poolSize)
+	store, err := outbox.New(db, pubDialect(e.backend), outbox.Options{})
 	require.NoError(t, err)
 	ns := "pool_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
 

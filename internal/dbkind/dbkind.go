@@ -31,6 +31,9 @@ func Detect(ctx context.Context, db *sql.DB) (kind, desc string, err error) {
 	if err := db.QueryRowContext(ctx, `SELECT sqlite_version()`).Scan(&v); err == nil {
 		return "sqlite", "SQLite " + v, nil
 	}
+	if err := ctx.Err(); err != nil {
+		return "", "", err // the queries failed because the caller gave up, not for want of a kind
+	}
 	return "", "an unrecognised database", nil
 }
 
