@@ -23,23 +23,12 @@ PACKAGES := ./... $(patsubst %,./%/...,$(filter-out .,$(MODULES)))
 # default 100 connections.
 TEST_P ?= 3
 TEST_PARALLEL ?= 4
-# Tests that skip themselves under the race detector, and so run again without it: those that
-# measure latency, queries a second, claims a second or how long a publish took, or deliver thousands of events over a hundred stores
-# within a deadline, which its slowdown distorts, and the conformance suite's
-# mutation kit (a child test binary per planted bug), whose verdicts it does not change.
-NORACE_TESTS := ^(TestRelayFairness|TestRelayIdleCost|TestRelayManyDatabases|TestPublisherClaimsAheadOnlyWhenItPays|TestIdleDefaultFollowsTheListener|TestSuiteCatchesBrokenDialects|TestPublisherLeasesRunOut)$$
-NORACE_PACKAGES := . ./conformance
-# SQLite tests whose time is the engine's own work: the eight ordered publishers of the
-# conformance suite, the 72 pool-size combinations of a publisher (each on a database of its
-# own) and the query-plan tests on 20,000-row backlogs. modernc.org/sqlite is C translated to
-# Go, which the race detector slows some twenty times (80 s for the ordered publishers against
-# 3 s; 717 s of test time for the pool sizes against 62 s on MariaDB) and in which it has
-# nothing of ours to find. The same tests run under it on PostgreSQL and MariaDB, and the
-# SQLite dialect's own concurrency (its write gate, statement cache and listener) under it in
-# the rest of the SQLite tests. The race pass skips them; they run without it after the timing
-# tests, which they would otherwise share the cores with. Unlike NORACE_TESTS they stay valid
-# under the race detector, only slow, so they do not skip themselves: go test -race runs them.
-SQLITE_NORACE := ^TestSQLiteConformance$$/^Ordered$$/^Publishers$$|^TestPublisherPoolSizes$$/^sqlite$$|^(TestSQLiteOrderedClaimPlan|TestSQLitePurgePlan|TestSQLiteInspectPlan)$$
+# Tests whose verdict depends on the machine's speed (rates, latency, deadlines of the mutation
+# kit's children) live in files tagged timing: make test leaves them out, make test-timing runs
+# them without the race detector. The list is read from those files, never kept by hand.
+TIMING_FILES := $(wildcard *timing_test.go */*timing_test.go)
+TIMING_TESTS := ^($(shell sed -n 's/^func \(Test[A-Za-z0-9_]*\)(t \*testing.T).*/\1/p' $(TIMING_FILES) | paste -sd'|'))$$
+TIMING_PACKAGES := $(sort $(patsubst %/,./%/...,$(filter-out ./,$(dir $(TIMING_FILES)))) $(if $(filter-out %/%,$(TIMING_FILES)),.))
 
 .DEFAULT_GOAL := help
 
@@ -53,9 +42,11 @@ demo: ## Run the demo: an order service and a publisher on embedded SQLite
 
 .PHONY: test
 test: ## Run every test of every module under the race detector, on every backend and broker (all required; see README)
-	$(GO) test -race -count=1 -p $(TEST_P) -parallel $(TEST_PARALLEL) -timeout 30m -skip '$(SQLITE_NORACE)' $(TESTFLAGS) $(PACKAGES)
-	$(GO) test -count=1 -run '$(NORACE_TESTS)' $(TESTFLAGS) $(NORACE_PACKAGES)
-	$(GO) test -count=1 -parallel $(TEST_PARALLEL) -run '$(SQLITE_NORACE)' $(TESTFLAGS) . ./internal/dialects/sqlite
+	$(GO) test -race -count=1 -p $(TEST_P) -parallel $(TEST_PARALLEL) -timeout 20m $(TESTFLAGS) $(PACKAGES)
+
+.PHONY: test-timing
+test-timing: ## The tests that measure rates, latency or deadlines (files tagged timing), without the race detector
+	$(GO) test -tags timing -count=1 -run '$(TIMING_TESTS)' $(TESTFLAGS) $(TIMING_PACKAGES)
 
 .PHONY: test-norace
 test-norace: ## Every test without the race detector: quicker to build, for a local loop

@@ -238,45 +238,6 @@ func TestPostgresSignalFollowsTheTransaction(t *testing.T) {
 	require.True(t, ok, "a signal after the limiter's window")
 }
 
-// With IdleBackoffMax left to its default, an idle publisher keeps polling at PollInterval
-// where nothing else can wake it for rows from other processes (SQLite, MySQL), and backs
-// off while a PostgreSQL listener brings wake-ups.
-func TestIdleDefaultFollowsTheListener(t *testing.T) {
-	if raceEnabled {
-		t.Skip("counts the claims of 3 s of polling every 50 ms, which the race detector's slowdown beside other tests cut to 24 of the 25 it needs; make test runs it")
-	}
-	t.Parallel()
-	for backend, steady := range map[string]bool{"sqlite": true, "mysql": true, "postgres": false} {
-		t.Run(backend, func(t *testing.T) {
-			t.Parallel()
-			e := pubSetup(t, backend)
-			d := &countingDialect{Dialect: pubDialect(backend)}
-			var store *outbox.Store
-			if backend == "postgres" {
-				store = e.newStore(t, e.db, notifyingCounter{d}) // keep the Notifier ability
-			} else {
-				store = e.newStore(t, e.db, d)
-			}
-			o := fastOptions(t, "idle")
-			o.PollInterval, o.IdleBackoffMax, o.Lease = 50*time.Millisecond, 0, 10*time.Second
-			p, err := outbox.NewPublisher(store, newRecorder(nil).transport("p"), o)
-			require.NoError(t, err)
-			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-			defer cancel()
-			require.NoError(t, p.Run(ctx))
-			claims := d.claims.Load()
-			t.Logf("%s: %d idle claims in 3s", backend, claims)
-			if steady {
-				require.GreaterOrEqual(t, claims, int64(25), "polling at PollInterval gives about 60")
-			} else {
-				// Backing off to 1s gives about 8, and the wake-up when the listener connects
-				// a chase of 7 more.
-				require.LessOrEqual(t, claims, int64(18))
-			}
-		})
-	}
-}
-
 // notifyingCounter is a countingDialect that keeps PostgreSQL's Notifier ability.
 type notifyingCounter struct{ *countingDialect }
 

@@ -4,11 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"os"
-	"os/exec"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
@@ -314,66 +312,6 @@ func TestBrokenDialectChild(t *testing.T) {
 		t.Fatalf("mutant %s: unknown database %q", m.name, m.db)
 	}
 	conformance.Run(t, h)
-}
-
-// TestSuiteCatchesBrokenDialects is the mutation kit: it runs the suite against every
-// planted bug of kit, each in a child process (a failing *testing.T cannot be contained
-// in-process, and a hung one ends its process), and requires the child to fail in the
-// tests that guard against that bug, within their deadlines.
-func TestSuiteCatchesBrokenDialects(t *testing.T) {
-	if raceEnabled {
-		t.Skip("the mutation kit proves the suite's assertions, which the race detector does not change; it runs without it")
-	}
-	t.Parallel()
-	start := time.Now()
-	t.Cleanup(func() {
-		if !t.Failed() {
-			t.Logf("%d planted bugs, every one caught, in %s", len(kit), time.Since(start).Round(time.Second))
-		}
-	})
-	for _, m := range kit {
-		t.Run(m.name, func(t *testing.T) {
-			t.Parallel()
-			// Bounded by the suite's own deadlines (a hung test ends its child within a
-			// few minutes); this is a backstop.
-			ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
-			defer cancel()
-			run := "^TestBrokenDialectChild$"
-			if m.only != "" {
-				run += "/" + m.only
-			}
-			cmd := exec.CommandContext(ctx, os.Args[0], "-test.run="+run, "-test.v", "-test.count=1")
-			cmd.Env = append(os.Environ(), "OUTBOX_BROKEN_DIALECT="+m.name)
-			out, err := cmd.CombinedOutput()
-			require.Error(t, err, "the suite passed a broken dialect:\n%s", out)
-			var caught []string
-			for _, l := range strings.Split(string(out), "\n") {
-				if name, ok := strings.CutPrefix(strings.TrimSpace(l), "--- FAIL: TestBrokenDialectChild/"); ok {
-					if name, _, _ = strings.Cut(name, " "); strings.Contains(name, "/") {
-						caught = append(caught, name)
-					}
-				}
-			}
-			for _, name := range m.mustFail {
-				// A test that hangs past its deadline fails, or ends the child with a
-				// panic that names it.
-				require.True(t, slices.Contains(caught, name) || strings.Contains(string(out), "conformance: "+name+" (section"),
-					"the suite must catch the %s bug in %s; it failed %v:\n%s", m.name, name, caught, tail(out))
-			}
-			// A healthy test still passes: the failures are the bug's, not the harness's.
-			require.Contains(t, string(out), "--- PASS: TestBrokenDialectChild/Enqueue/CommitLeavesExactlyOne", "%s", tail(out))
-			t.Logf("caught by %s", strings.Join(caught, ", "))
-		})
-	}
-}
-
-// tail returns the end of a child's output, where its failures are summed up.
-func tail(out []byte) []byte {
-	const n = 8000
-	if len(out) > n {
-		return out[len(out)-n:]
-	}
-	return out
 }
 
 // claimFirstDialect settles and claims in one call the naive way: claim, then settle. Rows
