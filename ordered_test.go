@@ -2,10 +2,14 @@ package outbox_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxgo/outbox"
@@ -65,4 +69,53 @@ func TestOrderedOptionsValidate(t *testing.T) {
 	keys, err := s.BlockedKeys(ctx, outbox.Scope{}, 10)
 	require.NoError(t, err)
 	require.Empty(t, keys)
+}
+
+// TestOrderedHotKeyNeedsNoPause: a key's next row is claimable once its head is settled, so
+// an ordered publisher claims again at once after a batch that freed keys, and pauses only
+// when a claim finds nothing. With every pause an hour long (a listener brings wake-ups, so
+// polling is only a safety net), one key's 20 events must still all be delivered, in order.
+func TestOrderedHotKeyNeedsNoPause(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, e *pubEnv) {
+		ctx := context.Background()
+		require.NoError(t, migrations.Up(ctx, e.db, e.backend, migrations.Options{Ordered: true}))
+		store := e.store // its listener makes a partial batch pause PollInterval
+		tx, err := e.db.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		msgs := make([]outbox.Message, 20)
+		for i := range msgs {
+			msgs[i] = outbox.Message{Namespace: "hot", Topic: "t", PartitionKey: "k", Payload: json.RawMessage(fmt.Sprintf(`{"n":%d}`, i))}
+		}
+		res, err := store.EnqueueBatch(ctx, tx, msgs)
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit())
+
+		var mu sync.Mutex
+		var got []uuid.UUID
+		tr := outbox.TransportFunc(func(ctx context.Context, batch []outbox.Delivery) []error {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, d := range batch {
+				got = append(got, d.ID)
+			}
+			return make([]error, len(batch))
+		})
+		opts := fastOptions(t, "hot")
+		opts.Ordered = true
+		opts.PollInterval, opts.IdleBackoffMax, opts.Lease = time.Hour, time.Hour, 3*time.Hour
+		pub, err := outbox.NewPublisher(store, tr, opts)
+		require.NoError(t, err)
+		start(t, pub)
+		testdb.Poll(t, 30*time.Second, "the hot key's 20 events", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(got) == len(res)
+		})
+		mu.Lock()
+		defer mu.Unlock()
+		for i := range res {
+			require.Equal(t, res[i].ID, got[i], "event %d out of order", i)
+		}
+	})
 }

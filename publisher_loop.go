@@ -153,7 +153,7 @@ func (l *loop) publish(b batch) (ahead batch, ok bool) {
 		ahead.recs = nil
 	}
 	switch {
-	case !full:
+	case !full && !l.freed(out):
 		l.settler.settle()
 		l.pace.partial()
 	case aheadErr != nil && r.work.Err() == nil:
@@ -162,6 +162,26 @@ func (l *loop) publish(b batch) (ahead batch, ok bool) {
 		l.settler.settle() // nothing to settle them with
 	}
 	return ahead, true
+}
+
+// freed reports whether settling out makes rows claimable at once, so that the loop claims
+// again without a pause (settling out with that claim): an ordered batch that delivered or
+// buried a key's head frees the key's next row, and a retry without a delay is due now. A
+// partial batch that freed nothing means the table had no more for this loop.
+func (l *loop) freed(out *outcomes) bool {
+	for i := range out.items {
+		o := &out.items[i].out
+		if out.lost[o.ID] {
+			continue
+		}
+		switch {
+		case o.Status == StatusPending && o.Delay <= 0:
+			return true
+		case l.o.Ordered && o.Status != StatusPending:
+			return true
+		}
+	}
+	return false
 }
 
 // claimNow claims with o, settling the batch the loop carries, and times it.
