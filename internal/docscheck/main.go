@@ -5,7 +5,7 @@
 //     GitHub slug, or an explicit id);
 //   - every Go block that is a whole file (it starts with a package clause) passes go vet in
 //     the module of the Markdown file;
-//   - every package-qualified name in a Go block (outbox.Options, inboxmigrations.Up,
+//   - every package-qualified name in a Go block (outbox.Options, inbox.MigrateUp,
 //     natstransport.New, ...) and every method called on the usual variables (store.Stats,
 //     pub.Run, in.Process) exists in the package;
 //   - every shell block whose info string says runnable (```sh runnable, or
@@ -381,16 +381,15 @@ type names struct {
 func newNames(root string) *names {
 	n := &names{root: root, cache: map[string]map[string]bool{},
 		packages: map[string]string{
-			"outbox":          ".",
-			"migrations":      "migrations",
-			"inbox":           "inbox",
-			"inboxmigrations": "inbox/migrations",
-			"outboxotel":      "otel",
-			"conformance":     "conformance",
-			"outboxui":        "outboxui",
-			"cloudevents":     "cloudevents",
-			"amqp":            "transport/amqp",
-			"webhook":         "transport/webhook",
+			"outbox":      ".",
+			"migrations":  "migrations",
+			"inbox":       "inbox",
+			"outboxotel":  "otel",
+			"conformance": "conformance",
+			"outboxui":    "outboxui",
+			"cloudevents": "cloudevents",
+			"amqp":        "transport/amqp",
+			"webhook":     "transport/webhook",
 		},
 		vars: map[string]string{"store": ".Store", "pub": ".Publisher", "in": "inbox.Inbox"},
 	}
