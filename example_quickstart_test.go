@@ -79,12 +79,7 @@ func Example_quickStart() {
 		fmt.Printf("published %s %s (attempt %d)\n", d.Topic, d.Payload, d.Attempt)
 		stop()
 		return nil // an error is retried with backoff; outbox.Permanent(err) dead-letters at once
-	}), outbox.PublisherOptions{
-		Scope: outbox.Scope{Namespace: "shop"},
-		OnDead: func(ctx context.Context, dl outbox.DeadLetter) {
-			log.Printf("dead letter %s: %s", dl.ID, dl.Reason)
-		},
-	})
+	}), outbox.PublisherOptions{Scope: outbox.Scope{Namespace: "shop"}}) // OnDead: a hook for dead letters
 	if err != nil {
 		log.Fatal(err)
 	}
