@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/google/uuid"
 	_ "modernc.org/sqlite"
@@ -58,7 +59,7 @@ func Example_foreignWriter() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
+	runCtx, stop := context.WithTimeout(ctx, 10*time.Second) // a row the Publisher refuses ends the example, not the test run
 	defer stop()
 	pub, err := outbox.NewPublisher(store, outbox.PerMessage(func(ctx context.Context, d outbox.Delivery) error {
 		fmt.Printf("published %s %s headers %v\n", d.Topic, d.Payload, d.Headers)
