@@ -54,14 +54,14 @@ type Stats struct {
 	// it became due, not from when it was enqueued. Zero when no row is due. On a healthy
 	// outbox it stays below the publishers' poll interval. Each retry, and each probe of a
 	// broker during an outage, moves next_attempt_at forward: a row stuck behind an outage
-	// keeps leaving the due set, so this age stays low. Alert on OldestUndeliveredAge.
+	// keeps leaving the due set, so this age stays low: do not alert on it alone.
 	OldestPendingAge time.Duration
 	// OldestUndeliveredAge is how long the oldest pending or processing row has waited
 	// since it was first due: its next_attempt_at while no publisher has claimed it, and
 	// its enqueue (created_at) once one has, whatever retries and outage probes did since.
 	// An event enqueued with a Delay and then retried counts its Delay too, and a replayed
-	// dead letter counts from its first enqueue. Zero when nothing is due. This is the
-	// figure to alert on: it grows through an outage, while attempts are not spent.
+	// dead letter counts from its first enqueue. Zero when nothing is due. Alert on this
+	// age: it grows whenever an event waits, a broker outage included.
 	OldestUndeliveredAge time.Duration
 	// Topics breaks the counts down per (namespace, topic), sorted by namespace then topic.
 	Topics []TopicStats

@@ -123,19 +123,10 @@ func transient(ctx context.Context, err error) bool {
 		(errors.As(err, &state) && state.SQLState() == "25P02")
 }
 
-// This file catches the transaction wrappers that satisfy [Tx] but cannot run a dialect's
-// statements. A dialect writes SQL in its database's own placeholders ($1 on PostgreSQL, ?
-// on MySQL and SQLite) and hands it to tx.ExecContext with its arguments. A wrapper that
-// embeds a *sql.Tx and keeps its methods (sqlx.Tx) passes them on unchanged and works. A
-// wrapper whose ExecContext formats the query itself does not: bun.Tx replaces bun's own
-// "?" placeholders with the arguments as literals and sends the query without them, so a
-// PostgreSQL statement arrives with $1 and nothing bound ("there is no parameter $1", which
-// aborts the transaction), and a MySQL or SQLite one arrives with its values rewritten
-// by bun's formatter. The fix is to pass the *sql.Tx such a wrapper embeds (tx.Tx for
-// bun.Tx), which is the same transaction.
-//
-// Enqueue does not look through the wrapper by itself: a wrapper may exist to watch its
-// queries (tracing, logging), and running past it unasked would hide the insert from it.
+// A transaction wrapper that formats queries itself (bun.Tx) sends a dialect's statement
+// without its arguments, so Enqueue refuses it before any SQL runs and says to pass the
+// *sql.Tx it embeds; it does not look through the wrapper unasked, which would hide the
+// insert from a wrapper that traces its queries (docs/design.md, "Transaction wrappers").
 
 // formattingTx returns, for a transaction type known to format queries itself, the
 // expression of the *sql.Tx it embeds; "" for any other type.

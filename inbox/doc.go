@@ -19,6 +19,6 @@
 // older than a duration, and a message redelivered after its row was purged is processed
 // again. The retention is the dedupe window; keep it longer than the broker may redeliver.
 //
-// The table is created by the goose migrations of package
-// github.com/outboxgo/outbox/inbox/migrations, one directory per dialect.
+// [MigrateUp] creates the table from the embedded goose migrations; the same files run with
+// the goose command line from inbox/migrations/<dialect>.
 package inbox

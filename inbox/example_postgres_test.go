@@ -12,7 +12,6 @@ import (
 
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/inbox"
-	"github.com/outboxgo/outbox/inbox/migrations"
 )
 
 // orderPaid is the event the shipping service consumes.
@@ -31,7 +30,7 @@ func ExampleInbox_Process_postgres() {
 		log.Fatal(err)
 	}
 	defer db.Close()
-	if err := migrations.Up(ctx, db, "postgres", migrations.Options{}); err != nil {
+	if err := inbox.MigrateUp(ctx, db, "postgres", inbox.MigrateOptions{}); err != nil {
 		log.Fatal(err)
 	}
 	in, err := inbox.New(db, outbox.Postgres().Name(), inbox.Options{})

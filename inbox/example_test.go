@@ -12,7 +12,6 @@ import (
 	_ "modernc.org/sqlite" // registers "sqlite"
 
 	"github.com/outboxgo/outbox/inbox"
-	"github.com/outboxgo/outbox/inbox/migrations"
 )
 
 // A consumer whose broker delivers the same message twice charges the order once: the
@@ -30,7 +29,7 @@ func Example() {
 	}
 	defer db.Close()
 	ctx := context.Background()
-	if err := migrations.Up(ctx, db, "sqlite", migrations.Options{}); err != nil {
+	if err := inbox.MigrateUp(ctx, db, "sqlite", inbox.MigrateOptions{}); err != nil {
 		log.Fatal(err)
 	}
 	if _, err := db.ExecContext(ctx, `CREATE TABLE payments (order_id TEXT NOT NULL, cents INTEGER NOT NULL)`); err != nil {
@@ -91,7 +90,7 @@ func ExampleInbox_Claim() {
 	}
 	defer db.Close()
 	ctx := context.Background()
-	if err := migrations.Up(ctx, db, "sqlite", migrations.Options{Table: "billing_inbox"}); err != nil {
+	if err := inbox.MigrateUp(ctx, db, "sqlite", inbox.MigrateOptions{Table: "billing_inbox"}); err != nil {
 		log.Fatal(err)
 	}
 	in, err := inbox.New(db, "sqlite", inbox.Options{Table: "billing_inbox"})

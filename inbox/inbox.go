@@ -59,8 +59,7 @@ type Inbox struct {
 // New returns an Inbox on db for the dialect named dialectName: "postgres", "mysql" (MySQL 8.0+
 // and MariaDB 10.6+) or "sqlite", the names [outbox.Dialect.Name] returns for the built-in
 // dialects. Another name returns an error matching [errors.ErrUnsupported]; bad options a
-// [*outbox.ValidationError]. The table must exist: create it with the migrations of package
-// github.com/outboxgo/outbox/inbox/migrations.
+// [*outbox.ValidationError]. The table must exist: create it with [MigrateUp].
 func New(db *sql.DB, dialectName string, opts Options) (*Inbox, error) {
 	if db == nil {
 		return nil, invalid("db", "is nil")

@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"strings"
@@ -21,7 +22,6 @@ import (
 
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/inbox"
-	"github.com/outboxgo/outbox/inbox/migrations"
 	"github.com/outboxgo/outbox/internal/testdb"
 )
 
@@ -81,7 +81,7 @@ func setup(t testing.TB, backend string) *env {
 	t.Cleanup(cancel)
 	db := testdb.Open(t, backend)
 	table := "inbox_" + randomHex(6)
-	require.NoError(t, migrations.Up(ctx, db, backend, migrations.Options{Table: table}))
+	require.NoError(t, inbox.MigrateUp(ctx, db, backend, inbox.MigrateOptions{Table: table}))
 	text := "VARCHAR" // MySQL's VARCHAR compares case-insensitively; VARBINARY byte for byte
 	if backend == "mysql" {
 		text = "VARBINARY"
@@ -665,9 +665,9 @@ func requireInvalid(t *testing.T, err error, field string) {
 
 func testMigrations(t *testing.T, e *env) {
 	const table = "billing_inbox"
-	opts := migrations.Options{Table: table}
-	require.NoError(t, migrations.Up(e.ctx, e.db, e.backend, opts))
-	require.NoError(t, migrations.Up(e.ctx, e.db, e.backend, opts), "up twice is a no-op")
+	opts := inbox.MigrateOptions{Table: table}
+	require.NoError(t, inbox.MigrateUp(e.ctx, e.db, e.backend, opts))
+	require.NoError(t, inbox.MigrateUp(e.ctx, e.db, e.backend, opts), "up twice is a no-op")
 	in, err := inbox.New(e.db, e.backend, inbox.Options{Table: table})
 	require.NoError(t, err)
 	res, err := in.Process(e.ctx, "billing", "m-1", e.effect("billing", "m-1"))
@@ -678,17 +678,17 @@ func testMigrations(t *testing.T, e *env) {
 	require.NoError(t, err)
 	require.False(t, res.Duplicate)
 
-	require.NoError(t, migrations.Down(e.ctx, e.db, e.backend, opts))
+	require.NoError(t, inbox.MigrateDown(e.ctx, e.db, e.backend, opts))
 	_, err = in.Process(e.ctx, "billing", "m-2", e.effect("billing", "m-2"))
 	require.Error(t, err, "down drops the table")
-	require.NoError(t, migrations.Up(e.ctx, e.db, e.backend, opts))
+	require.NoError(t, inbox.MigrateUp(e.ctx, e.db, e.backend, opts))
 	require.Zero(t, e.count(t, table))
 
-	_, err = migrations.NewProvider(e.db, "oracle", opts)
+	_, err = inbox.NewMigrationProvider(e.db, "oracle", opts)
 	require.ErrorIs(t, err, errors.ErrUnsupported)
-	_, err = migrations.NewProvider(e.db, e.backend, migrations.Options{Table: "Bad"})
+	_, err = inbox.NewMigrationProvider(e.db, e.backend, inbox.MigrateOptions{Table: "Bad"})
 	require.ErrorIs(t, err, outbox.ErrInvalid)
-	_, err = migrations.NewProvider(e.db, e.backend, migrations.Options{VersionTable: "bad-name"})
+	_, err = inbox.NewMigrationProvider(e.db, e.backend, inbox.MigrateOptions{VersionTable: "bad-name"})
 	require.ErrorIs(t, err, outbox.ErrInvalid)
 }
 
@@ -718,11 +718,11 @@ func TestMySQLClientFoundRows(t *testing.T) {
 func TestMigrationFilesUsePlaceholder(t *testing.T) {
 	t.Parallel()
 	for _, d := range backends {
-		b, err := migrations.FS.ReadFile(d + "/00001_outbox_inbox.sql")
+		b, err := fs.ReadFile(inbox.MigrationsFS, d+"/00001_outbox_inbox.sql")
 		require.NoError(t, err)
 		s := string(b)
 		require.Contains(t, s, "-- +goose ENVSUB ON")
-		rest := strings.ReplaceAll(s, migrations.Placeholder, "")
+		rest := strings.ReplaceAll(s, inbox.MigrationPlaceholder, "")
 		for _, line := range strings.Split(rest, "\n") {
 			if !strings.HasPrefix(line, "--") {
 				require.NotContains(t, line, inbox.DefaultTable, "%s: table named without the placeholder", d)

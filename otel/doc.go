@@ -32,8 +32,13 @@
 //	outbox.attempts                     counter    attempts recorded, by outbox.outcome: delivered, retried, unavailable, dead
 //	outbox.delivery.lag                 histogram  s, from enqueue (the row's created_at) to its recorded delivery
 //	outbox.messages                     gauge      rows per namespace, topic and outbox.status (pending, scheduled, processing, dead)
+//	outbox.oldest_undelivered.age       gauge      s, how long the oldest undelivered row of a topic has waited since first due
 //	outbox.oldest_pending.age           gauge      s, how long the oldest due row of a topic has waited
 //	outbox.circuit.open                 gauge      1 while a publisher's circuit breaker is open, else 0 (also once closed)
+//
+// Alert on the oldest undelivered age (outbox.oldest_undelivered.age): it grows whenever an
+// event waits, a broker outage included; the oldest pending age stays low through an
+// outage, so do not alert on it alone.
 //
 // The gauges come from [outbox.Store.Stats], read by one poller per store
 // ([Telemetry.WatchStore], every 15 s by default), never by the claim loops; a collection

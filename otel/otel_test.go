@@ -30,7 +30,6 @@ import (
 
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/inbox"
-	inboxmigrations "github.com/outboxgo/outbox/inbox/migrations"
 	"github.com/outboxgo/outbox/internal/testdb"
 	"github.com/outboxgo/outbox/migrations"
 	outboxotel "github.com/outboxgo/outbox/otel"
@@ -74,7 +73,7 @@ func setup(t *testing.T, backend string, hooks outbox.StoreHooks) *env {
 	db := testdb.Open(t, backend)
 	ctx := context.Background()
 	require.NoError(t, migrations.Up(ctx, db, backend, migrations.Options{}))
-	require.NoError(t, inboxmigrations.Up(ctx, db, backend, inboxmigrations.Options{}))
+	require.NoError(t, inbox.MigrateUp(ctx, db, backend, inbox.MigrateOptions{}))
 	store, err := outbox.New(db, dialect(backend), outbox.Options{Hooks: hooks})
 	require.NoError(t, err)
 	return &env{backend: backend, db: db, dsn: testdb.DSN(t, backend, db), store: store}

@@ -13,7 +13,8 @@ const statsUsage = `  outbox stats [--namespace NS] [--topic T]... [--tenant ID]
 
 Counts rows by state: pending (due now), scheduled (pending, not yet due), processing,
 delivered and dead, the age of the oldest due pending row and of the oldest undelivered
-one since it was first due (the one to alert on: it grows through an outage), overall
+one since it was first due (alert on that one: it grows whenever an event waits, a broker
+outage included; the oldest pending age stays low through an outage), overall
 and per namespace and topic. Up to 2,000 delivered rows every count is exact; beyond,
 per-topic delivered counts are exact since the time printed, and the total delivered is an
 estimate, marked ~. Given several databases (--dsn more than once, or --dsn-file with one DSN a

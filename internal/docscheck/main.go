@@ -4,8 +4,9 @@
 //   - every link to a file of the repository resolves, and so does its #anchor (a heading's
 //     GitHub slug, or an explicit id);
 //   - every Go block that is a whole file (it starts with a package clause) passes go vet in
-//     the module of the Markdown file;
-//   - every package-qualified name in a Go block (outbox.Options, inboxmigrations.Up,
+//     the module of the Markdown file, and one whose info string says runnable (```go
+//     runnable) is built there and run, in an empty directory of its own, and must exit 0;
+//   - every package-qualified name in a Go block (outbox.Options, inbox.MigrateUp,
 //     natstransport.New, ...) and every method called on the usual variables (store.Stats,
 //     pub.Run, in.Process) exists in the package;
 //   - every shell block whose info string says runnable (```sh runnable, or
@@ -81,8 +82,8 @@ func main() {
 		defer os.RemoveAll(c.bin)
 		c.shellBlocks(docs)
 	}
-	fmt.Printf("docscheck: %d Markdown files, %d links, %d Go blocks (%d vetted), %d runnable shell blocks (%d runs) in %s\n",
-		len(docs), c.nLinks, c.nGo, c.nVet, c.nSh, c.nRuns, time.Since(start).Round(100*time.Millisecond))
+	fmt.Printf("docscheck: %d Markdown files, %d links, %d Go blocks (%d vetted, %d run), %d runnable shell blocks (%d runs) in %s\n",
+		len(docs), c.nLinks, c.nGo, c.nVet, c.nRunGo, c.nSh, c.nRuns, time.Since(start).Round(100*time.Millisecond))
 	if len(c.failures) > 0 {
 		for _, f := range c.failures {
 			fmt.Fprintln(os.Stderr, f)
@@ -109,8 +110,8 @@ type checker struct {
 	backends           []string
 	bin                string // a directory holding goose and outbox
 
-	failures                         []string
-	nLinks, nGo, nVet, nSh, nRuns, n int
+	failures                                 []string
+	nLinks, nGo, nVet, nRunGo, nSh, nRuns, n int
 }
 
 func (c *checker) failf(d *doc, line int, format string, args ...any) {
@@ -336,6 +337,13 @@ func (c *checker) goBlocks(docs []*doc) {
 			c.nVet++
 			if out, err := c.vet(d, b); err != nil {
 				c.failf(d, b.line, "go vet of the block: %v\n%s", err, out)
+				continue
+			}
+			if slices.Contains(b.info[1:], "runnable") {
+				c.nRunGo++
+				if out, err := c.runGo(d, b); err != nil {
+					c.failf(d, b.line, "running the block: %v\n%s", err, indentText(string(out)))
+				}
 			}
 		}
 	}
@@ -369,6 +377,40 @@ func (c *checker) vet(d *doc, b block) ([]byte, error) {
 	return cmd.CombinedOutput()
 }
 
+// runGo builds the block as the only file of a package in a directory of the document's
+// module and runs the program in an empty temporary directory, so that files it writes
+// land there.
+func (c *checker) runGo(d *doc, b block) ([]byte, error) {
+	c.n++
+	mod := c.moduleDir(d)
+	name := fmt.Sprintf("docscheckrun%d_%d", os.Getpid(), c.n)
+	dir := filepath.Join(c.root, mod, name)
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	if err := os.WriteFile(filepath.Join(dir, "main.go"), []byte(b.text), 0o644); err != nil {
+		return nil, err
+	}
+	tmp, err := os.MkdirTemp("", "docscheck-go-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	prog := filepath.Join(tmp, "prog")
+	build := exec.Command("go", "build", "-o", prog, "./"+name)
+	build.Dir = filepath.Join(c.root, mod)
+	if out, err := build.CombinedOutput(); err != nil {
+		return out, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	run := exec.CommandContext(ctx, prog)
+	run.Dir = tmp
+	run.WaitDelay = 5 * time.Second
+	return run.CombinedOutput()
+}
+
 // names knows the exported names of the repository's packages, under the names documents
 // import them by, and the methods of the types the usual variables hold.
 type names struct {
@@ -381,16 +423,15 @@ type names struct {
 func newNames(root string) *names {
 	n := &names{root: root, cache: map[string]map[string]bool{},
 		packages: map[string]string{
-			"outbox":          ".",
-			"migrations":      "migrations",
-			"inbox":           "inbox",
-			"inboxmigrations": "inbox/migrations",
-			"outboxotel":      "otel",
-			"conformance":     "conformance",
-			"outboxui":        "outboxui",
-			"cloudevents":     "cloudevents",
-			"amqp":            "transport/amqp",
-			"webhook":         "transport/webhook",
+			"outbox":      ".",
+			"migrations":  "migrations",
+			"inbox":       "inbox",
+			"outboxotel":  "otel",
+			"conformance": "conformance",
+			"outboxui":    "outboxui",
+			"cloudevents": "cloudevents",
+			"amqp":        "transport/amqp",
+			"webhook":     "transport/webhook",
 		},
 		vars: map[string]string{"store": ".Store", "pub": ".Publisher", "in": "inbox.Inbox"},
 	}

@@ -72,6 +72,22 @@ func TestGoBlocks(t *testing.T) { // not parallel: it sets GOWORK for go vet
 	require.Contains(t, c.failures[3], "undefined: fmt")
 }
 
+func TestRunnableGoBlocks(t *testing.T) { // not parallel: it sets GOWORK for go build
+	c, docs := fixture(t, map[string]string{
+		"README.md": "```go runnable\npackage main\n\nimport \"os\"\n\nfunc main() {\n\tif err := os.WriteFile(\"app.db\", nil, 0o644); err != nil {\n\t\tpanic(err)\n\t}\n}\n```\n\n" +
+			"```go runnable\npackage main\n\nimport (\n\t\"fmt\"\n\t\"os\"\n)\n\nfunc main() {\n\tfmt.Println(\"broken\")\n\tos.Exit(3)\n}\n```\n\n" +
+			"```go\npackage main\n\nfunc main() { panic(\"vetted, never run\") }\n```\n",
+	})
+	t.Setenv("GOWORK", "off")
+	c.goBlocks(docs)
+	require.Equal(t, 3, c.nVet)
+	require.Equal(t, 2, c.nRunGo)
+	require.Len(t, c.failures, 1, failuresText(c))
+	require.Contains(t, c.failures[0], "README.md:13: running the block: exit status 3\n    broken")
+	_, err := os.Stat(filepath.Join(c.root, "app.db"))
+	require.True(t, os.IsNotExist(err), "a runnable block runs in a directory of its own")
+}
+
 func TestShellBlocks(t *testing.T) {
 	t.Parallel()
 	c, docs := fixture(t, map[string]string{

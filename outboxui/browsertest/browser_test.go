@@ -4,7 +4,7 @@
 // It is a module of its own so that chromedp never enters the core's go.mod.
 //
 // Set OUTBOX_SCREENSHOTS to a directory to keep the screenshots there (make screenshots
-// writes the README's into docs/); otherwise they go to the test's temporary directory.
+// writes those docs/ui.md shows into docs/); otherwise they go to the test's temporary directory.
 // The browser is chromium on PATH, or CHROMIUM; a missing browser fails the test unless
 // OUTBOX_TEST_SKIP names "browser".
 package browsertest
