@@ -71,8 +71,20 @@ type Options struct {
 	Hooks StoreHooks
 }
 
-// Store is the outbox on one database: it enqueues messages on callers' transactions and
-// offers the claim, ack and nack operations a [Publisher] runs. It is safe for concurrent use.
+// Store is the outbox on one database. It is safe for concurrent use; make one per pool and
+// table and keep it. Its methods serve three audiences:
+//
+//   - the application: [Store.Enqueue], [Store.EnqueueBatch], [Store.EnqueueOn] and
+//     [Store.EnqueueStandalone] write messages, on the caller's transaction for all but the
+//     last; a [Publisher] (or a [Relay]) delivers them.
+//   - the operator: [Store.Check], [Store.Stats], [Store.Activity], [Store.ListDead],
+//     [Store.DeadGroups], [Store.DeadCauses], [Store.Replay], [Store.ReplayWhere],
+//     [Store.ReplayCause], [Store.Discard], [Store.DiscardWhere], [Store.DiscardCause],
+//     [Store.Purge], [Store.BlockedKeys], [Store.Get] and [Store.GetByDedupeKey]; the outbox
+//     command and the web view call the same methods.
+//   - the lease protocol, a low-level API that a Publisher runs for you, for relays and tools
+//     of one's own: [Store.Claim], [Store.Extend], [Store.Ack], [Store.Nack],
+//     [Store.Complete], [Store.CompleteAndClaim], [Store.Bury] and [Store.BuryExpired].
 type Store struct {
 	db         *sql.DB
 	dialect    Dialect
