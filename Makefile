@@ -39,7 +39,7 @@ NORACE_PACKAGES := . ./conformance
 # the rest of the SQLite tests. The race pass skips them; they run without it after the timing
 # tests, which they would otherwise share the cores with. Unlike NORACE_TESTS they stay valid
 # under the race detector, only slow, so they do not skip themselves: go test -race runs them.
-SQLITE_NORACE := ^TestSQLiteConformance$$/^Ordered$$/^Publishers$$|^TestPublisherPoolSizes$$/^sqlite$$|^(TestSQLiteOrderedClaimPlan|TestSQLitePurgePlan|TestSQLiteInspectPlan)$$
+SQLITE_NORACE := ^TestSQLiteConformance$$/^OrderedClaimer$$/^Publishers$$|^TestPublisherPoolSizes$$/^sqlite$$|^(TestSQLiteOrderedClaimPlan|TestSQLitePurgePlan|TestSQLiteInspectPlan)$$
 
 .DEFAULT_GOAL := help
 
