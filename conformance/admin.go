@@ -793,7 +793,7 @@ func testWhereByError(t *testing.T, h Harness) {
 
 func testActivity(t *testing.T, h Harness) {
 	e := setup(t, h)
-	needInspect(t, e)
+	needAdmin(t, e)
 	a, err := e.store.Activity(e.ctx, outbox.ActivityOptions{})
 	skipUnsupported(t, err)
 	require.Len(t, a.Minutes, outbox.DefaultActivityMinutes)
@@ -826,7 +826,7 @@ func testActivity(t *testing.T, h Harness) {
 
 func testGetByDedupeKey(t *testing.T, h Harness) {
 	e := setup(t, h)
-	needInspect(t, e)
+	needAdmin(t, e)
 	keyed := topicMsg("orders", "a", 1)
 	keyed.DedupeKey = "order-42"
 	res := e.enqueue(t, keyed, topicMsg("orders", "a", 2))
