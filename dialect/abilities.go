@@ -9,7 +9,7 @@ import (
 	"github.com/google/uuid"
 )
 
-// This file holds the five optional abilities of a dialect: interfaces that a [Dialect]
+// This file holds the optional abilities of a dialect: interfaces that a [Dialect]
 // value may also implement, found by the engine with a type assertion on the dialect given
 // to outbox.New. None embeds Dialect. A dialect without an ability makes the matching Store
 // calls return an error matching [errors.ErrUnsupported]; so may a method of an ability for

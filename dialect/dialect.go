@@ -113,10 +113,9 @@ type Runner interface {
 // defaults fit the built-in schemas: a dialect with a schema of its own sets them.
 //
 // The interface is kept this small on purpose. Abilities that only some databases have come
-// as five optional interfaces that the engine finds by type assertion ([Checker], [Admin],
-// [Notifier], [OrderedClaimer], [SettleClaimer]), returning [errors.ErrUnsupported] when a
-// dialect lacks one, so adding an ability never breaks an existing dialect. The package
-// documentation lists them.
+// as optional interfaces that the engine finds by type assertion, returning
+// [errors.ErrUnsupported] when a dialect lacks one, so adding an ability never breaks an
+// existing dialect. The package documentation lists them.
 //
 // The methods' parameters and results are the types of this package; [Args], [ScanTime],
 // [ScanHeaders], [QueryIDs], [Lost] and [SortClaimed] help write them.

@@ -55,9 +55,8 @@
 // # Proving a dialect
 //
 // The conformance package (github.com/outboxgo/outbox/conformance) checks every rule of
-// the checklists through the engine's public API, in one section per interface: the
-// Dialect's areas (Enqueue, Validation, Dedupe, Claim, Settle, Lease, Concurrency,
-// Migrations), then Checker, Admin, Notifier, OrderedClaimer and SettleClaimer. Call
+// the checklists through the engine's public API: the areas of [Dialect], then one section per
+// optional ability, named after it (the conformance package's documentation lists them). Call
 // conformance.Run from a test of your dialect's package; it skips the section of an ability
 // the dialect lacks, saying so. The
 // module examples/customdialect is a complete dialect written outside the library, with
