@@ -74,9 +74,9 @@ type TopicStats = dialect.TopicStats
 // DeadFilter selects dead rows: those in Scope (namespace, topics, tenant) that died
 // (the updated_at of a dead row) at Since or later and before Until, and whose last error
 // contains ErrorContains (case-sensitive) or equals LastError (a group of
-// [Store.DeadGroups]). Zero values are open ends. The error filters need a dialect that
-// implements [dialect.Inspector]; other dialects refuse them with an error matching
-// [errors.ErrUnsupported]. Each is at most [MaxLastErrorBytes].
+// [Store.DeadGroups]). Zero values are open ends. A dialect that cannot filter by the
+// error returns an error matching [errors.ErrUnsupported] for them (the built-in ones all
+// can). Each is at most [MaxLastErrorBytes].
 type DeadFilter = dialect.DeadFilter
 
 // ListDeadOptions are the arguments of [Store.ListDead].
@@ -132,10 +132,10 @@ type PurgeOptions struct {
 // PurgeResult counts the rows [Store.Purge] deleted.
 type PurgeResult struct{ Delivered, Dead int64 }
 
-func (s *Store) admin(op string) (dialect.Administrator, error) {
-	d, ok := s.dialect.(dialect.Administrator)
+func (s *Store) admin(op string) (dialect.Admin, error) {
+	d, ok := s.dialect.(dialect.Admin)
 	if !ok {
-		return nil, fmt.Errorf("outbox: %s: dialect %q has no admin queries: %w", op, s.dialect.Name(), errors.ErrUnsupported)
+		return nil, fmt.Errorf("outbox: %s: dialect %q has no operator queries (dialect.Admin): %w", op, s.dialect.Name(), errors.ErrUnsupported)
 	}
 	return d, nil
 }
@@ -144,7 +144,7 @@ func (s *Store) admin(op string) (dialect.Administrator, error) {
 // dead rows are counted exactly, through the claim and retention indexes; delivered rows
 // exactly up to [StatsDeliveredSample] of them and estimated beyond (see
 // [Stats.DeliveredEstimated]), so the cost does not grow with the delivered rows a table
-// retains. A dialect without [dialect.Administrator] returns an error matching
+// retains. A dialect without [dialect.Admin] returns an error matching
 // [errors.ErrUnsupported].
 func (s *Store) Stats(ctx context.Context, scope Scope) (Stats, error) {
 	if err := validateScope(scope); err != nil {
@@ -247,9 +247,6 @@ func (s *Store) ListDead(ctx context.Context, o ListDeadOptions) (DeadPage, erro
 	}
 	d, err := s.admin("list dead")
 	if err != nil {
-		return DeadPage{}, err
-	}
-	if err := s.checkErrorFilter("list dead", o.DeadFilter); err != nil {
 		return DeadPage{}, err
 	}
 	recs, err := d.ListDead(ctx, s.db, s.table, p)
@@ -412,7 +409,7 @@ func (o *PurgeOptions) validate() error {
 // is held for long and a cancelled purge keeps what it deleted. Pending and processing rows
 // are never touched. Several purges, and publishers' retention loops, may run at once: each
 // skips the rows another is deleting. It returns how many rows went, also when ctx ends
-// half way (with ctx's error). A dialect without [dialect.Purger] returns an error
+// half way (with ctx's error). A dialect without [dialect.Admin] returns an error
 // matching [errors.ErrUnsupported].
 func (s *Store) Purge(ctx context.Context, o PurgeOptions) (PurgeResult, error) {
 	if err := o.validate(); err != nil {
@@ -443,8 +440,8 @@ func (s *Store) Purge(ctx context.Context, o PurgeOptions) (PurgeResult, error) 
 	return res, nil
 }
 
-func (s *Store) retention() (dialect.Purger, error) {
-	d, ok := s.dialect.(dialect.Purger)
+func (s *Store) retention() (dialect.Admin, error) {
+	d, ok := s.dialect.(dialect.Admin)
 	if !ok {
 		return nil, fmt.Errorf("outbox: purge: dialect %q has no retention: %w", s.dialect.Name(), errors.ErrUnsupported)
 	}

@@ -90,33 +90,50 @@ func TestAdminStatsEstimate(t *testing.T) {
 	})
 }
 
-// adminOnly is a dialect with the admin ability but not the inspection one, as a dialect
-// written before the inspection ability existed would be.
-type adminOnly struct {
+// filterBlind is an Admin that cannot filter dead rows by their error, as the dialect.Admin
+// checklist allows: it says so with errors.ErrUnsupported.
+type filterBlind struct {
 	outbox.Dialect
-	dialect.Administrator
+	dialect.Admin
 }
 
-// TestErrorFilterNeedsInspect: a dialect that may not know the error filters refuses them,
-// rather than listing, replaying or discarding more rows than the filter selects.
-func TestErrorFilterNeedsInspect(t *testing.T) {
+func (d filterBlind) ListDead(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ListDeadParams) ([]outbox.Record, error) {
+	if p.ErrorContains != "" || p.LastError != "" {
+		return nil, fmt.Errorf("no error filters: %w", errors.ErrUnsupported)
+	}
+	return d.Admin.ListDead(ctx, q, t, p)
+}
+
+// TestErrorFilterUnsupported: a dialect that cannot filter by the error says so, and
+// ReplayWhere and DiscardWhere then return its error and change nothing, rather than
+// replaying or discarding more rows than the filter selects.
+func TestErrorFilterUnsupported(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testdb.Migrated(t, "sqlite")
 	d := outbox.SQLite()
-	store, err := outbox.New(db, adminOnly{d, d.(dialect.Administrator)}, outbox.Options{})
+	store, err := outbox.New(db, filterBlind{d, d.(dialect.Admin)}, outbox.Options{})
 	require.NoError(t, err)
-	f := outbox.DeadFilter{ErrorContains: "timeout"}
+	_, err = store.EnqueueStandalone(ctx, outbox.Message{Namespace: "n", Topic: "t", Payload: json.RawMessage(`{}`)})
+	require.NoError(t, err)
+	recs, err := store.Claim(ctx, outbox.ClaimOptions{Limit: 1, Lease: time.Minute, MaxAttempts: 5, WorkerID: "w"})
+	require.NoError(t, err)
+	require.Len(t, recs, 1)
+	require.NoError(t, store.Complete(ctx, outbox.Outcome{Lease: recs[0].Lease(), Status: outbox.StatusDead, Error: "timeout"}))
+
+	f := outbox.DeadFilter{ErrorContains: "other"}
 	_, err = store.ListDead(ctx, outbox.ListDeadOptions{DeadFilter: f})
 	require.ErrorIs(t, err, errors.ErrUnsupported)
 	_, err = store.ReplayWhere(ctx, f)
 	require.ErrorIs(t, err, errors.ErrUnsupported)
-	_, err = store.DiscardWhere(ctx, outbox.DeadFilter{LastError: "timeout"})
+	_, err = store.DiscardWhere(ctx, outbox.DeadFilter{LastError: "other"})
 	require.ErrorIs(t, err, errors.ErrUnsupported)
-	_, err = store.DeadGroups(ctx, outbox.DeadGroupsOptions{})
-	require.ErrorIs(t, err, errors.ErrUnsupported)
-	_, err = store.ListDead(ctx, outbox.ListDeadOptions{})
-	require.NoError(t, err, "without an error filter the admin ability suffices")
+	r, err := store.Get(ctx, recs[0].ID)
+	require.NoError(t, err)
+	require.Equal(t, outbox.StatusDead, r.Status, "an unsupported filter changes nothing")
+	page, err := store.ListDead(ctx, outbox.ListDeadOptions{})
+	require.NoError(t, err, "without an error filter the dialect lists")
+	require.Len(t, page.Records, 1)
 }
 
 // TestStatsOldestUndelivered: an event stuck behind an outage (each probe gives its attempt

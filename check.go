@@ -40,11 +40,11 @@ func (s *Store) Check(ctx context.Context) error {
 		return fmt.Errorf("outbox: check: dialect %s cannot check its database: %w", s.dialect.Name(), errors.ErrUnsupported)
 	}
 	// A distributed SQL server that imitates the dialect's database is recognised first
-	// (dialect.ServerChecker): the rest of the check would take it for the real thing (or,
-	// for one it does not recognise at all, say only that the dialect is wrong).
-	if sc, ok := s.dialect.(dialect.ServerChecker); ok {
+	// (CheckServer): the rest of the check would take it for the real thing (or, for one it
+	// does not recognise at all, say only that the dialect is wrong).
+	{
 		var ce *CheckError
-		if err := sc.CheckServer(ctx, s.db, s.table, dialect.ServerParams{Notify: s.notifier != nil}); errors.As(err, &ce) {
+		if err := c.CheckServer(ctx, s.db, s.table, dialect.ServerParams{Notify: s.notifier != nil}); errors.As(err, &ce) {
 			return err
 		}
 	}
@@ -66,7 +66,7 @@ type firstUse struct {
 
 type firstUseVerdict struct{ err error }
 
-// checkFirstUse runs the dialect's [dialect.FirstUseChecker] at the first enqueue of the
+// checkFirstUse runs the dialect's [dialect.Checker.CheckFirstUse] at the first enqueue of the
 // store, on the caller's own transaction q, and keeps its verdict: its [*CheckError] (a
 // dialect that does not match the pool, SQLite without WAL or a busy timeout), which every
 // later enqueue returns, or a pass. A dialect without the ability passes: its own Check,
@@ -95,7 +95,7 @@ var passed = &firstUseVerdict{}
 
 // firstUseVerdict runs the check; nil when it reached no verdict.
 func (s *Store) firstUseVerdict(ctx context.Context, q dialect.DBTX) *firstUseVerdict {
-	c, ok := s.dialect.(dialect.FirstUseChecker)
+	c, ok := s.dialect.(dialect.Checker)
 	if !ok {
 		return passed
 	}

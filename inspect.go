@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"fmt"
 	"regexp"
 	"slices"
 	"strings"
@@ -74,29 +73,12 @@ type Activity struct {
 	ExactSince time.Time
 }
 
-func (s *Store) inspect(op string) (dialect.Inspector, error) {
-	d, ok := s.dialect.(dialect.Inspector)
-	if !ok {
-		return nil, fmt.Errorf("outbox: %s: dialect %q has no inspection queries: %w", op, s.dialect.Name(), errors.ErrUnsupported)
-	}
-	return d, nil
-}
-
-// checkErrorFilter refuses an error filter for a dialect that may ignore it.
-func (s *Store) checkErrorFilter(op string, f DeadFilter) error {
-	if f.ErrorContains == "" && f.LastError == "" {
-		return nil
-	}
-	_, err := s.inspect(op + " by error")
-	return err
-}
-
 // DeadGroups counts the dead rows that o's filter selects per distinct last error, as
 // ServicePulse and CritterWatch group failures: the largest groups first, with how many
 // rows each holds and when they died, and the total over all groups. Replay or discard a
 // group with [Store.ReplayWhere] or [Store.DiscardWhere] and [DeadFilter.LastError]. It
 // reads every dead row in the filter through the retention index, never a delivered or
-// live row. A dialect without [dialect.Inspector] returns an error matching
+// live row. A dialect without [dialect.Admin] returns an error matching
 // [errors.ErrUnsupported].
 func (s *Store) DeadGroups(ctx context.Context, o DeadGroupsOptions) (DeadGroups, error) {
 	if err := validateDeadFilter(o.DeadFilter); err != nil {
@@ -108,7 +90,7 @@ func (s *Store) DeadGroups(ctx context.Context, o DeadGroupsOptions) (DeadGroups
 	case o.Limit < 1 || o.Limit > MaxBatch:
 		return DeadGroups{}, invalid("Limit", "must be between 1 and %d, got %d", MaxBatch, o.Limit)
 	}
-	d, err := s.inspect("dead groups")
+	d, err := s.admin("dead groups")
 	if err != nil {
 		return DeadGroups{}, err
 	}
@@ -125,7 +107,7 @@ func (s *Store) DeadGroups(ctx context.Context, o DeadGroupsOptions) (DeadGroups
 // the retention index, so its cost does not grow with the traffic; past that many, the
 // older minutes are incomplete and [Activity.ExactSince] says from where the counts are
 // exact. It counts the whole table, whatever the namespace. A dialect without
-// [dialect.Inspector] returns an error matching [errors.ErrUnsupported].
+// [dialect.Admin] returns an error matching [errors.ErrUnsupported].
 func (s *Store) Activity(ctx context.Context, o ActivityOptions) (Activity, error) {
 	switch {
 	case o.Minutes == 0:
@@ -133,7 +115,7 @@ func (s *Store) Activity(ctx context.Context, o ActivityOptions) (Activity, erro
 	case o.Minutes < 1 || o.Minutes > MaxActivityMinutes:
 		return Activity{}, invalid("Minutes", "must be between 1 and %d, got %d", MaxActivityMinutes, o.Minutes)
 	}
-	d, err := s.inspect("activity")
+	d, err := s.admin("activity")
 	if err != nil {
 		return Activity{}, err
 	}
@@ -176,7 +158,7 @@ func activityMinutes(raw dialect.ActivitySample, n, limit int) Activity {
 
 // GetByDedupeKey reads the row that holds the dedupe key in its namespace and topic (see
 // [Message.DedupeKey]) through the dedupe index, or returns [ErrNotFound]; a key whose row
-// was purged or discarded is free, and not found. A dialect without [dialect.Inspector]
+// was purged or discarded is free, and not found. A dialect without [dialect.Admin]
 // returns an error matching [errors.ErrUnsupported].
 func (s *Store) GetByDedupeKey(ctx context.Context, namespace, topic, key string) (Record, error) {
 	if err := checkText("Namespace", namespace, 1, MaxNamespaceBytes); err != nil {
@@ -188,7 +170,7 @@ func (s *Store) GetByDedupeKey(ctx context.Context, namespace, topic, key string
 	if err := checkText("DedupeKey", key, 1, MaxDedupeKeyBytes); err != nil {
 		return Record{}, err
 	}
-	d, err := s.inspect("get by dedupe key")
+	d, err := s.admin("get by dedupe key")
 	if err != nil {
 		return Record{}, err
 	}
@@ -308,7 +290,7 @@ func ErrorFingerprint(lastError string) string {
 // at most o.Limit causes (default [DefaultDeadGroupsLimit], at most [MaxBatch]). It reads
 // the database's groups by exact text ([Store.DeadGroups], up to [DeadCauseTexts] of them,
 // through the retention index) and merges them here, so every dialect with
-// [dialect.Inspector] groups alike. Act on a cause with [Store.ReplayCause] and
+// [dialect.Admin] groups alike. Act on a cause with [Store.ReplayCause] and
 // [Store.DiscardCause].
 func (s *Store) DeadCauses(ctx context.Context, o DeadGroupsOptions) (DeadCauses, error) {
 	switch {
@@ -332,7 +314,7 @@ func (s *Store) deadCauses(ctx context.Context, f DeadFilter, op string) (DeadCa
 	if err := validateDeadFilter(f); err != nil {
 		return DeadCauses{}, err
 	}
-	d, err := s.inspect(op)
+	d, err := s.admin(op)
 	if err != nil {
 		return DeadCauses{}, err
 	}

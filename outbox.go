@@ -17,6 +17,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outboxgo/outbox/dialect"
+	"github.com/outboxgo/outbox/internal/dialects/sqlkit"
 )
 
 // Field bounds, in bytes of UTF-8. They fit every built-in schema (MySQL's index key limit
@@ -50,7 +51,7 @@ type Options struct {
 	// bytes): every statement names the table by schema and name, whatever the connection's
 	// search_path, and wake-ups have a channel of their own per schema. Default none: the
 	// table is found where the connection finds unqualified names. Only dialects with the
-	// [dialect.Schemer] ability accept one (PostgreSQL's); others refuse it at New.
+	// built-in PostgreSQL dialect accepts one; others refuse it at New.
 	Schema string
 	// MaxPayloadBytes bounds a message payload. Default [DefaultMaxPayloadBytes]; at most 1 GiB.
 	// Keep it below what the server accepts in one statement: MySQL refuses packets over
@@ -117,7 +118,7 @@ func New(db *sql.DB, d Dialect, opts Options) (*Store, error) {
 		return nil, invalid("table", "%s", err)
 	}
 	if opts.Schema != "" {
-		if sd, ok := d.(dialect.Schemer); !ok || !sd.SupportsSchema() {
+		if sd, ok := d.(sqlkit.Schemer); !ok || !sd.SupportsSchema() {
 			e := invalid("Schema", "the %s dialect cannot place the table in a schema; leave Schema empty", d.Name())
 			e.kind = errors.ErrUnsupported
 			return nil, e
@@ -133,7 +134,7 @@ func New(db *sql.DB, d Dialect, opts Options) (*Store, error) {
 	case maxPayload < 0 || maxPayload > 1<<30:
 		return nil, invalid("MaxPayloadBytes", "must be between 1 and 1 GiB, got %d", maxPayload)
 	}
-	if b, ok := d.(dialect.PoolBinder); ok {
+	if b, ok := d.(sqlkit.PoolBinder); ok {
 		d = b.BindPool(db) // per-pool state, such as prepared statements, lives with the Store
 	}
 	s := &Store{db: db, dialect: d, table: t, maxPayload: maxPayload, hooks: opts.Hooks}
@@ -285,8 +286,8 @@ func (s *Store) EnqueueStandalone(ctx context.Context, msgs ...Message) ([]Resul
 // transaction: for a transaction that database/sql does not manage. It is what driver
 // adapters build on (package github.com/outboxgo/outbox/pgxv5 enqueues on a pgx.Tx with
 // it); application code calls those, or [Store.Enqueue]. The dialect renders the
-// statements ([dialect.Renderer], which the built-in PostgreSQL dialect has); without that
-// ability EnqueueOn returns an error matching [errors.ErrUnsupported] and writes nothing.
+// statements (only the built-in PostgreSQL dialect renders them); with another
+// dialect EnqueueOn returns an error matching [errors.ErrUnsupported] and writes nothing.
 //
 // r must run on an open transaction of the store's database, which EnqueueOn cannot check:
 // an adapter should take a transaction type, as [Tx] does. The first-use check of
@@ -296,9 +297,9 @@ func (s *Store) EnqueueOn(ctx context.Context, r dialect.Runner, msgs []Message)
 	if isNil(r) {
 		return nil, invalid("Runner", "is nil")
 	}
-	rd, ok := s.dialect.(dialect.Renderer)
+	rd, ok := s.dialect.(sqlkit.Renderer)
 	if !ok {
-		return nil, fmt.Errorf("outbox: enqueue: the %s dialect does not render its statements (dialect.Renderer), so it enqueues only on a database/sql transaction: %w", s.dialect.Name(), errors.ErrUnsupported)
+		return nil, fmt.Errorf("outbox: enqueue: the %s dialect does not render its statements (only the built-in PostgreSQL dialect does), so it enqueues only on a database/sql transaction: %w", s.dialect.Name(), errors.ErrUnsupported)
 	}
 	if len(msgs) == 0 {
 		return nil, nil
@@ -312,7 +313,7 @@ func (s *Store) EnqueueOn(ctx context.Context, r dialect.Runner, msgs []Message)
 type writeTarget struct {
 	q  dialect.DBTX
 	r  dialect.Runner
-	rd dialect.Renderer
+	rd sqlkit.Renderer
 }
 
 func (w writeTarget) insert(ctx context.Context, s *Store, rows []dialect.Row) ([]bool, error) {
@@ -323,7 +324,7 @@ func (w writeTarget) insert(ctx context.Context, s *Store, rows []dialect.Row) (
 	if err != nil {
 		return nil, err
 	}
-	return dialect.RunInsert(ctx, w.r, stmts, rows)
+	return sqlkit.RunInsert(ctx, w.r, stmts, rows)
 }
 
 func (w writeTarget) signal(ctx context.Context, s *Store, namespace string) error {
@@ -788,12 +789,12 @@ func (s *Store) Get(ctx context.Context, id uuid.UUID) (Record, error) {
 func (s *Store) sqlError(op string, err error) error { return s.explain(op, err, 0) }
 
 // explain wraps an error of the dialect's statement for op, which carried payload bytes
-// of payload, with what the dialect's [dialect.ErrorExplainer] makes of it: a [*CheckError]
+// of payload, with what the dialect's [dialect.Checker] makes of it: a [*CheckError]
 // (a missing table says to migrate) as it is, another explanation after op. An error the
 // dialect cannot explain names the dialect, since a dialect that does not match the
 // database fails with syntax errors that would not say so.
 func (s *Store) explain(op string, err error, payload int) error {
-	if x, ok := s.dialect.(dialect.ErrorExplainer); ok {
+	if x, ok := s.dialect.(dialect.Checker); ok {
 		if e := x.ExplainError(err, dialect.ExplainParams{Table: s.table, PayloadBytes: payload}); e != nil {
 			var ce *CheckError
 			if errors.As(e, &ce) {

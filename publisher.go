@@ -15,6 +15,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outboxgo/outbox/dialect"
+	"github.com/outboxgo/outbox/internal/dialects/sqlkit"
 )
 
 // Defaults of [PublisherOptions].
@@ -586,13 +587,13 @@ func (r *run) idleCap() time.Duration {
 }
 
 // listens reports whether Run keeps a listener: when the store has a Notifier, except in a
-// Relay for one that polls the database (dialect.PollingListener), whose idle queries the
+// Relay for one that polls the database (sqlkit.PollingListener), whose idle queries the
 // relay's probe pace bounds instead.
 func (p *Publisher) listens() bool {
 	if p.store.notifier == nil {
 		return false
 	}
-	_, polls := p.store.notifier.(dialect.PollingListener)
+	_, polls := p.store.notifier.(sqlkit.PollingListener)
 	return p.slots == nil || !polls
 }
 

@@ -16,8 +16,8 @@ import (
 	"github.com/outboxgo/outbox/dialect"
 )
 
-// adminTests need [dialect.Administrator]; retentionTests need [dialect.Purger].
-// Each skips, saying so, when the dialect lacks the ability.
+// adminTests check [dialect.Admin]. Each skips, saying so, when the dialect lacks the
+// ability, or when its Admin reports the method the test needs as unsupported.
 var adminTests = []test{
 	{"StatsCounts", testStatsCounts},
 	{"StatsOldestPendingAge", testStatsOldestPendingAge},
@@ -29,9 +29,15 @@ var adminTests = []test{
 	{"ReplayWhere", testReplayWhere},
 	{"DiscardOnlyDeadRows", testDiscardOnlyDead},
 	{"Validation", testAdminValidation},
-}
-
-var retentionTests = []test{
+	// Dead letters by error, activity, the lookup by dedupe key.
+	{"DeadGroups", testDeadGroups},
+	{"DeadCauses", testDeadCauses},
+	{"ErrorFilters", testErrorFilters},
+	{"ReplayAndDiscardWhereByError", testWhereByError},
+	{"Activity", testActivity},
+	{"GetByDedupeKey", testGetByDedupeKey},
+	{"InspectValidation", testInspectValidation},
+	// Purging old rows.
 	{"PurgeNeverTouchesLiveRows", testPurgeLiveRows},
 	{"PurgeInBatches", testPurgeBatches},
 	{"PurgeConcurrently", testPurgeConcurrent},
@@ -39,16 +45,18 @@ var retentionTests = []test{
 
 func needAdmin(t *testing.T, e *env) {
 	t.Helper()
-	if _, ok := e.store.Dialect().(dialect.Administrator); !ok {
-		t.Skipf("dialect %q does not implement dialect.Administrator (stats, dead letters, replay, discard)", e.h.Dialect.Name())
+	if _, ok := e.store.Dialect().(dialect.Admin); !ok {
+		t.Skipf("dialect %q does not implement dialect.Admin (stats, dead letters, replay, discard, purge)", e.h.Dialect.Name())
 	}
 }
 
+// needRetention skips unless the dialect purges: an Admin may report Purge as unsupported.
 func needRetention(t *testing.T, e *env) {
 	t.Helper()
-	if _, ok := e.store.Dialect().(dialect.Purger); !ok {
-		t.Skipf("dialect %q does not implement dialect.Purger (purge)", e.h.Dialect.Name())
-	}
+	needAdmin(t, e)
+	_, err := e.store.Purge(e.ctx, outbox.PurgeOptions{DeliveredOlderThan: 24 * time.Hour})
+	skipUnsupported(t, err)
+	require.NoError(t, err)
 }
 
 // skipUnsupported skips when a dialect that has the interface reports a method as
@@ -158,7 +166,7 @@ func (e *env) stats(t *testing.T, sc outbox.Scope) outbox.Stats {
 func testStatsDeliveredSample(t *testing.T, h Harness) {
 	e := setup(t, h)
 	needAdmin(t, e)
-	admin := e.store.Dialect().(dialect.Administrator)
+	admin := e.store.Dialect().(dialect.Admin)
 	tbl, err := dialect.NewTable(e.table)
 	require.NoError(t, err)
 	var older, newer []outbox.Message
@@ -576,22 +584,17 @@ func testPurgeConcurrent(t *testing.T, h Harness) {
 	require.Equal(t, 1, e.count(t), "the pending row stays")
 }
 
-// inspectTests need [dialect.Inspector]; each skips, saying so, without it.
-var inspectTests = []test{
-	{"DeadGroups", testDeadGroups},
-	{"DeadCauses", testDeadCauses},
-	{"ErrorFilters", testErrorFilters},
-	{"ReplayAndDiscardWhereByError", testWhereByError},
-	{"Activity", testActivity},
-	{"GetByDedupeKey", testGetByDedupeKey},
-	{"Validation", testInspectValidation},
-}
-
+// needInspect skips unless the dialect groups dead rows by their error and filters them
+// by it: an Admin may report those as unsupported.
 func needInspect(t *testing.T, e *env) {
 	t.Helper()
-	if _, ok := e.store.Dialect().(dialect.Inspector); !ok {
-		t.Skipf("dialect %q does not implement dialect.Inspector (dead groups, activity, dedupe key lookup)", e.h.Dialect.Name())
-	}
+	needAdmin(t, e)
+	_, err := e.store.DeadGroups(e.ctx, outbox.DeadGroupsOptions{})
+	skipUnsupported(t, err)
+	require.NoError(t, err)
+	_, err = e.store.ListDead(e.ctx, outbox.ListDeadOptions{DeadFilter: outbox.DeadFilter{ErrorContains: "x"}})
+	skipUnsupported(t, err)
+	require.NoError(t, err)
 }
 
 // deadWith enqueues msgs, claims them and nacks them as permanent failures with reason,
@@ -790,7 +793,7 @@ func testWhereByError(t *testing.T, h Harness) {
 
 func testActivity(t *testing.T, h Harness) {
 	e := setup(t, h)
-	needInspect(t, e)
+	needAdmin(t, e)
 	a, err := e.store.Activity(e.ctx, outbox.ActivityOptions{})
 	skipUnsupported(t, err)
 	require.Len(t, a.Minutes, outbox.DefaultActivityMinutes)
@@ -823,7 +826,7 @@ func testActivity(t *testing.T, h Harness) {
 
 func testGetByDedupeKey(t *testing.T, h Harness) {
 	e := setup(t, h)
-	needInspect(t, e)
+	needAdmin(t, e)
 	keyed := topicMsg("orders", "a", 1)
 	keyed.DedupeKey = "order-42"
 	res := e.enqueue(t, keyed, topicMsg("orders", "a", 2))

@@ -133,21 +133,21 @@ func rawListen(ctx context.Context, db *sql.DB, t dialect.Table, ready func(), w
 func init() {
 	kit = append(kit,
 		mutant{name: "silent", db: "postgres", dialect: silentDialect{pgNotifier{outbox.Postgres()}},
-			mustFail: []string{"Notify/CommitWakes", "Notify/PublisherWokenAcrossPools", "Notify/PublisherWokenAcrossProcesses"},
+			mustFail: []string{"Notifier/CommitWakes", "Notifier/PublisherWokenAcrossPools", "Notifier/PublisherWokenAcrossProcesses"},
 			only:     onlyNotify("CommitWakes", "PublisherWokenAcrossPools", "PublisherWokenAcrossProcesses")},
 		mutant{name: "eager-signal", db: "postgres", dialect: eagerSignalDialect{pgNotifier{outbox.Postgres()}},
-			mustFail: []string{"Notify/RollbackWakesNobody", "Notify/BatchWakesAfterCommit"}, only: onlyNotify()},
+			mustFail: []string{"Notifier/RollbackWakesNobody", "Notifier/BatchWakesAfterCommit"}, only: onlyNotify()},
 		mutant{name: "never-ready", db: "postgres", dialect: neverReadyDialect{pgNotifier{outbox.Postgres()}},
-			mustFail: []string{"Notify/CommitWakes", "Notify/ListenReturnsOnCancel", "Notify/PublisherWokenAcrossPools"},
+			mustFail: []string{"Notifier/CommitWakes", "Notifier/ListenReturnsOnCancel", "Notifier/PublisherWokenAcrossPools"},
 			only:     onlyNotify("CommitWakes", "ListenReturnsOnCancel", "PublisherWokenAcrossPools")},
 		mutant{name: "table-blind", db: "postgres", dialect: tableBlindDialect{pgNotifier{outbox.Postgres()}},
-			mustFail: []string{"Notify/OtherTableWakesNobody"}, only: onlyNotify()},
+			mustFail: []string{"Notifier/OtherTableWakesNobody"}, only: onlyNotify()},
 		mutant{name: "schema-blind", db: "postgres", dialect: schemaBlindDialect{pgNotifier{outbox.Postgres()}},
-			mustFail: []string{"Notify/OtherDatabaseWakesNobody"}, only: onlyNotify()},
+			mustFail: []string{"Notifier/OtherDatabaseWakesNobody"}, only: onlyNotify()},
 		mutant{name: "pooled-listener", db: "postgres", dialect: pooledListenerDialect{pgNotifier{outbox.Postgres()}},
-			mustFail: []string{"Notify/ListenClosesItsConnection"}, only: onlyNotify("ListenClosesItsConnection", "ListenReturnsOnCancel")},
+			mustFail: []string{"Notifier/ListenClosesItsConnection"}, only: onlyNotify("ListenClosesItsConnection", "ListenReturnsOnCancel")},
 		mutant{name: "deaf", db: "postgres", dialect: deafDialect{pgNotifier{outbox.Postgres()}},
-			mustFail: []string{"Notify/ListenReturnsOnCancel", "Notify/PublisherWokenAcrossPools"},
+			mustFail: []string{"Notifier/ListenReturnsOnCancel", "Notifier/PublisherWokenAcrossPools"},
 			only:     onlyNotify("ListenReturnsOnCancel", "PublisherWokenAcrossPools")},
 	)
 }
@@ -166,7 +166,7 @@ func (pooledListenerDialect) Listen(ctx context.Context, db *sql.DB, t dialect.T
 // listener that is never ready or never stops costs each test a 10s deadline.
 func onlyNotify(tests ...string) string {
 	if len(tests) == 0 {
-		return only("Notify")
+		return only("Notifier")
 	}
-	return only("Notify", tests...)
+	return only("Notifier", tests...)
 }

@@ -12,7 +12,8 @@ import (
 	"github.com/outboxgo/outbox/dialect"
 )
 
-var checkTests = []test{
+// checkerTests check [dialect.Checker]; each is skipped, saying so, for a dialect without it.
+var checkerTests = []test{
 	{"ReadyTablePasses", testCheckReady},
 	{"MissingTable", testCheckMissingTable},
 	{"MissingColumn", testCheckMissingColumn},
@@ -82,12 +83,10 @@ func testCheckOtherServer(t *testing.T, h Harness) {
 }
 
 // The first enqueue on a pool of another kind of database fails with the dialect's
-// first-use check ([dialect.FirstUseChecker]), before any insert, and every later enqueue
+// first-use check ([dialect.Checker] rules 2 to 4), before any insert, and every later enqueue
 // of the store with it; the caller's transaction is left usable.
 func testFirstUseOtherServer(t *testing.T, h Harness) {
-	if _, ok := h.Dialect.(dialect.FirstUseChecker); !ok {
-		t.Skipf("dialect %s does not implement dialect.FirstUseChecker", h.Dialect.Name())
-	}
+	requireChecker(t, h)
 	if h.OtherServer == nil {
 		t.Skipf("Harness.OtherServer is nil: no database of another kind for dialect %s", h.Dialect.Name())
 	}
@@ -111,12 +110,10 @@ func testFirstUseOtherServer(t *testing.T, h Harness) {
 }
 
 // A statement on a table that does not exist fails with a [*outbox.CheckError] that names
-// the table and says what to do ([dialect.ErrorExplainer]), wrapping the driver's error:
+// the table and says what to do ([dialect.Checker] rule 6), wrapping the driver's error:
 // an enqueue and a claim alike.
 func testExplainMissingTable(t *testing.T, h Harness) {
-	if _, ok := h.Dialect.(dialect.ErrorExplainer); !ok {
-		t.Skipf("dialect %s does not implement dialect.ErrorExplainer", h.Dialect.Name())
-	}
+	requireChecker(t, h)
 	e := setup(t, h)
 	const table = "conformance_never_created"
 	s, err := outbox.New(e.db, h.Dialect, outbox.Options{Table: table})
@@ -137,10 +134,8 @@ func testExplainMissingTable(t *testing.T, h Harness) {
 
 // An error the dialect knows nothing about is not explained: ExplainError returns nil.
 func testExplainOtherError(t *testing.T, h Harness) {
-	x, ok := h.Dialect.(dialect.ErrorExplainer)
-	if !ok {
-		t.Skipf("dialect %s does not implement dialect.ErrorExplainer", h.Dialect.Name())
-	}
+	requireChecker(t, h)
+	x := h.Dialect.(dialect.Checker)
 	tbl, err := dialect.NewTable(outbox.DefaultTable)
 	require.NoError(t, err)
 	for _, size := range []int{0, 64 << 20} {
@@ -150,12 +145,10 @@ func testExplainOtherError(t *testing.T, h Harness) {
 }
 
 // The dialect's own database is never refused by its server check
-// ([dialect.ServerChecker]), whether the store sends wake-ups or not.
+// ([dialect.Checker] rule 5), whether the store sends wake-ups or not.
 func testServerCheckOwn(t *testing.T, h Harness) {
-	sc, ok := h.Dialect.(dialect.ServerChecker)
-	if !ok {
-		t.Skipf("dialect %s does not implement dialect.ServerChecker", h.Dialect.Name())
-	}
+	requireChecker(t, h)
+	sc := h.Dialect.(dialect.Checker)
 	e := setup(t, h)
 	tbl, err := dialect.NewTable(e.table)
 	require.NoError(t, err)

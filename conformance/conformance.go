@@ -8,59 +8,98 @@
 //		})
 //	}
 //
-// The suite checks behaviour through the public API of package outbox, split by area:
+// The suite checks behaviour through the public API of package outbox, in one section per
+// interface of the dialect contract (package dialect): the eight areas of [dialect.Dialect],
+// then one section per optional ability, named after it. Each section below names every
+// test it runs (a test of this package keeps the list complete); a failing test is reported
+// as Section/Test, with its section's number.
 //
-//  1. Enqueue: a rolled-back transaction leaves no row, a committed one exactly one with
-//     the fields as given and the payload byte for byte; every combination of the optional
-//     fields, alone and in mixed batches; batches; delayed delivery.
-//  2. Validation: bad input returns an error matching [outbox.ErrInvalid] and writes nothing.
+//  1. Enqueue ([dialect.Dialect] rule 3): a rolled-back transaction leaves no row, a
+//     committed one exactly one with the fields as given and the payload byte for byte;
+//     every combination of the optional fields, alone and in mixed batches; batches;
+//     delayed delivery; Store.EnqueueStandalone; Get of a missing id. Tests:
+//     RollbackLeavesNoRow, CommitLeavesExactlyOne, PayloadByteExact, Batch,
+//     OptionalFieldCombinations, DelayedDelivery, Standalone, GetNotFound.
+//  2. Validation: bad input returns an error matching [outbox.ErrInvalid] and writes
+//     nothing. Tests: BadMessages, BadBatchWritesNothing, BadTableName, BadOptions.
 //  3. Dedupe: one row per (namespace, topic, dedupe key), also under racing producers whose
-//     transactions stay usable; a rolled-back winner leaves the key free.
-//  4. Claim: (created_at, id) order, also where the ids' order differs (Dialect.Claim
-//     itself, not only the Store, which sorts again), the claimed fields and their UTC
-//     times, scope filters, due times, the attempt limit and burying exhausted rows.
-//  5. Settle: ack, nack with jittered backoff inside its bounds, retry-after, permanent
-//     errors, the attempt limit, terminal states that never move, updated_at advancing,
-//     also for changes within one tick of the database clock.
-//     SettleAndClaim ([dialect.SettleClaimer]): outcomes recorded and the next rows claimed
-//     in one call, lost leases reported, settled rows never claimed again by the same call,
-//     an ordered claim seeing the keys the outcomes released, a retry claimed again in the
-//     same call with updated_at advanced past the settle. Skipped, saying so, for a
-//     dialect without the ability.
-//  6. Leases: an expired lease is reclaimed, the stale holder's ack/nack/extend fail with
-//     [outbox.ErrLeaseLost] and change nothing; extension keeps a row.
-//  7. Concurrency: many claimers never share a row; claims racing enqueues lose nothing.
+//     transactions stay usable; a rolled-back winner leaves the key free; keys compare byte
+//     for byte. Tests: SecondIsAlreadyEnqueued, RacingProducers, RolledBackWinnerFreesKey,
+//     RacingProducersWinnerRollsBack, ScopedByNamespaceAndTopic, BytewiseKeys,
+//     WithinOneBatch.
+//  4. Claim (rules 4, 7, 11, 12): (created_at, id) order, also where the ids' order differs
+//     (Dialect.Claim itself, not only the Store), the claimed fields and their UTC times,
+//     scope filters, due times, the attempt limit, burying exhausted rows, damaged rows that
+//     fail only themselves. Tests: Order, OrderIsNotIDOrder, Fields, Scope,
+//     EmptyIsNotAnError, AttemptLimitExcludes, BuryExhausted, BuryExpiredExhausted,
+//     BuryRespectsScope, ExpiredLeaseAtLimitIsNotReclaimed, DamagedRowsFailOnlyThemselves.
+//  5. Settle (rules 5 and 10): ack, nack with jittered backoff inside its bounds,
+//     retry-after, permanent errors, the attempt limit, terminal states that never move,
+//     updated_at advancing, also for changes within one tick of the database clock, and
+//     the attempt an unavailable destination gives back. Tests: Ack,
+//     AckReportsOnlyLostRows, NackBackoffWithinJitterBounds, NackRetryAfter, NackPermanent,
+//     AttemptLimitLeadsToDead, MixedBatchInOneCall, TerminalStatesNeverMove,
+//     UpdatedAtAdvances, UpdatedAtAdvancesWithinATick, UnavailableRefundsAttempt,
+//     UnavailableNeverDies.
+//  6. Lease (rule 6): an expired lease is reclaimed, the stale holder's ack/nack/extend
+//     fail with [outbox.ErrLeaseLost] and change nothing; extension keeps a row. Tests:
+//     ExpiredLeaseIsReclaimed, ExpiredButUnclaimedCanStillAck, ExtendKeepsTheRow.
+//  7. Concurrency (rules 4 and 9): many claimers never share a row; claims racing enqueues
+//     lose nothing; every call works on a pool of one connection. Tests: NoDoubleClaim,
+//     ClaimsRacingEnqueues, OneConnectionPool.
 //  8. Migrations: up, down, up with a custom table name, through [Harness.Up],
-//     [Harness.UpOrdered] and [Harness.Down].
-//  9. Admin ([dialect.Administrator]): stats by state and topic, a delivered sample smaller
-//     than the delivered rows (with the dialect's estimate of them), the dead-letter list and its
-//     pages and filters, replay (only dead rows change, idempotent, the row is delivered
-//     again), discard. Skipped, saying so, for a dialect without the ability.
-//  10. Inspect ([dialect.Inspector]): dead rows grouped by last error, the error
-//     filters of the dead-letter list, replay and discard of a group, delivered and dead
-//     rows per minute, the lookup by dedupe key. Skipped, saying so, for a dialect without
-//     the ability.
-//  11. Retention ([dialect.Purger]): purge never touches pending or processing
-//     rows, frees dedupe keys, runs in batches, and purgers may run at once. Skipped, saying
-//     so, for a dialect without the ability.
-//  12. Ordered: ordered claims per partition key take only each key's head; a retried or
-//     dead head holds its key back (dead: unless skipped), a replayed one is delivered
-//     first; blocked keys are reported; eight publishers with failures deliver every key in
-//     enqueue order, one message of a key at a time; on a table made by [Harness.Up]
-//     without [Harness.UpOrdered], ordered claims, BlockedKeys and ordered publishers fail
-//     with an [outbox.CheckError] (with the built-in migrations: one that says to apply the
-//     ordered set), and work once UpOrdered ran. Skipped for a dialect without
-//     [dialect.OrderedClaimer].
-//  13. Check ([dialect.Checker]): a ready table passes; a missing table, a missing column and
-//     a database of another kind are each reported as an [*outbox.CheckError].
-//  14. Notify ([dialect.Notifier]): a listener reports ready, a committed enqueue wakes it
-//     with its namespace, a rolled-back one wakes nobody, several in one transaction wake
-//     it only at commit; signals stay within their table and database; Listen returns when
-//     its context ends and closes its connection, never giving it back to the pool; a
+//     [Harness.UpOrdered] and [Harness.Down]. Tests: UpDownUpWithCustomTable.
+//  9. Checker ([dialect.Checker]): a ready table passes; a missing table, a missing column
+//     and a database of another kind are each reported as an [*outbox.CheckError], also by
+//     the first enqueue, which leaves the caller's transaction usable; a missing table's
+//     error names it and says what to do; other errors are not explained; the dialect's own
+//     server passes its server check. Tests: ReadyTablePasses, MissingTable, MissingColumn,
+//     OtherServer, FirstUseOtherServer, ExplainMissingTable, ExplainOtherError,
+//     ServerCheckPassesOwnServer.
+//  10. Admin ([dialect.Admin]): stats by state and topic, the oldest pending and undelivered
+//     ages (a delayed row never claimed has none), a delivered sample smaller than the
+//     delivered rows (its window and the dialect's estimate of them), the dead-letter list
+//     and its pages and filters, replay (only dead rows change, idempotent, the row is
+//     delivered again), discard; dead rows grouped by last error and by cause, the error
+//     filters, replay and discard by error, delivered and dead rows per minute, the lookup
+//     by dedupe key; purge never touches pending or processing rows, frees dedupe keys,
+//     runs in batches, and purgers may run at once. Tests: StatsCounts,
+//     StatsOldestPendingAge, StatsDeliveredSample, ListDeadPages, ListDeadFilters,
+//     ReplayOnlyDeadRows, ReplayedRowIsDelivered, ReplayWhere, DiscardOnlyDeadRows,
+//     Validation, DeadGroups, DeadCauses, ErrorFilters, ReplayAndDiscardWhereByError,
+//     Activity, GetByDedupeKey, InspectValidation, PurgeNeverTouchesLiveRows,
+//     PurgeInBatches, PurgeConcurrently.
+//  11. Notifier ([dialect.Notifier]): a listener reports ready, a committed enqueue wakes
+//     it with its namespace, a rolled-back one wakes nobody, several in one transaction
+//     wake it only at commit; signals stay within their table and database; Listen returns
+//     when its context ends and closes its connection, never giving it back to the pool; a
 //     publisher that polls once a minute delivers within seconds an event enqueued through
 //     another pool, and one enqueued by another process (the test binary run again, with
-//     [Harness.DSN]). Skipped, saying so,
-//     for a dialect without the ability or a driver that cannot listen.
+//     [Harness.DSN]). Skipped, saying so, for a driver that cannot listen. Tests:
+//     CommitWakes, RollbackWakesNobody, BatchWakesAfterCommit, OtherTableWakesNobody,
+//     OtherDatabaseWakesNobody, ListenReturnsOnCancel, ListenClosesItsConnection,
+//     PublisherWokenAcrossPools, PublisherWokenAcrossProcesses.
+//  12. OrderedClaimer ([dialect.OrderedClaimer]): ordered claims per partition key take
+//     only each key's head; a retried or dead head holds its key back (dead: unless
+//     skipped), a replayed one is delivered first; blocked keys are reported; eight
+//     publishers with failures deliver every key in enqueue order, one message of a key at
+//     a time; on a table made by [Harness.Up] without [Harness.UpOrdered], ordered claims,
+//     BlockedKeys and ordered publishers fail with an [outbox.CheckError] (with the
+//     built-in migrations: one that says to apply the ordered set), and work once UpOrdered
+//     ran. Tests: HeadOnly, RetryHoldsKey, DeadHeadBlocks, SkipDead, HeadsBeyondBacklog,
+//     Publishers, NeedsOrderedMigrations.
+//  13. SettleClaimer ([dialect.SettleClaimer]): outcomes recorded and the next rows
+//     claimed in one call, lost leases reported, settled rows never claimed again by the
+//     same call, an ordered claim seeing the keys the outcomes released, the attempt an
+//     unavailable destination gives back, a retry claimed again in the same call with
+//     updated_at advanced past the settle. Tests: SettlesAndClaimsNext, MixedOutcomes,
+//     ExpiredLeaseNotReclaimed, NothingLeftToClaim, OrderedSeesReleasedKeys,
+//     UnavailableRefundsAttempt, RetryClaimedAgainAdvances.
+//
+// A section of an ability (9 to 13) is skipped, saying so, for a dialect without the
+// ability, and a test that needs a method the dialect reports as unsupported
+// ([errors.ErrUnsupported]) or a [Harness] hook that is not set is skipped, saying so:
+// run the suite with -v and read the skips.
 //
 // The suite reads and damages the table only through the [Harness] hooks, whose defaults
 // fit the built-in schemas. Timing uses short leases and polling with deadlines, never
@@ -135,7 +174,7 @@ type Harness struct {
 	Reopen func(t testing.TB, db *sql.DB) *sql.DB
 	// DSN, when set, returns the driver name and the data source name with which
 	// sql.Open, in another process, opens the database of db, one that OpenDB returned.
-	// The Notify section's cross-process test runs the test binary again as a producer
+	// The Notifier section's cross-process test runs the test binary again as a producer
 	// with them: the binary must register the driver (import it), as the test's own
 	// process does. Without DSN that test is skipped, saying so.
 	DSN func(t testing.TB, db *sql.DB) (driverName, dataSourceName string)
@@ -247,28 +286,6 @@ func Run(t *testing.T, h Harness) {
 	if _, ok := h.Dialect.(dialect.OrderedClaimer); ok && h.Up != nil && h.UpOrdered == nil {
 		t.Fatal("conformance: the dialect implements dialect.OrderedClaimer and Harness.Up is set: set Harness.UpOrdered too")
 	}
-	// section is the area's number in the package comment's list.
-	areas := []struct {
-		name    string
-		section int
-		tests   []test
-	}{
-		{"Enqueue", 1, enqueueTests},
-		{"Validation", 2, validationTests},
-		{"Dedupe", 3, dedupeTests},
-		{"Claim", 4, claimTests},
-		{"Settle", 5, settleTests},
-		{"SettleAndClaim", 5, settleClaimTests},
-		{"Lease", 6, leaseTests},
-		{"Concurrency", 7, concurrencyTests},
-		{"Ordered", 12, orderedTests},
-		{"Migrations", 8, migrationTests},
-		{"Check", 13, checkTests},
-		{"Admin", 9, adminTests},
-		{"Inspect", 10, inspectTests},
-		{"Retention", 11, retentionTests},
-		{"Notify", 14, notifyTests},
-	}
 	for _, a := range areas {
 		t.Run(a.name, func(t *testing.T) {
 			t.Parallel()
@@ -285,6 +302,28 @@ func Run(t *testing.T, h Harness) {
 			}
 		})
 	}
+}
+
+// areas are the sections of the suite, in the order Run starts them (the slowest first),
+// each with its number in the package comment's list.
+var areas = []struct {
+	name    string
+	section int
+	tests   []test
+}{
+	{"Enqueue", 1, enqueueTests},
+	{"Validation", 2, validationTests},
+	{"Dedupe", 3, dedupeTests},
+	{"Claim", 4, claimTests},
+	{"Settle", 5, settleTests},
+	{"SettleClaimer", 13, settleClaimTests},
+	{"Lease", 6, leaseTests},
+	{"Concurrency", 7, concurrencyTests},
+	{"OrderedClaimer", 12, orderedTests},
+	{"Migrations", 8, migrationTests},
+	{"Checker", 9, checkerTests},
+	{"Admin", 10, adminTests},
+	{"Notifier", 11, notifyTests},
 }
 
 // testDeadline is how long one conformance test may run, from when it starts (after
@@ -343,7 +382,7 @@ type test struct {
 
 // deadlines are the tests that may run longer than testDeadline, by area/name.
 var deadlines = map[string]time.Duration{
-	"Ordered/Publishers": orderedDeadline + time.Minute,
+	"OrderedClaimer/Publishers": orderedDeadline + time.Minute,
 }
 
 // env is what one test works with: a fresh database with the outbox table, and a store.

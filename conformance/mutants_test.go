@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"slices"
 	"time"
 
@@ -27,7 +28,7 @@ func init() {
 		mutant{name: "second-clock", db: "sqlite", dialect: tickTieDialect{sqlite()},
 			mustFail: []string{"Settle/UpdatedAtAdvancesWithinATick"}, only: only("Settle")},
 		mutant{name: "tx-tie", db: "sqlite", dialect: txTieDialect{sqlite()},
-			mustFail: []string{"SettleAndClaim/RetryClaimedAgainAdvances"}, only: only("SettleAndClaim")},
+			mustFail: []string{"SettleClaimer/RetryClaimedAgainAdvances"}, only: only("SettleClaimer")},
 		mutant{name: "total-blind", db: "sqlite", dialect: totalBlindDialect{sqlite()},
 			mustFail: []string{"Admin/StatsDeliveredSample"}, only: only("Admin")},
 		// Claims.
@@ -42,7 +43,7 @@ func init() {
 		mutant{name: "headers-fail-claim", db: "sqlite", dialect: headersFailDialect{sqlite()},
 			mustFail: []string{"Claim/DamagedRowsFailOnlyThemselves"}, only: only("Claim")},
 		mutant{name: "skip-dead-head", db: "sqlite", dialect: skipDeadHeadDialect{sqlite()},
-			mustFail: []string{"Ordered/DeadHeadBlocks"}, only: only("Ordered")},
+			mustFail: []string{"OrderedClaimer/DeadHeadBlocks"}, only: only("OrderedClaimer")},
 		// Settling, leases, sweeps.
 		mutant{name: "extend-token-blind", db: "sqlite", dialect: extendTokenBlindDialect{sqlite()},
 			mustFail: []string{"Lease/ExpiredLeaseIsReclaimed"}, only: only("Lease")},
@@ -65,23 +66,37 @@ func init() {
 			mustFail: []string{"Dedupe/SecondIsAlreadyEnqueued"}, only: only("Dedupe")},
 		// Abilities.
 		mutant{name: "purge-processing", db: "sqlite", dialect: purgeProcessingDialect{sqlite()},
-			mustFail: []string{"Retention/PurgeNeverTouchesLiveRows"}, only: only("Retention")},
+			mustFail: []string{"Admin/PurgeNeverTouchesLiveRows"}, only: only("Admin", "PurgeNeverTouchesLiveRows")},
 		mutant{name: "replay-keeps-attempts", db: "sqlite", dialect: replayKeepsAttemptsDialect{sqlite()},
 			mustFail: []string{"Admin/ReplayOnlyDeadRows"}, only: only("Admin")},
 		mutant{name: "discard-any", db: "sqlite", dialect: discardAnyDialect{sqlite()},
 			mustFail: []string{"Admin/DiscardOnlyDeadRows"}, only: only("Admin")},
 		mutant{name: "check-blind", db: "sqlite", dialect: checkBlindDialect{sqlite()},
-			mustFail: []string{"Check/MissingTable", "Check/OtherServer"}, only: only("Check")},
+			mustFail: []string{"Checker/MissingTable", "Checker/OtherServer"}, only: only("Checker")},
 	)
 }
 
-// full forwards every optional ability of the dialect it wraps but Notifier (SQLite has
-// none), which embedding the Dialect interface alone would hide from the engine; a mutant
-// embeds it and overrides one method.
+// full forwards every optional ability of the dialect it wraps but Notifier, which
+// embedding the Dialect interface alone would hide from the engine; a mutant embeds it and
+// overrides one method.
 type full struct{ outbox.Dialect }
 
+func (d full) checker() dialect.Checker { return d.Dialect.(dialect.Checker) }
+
 func (d full) Check(ctx context.Context, db *sql.DB, t dialect.Table) error {
-	return d.Dialect.(dialect.Checker).Check(ctx, db, t)
+	return d.checker().Check(ctx, db, t)
+}
+
+func (d full) CheckFirstUse(ctx context.Context, drv driver.Driver, tx dialect.DBTX) error {
+	return d.checker().CheckFirstUse(ctx, drv, tx)
+}
+
+func (d full) CheckServer(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.ServerParams) error {
+	return d.checker().CheckServer(ctx, db, t, p)
+}
+
+func (d full) ExplainError(err error, p dialect.ExplainParams) error {
+	return d.checker().ExplainError(err, p)
 }
 
 func (d full) CompleteAndClaim(ctx context.Context, db *sql.DB, t dialect.Table, outcomes []outbox.Outcome, p dialect.ClaimParams) ([]outbox.Record, []uuid.UUID, error) {
@@ -97,10 +112,10 @@ func (d full) CheckOrdered(ctx context.Context, db *sql.DB, t dialect.Table) err
 }
 
 func (d full) Purge(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.PurgeParams) (int64, error) {
-	return d.Dialect.(dialect.Purger).Purge(ctx, db, t, p)
+	return d.admin().Purge(ctx, db, t, p)
 }
 
-func (d full) admin() dialect.Administrator { return d.Dialect.(dialect.Administrator) }
+func (d full) admin() dialect.Admin { return d.Dialect.(dialect.Admin) }
 
 func (d full) Stats(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.StatsParams) (dialect.StatsSample, error) {
 	return d.admin().Stats(ctx, q, t, p)
@@ -118,18 +133,16 @@ func (d full) Discard(ctx context.Context, db *sql.DB, t dialect.Table, p dialec
 	return d.admin().Discard(ctx, db, t, p)
 }
 
-func (d full) inspector() dialect.Inspector { return d.Dialect.(dialect.Inspector) }
-
 func (d full) DeadGroups(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.DeadGroupsParams) (dialect.DeadGroups, error) {
-	return d.inspector().DeadGroups(ctx, q, t, p)
+	return d.admin().DeadGroups(ctx, q, t, p)
 }
 
 func (d full) Activity(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ActivityParams) (dialect.ActivitySample, error) {
-	return d.inspector().Activity(ctx, q, t, p)
+	return d.admin().Activity(ctx, q, t, p)
 }
 
 func (d full) GetByDedupeKey(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.DedupeKeyParams) (outbox.Record, error) {
-	return d.inspector().GetByDedupeKey(ctx, q, t, p)
+	return d.admin().GetByDedupeKey(ctx, q, t, p)
 }
 
 // idOrderDialect returns its claims in the ids' order, as an UPDATE ... RETURNING that

@@ -195,11 +195,11 @@ func testOrderedDeadHeadBlocks(t *testing.T, h Harness) {
 }
 
 // requireAdmin returns the store for the replay and discard an operator would run, and
-// skips when the dialect has no [dialect.Administrator] to run them.
+// skips when the dialect has no [dialect.Admin] to run them.
 func requireAdmin(t *testing.T, e *env) *outbox.Store {
 	t.Helper()
-	if _, ok := e.h.Dialect.(dialect.Administrator); !ok {
-		t.Skipf("dialect %s does not implement dialect.Administrator (replay, discard)", e.h.Dialect.Name())
+	if _, ok := e.h.Dialect.(dialect.Admin); !ok {
+		t.Skipf("dialect %s does not implement dialect.Admin (replay, discard)", e.h.Dialect.Name())
 	}
 	return e.store
 }

@@ -18,6 +18,18 @@ type DBTX interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
+// Runner runs statements on a transaction that database/sql does not manage, whatever its
+// driver: the engine's Store.EnqueueOn takes one, and package pgxv5 adapts a pgx
+// transaction to it. A dialect never implements it; the built-in PostgreSQL dialect renders
+// the statements of an enqueue for it.
+type Runner interface {
+	// Exec runs a statement that returns no rows and returns how many rows it affected.
+	Exec(ctx context.Context, query string, args ...any) (int64, error)
+	// QueryIDs runs a statement that returns one column of ids and returns them in the
+	// order the database did, as [QueryIDs] does.
+	QueryIDs(ctx context.Context, query string, args ...any) ([]uuid.UUID, error)
+}
+
 // Dialect adapts the outbox to one database. The engine (outbox.Store, outbox.Publisher) owns
 // validation, ids, hashing, retry policy and the state machine; a Dialect owns the SQL and
 // executes it. Built-in dialects: outbox.Postgres, outbox.MySQL, outbox.SQLite.
@@ -101,10 +113,9 @@ type DBTX interface {
 // defaults fit the built-in schemas: a dialect with a schema of its own sets them.
 //
 // The interface is kept this small on purpose. Abilities that only some databases have come
-// as separate optional interfaces that the engine finds by type assertion ([Checker],
-// [Notifier], [SettleClaimer], [OrderedClaimer], [Purger], [Administrator], [Inspector],
-// [PoolBinder]), returning [errors.ErrUnsupported] when a dialect lacks one, so adding an
-// ability never breaks an existing dialect.
+// as optional interfaces that the engine finds by type assertion, returning
+// [errors.ErrUnsupported] when a dialect lacks one, so adding an ability never breaks an
+// existing dialect. The package documentation lists them.
 //
 // The methods' parameters and results are the types of this package; [Args], [ScanTime],
 // [ScanHeaders], [QueryIDs], [Lost] and [SortClaimed] help write them.

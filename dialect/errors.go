@@ -9,7 +9,7 @@ import (
 // same names, so that its users match them with [errors.Is] without importing this package.
 var (
 	// ErrNotFound means no row has the requested id (or dedupe key). [Dialect.Get] and
-	// [Inspector.GetByDedupeKey] return it, unwrapped or wrapped.
+	// [Admin.GetByDedupeKey] return it, unwrapped or wrapped.
 	ErrNotFound = errors.New("outbox: not found")
 
 	// ErrIntegrity marks a row that is no longer as it was enqueued: its payload does not

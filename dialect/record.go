@@ -104,7 +104,7 @@ type Record struct {
 	DeliveredAt time.Time
 
 	// Replays counts how often an operator moved the row from dead back to pending
-	// ([Administrator.Replay]). Get and ListDead read it; claims leave it zero.
+	// ([Admin.Replay]). Get and ListDead read it; claims leave it zero.
 	Replays int
 
 	// HeadersErr is why the stored headers did not decode into [Headers] (Headers is then

@@ -35,8 +35,8 @@ func NewTable(name string) (Table, error) {
 // NewTableIn validates name as [NewTable] does and schema by the same rules, 1..[MaxSchemaBytes]
 // bytes; an empty schema gives the table of [NewTable], found where the connection finds
 // unqualified names. A table with a schema is named by both everywhere a dialect renders it,
-// never through the connection's search path. The engine refuses a schema for a dialect that
-// does not implement [Schemer].
+// never through the connection's search path. The engine gives a table with a schema only to
+// the built-in PostgreSQL dialect; it refuses a schema for any other.
 func NewTableIn(schema, name string) (Table, error) {
 	t, err := NewTable(name)
 	if err != nil || schema == "" {

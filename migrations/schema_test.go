@@ -13,6 +13,7 @@ import (
 
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/dialect"
+	"github.com/outboxgo/outbox/internal/dialects/sqlkit"
 	"github.com/outboxgo/outbox/internal/testdb"
 	"github.com/outboxgo/outbox/migrations"
 )
@@ -87,8 +88,8 @@ func TestSchemasDoNotWakeEachOther(t *testing.T) {
 	tb, err := dialect.NewTableIn(b, outbox.DefaultTable)
 	require.NoError(t, err)
 	n := outbox.Postgres().(dialect.Notifier)
-	ra, _ := n.(dialect.Renderer).RenderSignal(ta, "x")
-	rb, _ := n.(dialect.Renderer).RenderSignal(tb, "x")
+	ra, _ := n.(sqlkit.Renderer).RenderSignal(ta, "x")
+	rb, _ := n.(sqlkit.Renderer).RenderSignal(tb, "x")
 	require.NotEqual(t, ra.Args[0], rb.Args[0], "one channel per schema")
 	wakes := make(chan string, 10)
 	ready := make(chan struct{})

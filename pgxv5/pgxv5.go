@@ -7,7 +7,8 @@
 // dedupe keys reported in outbox.Result.Duplicate with the transaction still usable, the
 // wake-ups (PostgreSQL's NOTIFY, sent when the transaction commits, and the publishers of
 // the same Store in this process), and batches. The statements are the PostgreSQL
-// dialect's own, rendered by it ([dialect.Renderer]) and run on the transaction.
+// dialect's own, rendered by it for a [dialect.Runner] and run on the transaction; no
+// other dialect renders them.
 //
 // Everything else (the [outbox.Publisher], claims, the operations of outbox.Store) runs on
 // database/sql. pgx gives a *sql.DB over the same pool with stdlib.OpenDBFromPool, so one

@@ -433,5 +433,5 @@ func TestDialectWithoutRenderer(t *testing.T) {
 	tx := e.begin(t)
 	_, err = pgxv5.Enqueue(ctx, s, tx, msg("shop", 1))
 	require.ErrorIs(t, err, errors.ErrUnsupported)
-	require.ErrorContains(t, err, "dialect.Renderer")
+	require.ErrorContains(t, err, "does not render its statements")
 }

@@ -1,9 +1,8 @@
 // Package customdialect is a dialect written from scratch, outside the library, as a user
 // would write one for a database of their own: PostgreSQL through database/sql and the pgx
 // driver, with a schema, migrations and SQL of its own (see schema.go). It has every
-// optional ability of package dialect (Checker, Notifier, Administrator, Inspector, Purger,
-// OrderedClaimer, SettleClaimer, FirstUseChecker, ErrorExplainer, ServerChecker) and passes
-// the whole conformance suite with nothing skipped. It uses only the public API: the
+// optional ability of package dialect (Checker, Admin, Notifier, OrderedClaimer,
+// SettleClaimer) and passes the whole conformance suite with nothing skipped. It uses only the public API: the
 // contract and helpers of package dialect, and package outbox to run it.
 package customdialect
 
@@ -26,17 +25,12 @@ func New() *Dialect { return &Dialect{} }
 
 // Every ability, checked at compile time.
 var (
-	_ dialect.Dialect         = (*Dialect)(nil)
-	_ dialect.Checker         = (*Dialect)(nil)
-	_ dialect.Notifier        = (*Dialect)(nil)
-	_ dialect.Administrator   = (*Dialect)(nil)
-	_ dialect.Inspector       = (*Dialect)(nil)
-	_ dialect.Purger          = (*Dialect)(nil)
-	_ dialect.OrderedClaimer  = (*Dialect)(nil)
-	_ dialect.SettleClaimer   = (*Dialect)(nil)
-	_ dialect.FirstUseChecker = (*Dialect)(nil)
-	_ dialect.ErrorExplainer  = (*Dialect)(nil)
-	_ dialect.ServerChecker   = (*Dialect)(nil)
+	_ dialect.Dialect        = (*Dialect)(nil)
+	_ dialect.Checker        = (*Dialect)(nil)
+	_ dialect.Admin          = (*Dialect)(nil)
+	_ dialect.Notifier       = (*Dialect)(nil)
+	_ dialect.OrderedClaimer = (*Dialect)(nil)
+	_ dialect.SettleClaimer  = (*Dialect)(nil)
 )
 
 // Name is the dialect's name. It names no directory of the migrations package: this

@@ -15,7 +15,7 @@ import (
 )
 
 // plain hides every optional ability of the dialect it wraps: what a dialect without
-// FirstUseChecker and ErrorExplainer gets.
+// a Checker gets.
 type plain struct{ dialect.Dialect }
 
 // TestFirstUseAndExplain: the engine gives this dialect what it gives the built-in ones,

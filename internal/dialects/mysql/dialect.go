@@ -27,16 +27,13 @@ func New() Dialect { return Dialect{visits: &mysqlVisits{}} }
 
 // The abilities the dialect has, checked at compile time.
 var (
-	_ dialect.Dialect         = Dialect{}
-	_ dialect.Checker         = Dialect{}
-	_ dialect.FirstUseChecker = Dialect{}
-	_ dialect.ErrorExplainer  = Dialect{}
-	_ dialect.ServerChecker   = Dialect{}
-	_ dialect.SettleClaimer   = Dialect{}
-	_ dialect.OrderedClaimer  = Dialect{}
-	_ dialect.Purger          = Dialect{}
-	_ dialect.Administrator   = Dialect{}
-	_ dialect.Inspector       = Dialect{}
+	_ dialect.Dialect        = Dialect{}
+	_ dialect.Checker        = Dialect{}
+	_ dialect.Admin          = Dialect{}
+	_ dialect.Notifier       = Dialect{}
+	_ dialect.OrderedClaimer = Dialect{}
+	_ dialect.SettleClaimer  = Dialect{}
+	_ sqlkit.PollingListener = Dialect{}
 )
 
 // Dialect renders its statements per call (they depend on the batch size), and the

@@ -55,13 +55,13 @@ func brokenBigWrite(err error, size int) error {
 		"configuration file) or lower Options.MaxPayloadBytes below it: %w", size, err)
 }
 
-// CheckFirstUse implements [dialect.FirstUseChecker]: the pool must be MySQL or MariaDB.
+// CheckFirstUse implements [dialect.Checker]: the pool must be MySQL or MariaDB.
 func (d Dialect) CheckFirstUse(ctx context.Context, drv driver.Driver, tx dialect.DBTX) error {
 	_, err := sqlkit.CheckKind(ctx, d.Name(), drv, tx)
 	return err
 }
 
-// ExplainError implements [dialect.ErrorExplainer]: error 1146 is the missing outbox table
+// ExplainError implements [dialect.Checker]: error 1146 is the missing outbox table
 // (or its dedupe tables); a statement over max_allowed_packet, and a connection that broke
 // while a big payload was sent, say what to raise.
 func (d Dialect) ExplainError(err error, p dialect.ExplainParams) error {
@@ -74,7 +74,7 @@ func (d Dialect) ExplainError(err error, p dialect.ExplainParams) error {
 	return brokenBigWrite(err, p.PayloadBytes)
 }
 
-// CheckServer implements [dialect.ServerChecker]: TiDB is refused.
+// CheckServer implements [dialect.Checker]: TiDB is refused.
 func (d Dialect) CheckServer(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.ServerParams) error {
 	info, err := d.serverInfo(ctx, db, t)
 	return sqlkit.CheckServer(info, err, p)

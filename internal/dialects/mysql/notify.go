@@ -10,8 +10,6 @@ import (
 	"github.com/outboxgo/outbox/internal/dialects/sqlkit"
 )
 
-var _ dialect.PollingListener = Dialect{}
-
 // The MySQL listener's probe interval: mysqlNotifyFast after a probe that found new rows,
 // doubling on each probe that finds none up to mysqlNotifyIdle. An idle listener costs the
 // server 1/mysqlNotifyIdle queries a second, each one descent of the claim index that
@@ -78,5 +76,5 @@ func mysqlNotifyProbe(t dialect.Table) string {
 	ORDER BY created_at DESC LIMIT ` + strconv.Itoa(sqlkit.NotifyProbeLimit)
 }
 
-// IdlePollInterval implements [dialect.PollingListener].
+// IdlePollInterval implements [sqlkit.PollingListener].
 func (Dialect) IdlePollInterval() time.Duration { return mysqlNotifyIdle }

@@ -24,18 +24,14 @@ func New() *Dialect { return &Dialect{} }
 
 // The abilities the dialect has, checked at compile time.
 var (
-	_ dialect.Dialect         = (*Dialect)(nil)
-	_ dialect.Checker         = (*Dialect)(nil)
-	_ dialect.FirstUseChecker = (*Dialect)(nil)
-	_ dialect.ErrorExplainer  = (*Dialect)(nil)
-	_ dialect.ServerChecker   = (*Dialect)(nil)
-	_ dialect.Notifier        = (*Dialect)(nil)
-	_ dialect.SettleClaimer   = (*Dialect)(nil)
-	_ dialect.OrderedClaimer  = (*Dialect)(nil)
-	_ dialect.Purger          = (*Dialect)(nil)
-	_ dialect.Administrator   = (*Dialect)(nil)
-	_ dialect.Inspector       = (*Dialect)(nil)
-	_ dialect.Renderer        = (*Dialect)(nil)
+	_ dialect.Dialect        = (*Dialect)(nil)
+	_ dialect.Checker        = (*Dialect)(nil)
+	_ dialect.Admin          = (*Dialect)(nil)
+	_ dialect.Notifier       = (*Dialect)(nil)
+	_ dialect.OrderedClaimer = (*Dialect)(nil)
+	_ dialect.SettleClaimer  = (*Dialect)(nil)
+	_ sqlkit.Schemer         = (*Dialect)(nil)
+	_ sqlkit.Renderer        = (*Dialect)(nil)
 )
 
 // Dialect keeps the statements that do not depend on call arguments rendered
@@ -264,20 +260,20 @@ func (d *Dialect) Insert(ctx context.Context, q dialect.DBTX, t dialect.Table, r
 	if err != nil {
 		return nil, err
 	}
-	return dialect.RunInsert(ctx, dialect.DBTXRunner(q), stmts, rows)
+	return sqlkit.RunInsert(ctx, sqlkit.DBTXRunner(q), stmts, rows)
 }
 
-// RenderInsert implements [dialect.Renderer]: one INSERT ... VALUES for a single row, one
+// RenderInsert implements [sqlkit.Renderer]: one INSERT ... VALUES for a single row, one
 // INSERT ... SELECT FROM unnest per chunk of a batch (pgChunkLen).
-func (d *Dialect) RenderInsert(t dialect.Table, rows []dialect.Row) ([]dialect.InsertStatement, error) {
+func (d *Dialect) RenderInsert(t dialect.Table, rows []dialect.Row) ([]sqlkit.InsertStatement, error) {
 	st := d.statements(t)
-	stmts := make([]dialect.InsertStatement, 0, 1)
+	stmts := make([]sqlkit.InsertStatement, 0, 1)
 	for len(rows) > 0 {
 		chunk := rows[:pgChunkLen(rows)]
 		rows = rows[len(chunk):]
 		shape := sqlkit.ShapeOf(chunk)
 		var (
-			is  dialect.InsertStatement
+			is  sqlkit.InsertStatement
 			err error
 		)
 		if len(chunk) == 1 {
@@ -313,10 +309,10 @@ func pgChunkLen(rows []dialect.Row) int {
 	return len(rows)
 }
 
-func pgInsertOne(query string, shape sqlkit.InsertShape, r *dialect.Row) (dialect.InsertStatement, error) {
+func pgInsertOne(query string, shape sqlkit.InsertShape, r *dialect.Row) (sqlkit.InsertStatement, error) {
 	headers, err := r.Headers.Value()
 	if err != nil {
-		return dialect.InsertStatement{}, err
+		return sqlkit.InsertStatement{}, err
 	}
 	// The payload is bound as a string, not []byte: in pgx's simple protocol mode a
 	// []byte becomes a bytea literal, which a json column would not take as JSON.
@@ -324,17 +320,17 @@ func pgInsertOne(query string, shape sqlkit.InsertShape, r *dialect.Row) (dialec
 	if shape&sqlkit.WithDelay != 0 {
 		vals = append(vals, sqlkit.Micros(r.Delay))
 	}
-	result := dialect.InsertedAll
+	result := sqlkit.InsertedAll
 	if r.DedupeKey != "" {
-		result = dialect.InsertedIfAffected
+		result = sqlkit.InsertedIfAffected
 	}
-	return dialect.InsertStatement{Statement: dialect.Statement{Query: query, Args: vals}, Rows: 1, Result: result}, nil
+	return sqlkit.InsertStatement{Statement: sqlkit.Statement{Query: query, Args: vals}, Rows: 1, Result: result}, nil
 }
 
 // pgInsertMany binds each column of the shape as one array. unnest returns the elements in
 // order, so of two rows with one dedupe key in a batch the first goes in, as with VALUES
 // lists; the report comes from RETURNING either way, so it is always what the database did.
-func pgInsertMany(query string, shape sqlkit.InsertShape, rows []dialect.Row) (dialect.InsertStatement, error) {
+func pgInsertMany(query string, shape sqlkit.InsertShape, rows []dialect.Row) (sqlkit.InsertStatement, error) {
 	n := len(rows)
 	ids, namespaces, topics, payloads := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	hashes := make([][]byte, n)
@@ -366,7 +362,7 @@ func pgInsertMany(query string, shape sqlkit.InsertShape, rows []dialect.Row) (d
 		if headers != nil {
 			h, err := r.Headers.Value()
 			if err != nil {
-				return dialect.InsertStatement{}, err
+				return sqlkit.InsertStatement{}, err
 			}
 			if s, ok := h.(string); ok {
 				headers[i] = &s
@@ -390,9 +386,9 @@ func pgInsertMany(query string, shape sqlkit.InsertShape, rows []dialect.Row) (d
 	if delays != nil {
 		vals = append(vals, delays)
 	}
-	is := dialect.InsertStatement{Statement: dialect.Statement{Query: query, Args: vals}, Rows: n}
+	is := sqlkit.InsertStatement{Statement: sqlkit.Statement{Query: query, Args: vals}, Rows: n}
 	if shape&sqlkit.WithDedupe != 0 {
-		is.Result = dialect.InsertedReturned // the statement ends in RETURNING id
+		is.Result = sqlkit.InsertedReturned // the statement ends in RETURNING id
 	}
 	return is, nil
 }
@@ -630,7 +626,7 @@ func (d *Dialect) CompleteAndClaim(ctx context.Context, db *sql.DB, t dialect.Ta
 	return recs, lost, err
 }
 
-// SupportsSchema implements [dialect.Schemer]: every statement names the table by its schema
+// SupportsSchema implements [sqlkit.Schemer]: every statement names the table by its schema
 // when it has one.
 func (*Dialect) SupportsSchema() bool { return true }
 

@@ -27,12 +27,12 @@ func (d *Dialect) Signal(ctx context.Context, q dialect.DBTX, t dialect.Table, n
 	return err
 }
 
-// RenderSignal implements [dialect.Renderer]: the statement Signal runs.
-func (*Dialect) RenderSignal(t dialect.Table, namespace string) (dialect.Statement, bool) {
+// RenderSignal implements [sqlkit.Renderer]: the statement Signal runs.
+func (*Dialect) RenderSignal(t dialect.Table, namespace string) (sqlkit.Statement, bool) {
 	if t.Schema() != "" {
-		return dialect.Statement{Query: `SELECT pg_notify($1, $2)`, Args: []any{pgChannel(t), t.Schema() + ":" + namespace}}, true
+		return sqlkit.Statement{Query: `SELECT pg_notify($1, $2)`, Args: []any{pgChannel(t), t.Schema() + ":" + namespace}}, true
 	}
-	return dialect.Statement{Query: `SELECT pg_notify($1, current_schema() || ':' || $2)`, Args: []any{t.Name(), namespace}}, true
+	return sqlkit.Statement{Query: `SELECT pg_notify($1, current_schema() || ':' || $2)`, Args: []any{t.Name(), namespace}}, true
 }
 
 // pgChannel returns the NOTIFY channel of the table: its name, or for a table in a named

@@ -27,16 +27,14 @@ func New() Dialect { return Dialect{} }
 
 // The abilities the dialect has, checked at compile time.
 var (
-	_ dialect.Dialect         = Dialect{}
-	_ dialect.Checker         = Dialect{}
-	_ dialect.FirstUseChecker = Dialect{}
-	_ dialect.ErrorExplainer  = Dialect{}
-	_ dialect.SettleClaimer   = Dialect{}
-	_ dialect.OrderedClaimer  = Dialect{}
-	_ dialect.Purger          = Dialect{}
-	_ dialect.Administrator   = Dialect{}
-	_ dialect.Inspector       = Dialect{}
-	_ dialect.PoolBinder      = Dialect{}
+	_ dialect.Dialect        = Dialect{}
+	_ dialect.Checker        = Dialect{}
+	_ dialect.Admin          = Dialect{}
+	_ dialect.Notifier       = Dialect{}
+	_ dialect.OrderedClaimer = Dialect{}
+	_ dialect.SettleClaimer  = Dialect{}
+	_ sqlkit.PoolBinder      = Dialect{}
+	_ sqlkit.PollingListener = Dialect{}
 )
 
 // Dialect, once New has bound it to a Store's pool, keeps its hot statements prepared
@@ -77,7 +75,7 @@ type Dialect struct {
 	backlog *sqliteBacklog
 }
 
-// BindPool implements [dialect.PoolBinder]: the copy it returns keeps the prepared
+// BindPool implements [sqlkit.PoolBinder]: the copy it returns keeps the prepared
 // statements and the backlog of db.
 func (Dialect) BindPool(db *sql.DB) dialect.Dialect {
 	return Dialect{stmts: sqlkit.NewStmtCache(db), backlog: &sqliteBacklog{db: db, m: map[string]*atomic.Bool{}}}

@@ -2,6 +2,7 @@ package sqlite
 
 import (
 	"context"
+	"database/sql"
 	"database/sql/driver"
 	"strings"
 
@@ -9,7 +10,7 @@ import (
 	"github.com/outboxgo/outbox/internal/dialects/sqlkit"
 )
 
-// CheckFirstUse implements [dialect.FirstUseChecker]: the pool must be SQLite, and the
+// CheckFirstUse implements [dialect.Checker]: the pool must be SQLite, and the
 // caller's connection must run in WAL mode with a busy timeout (sqliteSettings), read with
 // PRAGMA journal_mode and PRAGMA busy_timeout on the caller's transaction.
 func (d Dialect) CheckFirstUse(ctx context.Context, drv driver.Driver, tx dialect.DBTX) error {
@@ -28,7 +29,13 @@ func (d Dialect) CheckFirstUse(ctx context.Context, drv driver.Driver, tx dialec
 	return sqliteSettings(mode, timeout)
 }
 
-// ExplainError implements [dialect.ErrorExplainer]: "no such table" is the missing outbox
+// CheckServer implements [dialect.Checker]: no server imitates SQLite, a library in the
+// process.
+func (Dialect) CheckServer(context.Context, *sql.DB, dialect.Table, dialect.ServerParams) error {
+	return nil
+}
+
+// ExplainError implements [dialect.Checker]: "no such table" is the missing outbox
 // table.
 func (d Dialect) ExplainError(err error, p dialect.ExplainParams) error {
 	if strings.Contains(err.Error(), "no such table") {

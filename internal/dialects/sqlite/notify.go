@@ -13,8 +13,6 @@ import (
 	"github.com/outboxgo/outbox/internal/dialects/sqlkit"
 )
 
-var _ dialect.PollingListener = Dialect{}
-
 // The SQLite listener's pace. Where the system tells when a file changes (Linux's
 // inotify), it reads PRAGMA data_version when the database file or its write-ahead log
 // was written, every sqliteNotifyEvery for sqliteNotifyHot after each write (a commit's
@@ -185,7 +183,7 @@ func sqliteNotifyProbe(t dialect.Table) string {
 	ORDER BY created_at DESC LIMIT ` + strconv.Itoa(sqlkit.NotifyProbeLimit)
 }
 
-// IdlePollInterval implements [dialect.PollingListener].
+// IdlePollInterval implements [sqlkit.PollingListener].
 func (Dialect) IdlePollInterval() time.Duration {
 	if _, err := watchFiles(); errors.Is(err, errors.ErrUnsupported) {
 		return sqliteNotifyEvery

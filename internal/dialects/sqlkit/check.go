@@ -102,7 +102,7 @@ func MissingTable(name string, t dialect.Table, err error) *dialect.CheckError {
 	}
 }
 
-// CheckKind is the part of a [dialect.FirstUseChecker] the built-in dialects share: is the
+// CheckKind is the part of a [dialect.Checker] the built-in dialects share: is the
 // pool the database the dialect name is written for? The kind comes from the type of the
 // pool's driver drv (pgx, lib/pq, go-sql-driver/mysql, modernc.org/sqlite,
 // mattn/go-sqlite3), without a query; only a driver it does not know (one wrapped by a
@@ -131,7 +131,7 @@ func CheckKind(ctx context.Context, name string, drv driver.Driver, tx dialect.D
 	return true, nil
 }
 
-// CheckServer is the [dialect.ServerChecker] of a built-in dialect that reads info: it
+// CheckServer is the [dialect.Checker] of a built-in dialect that reads info: it
 // judges the server info describes ([JudgeServer]), given what the Store uses.
 func CheckServer(info ServerInfo, err error, p dialect.ServerParams) error {
 	if err != nil {

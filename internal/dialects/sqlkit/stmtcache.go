@@ -25,7 +25,7 @@ const StmtCacheSize = 64
 // parsing was a sixth of the SQLite claim's CPU and a seventh of its ack's (BENCHMARKS.md).
 // pgx caches statements by itself.
 //
-// It is bound to one pool by New ([dialect.PoolBinder]) and lives as long as the Store: database/sql
+// It is bound to one pool by New ([PoolBinder]) and lives as long as the Store: database/sql
 // keeps a pool's statements until they are closed or the pool is, so a cleanup closes them
 // once the cache is unreachable, and a program that makes Stores over and over on one pool
 // does not pile them up. No global map holds it, which would keep every *sql.DB alive.
