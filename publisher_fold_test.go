@@ -230,32 +230,6 @@ func TestPublisherClaimsWhilePublishing(t *testing.T) {
 	})
 }
 
-// aheadProbe is a foldingDialect that makes every claim take delay and records, as each
-// settle-and-claim begins, how many rows are processing: the batch it settles, plus the
-// batch in the transport when the loop claims ahead.
-type aheadProbe struct {
-	*foldingDialect
-	e     *pubEnv
-	bg    *goroutineT
-	delay time.Duration
-	mu    sync.Mutex
-	seen  []int
-}
-
-func (d *aheadProbe) Claim(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.ClaimParams) ([]outbox.Record, error) {
-	time.Sleep(d.delay)
-	return d.foldingDialect.Claim(ctx, db, t, p)
-}
-
-func (d *aheadProbe) CompleteAndClaim(ctx context.Context, db *sql.DB, t dialect.Table, o []outbox.Outcome, p dialect.ClaimParams) ([]outbox.Record, []uuid.UUID, error) {
-	n := d.e.counts(d.bg)[outbox.StatusProcessing]
-	d.mu.Lock()
-	d.seen = append(d.seen, n)
-	d.mu.Unlock()
-	time.Sleep(d.delay)
-	return d.foldingDialect.CompleteAndClaim(ctx, db, t, o, p)
-}
-
 // orderedFoldingDialect is a foldingDialect that can claim in order, as the built-in
 // dialect it wraps.
 type orderedFoldingDialect struct{ *foldingDialect }

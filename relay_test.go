@@ -138,13 +138,6 @@ func (r *relayRecorder) lastPublish(topic string) time.Time {
 	return r.published[topic]
 }
 
-func (r *relayRecorder) deliveredAt(id uuid.UUID) (time.Time, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	at, ok := r.delivered[id]
-	return at, ok
-}
-
 func (r *relayRecorder) twoOwners() []uuid.UUID {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -306,14 +299,6 @@ func TestRelayAPI(t *testing.T) {
 		t.Fatal("Run did not return")
 	}
 	goleak.VerifyNone(t, leaks...)
-}
-
-// percentile returns the p-th percentile (0..100) of ds.
-func percentile(ds []time.Duration, p float64) time.Duration {
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	i := int(float64(len(s)-1) * p / 100)
-	return s[i]
 }
 
 // sharedCountingDialect counts the claims of many stores in one counter.

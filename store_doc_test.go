@@ -4,7 +4,7 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
-	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -15,11 +15,16 @@ import (
 // audience, true: every exported method is named there, and nothing else.
 func TestStoreDocListsEveryMethod(t *testing.T) {
 	fset := token.NewFileSet()
-	pkgs, err := parser.ParseDir(fset, ".", func(fi os.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, parser.ParseComments)
+	names, err := filepath.Glob("*.go")
 	require.NoError(t, err)
 	var doc string
 	methods := map[string]bool{}
-	for _, f := range pkgs["outbox"].Files {
+	for _, name := range names {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, parser.ParseComments)
+		require.NoError(t, err)
 		for _, d := range f.Decls {
 			switch d := d.(type) {
 			case *ast.GenDecl:

@@ -22,6 +22,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/dialect"
 	"github.com/outboxgo/outbox/internal/testdb"
 	"github.com/outboxgo/outbox/migrations"
 	"github.com/stretchr/testify/require"
@@ -379,4 +380,56 @@ func TestPublisherLeasesRunOut(t *testing.T) {
 		require.Equal(t, total.Claimed, total.Delivered+total.Retried+total.LeaseLost)
 		require.LessOrEqual(t, int64(duplicates), total.LeaseLost+total.Errors)
 	})
+}
+
+// aheadProbe is a foldingDialect that makes every claim take delay and records, as each
+// settle-and-claim begins, how many rows are processing: the batch it settles, plus the
+// batch in the transport when the loop claims ahead.
+type aheadProbe struct {
+	*foldingDialect
+	e     *pubEnv
+	bg    *goroutineT
+	delay time.Duration
+	mu    sync.Mutex
+	seen  []int
+}
+
+func (d *aheadProbe) Claim(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.ClaimParams) ([]outbox.Record, error) {
+	time.Sleep(d.delay)
+	return d.foldingDialect.Claim(ctx, db, t, p)
+}
+
+func (d *aheadProbe) CompleteAndClaim(ctx context.Context, db *sql.DB, t dialect.Table, o []outbox.Outcome, p dialect.ClaimParams) ([]outbox.Record, []uuid.UUID, error) {
+	n := d.e.counts(d.bg)[outbox.StatusProcessing]
+	d.mu.Lock()
+	d.seen = append(d.seen, n)
+	d.mu.Unlock()
+	time.Sleep(d.delay)
+	return d.foldingDialect.CompleteAndClaim(ctx, db, t, o, p)
+}
+
+func (r *relayRecorder) deliveredAt(id uuid.UUID) (time.Time, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	at, ok := r.delivered[id]
+	return at, ok
+}
+
+// percentile returns the p-th percentile (0..100) of ds.
+func percentile(ds []time.Duration, p float64) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := int(float64(len(s)-1) * p / 100)
+	return s[i]
+}
+
+// notifyingCounter is a countingDialect that keeps PostgreSQL's Notifier ability.
+type notifyingCounter struct{ *countingDialect }
+
+func (n notifyingCounter) Signal(ctx context.Context, q dialect.DBTX, t dialect.Table, ns string) error {
+	return n.Dialect.(dialect.Notifier).Signal(ctx, q, t, ns)
+}
+
+func (n notifyingCounter) Listen(ctx context.Context, db *sql.DB, t dialect.Table, ready func(), wake func(string)) error {
+	return n.Dialect.(dialect.Notifier).Listen(ctx, db, t, ready, wake)
 }

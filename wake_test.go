@@ -16,7 +16,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxgo/outbox"
-	"github.com/outboxgo/outbox/dialect"
 	"github.com/outboxgo/outbox/internal/testdb"
 )
 
@@ -236,17 +235,6 @@ func TestPostgresSignalFollowsTheTransaction(t *testing.T) {
 	enqueue(s, true, "a")
 	_, ok = next()
 	require.True(t, ok, "a signal after the limiter's window")
-}
-
-// notifyingCounter is a countingDialect that keeps PostgreSQL's Notifier ability.
-type notifyingCounter struct{ *countingDialect }
-
-func (n notifyingCounter) Signal(ctx context.Context, q dialect.DBTX, t dialect.Table, ns string) error {
-	return n.Dialect.(dialect.Notifier).Signal(ctx, q, t, ns)
-}
-
-func (n notifyingCounter) Listen(ctx context.Context, db *sql.DB, t dialect.Table, ready func(), wake func(string)) error {
-	return n.Dialect.(dialect.Notifier).Listen(ctx, db, t, ready, wake)
 }
 
 // TestPublisherFollowsAStreamFromAnotherProcess: where nothing wakes the publisher for rows
