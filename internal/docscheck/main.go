@@ -361,37 +361,44 @@ func firstCodeLine(s string) string {
 // vet writes the block as the only file of a package in a directory of the document's
 // module, runs go vet on it and removes the directory.
 func (c *checker) vet(d *doc, b block) ([]byte, error) {
-	c.n++
-	mod := c.moduleDir(d)
-	name := fmt.Sprintf("docscheckvet%d_%d", os.Getpid(), c.n)
-	dir := filepath.Join(c.root, mod, name)
-	if err := os.Mkdir(dir, 0o755); err != nil {
+	modDir, name, remove, err := c.writeBlock(d, b, "docscheckvet")
+	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(dir)
-	if err := os.WriteFile(filepath.Join(dir, "main.go"), []byte(b.text), 0o644); err != nil {
-		return nil, err
-	}
+	defer remove()
 	cmd := exec.Command("go", "vet", "./"+name)
-	cmd.Dir = filepath.Join(c.root, mod)
+	cmd.Dir = modDir
 	return cmd.CombinedOutput()
+}
+
+// writeBlock writes the block as main.go of a new package directory in the document's
+// module, and returns the module's directory, the package's directory name and the function
+// that removes it.
+func (c *checker) writeBlock(d *doc, b block, prefix string) (modDir, name string, remove func(), err error) {
+	c.n++
+	modDir = filepath.Join(c.root, c.moduleDir(d))
+	name = fmt.Sprintf("%s%d_%d", prefix, os.Getpid(), c.n)
+	dir := filepath.Join(modDir, name)
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return "", "", nil, err
+	}
+	remove = func() { _ = os.RemoveAll(dir) }
+	if err := os.WriteFile(filepath.Join(dir, "main.go"), []byte(b.text), 0o644); err != nil {
+		remove()
+		return "", "", nil, err
+	}
+	return modDir, name, remove, nil
 }
 
 // runGo builds the block as the only file of a package in a directory of the document's
 // module and runs the program in an empty temporary directory, so that files it writes
 // land there.
 func (c *checker) runGo(d *doc, b block) ([]byte, error) {
-	c.n++
-	mod := c.moduleDir(d)
-	name := fmt.Sprintf("docscheckrun%d_%d", os.Getpid(), c.n)
-	dir := filepath.Join(c.root, mod, name)
-	if err := os.Mkdir(dir, 0o755); err != nil {
+	modDir, name, remove, err := c.writeBlock(d, b, "docscheckrun")
+	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(dir)
-	if err := os.WriteFile(filepath.Join(dir, "main.go"), []byte(b.text), 0o644); err != nil {
-		return nil, err
-	}
+	defer remove()
 	tmp, err := os.MkdirTemp("", "docscheck-go-")
 	if err != nil {
 		return nil, err
@@ -399,7 +406,7 @@ func (c *checker) runGo(d *doc, b block) ([]byte, error) {
 	defer os.RemoveAll(tmp)
 	prog := filepath.Join(tmp, "prog")
 	build := exec.Command("go", "build", "-o", prog, "./"+name)
-	build.Dir = filepath.Join(c.root, mod)
+	build.Dir = modDir
 	if out, err := build.CombinedOutput(); err != nil {
 		return out, err
 	}
