@@ -1,16 +1,16 @@
--- Due-order claim indexes. An unordered claim takes the pending rows that are due in the
--- order they fell due (next_attempt_at, then id) through the due index, whose entries are
--- exactly the pending rows in that order: the claim's range ends at the first row not yet
--- due, so rows delayed for later or waiting for a retry are never read, however many there
--- are. Expired leases are found through the lease index, which holds only the rows in
--- flight, by lease expiry. Enqueue adds one entry (the due index); a claim moves a row from
--- the due index to the lease index, a settle takes it out again.
+-- Due-order claim index. Each live row is keyed by when it can next be claimed: a pending
+-- row by next_attempt_at (when it falls due), a row in flight by locked_until (when its
+-- lease runs out); delivered and dead rows are not in it. An unordered claim reads one
+-- range of it, up to now, in exactly its order (then id): the rows that became claimable
+-- first come first, and the read stops at the first row not claimable yet, so rows delayed
+-- for later, waiting for a retry or leased are never read, however many there are. Enqueue
+-- adds one entry; a claim, a settle and a lease renewal move it.
 --
--- The claim index stays: ordered claims, the sweep of exhausted rows and the stats read
--- the live rows in creation order through it.
+-- The claim index stays: ordered claims, the sweep of exhausted rows and the stats read the
+-- live rows in creation order through it.
 --
--- On a large existing table, build both first by hand with CREATE INDEX CONCURRENTLY under
--- the same names: IF NOT EXISTS then skips them here.
+-- On a large existing table, build it first by hand with CREATE INDEX CONCURRENTLY under the
+-- same name: IF NOT EXISTS then skips it here.
 
 -- +goose Up
 -- +goose ENVSUB ON
