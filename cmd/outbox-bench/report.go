@@ -66,6 +66,7 @@ type backendResult struct {
 	PurgeBurn               *purgeBurnResult   `json:"purge_burndown,omitempty"`
 	Ordered                 *orderedResult     `json:"burndown_ordered,omitempty"`
 	ShortDrain              []shortDrainResult `json:"short_drain,omitempty"`
+	Delayed                 *delayedResult     `json:"delayed,omitempty"`
 	Relay                   *relayResult       `json:"relay,omitempty"`
 	Broker                  *brokerResult      `json:"broker,omitempty"`
 	Costs                   *costResult        `json:"drain_costs,omitempty"`
@@ -300,6 +301,9 @@ func (r *backendResult) metrics(cfg config) []metric {
 	}
 	for i := range r.ShortDrain {
 		add(r.ShortDrain[i].metricName(), r.ShortDrain[i].Ratio)
+	}
+	if d := r.Delayed; d != nil {
+		d.metrics(add)
 	}
 	if c := r.Costs; c != nil {
 		add("drain_raw_fixed_ms", c.Raw.FixedMs)
