@@ -178,26 +178,37 @@ func TestPostgresDueClaimPlan(t *testing.T) {
 			rec, store := recordingStore(t, b)
 			scopes := []outbox.Scope{{}, {Namespace: "orders", Topics: []string{"order.created", "order.paid"}},
 				{Namespace: "orders", TenantID: uuid.MustParse("0190f5c4-2b6e-7c3a-9e1d-4f2a8b6c0d1e")}}
-			claim := func(sc outbox.Scope, limit int) (int, orderedPlanNode) {
+			// Each claim's statement is explained as planned for its arguments and as the
+			// generic plan a prepared statement settles on after five runs.
+			plans := [][]string{nil, {`SET LOCAL plan_cache_mode = force_generic_plan`}}
+			claim := func(sc outbox.Scope, limit int) (int, []orderedPlanNode) {
 				o := pgClaimOpts(limit)
 				o.Scope = sc
 				recs, err := store.Claim(b.ctx, o)
 				require.NoError(t, err)
-				plan := b.explainAnalyzeLast(t, rec, "the claim", func(sql string) bool { return strings.HasPrefix(sql, "WITH c AS") })
-				return len(recs), plan
+				var out []orderedPlanNode
+				for _, settings := range plans {
+					out = append(out, b.explainAnalyzeLast(t, rec, "the claim", func(sql string) bool { return strings.HasPrefix(sql, "WITH c AS") }, settings...))
+				}
+				return len(recs), out
 			}
 			for _, sc := range scopes {
-				n, plan := claim(sc, 100)
+				n, plans := claim(sc, 100)
 				require.Zero(t, n, "nothing is due")
-				requireDueWalk(t, b.table, plan, 20, "an empty claim, scope %+v", sc)
+				for i, plan := range plans {
+					requireDueWalk(t, b.table, plan, 20, "an empty claim, scope %+v, generic %v", sc, i == 1)
+				}
 			}
 			b.bulk(t, 1000, "now() - interval '1 second'", "'pending'")
 			for _, sc := range scopes[:2] {
-				n, plan := claim(sc, 100)
+				n, plans := claim(sc, 100)
 				require.Equal(t, 100, n)
-				// A buffer per row read, and as many again for the entries of the 100 rows
-				// the claim before took (dead versions until vacuum), a few index pages.
-				requireDueWalk(t, b.table, plan, 350, "a claim of 100, scope %+v", sc)
+				for i, plan := range plans {
+					// A buffer per row read, and as many again for the entries of the 100
+					// rows the claim before took (dead versions until vacuum), a few index
+					// pages.
+					requireDueWalk(t, b.table, plan, 350, "a claim of 100, scope %+v, generic %v", sc, i == 1)
+				}
 			}
 		})
 	}
@@ -233,7 +244,8 @@ func (b *pgBundle) bulk(t *testing.T, n int, next, status string) {
 
 // explainAnalyzeLast returns the EXPLAIN ANALYZE of the last query rec recorded that match
 // accepts (what names it), run in a transaction that is rolled back: it runs the query.
-func (b *pgBundle) explainAnalyzeLast(t *testing.T, rec *recordingConnector, what string, match func(sql string) bool) orderedPlanNode {
+// settings run first in that transaction (SET LOCAL ...).
+func (b *pgBundle) explainAnalyzeLast(t *testing.T, rec *recordingConnector, what string, match func(sql string) bool, settings ...string) orderedPlanNode {
 	t.Helper()
 	var q recordedQuery
 	rec.mu.Lock()
@@ -247,6 +259,10 @@ func (b *pgBundle) explainAnalyzeLast(t *testing.T, rec *recordingConnector, wha
 	tx, err := b.db.BeginTx(b.ctx, nil)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback() }()
+	for _, set := range settings {
+		_, err := tx.ExecContext(b.ctx, set)
+		require.NoError(t, err)
+	}
 	var out string
 	require.NoError(t, tx.QueryRowContext(b.ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) `+q.sql, q.args...).Scan(&out))
 	var plans []struct{ Plan orderedPlanNode }
