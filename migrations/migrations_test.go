@@ -357,6 +357,9 @@ func TestDueIndexOnExistingTable(t *testing.T) {
 
 			s, err := outbox.New(db, b.dialect, outbox.Options{})
 			require.NoError(t, err)
+			err = s.Check(ctx)
+			require.ErrorIs(t, err, outbox.ErrMisconfigured, "the check names the missing due index")
+			require.ErrorContains(t, err, outbox.DefaultTable+"_due_idx")
 			var due []string
 			for i := range 6 {
 				m := outbox.Message{Namespace: "n", Topic: "t", Payload: []byte(fmt.Sprintf(`{"i":%d}`, i))}
@@ -370,6 +373,7 @@ func TestDueIndexOnExistingTable(t *testing.T) {
 			}
 			_, err = p.Up(ctx)
 			require.NoError(t, err)
+			require.NoError(t, s.Check(ctx))
 			for _, want := range due {
 				recs, err := s.Claim(ctx, outbox.ClaimOptions{Scope: outbox.Scope{Namespace: "n"}, Limit: 1, Lease: time.Minute, MaxAttempts: 5, WorkerID: "w"})
 				require.NoError(t, err)
