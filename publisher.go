@@ -100,8 +100,8 @@ type PublisherOptions struct {
 	// connection, a driver that cannot listen, a Relay's SQLite and MySQL stores) polling
 	// is how rows enqueued by other processes are found, and the default is PollInterval,
 	// so that they wait at most that long. Rows put back for a retry are claimed when they
-	// fall due either way. An empty claim is one index probe; raise this to poll less when
-	// a large backlog of delayed rows makes it dearer.
+	// fall due either way. An empty claim reads a few index entries, however many rows
+	// are delayed or waiting for a retry (an ordered claim walks further).
 	IdleBackoffMax time.Duration
 
 	// Lease is how long a claim reserves its rows. While a publish is in flight the

@@ -18,6 +18,7 @@ import (
 var claimTests = []test{
 	{"Order", testClaimOrder},
 	{"OrderIsNotIDOrder", testClaimOrderNotIDs},
+	{"DueOrder", testClaimDueOrder},
 	{"Fields", testClaimFields},
 	{"Scope", testClaimScope},
 	{"EmptyIsNotAnError", testClaimEmpty},
@@ -40,6 +41,54 @@ func testClaimOrder(t *testing.T, h Harness) {
 	require.Equal(t, want[:4], ids(first), "claims take the oldest rows first, in (created_at, id) order")
 	require.Equal(t, want[4:], ids(rest))
 	require.Empty(t, e.claim(t, claimOpts(10, time.Minute)))
+}
+
+// testClaimDueOrder: behind many rows delayed for later, claims take the rows that are due,
+// in the order they became due (next_attempt_at, then id), whatever order they were
+// created in: a row put back for a retry, and a row delayed briefly that has fallen due,
+// come after the rows that were due before them.
+func testClaimDueOrder(t *testing.T, h Harness) {
+	e := setup(t, h)
+	delayed := make([]outbox.Message, 50)
+	for i := range delayed {
+		delayed[i] = msg(100 + i)
+		delayed[i].Delay = time.Hour
+	}
+	e.enqueue(t, delayed...)
+	retried := e.enqueue(t, msg(0))[0].ID
+	first := e.claim(t, claimOpts(1, time.Minute))
+	require.Equal(t, []uuid.UUID{retried}, ids(first), "the one due row, not the delayed ones")
+	brief := msg(1)
+	brief.Delay = time.Second
+	briefID := e.enqueue(t, brief)[0].ID
+	due := e.enqueueN(t, 3)
+	// Back to pending, due now: after the three rows above, though created before them.
+	require.NoError(t, e.store.Complete(e.ctx, outbox.Outcome{Lease: first[0].Lease(), Status: outbox.StatusPending}))
+	want := append(due, retried)
+	if b, d := e.get(t, briefID), e.get(t, due[2]); b.NextAttemptAt.After(d.NextAttemptAt) {
+		// Due once its second has passed (on the process clock; the database's may lag,
+		// which the eventually below allows for).
+		time.Sleep(time.Until(b.NextAttemptAt) + 50*time.Millisecond)
+	} else {
+		t.Logf("the enqueues took over a second: the briefly delayed row fell due first")
+		want = append([]uuid.UUID{briefID}, want...)
+	}
+	var got []uuid.UUID
+	for range want {
+		got = append(got, ids(e.claim(t, claimOpts(1, time.Minute)))...)
+	}
+	require.Equal(t, want, got, "claims take rows in the order they became due, one at a time")
+	if want[0] != briefID {
+		eventually(t, 10*time.Second, "the briefly delayed row to fall due", func() bool {
+			recs := e.claim(t, claimOpts(1, time.Minute))
+			if len(recs) == 0 {
+				return false
+			}
+			require.Equal(t, briefID, recs[0].ID, "the row fallen due, not a delayed one")
+			return true
+		})
+	}
+	require.Empty(t, e.claim(t, claimOpts(10, time.Minute)), "the rows delayed an hour wait")
 }
 
 // testClaimOrderNotIDs: claims are returned in (created_at, id) order even where that is not

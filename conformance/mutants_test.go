@@ -34,6 +34,8 @@ func init() {
 		// Claims.
 		mutant{name: "due-blind", db: "sqlite", dialect: dueBlindDialect{sqlite()},
 			mustFail: []string{"Enqueue/DelayedDelivery", "Settle/NackBackoffWithinJitterBounds"}, only: only("Settle")},
+		mutant{name: "creation-order", db: "postgres", dialect: creationOrderDialect{pg()},
+			mustFail: []string{"Claim/DueOrder"}, only: only("Claim", "DueOrder")},
 		mutant{name: "limit-blind", db: "sqlite", dialect: limitBlindDialect{sqlite()},
 			mustFail: []string{"Claim/Order"}, only: only("Claim")},
 		mutant{name: "attempts-blind", db: "sqlite", dialect: attemptsBlindDialect{sqlite()},
@@ -293,6 +295,18 @@ type limitBlindDialect struct{ full }
 
 func (d limitBlindDialect) Claim(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.ClaimParams) ([]outbox.Record, error) {
 	p.Limit++
+	return d.full.Claim(ctx, db, t, p)
+}
+
+// creationOrderDialect claims the due rows in the order they were created, as the claim
+// index's walk did before the due index: PostgreSQL's ordered claim without a namespace is
+// that walk, and rows without a partition key pass its head check.
+type creationOrderDialect struct{ full }
+
+func (d creationOrderDialect) Claim(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.ClaimParams) ([]outbox.Record, error) {
+	if p.Namespace == "" {
+		p.Ordered = true
+	}
 	return d.full.Claim(ctx, db, t, p)
 }
 

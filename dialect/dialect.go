@@ -39,8 +39,9 @@ type Runner interface {
 //
 //  1. Schema: one table with the columns of [Record] (types are yours; the meaning is fixed),
 //     a unique index on (namespace, topic, dedupe_key) that lets rows without a dedupe key
-//     coexist, an index that serves the claim in (created_at, id) order without sorting the
-//     pending set or touching delivered rows, and an index for retention on (status, updated_at).
+//     coexist, an index that serves the claim in due order without sorting the pending set,
+//     reading the rows not due yet or touching delivered rows, and an index for retention
+//     on (status, updated_at).
 //     Quote the table name from [Table.Name]; it is already validated.
 //  2. Time: use one clock for every worker, the database's where it has one. Never trust the
 //     client's clock or session time zone for leases and schedules.
@@ -51,7 +52,8 @@ type Runner interface {
 //     conflict: a conflicting row is skipped and reported as not inserted. Any other error
 //     is returned, never swallowed.
 //  4. Claim selects eligible rows, (pending and due) or (processing and lease expired), with
-//     attempts < MaxAttempts and within [Scope], in (created_at, id) order, at most Limit, and
+//     attempts < MaxAttempts and within [Scope], in the order they became due (next_attempt_at,
+//     or an expired lease's locked_until, then id; ordered claims: (created_at, id)), at most Limit, and
 //     atomically sets status processing, attempts+1, locked_by, locked_until = now + Lease,
 //     lease_token = Token and updated_at = now, from one now: locked_until - updated_at is
 //     exactly the lease. Concurrent claimers must never return the same row while its lease

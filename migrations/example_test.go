@@ -72,6 +72,7 @@ func ExampleVersions() {
 	// Output:
 	// version 100: outbox migration 1
 	// version 101: outbox migration 2
+	// version 102: outbox migration 3
 }
 
 // For ordered publishers (outbox.PublisherOptions.Ordered), the ordered set's migrations
@@ -114,5 +115,6 @@ func ExampleOrderedVersions() {
 	// Output:
 	// version 100: outbox migration 1
 	// version 101: outbox migration 2
+	// version 102: outbox migration 3
 	// version 200: outbox ordered migration 1
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -330,4 +331,60 @@ func baseVersions(t *testing.T, backend string) []int64 {
 		out[i] = int64(i + 1)
 	}
 	return out
+}
+
+// The due index reaches a table that already holds rows: migrated to the version before
+// it, rows enqueued (some delayed an hour), then migrated up, a claim takes the due rows
+// in the order they fell due and leaves the delayed ones.
+func TestDueIndexOnExistingTable(t *testing.T) {
+	t.Parallel()
+	for backend, b := range backends {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := testdb.Open(t, backend)
+			versions, err := migrations.Versions(backend, outbox.DefaultTable)
+			require.NoError(t, err)
+			var goMigrations []*goose.Migration
+			for _, v := range versions {
+				goMigrations = append(goMigrations, goMigration(v.ID, v)) // example_test.go
+			}
+			p, err := goose.NewProvider(b.goose, db, nil, goose.WithGoMigrations(goMigrations...), goose.WithDisableGlobalRegistry(true))
+			require.NoError(t, err)
+			last := versions[len(versions)-1].ID
+			_, err = p.UpTo(ctx, last-1)
+			require.NoError(t, err)
+
+			s, err := outbox.New(db, b.dialect, outbox.Options{})
+			require.NoError(t, err)
+			err = s.Check(ctx)
+			require.ErrorIs(t, err, outbox.ErrMisconfigured, "the check names the missing due index")
+			require.ErrorContains(t, err, outbox.DefaultTable+"_due_idx")
+			var due []string
+			for i := range 6 {
+				m := outbox.Message{Namespace: "n", Topic: "t", Payload: []byte(fmt.Sprintf(`{"i":%d}`, i))}
+				if i%2 == 0 {
+					m.Delay = time.Hour
+				} else {
+					due = append(due, string(m.Payload))
+				}
+				_, err := s.EnqueueStandalone(ctx, m)
+				require.NoError(t, err)
+			}
+			_, err = p.Up(ctx)
+			require.NoError(t, err)
+			require.NoError(t, s.Check(ctx))
+			for _, want := range due {
+				recs, err := s.Claim(ctx, outbox.ClaimOptions{Scope: outbox.Scope{Namespace: "n"}, Limit: 1, Lease: time.Minute, MaxAttempts: 5, WorkerID: "w"})
+				require.NoError(t, err)
+				require.Len(t, recs, 1)
+				require.JSONEq(t, want, string(recs[0].Payload))
+			}
+			recs, err := s.Claim(ctx, outbox.ClaimOptions{Scope: outbox.Scope{Namespace: "n"}, Limit: 10, Lease: time.Minute, MaxAttempts: 5, WorkerID: "w"})
+			require.NoError(t, err)
+			require.Empty(t, recs, "the delayed rows wait")
+			_, err = p.DownTo(ctx, last-1)
+			require.NoError(t, err, "down drops the index again")
+		})
+	}
 }

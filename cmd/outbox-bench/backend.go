@@ -47,6 +47,9 @@ type backend interface {
 	raw(table string) rawOps
 	// loadRetained bulk-loads n delivered rows into table, server-side where possible.
 	loadRetained(ctx context.Context, table string, n int) error
+	// loadPending bulk-loads n pending rows into table, server-side where possible, due
+	// from due on, spread evenly over spread (0: all at due).
+	loadPending(ctx context.Context, table string, n int, due time.Time, spread time.Duration) error
 	// dropIndex drops one secondary index of the library's table (after migrate): "dedupe"
 	// or "retention". An index the backend does not have on the outbox table returns
 	// errors.ErrUnsupported.

@@ -231,6 +231,42 @@ func (b *myBackend) loadRetained(ctx context.Context, table string, n int) error
 	return nil
 }
 
+// loadPending generates the rows server-side as loadRetained does, or from the client
+// without the Sequence engine.
+func (b *myBackend) loadPending(ctx context.Context, table string, n int, due time.Time, spread time.Duration) error {
+	base := time.Now().UnixMilli()
+	const chunk = 100_000
+	for lo := 1; lo <= n; lo += chunk {
+		hi := min(lo+chunk-1, n)
+		q := "INSERT INTO `" + table + "` (id, namespace, topic, partition_key, payload, payload_hash, next_attempt_at, created_at, updated_at)" +
+			" SELECT UNHEX(CONCAT(LPAD(HEX(? + seq DIV 100), 12, '0'), '7000', '8', LPAD(HEX(seq), 15, '0'))), '" + benchNamespace + "', '" + benchTopic + "'," +
+			" CONCAT('order-', seq), p, UNHEX(SHA2(p, 256)), ? + INTERVAL (seq * ? DIV ?) MICROSECOND, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6)" +
+			" FROM (SELECT seq, CONCAT('{\"order_id\":', seq, ',\"status\":\"paid\",\"note\":\"', REPEAT('x', 280 + seq % 200), '\"}') AS p" +
+			" FROM seq_" + strconv.Itoa(lo) + "_to_" + strconv.Itoa(hi) + ") s"
+		if _, err := b.db.ExecContext(ctx, q, base, due.UTC().Format("2006-01-02 15:04:05.999999"), spread.Microseconds(), n); err != nil {
+			if lo == 1 && strings.Contains(err.Error(), "seq_") {
+				logf("mysql: no Sequence engine (%v); loading pending rows from the client", err)
+				return loadPendingClient(ctx, b.db, b.raw(table), table, n, due, spread)
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// loadPendingClient inserts n rows with raw multi-row inserts and schedules them.
+func loadPendingClient(ctx context.Context, db *sql.DB, r rawOps, table string, n int, due time.Time, spread time.Duration) error {
+	const chunk = 1000
+	for lo := 0; lo < n; lo += chunk {
+		if err := r.insertMany(ctx, db, "values", newRawRows(lo, min(chunk, n-lo))); err != nil {
+			return err
+		}
+	}
+	_, err := db.ExecContext(ctx, "UPDATE `"+table+"` SET next_attempt_at = ? + INTERVAL FLOOR(RAND() * ?) MICROSECOND",
+		due.UTC().Format("2006-01-02 15:04:05.999999"), spread.Microseconds())
+	return err
+}
+
 // loadRetainedClient inserts n rows with raw multi-row inserts and marks them delivered.
 func loadRetainedClient(ctx context.Context, db *sql.DB, r rawOps, table string, n int) error {
 	const chunk = 1000

@@ -245,6 +245,30 @@ func (b *pgBackend) loadRetained(ctx context.Context, table string, n int) error
 	return nil
 }
 
+func (b *pgBackend) loadPending(ctx context.Context, table string, n int, due time.Time, spread time.Duration) error {
+	base := time.Now().UnixMilli()
+	q := `INSERT INTO ` + table + ` (id, namespace, topic, partition_key, payload, payload_hash, next_attempt_at)
+	SELECT (lpad(to_hex($1::bigint + g / 100), 12, '0') || '7000' || '8' || lpad(to_hex(g), 15, '0'))::uuid,
+		'` + benchNamespace + `', '` + benchTopic + `', 'order-' || g, p.payload::json, sha256(convert_to(p.payload, 'UTF8')),
+		$4::timestamptz + (g * $5::bigint / $6::bigint) * interval '1 microsecond'
+	FROM generate_series($2::bigint, $3::bigint) AS g,
+	LATERAL (SELECT '{"order_id":' || g || ',"status":"paid","note":"' || repeat('x', 280 + (g % 200)::int) || '"}' AS payload) AS p`
+	const chunk = 200_000
+	for lo := 1; lo <= n; lo += chunk {
+		hi := min(lo+chunk-1, n)
+		if _, err := b.db.ExecContext(ctx, q, base, lo, hi, due, spread.Microseconds(), n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// noAutoAnalyze keeps autovacuum away from table, so that it stays never analyzed.
+func (b *pgBackend) noAutoAnalyze(ctx context.Context, table string) error {
+	_, err := b.db.ExecContext(ctx, `ALTER TABLE `+table+` SET (autovacuum_enabled = false)`)
+	return err
+}
+
 func (b *pgBackend) raw(table string) rawOps {
 	t := `"` + table + `"`
 	cols := `(id, namespace, topic, partition_key, payload, payload_hash, status, attempts, next_attempt_at, created_at, updated_at)`

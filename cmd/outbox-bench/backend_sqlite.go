@@ -171,6 +171,18 @@ func (b *liteBackend) loadRetained(ctx context.Context, table string, n int) err
 	return nil
 }
 
+// loadPending inserts the rows with the raw loop's insert (SQLite has no SHA-256 to hash
+// payloads with in SQL), then schedules them.
+func (b *liteBackend) loadPending(ctx context.Context, table string, n int, due time.Time, spread time.Duration) error {
+	if err := preloadRows(ctx, b.db, b.raw(table), n, payloads); err != nil {
+		return err
+	}
+	// Due in the order they were inserted, as rows each scheduled a while after its enqueue.
+	_, err := b.db.ExecContext(ctx, `UPDATE "`+table+`" SET next_attempt_at = ? + ((rowid - (SELECT min(rowid) FROM "`+table+`")) * ? / ?) / 1000 * 1000`,
+		due.UnixMilli()*1000, spread.Microseconds(), n)
+	return err
+}
+
 func (b *liteBackend) raw(table string) rawOps {
 	t := `"` + table + `"`
 	eligible := `status IN ('pending', 'processing') AND ((status = 'pending' AND next_attempt_at <= ?) OR (status = 'processing' AND locked_until < ?))` +

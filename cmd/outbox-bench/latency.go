@@ -285,6 +285,14 @@ func latency(ctx context.Context, cfg config, b backend, rate float64, poll time
 			return r, err
 		}
 	}
+	if cfg.Delayed > 0 {
+		if err := b.loadPending(ctx, mainTable, cfg.Delayed, time.Now().Add(time.Hour), 0); err != nil {
+			return r, err
+		}
+		if err := b.maintain(ctx, mainTable); err != nil {
+			return r, err
+		}
+	}
 	pubDB, _, err := b.pool(cfg.Workers + 2)
 	if err != nil {
 		return r, err

@@ -53,6 +53,10 @@
 //  17. sustained load (only with -only sustained): producers at a fixed offered rate,
 //     raised by half until the p99 commit-to-publish passes 50 ms, for the Publisher and for the
 //     raw loop under the same producers: the highest rate each holds.
+//  18. delayed rows: commit-to-publish latency at 100 messages/s with 0, 100,000 and
+//     1,000,000 rows pending an hour ahead, as ratios against none; and 200,000 rows falling
+//     due within a second drained against 200,000 due at once, each on a table never
+//     analyzed.
 //
 // It prints a table, then every ratio as one JSON object per line, and writes the full
 // results (JSON, Markdown) and a throughput-against-batch-size plot (SVG) to -out.
@@ -187,6 +191,18 @@ type config struct {
 	// starts each window on an empty table, a new outbox's first seconds.
 	SustainHistory int `json:"sustain_history,omitempty"`
 
+	// Delayed rows (18): commit-to-publish latency at DelayedRate with each of
+	// DelayedCounts rows pending an hour ahead, DelayedRounds rounds; and DelayedDrainN rows
+	// falling due within a second against as many due at once, on tables never analyzed,
+	// DelayedRounds pairs.
+	DelayedCounts []int   `json:"delayed_counts"`
+	DelayedRate   float64 `json:"delayed_rate"`
+	DelayedDrainN int     `json:"delayed_drain_n"`
+	DelayedRounds int     `json:"delayed_rounds"`
+	// Delayed is set by the delayed scenario: rows pending an hour ahead that each latency
+	// window starts with.
+	Delayed int `json:"-"`
+
 	// Only restricts the run to some scenarios (-only); empty means all.
 	Only []string `json:"only,omitempty"`
 }
@@ -234,6 +250,7 @@ func modeConfig(mode string) (config, error) {
 			StoreN: 10_000, StoreBatches: []int{100, 500}, StoreWorkers: []int{1}, StoreRounds: 2,
 			GuardN: 10_000, GuardRounds: 2,
 			SustainStart: 500, SustainMax: 64_000, SustainDur: 3 * time.Second,
+			DelayedCounts: []int{0, 100_000}, DelayedRate: 100, DelayedDrainN: 20_000, DelayedRounds: 1,
 		}, nil
 	case "full":
 		return config{
@@ -254,6 +271,7 @@ func modeConfig(mode string) (config, error) {
 			StoreN: 20_000, StoreBatches: []int{100, 500}, StoreWorkers: []int{1, 2}, StoreRounds: 5,
 			GuardN: 50_000, GuardRounds: 4,
 			SustainStart: 250, SustainMax: 64_000, SustainDur: 8 * time.Second,
+			DelayedCounts: []int{0, 100_000, 1_000_000}, DelayedRate: 100, DelayedDrainN: 200_000, DelayedRounds: 3,
 		}, nil
 	}
 	return config{}, fmt.Errorf("unknown -mode %q (quick or full)", mode)
@@ -283,7 +301,7 @@ func main() {
 		rounds   = flag.Int("burn-rounds", 0, "alternating library/raw pairs of the headline burn-down (default: 3 quick, 10 full)")
 		retained = flag.Int("retained", 0, "retained delivered rows in the growth scenario (default: 100000 quick, 1000000 full)")
 		history  = flag.Int("sustain-history", 0, "delivered rows (vacuumed and analyzed) the table holds when each sustained window starts (default 0: an empty table)")
-		only     = flag.String("only", "", "run only these scenarios (comma list of enqueue, pgx, batch, burndown, breakdown, latency, idle, growth, stats, purge, ordered, broker, shortdrain, relay, costs, tablecost, ui, storeloop, guarded, scaleout, sustained; latency needs burndown; tablecost, scaleout and sustained run only when named)")
+		only     = flag.String("only", "", "run only these scenarios (comma list of enqueue, pgx, batch, burndown, breakdown, latency, idle, growth, stats, purge, ordered, broker, shortdrain, relay, costs, tablecost, ui, storeloop, guarded, scaleout, sustained, delayed; latency needs burndown; tablecost, scaleout and sustained run only when named)")
 		storeB   = flag.String("store-batches", "", "batch sizes of the storeloop scenario, comma list (default 100,500)")
 		storeW   = flag.String("store-workers", "", "claim loops of the storeloop scenario, comma list (default: 1 quick, 1,2 full)")
 		cpuprof  = flag.String("cpuprofile", "", "write a CPU profile of the bench process (library and raw alike) to this file")
@@ -449,6 +467,7 @@ func runBackend(ctx context.Context, cfg config, b backend, res *backendResult) 
 		{"guarded raw loop", "guarded", runGuarded},
 		{"scale-out", "scaleout", runScaleOut},
 		{"sustained load", "sustained", runSustained},
+		{"delayed rows", "delayed", runDelayed},
 	}
 	for _, s := range steps {
 		if !cfg.runs(s.key) {

@@ -66,6 +66,7 @@ type backendResult struct {
 	PurgeBurn               *purgeBurnResult   `json:"purge_burndown,omitempty"`
 	Ordered                 *orderedResult     `json:"burndown_ordered,omitempty"`
 	ShortDrain              []shortDrainResult `json:"short_drain,omitempty"`
+	Delayed                 *delayedResult     `json:"delayed,omitempty"`
 	Relay                   *relayResult       `json:"relay,omitempty"`
 	Broker                  *brokerResult      `json:"broker,omitempty"`
 	Costs                   *costResult        `json:"drain_costs,omitempty"`
@@ -210,6 +211,11 @@ var targets = []target{
 	{"sustained_rate", "(msg/s held with p99 <= 50 ms)", nil},
 	{"sustained_rate_raw", "(the raw loop under the same producers)", nil},
 	{"sustained_vs_raw", ">= 0.9 (highest rate at p99 <= 50 ms, library ÷ raw)", func(v float64) bool { return v >= 0.9 }},
+	{"delayed_100k_latency_p50_vs_none", "<= 1.2 (live p50, 100,000 rows an hour ahead ÷ none)", func(v float64) bool { return v <= 1.2 }},
+	{"delayed_100k_latency_p99_vs_none", "<= 1.2 (same, p99)", func(v float64) bool { return v <= 1.2 }},
+	{"delayed_1m_latency_p50_vs_none", "<= 1.2 (live p50, 1,000,000 rows an hour ahead ÷ none)", func(v float64) bool { return v <= 1.2 }},
+	{"delayed_1m_latency_p99_vs_none", "<= 1.2 (same, p99)", func(v float64) bool { return v <= 1.2 }},
+	{"delayed_drain_vs_undelayed", ">= 0.9 (rows falling due at once ÷ due when loaded, never analyzed)", func(v float64) bool { return v >= 0.9 }},
 }
 
 // metrics returns the JSON lines of one backend, in the order of targets.
@@ -300,6 +306,9 @@ func (r *backendResult) metrics(cfg config) []metric {
 	}
 	for i := range r.ShortDrain {
 		add(r.ShortDrain[i].metricName(), r.ShortDrain[i].Ratio)
+	}
+	if d := r.Delayed; d != nil {
+		d.metrics(add)
 	}
 	if c := r.Costs; c != nil {
 		add("drain_raw_fixed_ms", c.Raw.FixedMs)

@@ -421,9 +421,9 @@ func TestMigrateOrdered(t *testing.T) {
 		for i := range all {
 			all[i] = int64(i + 1)
 		}
-		topSource := map[string]string{"mysql": "00003_dedupe_stripes.sql"}[f.backend]
+		topSource := map[string]string{"mysql": "00004_due_index.sql"}[f.backend]
 		if topSource == "" {
-			topSource = "00002_replays.sql"
+			topSource = "00003_due_index.sql"
 		}
 
 		// Not applied: status says how to opt in, and creates nothing.

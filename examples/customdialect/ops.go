@@ -73,10 +73,16 @@ func claimSQL(t dialect.Table, p dialect.ClaimParams) (string, *args) {
 			WHERE e.namespace = c.namespace AND e.partition_key = c.partition_key AND e.state IN (` + live + `)
 			AND (e.created_at, e.id) < (c.created_at, c.id)))`
 	}
+	// Unordered claims take rows in the order they became due (a pending row's due_at, an
+	// expired lease's lease_until); ordered ones walk the keys' creation order.
+	order := `CASE c.state WHEN 0 THEN c.due_at ELSE c.lease_until END, c.id`
+	if p.Ordered {
+		order = `c.created_at, c.id`
+	}
 	sel := `SELECT c.id FROM ` + tbl + ` c
 		WHERE c.state IN (0, 1) AND ((c.state = 0 AND c.due_at <= ` + now + `) OR (c.state = 1 AND c.lease_until < ` + now + `))
 		AND c.attempts < ` + a.Add(p.MaxAttempts) + a.scope(p.Scope, "c.") + head + `
-		ORDER BY c.created_at, c.id LIMIT ` + a.Add(p.Limit) + lockRows
+		ORDER BY ` + order + ` LIMIT ` + a.Add(p.Limit) + lockRows
 	stmt := `WITH picked AS (` + sel + `)
 		UPDATE ` + tbl + ` o SET state = 1, attempts = o.attempts + 1, owner = ` + a.Add(p.WorkerID) + `,
 			lease_until = ` + now + ` + ` + a.interval(p.Lease) + `, lease_token = ` + a.Add(p.Token.String()) + `::uuid,

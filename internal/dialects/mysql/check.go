@@ -9,9 +9,10 @@ import (
 )
 
 // Check implements [dialect.Checker]. MySQL keeps dedupe keys in a second table, <table>_dedupe,
-// and their lock stripes in a third, <table>_dedupe_lock.
+// and their lock stripes in a third, <table>_dedupe_lock. The outbox table must also have
+// its due index, which claims name.
 func (d Dialect) Check(ctx context.Context, db *sql.DB, t dialect.Table) error {
-	return sqlkit.CheckTables(ctx, db, d.Name(), t, func(ctx context.Context, db *sql.DB, table string) ([]string, error) {
+	err := sqlkit.CheckTables(ctx, db, d.Name(), t, func(ctx context.Context, db *sql.DB, table string) ([]string, error) {
 		return sqlkit.QueryStrings(ctx, db, `SELECT column_name FROM information_schema.columns`+
 			` WHERE table_schema = DATABASE() AND table_name = ?`, table)
 	}, map[string][]string{
@@ -19,6 +20,15 @@ func (d Dialect) Check(ctx context.Context, db *sql.DB, t dialect.Table) error {
 		t.Name() + "_dedupe":      {"namespace", "topic", "dedupe_key", "id"},
 		t.Name() + "_dedupe_lock": {"stripe"},
 	})
+	if err != nil {
+		return err
+	}
+	var n int
+	if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.statistics`+
+		` WHERE table_schema = DATABASE() AND table_name = ? AND index_name = ?`, t.Name(), t.Index("due")).Scan(&n); err != nil {
+		return err
+	}
+	return sqlkit.CheckDueIndex(d.Name(), t, n > 0)
 }
 
 // CheckOrdered implements [dialect.OrderedClaimer]: the virtual column order_key and the order

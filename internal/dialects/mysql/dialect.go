@@ -61,10 +61,10 @@ var (
 //
 //	-- only when the limit is not reached yet:
 //	SELECT <columns>, TIMESTAMPDIFF(MICROSECOND, TIMESTAMP'1970-01-01 00:00:00', UTC_TIMESTAMP(6))
-//	FROM `outbox_events` FORCE INDEX (`outbox_events_claim_idx`)
+//	FROM `outbox_events` FORCE INDEX (`outbox_events_due_idx`)
 //	WHERE status = 'pending' AND next_attempt_at <= UTC_TIMESTAMP(6)
 //	  AND attempts < ? [AND namespace = ?] [AND topic IN (...)] [AND tenant_id = ?]
-//	ORDER BY created_at, id LIMIT ? FOR UPDATE SKIP LOCKED
+//	ORDER BY next_attempt_at, id LIMIT ? FOR UPDATE SKIP LOCKED
 //
 //	UPDATE `outbox_events` FORCE INDEX (PRIMARY)
 //	SET status = 'processing', attempts = attempts + 1, locked_by = ?,
@@ -74,9 +74,12 @@ var (
 //
 //	COMMIT
 //
-// Expired leases are reclaimed before pending rows are taken, each set in (created_at, id)
-// order. Each read is an equality on the first column of the claim index (status,
-// created_at, id, locked_until), so it walks the index in claim order; the search for
+// Expired leases are reclaimed before pending rows are taken, these in the order they fell
+// due: an equality on the first column of the due index (status, next_attempt_at, id), in
+// exactly its order, so the locking read walks a range that ends at the first row not due
+// yet and never reads the rows delayed for later or waiting for a retry, however many; in
+// any other order it would sort, and lock, the whole pending set. Expired leases come from
+// the processing part of the claim index (status, created_at, id, locked_until); the search for
 // expired leases tests locked_until on the index entries (index condition pushdown) and
 // reads from the table only the rows whose lease ran out, none in the usual case, where
 // testing it on each row in flight read every one of them at every claim (1,803 pages for
@@ -503,7 +506,9 @@ func mysqlInsertRows(ctx context.Context, q dialect.DBTX, t dialect.Table, rows 
 }
 
 // The two eligibility predicates of a claim, one per status, each an equality on the
-// index's first column so that a read walks (created_at, id) in order.
+// first column of the index it reads: the claim index's (created_at, id) for expired leases
+// and ordered claims, the due index's (next_attempt_at, id) for an unordered claim's
+// pending rows, which then reads a range that ends at the first row not due yet.
 const (
 	mysqlExpired = `status = 'processing' AND locked_until < UTC_TIMESTAMP(6)`
 	mysqlDue     = `status = 'pending' AND next_attempt_at <= UTC_TIMESTAMP(6)`
@@ -573,9 +578,9 @@ func (d Dialect) claim(ctx context.Context, db *sql.DB, t dialect.Table, outcome
 		} else {
 			a := &dialect.Args{}
 			more, now2, err = mysqlLockRecords(ctx, tx, `SELECT `+mysqlClaimColumns+
-				` FROM `+mysqlTable(t)+` FORCE INDEX (`+sqlkit.QuoteIdent(t.Index("claim"), '`')+`)`+
+				` FROM `+mysqlTable(t)+` FORCE INDEX (`+sqlkit.QuoteIdent(t.Index("due"), '`')+`)`+
 				` WHERE `+mysqlDue+` AND attempts < `+a.Add(p.MaxAttempts)+sqlkit.ScopeSQL(a, p.Scope, "", sqlkit.UUIDBytes)+
-				` ORDER BY created_at, id LIMIT `+a.Add(p.Limit-len(recs))+` FOR UPDATE SKIP LOCKED`, a.Values)
+				` ORDER BY next_attempt_at, id LIMIT `+a.Add(p.Limit-len(recs))+` FOR UPDATE SKIP LOCKED`, a.Values)
 		}
 		if err != nil {
 			return nil, nil, err

@@ -173,6 +173,66 @@ func TestMySQLOrderedClaimBounded(t *testing.T) {
 	require.Equal(t, heads[keys-1].PartitionKey, recs[0].PartitionKey)
 }
 
+// TestMySQLDueClaimBounded: with 100,000 rows delayed an hour, an unordered claim reads
+// (handler reads: index entries and rows) about as many rows as it returns, scoped or not,
+// whether nothing or 100 rows are due.
+func TestMySQLDueClaimBounded(t *testing.T) {
+	t.Parallel()
+	const delayed = 100_000
+	e := setupMySQL(t, "")
+	digits := `(SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4` +
+		` UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9)`
+	bulk := func(thousands int, due string) {
+		_, err := e.db.ExecContext(e.ctx, "INSERT INTO `"+e.table+"` (id, namespace, topic, payload, payload_hash, next_attempt_at, created_at, updated_at)"+
+			` SELECT UNHEX(REPLACE(UUID(), '-', '')), 'orders', 'order.created', '{"n":1}', UNHEX(SHA2('{"n":1}', 256)), `+due+
+			`, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) FROM `+digits+` a, `+digits+` b, `+digits+` c WHERE a.d + 10 * b.d + 100 * c.d < ?`, thousands)
+		require.NoError(t, err)
+	}
+	for range delayed / 1000 {
+		bulk(1000, "UTC_TIMESTAMP(6) + INTERVAL 1 HOUR")
+	}
+	db := reopenMySQL(t, e.db, nil, nil)
+	db.SetMaxOpenConns(1) // so that the counters are the claim's session's
+	s := e.storeOn(t, db)
+	reads := func() int64 {
+		rows, err := db.QueryContext(e.ctx, `SHOW SESSION STATUS LIKE 'Handler_read%'`)
+		require.NoError(t, err)
+		defer rows.Close()
+		var sum int64
+		for rows.Next() {
+			var name string
+			var v int64
+			require.NoError(t, rows.Scan(&name, &v))
+			sum += v
+		}
+		require.NoError(t, rows.Err())
+		return sum
+	}
+	before := reads()
+	show := reads() - before // SHOW STATUS counts reads of its own
+	claim := func(sc outbox.Scope, limit int) (int, int64) {
+		before := reads()
+		recs, err := s.Claim(e.ctx, outbox.ClaimOptions{Scope: sc, Limit: limit, Lease: time.Minute, MaxAttempts: 5, WorkerID: "bounded"})
+		require.NoError(t, err)
+		return len(recs), reads() - before - show
+	}
+	scopes := []outbox.Scope{{}, {Namespace: "orders", Topics: []string{"order.created", "order.paid"}}}
+	for _, sc := range scopes {
+		n, r := claim(sc, 100)
+		t.Logf("empty claim, scope %+v, %d rows delayed: %d handler reads", sc, delayed, r)
+		require.Zero(t, n)
+		require.Less(t, r, int64(20), "an empty claim reads a few index entries, not the %d delayed rows", delayed)
+	}
+	bulk(1000, "UTC_TIMESTAMP(6) - INTERVAL 1 SECOND")
+	for _, sc := range scopes {
+		n, r := claim(sc, 100)
+		t.Logf("claim of 100, scope %+v, %d rows delayed: %d handler reads", sc, delayed, r)
+		require.Equal(t, 100, n)
+		// Each row: its index entry and its update by primary key.
+		require.Less(t, r, int64(3*100+50), "a claim of 100 reads about its rows, not the %d delayed rows", delayed)
+	}
+}
+
 // On MariaDB, the ordered claims' key visits take the keys in turn: each starts after the
 // last key the visit before it dealt with and goes round from the first key at the end.
 // Behind a key whose head is in flight and whose rows fill the walk's window, twenty keys

@@ -11,12 +11,23 @@ import (
 	"github.com/outboxgo/outbox/internal/dialects/sqlkit"
 )
 
-// Check implements [dialect.Checker].
+// Check implements [dialect.Checker]: the table's columns, and its due index among the
+// table's own indexes, valid (a failed CREATE INDEX CONCURRENTLY leaves an invalid one,
+// which claims would not read).
 func (d *Dialect) Check(ctx context.Context, db *sql.DB, t dialect.Table) error {
-	return sqlkit.CheckTables(ctx, db, d.Name(), t, func(ctx context.Context, db *sql.DB, table string) ([]string, error) {
+	err := sqlkit.CheckTables(ctx, db, d.Name(), t, func(ctx context.Context, db *sql.DB, table string) ([]string, error) {
 		return sqlkit.QueryStrings(ctx, db, `SELECT attname FROM pg_attribute WHERE attrelid = to_regclass($1)`+
 			` AND attnum > 0 AND NOT attisdropped`, pgQualify(t.Schema(), table))
 	}, map[string][]string{t.Name(): sqlkit.RecordColumns})
+	if err != nil {
+		return err
+	}
+	var n int
+	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM pg_index x JOIN pg_class c ON c.oid = x.indexrelid`+
+		` WHERE x.indrelid = to_regclass($1) AND c.relname = $2 AND x.indisvalid`, pgTable(t), t.Index("due")).Scan(&n); err != nil {
+		return err
+	}
+	return sqlkit.CheckDueIndex(d.Name(), t, n > 0)
 }
 
 // CheckOrdered implements [dialect.OrderedClaimer]: the order index and the unkeyed index, found

@@ -42,16 +42,9 @@ var (
 // (pgUUIDArray).
 //
 // Claim is one statement, run on the *sql.DB outside any caller transaction, so it is its
-// own short transaction (placeholders numbered as for an empty scope):
+// own short transaction: the locking read of pgDue (the rows that can be claimed now, in the
+// order they became so, through the due index), then
 //
-//	WITH c AS MATERIALIZED (
-//	    SELECT id FROM "outbox_events"
-//	    WHERE status IN ('pending', 'processing')
-//	      AND ((status = 'pending' AND next_attempt_at <= now())
-//	        OR (status = 'processing' AND locked_until < now()))
-//	      AND attempts < $1::bigint [AND namespace = $n] [AND topic IN (...)] [AND tenant_id = $n]
-//	    ORDER BY created_at, id LIMIT $2::bigint
-//	    FOR UPDATE SKIP LOCKED)
 //	UPDATE "outbox_events" AS t SET status = 'processing', attempts = t.attempts + 1,
 //	    locked_by = $3,
 //	    locked_until = GREATEST(now(), t.updated_at + interval '1 microsecond') + $4::bigint * interval '1 microsecond',
@@ -61,11 +54,10 @@ var (
 //
 // FOR UPDATE SKIP LOCKED lets concurrent claimers pass over each other's candidates
 // instead of queueing behind them, and the UPDATE commits the lease before the locks go.
-// The leading status IN (...) term matches the partial claim index ON (created_at, id)
-// WHERE status IN ('pending', 'processing'), so the planner walks that index in claim
-// order: no sort of the pending set, and delivered rows are never touched however many
-// are retained. MATERIALIZED (PostgreSQL 12) makes the locking subquery run exactly once,
-// whatever join the planner picks. Bury locks its candidates the same way.
+// MATERIALIZED (PostgreSQL 12) makes the locking subquery run exactly once, whatever join
+// the planner picks. An ordered claim walks the partial claim index ON (created_at, id)
+// WHERE status IN ('pending', 'processing') instead (ordered.go), which its leading
+// status IN (...) term lets the planner use. Bury locks its candidates the same way.
 //
 // Complete (ack and nack) is one statement for the whole batch:
 //
@@ -431,8 +423,40 @@ func pgClaim(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.Cla
 	}
 	tbl := pgTable(t)
 	a := &dialect.Args{Numbered: true}
+	if !p.Ordered {
+		return pgLease(ctx, q, t, p, a, pgDue(tbl, a, p, ""))
+	}
 	return pgLease(ctx, q, t, p, a, `WITH c AS MATERIALIZED (SELECT id FROM `+tbl+` WHERE `+pgEligible(a, p)+pgOrdered(tbl, p)+
 		` ORDER BY created_at, id LIMIT `+a.Add(p.Limit)+`::bigint FOR UPDATE SKIP LOCKED)`)
+}
+
+// pgDueAt is when a live row can next be claimed: a pending row when it falls due, a row in
+// flight when its lease runs out; NULL for the others. The due index is on (pgDueAt, id),
+// partial on pgDueAt IS NOT NULL, and an unordered claim repeats the expression exactly.
+const pgDueAt = `(CASE status WHEN 'pending' THEN next_attempt_at WHEN 'processing' THEN locked_until END)`
+
+// pgDue renders the WITH clause of an unordered claim, whose query c returns the locked ids:
+// the rows that can be claimed now, in the order they became so, one range of the due index
+// read in exactly its order, which stops after the rows it returns:
+//
+//	WITH c AS MATERIALIZED (SELECT id FROM "outbox_events"
+//	    WHERE (CASE status WHEN 'pending' THEN next_attempt_at
+//	                       WHEN 'processing' THEN locked_until END) <= now()
+//	      AND (SELECT attempts < $1::bigint [AND namespace = $n] [AND topic IN (...)] [AND tenant_id = $n])
+//	    ORDER BY (CASE ... END), id LIMIT $2::bigint FOR UPDATE SKIP LOCKED)
+//
+// Rows delayed for later, waiting for a retry, or in flight under a live lease lie past the
+// range's end and are never read, however many there are. The other terms are inside a
+// scalar subquery, which the planner cannot estimate and takes to keep half the rows: on a
+// table never analyzed (or analyzed while nearly empty) it estimated each scope term to keep
+// almost nothing, expected the LIMIT to need every due row, and read and sorted them all
+// (a bitmap scan of the due index, or a scan of the table); with only the due range to
+// estimate, the walk of the index in order is its one good plan, whatever the statistics
+// (TestPostgresDueClaimPlan). exclude is one more term ("" for none).
+func pgDue(tbl string, a *dialect.Args, p dialect.ClaimParams, exclude string) string {
+	return `WITH c AS MATERIALIZED (SELECT id FROM ` + tbl + ` WHERE ` + pgDueAt + ` <= now()` +
+		` AND (SELECT attempts < ` + a.Add(p.MaxAttempts) + `::bigint` + sqlkit.ScopeSQL(a, p.Scope, "", pgUUID) + `)` + exclude +
+		` ORDER BY ` + pgDueAt + `, id LIMIT ` + a.Add(p.Limit) + `::bigint FOR UPDATE SKIP LOCKED)`
 }
 
 // pgLease runs a claim: with, a WITH clause whose last query c returns the locked ids
@@ -560,8 +584,7 @@ func (d *Dialect) completeAndClaimRows(ctx context.Context, db *sql.DB, t dialec
 	settle, vals := d.settle(t, outcomes)
 	a := &dialect.Args{Numbered: true, Values: vals}
 	var b strings.Builder
-	b.WriteString(`WITH s AS (` + settle + `), c AS MATERIALIZED (SELECT id FROM ` + tbl + ` WHERE ` + pgEligible(a, p) + pgOrdered(tbl, p) +
-		` AND id NOT IN (SELECT unnest($1::uuid[])) ORDER BY created_at, id LIMIT ` + a.Add(p.Limit) + `::bigint FOR UPDATE SKIP LOCKED),`)
+	b.WriteString(`WITH s AS (` + settle + `), ` + strings.TrimPrefix(pgDue(tbl, a, p, ` AND id NOT IN (SELECT unnest($1::uuid[]))`), `WITH `) + `,`)
 	b.WriteString(` l AS (` + pgLeaseUpdate(tbl, a, p) + `) SELECT * FROM l UNION ALL SELECT x.id`)
 	for _, c := range sqlkit.ClaimColumns[1:] {
 		switch c {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxgo/outbox"
@@ -148,9 +149,103 @@ func TestPostgresHeadsByKeyPlanUnanalyzed(t *testing.T) {
 	})
 }
 
+// delayedRows is how many rows wait an hour ahead in the due-order tests: far more than a
+// claim may read.
+const delayedRows = 100_000
+
+// TestPostgresDueClaimPlan: an unordered claim reads the rows it returns and a few index
+// pages more, whatever number of rows wait for later, and keeps that plan whatever the
+// statistics say: never analyzed, analyzed while empty, or analyzed while the only rows
+// were delivered ones. With 100,000 rows delayed an hour, an empty claim and a claim of 100
+// read a bounded number of pages (EXPLAIN (ANALYZE, BUFFERS)), scoped or not.
+func TestPostgresDueClaimPlan(t *testing.T) {
+	t.Parallel()
+	for _, stats := range []string{"never analyzed", "analyzed empty", "analyzed delivered"} {
+		t.Run(stats, func(t *testing.T) {
+			t.Parallel()
+			b := setupPostgres(t, "")
+			_, err := b.db.ExecContext(b.ctx, `ALTER TABLE "`+b.table+`" SET (autovacuum_enabled = false)`)
+			require.NoError(t, err)
+			switch stats {
+			case "analyzed delivered":
+				b.bulk(t, 20, "now()", "'delivered'")
+				fallthrough
+			case "analyzed empty":
+				_, err := b.db.ExecContext(b.ctx, `ANALYZE "`+b.table+`"`)
+				require.NoError(t, err)
+			}
+			b.bulk(t, delayedRows, "now() + interval '1 hour'", "'pending'")
+			rec, store := recordingStore(t, b)
+			scopes := []outbox.Scope{{}, {Namespace: "orders", Topics: []string{"order.created", "order.paid"}},
+				{Namespace: "orders", TenantID: uuid.MustParse("0190f5c4-2b6e-7c3a-9e1d-4f2a8b6c0d1e")}}
+			// Each claim's statement is explained as planned for its arguments and as the
+			// generic plan a prepared statement settles on after five runs.
+			plans := [][]string{nil, {`SET LOCAL plan_cache_mode = force_generic_plan`}}
+			claim := func(sc outbox.Scope, limit int) (int, []orderedPlanNode) {
+				o := pgClaimOpts(limit)
+				o.Scope = sc
+				recs, err := store.Claim(b.ctx, o)
+				require.NoError(t, err)
+				var out []orderedPlanNode
+				for _, settings := range plans {
+					out = append(out, b.explainAnalyzeLast(t, rec, "the claim", func(sql string) bool { return strings.HasPrefix(sql, "WITH c AS") }, settings...))
+				}
+				return len(recs), out
+			}
+			for _, sc := range scopes {
+				n, plans := claim(sc, 100)
+				require.Zero(t, n, "nothing is due")
+				for i, plan := range plans {
+					requireDueWalk(t, b.table, plan, 20, "an empty claim, scope %+v, generic %v", sc, i == 1)
+				}
+			}
+			b.bulk(t, 1000, "now() - interval '1 second'", "'pending'")
+			for _, sc := range scopes[:2] {
+				n, plans := claim(sc, 100)
+				require.Equal(t, 100, n)
+				for i, plan := range plans {
+					// A buffer per row read, and as many again for the entries of the 100
+					// rows the claim before took (dead versions until vacuum), a few index
+					// pages.
+					requireDueWalk(t, b.table, plan, 350, "a claim of 100, scope %+v, generic %v", sc, i == 1)
+				}
+			}
+		})
+	}
+}
+
+// requireDueWalk fails unless plan reads the table through the due index only, sorts
+// nothing, and touches at most pages buffers in the claim's read.
+func requireDueWalk(t *testing.T, table string, plan orderedPlanNode, pages int, msgAndArgs ...any) {
+	t.Helper()
+	what := fmt.Sprintf(msgAndArgs[0].(string), msgAndArgs[1:]...)
+	t.Logf("%s:\n%s", what, plan.format(""))
+	var read *orderedPlanNode
+	plan.walk(func(n *orderedPlanNode) {
+		require.NotContains(t, n.NodeType, "Sort", "%s: the claim sorts nothing", what)
+		if n.RelationName == table && n.NodeType != "ModifyTable" && read == nil {
+			read = n
+		}
+	})
+	require.NotNil(t, read, what)
+	require.Equal(t, "Index Scan", read.NodeType, "%s: the table is read through an index, in order", what)
+	require.Equal(t, table+"_due_idx", read.IndexName, what)
+	require.LessOrEqual(t, read.SharedHit+read.SharedRead, pages, "%s: pages read, with %d rows delayed", what, delayedRows)
+}
+
+// bulk inserts n rows of namespace orders, topic order.created, with status and
+// next_attempt_at as given (SQL expressions), in one statement.
+func (b *pgBundle) bulk(t *testing.T, n int, next, status string) {
+	t.Helper()
+	_, err := b.db.ExecContext(b.ctx, `INSERT INTO "`+b.table+`" (id, namespace, topic, payload, payload_hash, status, next_attempt_at)`+
+		` SELECT gen_random_uuid(), 'orders', 'order.created', '{"n":1}', '\x00', `+status+`, `+next+` FROM generate_series(1, $1::int)`, n)
+	require.NoError(t, err)
+}
+
 // explainAnalyzeLast returns the EXPLAIN ANALYZE of the last query rec recorded that match
 // accepts (what names it), run in a transaction that is rolled back: it runs the query.
-func (b *pgBundle) explainAnalyzeLast(t *testing.T, rec *recordingConnector, what string, match func(sql string) bool) orderedPlanNode {
+// settings run first in that transaction (SET LOCAL ...).
+func (b *pgBundle) explainAnalyzeLast(t *testing.T, rec *recordingConnector, what string, match func(sql string) bool, settings ...string) orderedPlanNode {
 	t.Helper()
 	var q recordedQuery
 	rec.mu.Lock()
@@ -164,8 +259,12 @@ func (b *pgBundle) explainAnalyzeLast(t *testing.T, rec *recordingConnector, wha
 	tx, err := b.db.BeginTx(b.ctx, nil)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback() }()
+	for _, set := range settings {
+		_, err := tx.ExecContext(b.ctx, set)
+		require.NoError(t, err)
+	}
 	var out string
-	require.NoError(t, tx.QueryRowContext(b.ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+q.sql, q.args...).Scan(&out))
+	require.NoError(t, tx.QueryRowContext(b.ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) `+q.sql, q.args...).Scan(&out))
 	var plans []struct{ Plan orderedPlanNode }
 	require.NoError(t, json.Unmarshal([]byte(out), &plans))
 	require.Len(t, plans, 1)
@@ -181,6 +280,8 @@ type orderedPlanNode struct {
 	ActualLoops  int               `json:"Actual Loops"`
 	Plans        []orderedPlanNode `json:"Plans"`
 	RelationName string            `json:"Relation Name"`
+	SharedHit    int               `json:"Shared Hit Blocks"`
+	SharedRead   int               `json:"Shared Read Blocks"`
 }
 
 func (n *orderedPlanNode) walk(f func(*orderedPlanNode)) {

@@ -558,9 +558,7 @@ func TestPostgresClaimPlan(t *testing.T) {
 
 	rec, store := recordingStore(t, b)
 
-	// No scope, and the scope of a publisher serving one namespace and topic. (A scope the
-	// index does not cover and the statistics call rare, such as one tenant's rows, may
-	// rightly be planned as a scan of the table and a sort of the few matches.)
+	// No scope, and the scope of a publisher serving one namespace and topic.
 	for _, sc := range []outbox.Scope{{}, {Namespace: "orders", Topics: []string{"order.created", "order.paid"}}} {
 		rec.reset()
 		o := pgClaimOpts(10)
@@ -587,11 +585,11 @@ func TestPostgresClaimPlan(t *testing.T) {
 			require.NotContains(t, n.NodeType, "Sort", "the claim must not sort the pending set")
 			if n.RelationName == b.table {
 				require.Contains(t, []string{"Index Scan", "Index Only Scan"}, n.NodeType, "the table is read through an index only")
-				require.Equal(t, b.table+"_claim_idx", n.IndexName)
+				require.Equal(t, b.table+"_due_idx", n.IndexName)
 				usesIndex = true
 			}
 		}
-		require.True(t, usesIndex, "the claim reads the claim index")
+		require.True(t, usesIndex, "the claim reads the due index")
 		require.Subset(t, types, []string{"Limit", "LockRows"})
 	}
 }

@@ -13,7 +13,7 @@ import (
 // sqliteDSN is the connection string the SQLite checks recommend.
 const sqliteDSN = "file:app.db?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_txlock=immediate"
 
-// Check implements [dialect.Checker]. Besides the table, it reads the connection's journal mode and
+// Check implements [dialect.Checker]. Besides the table and its due index, it reads the connection's journal mode and
 // busy timeout: without WAL, readers block the writer, and without a busy timeout a writer
 // that finds the database locked fails at once with SQLITE_BUSY instead of waiting its
 // turn. An in-memory database (journal mode "memory") needs neither.
@@ -22,6 +22,14 @@ func (d Dialect) Check(ctx context.Context, db *sql.DB, t dialect.Table) error {
 		return sqlkit.QueryStrings(ctx, db, `SELECT name FROM pragma_table_info(?)`, table)
 	}, map[string][]string{t.Name(): sqlkit.RecordColumns})
 	if err != nil {
+		return err
+	}
+	var n int
+	if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND tbl_name = ? AND name = ?`,
+		t.Name(), t.Index("due")).Scan(&n); err != nil {
+		return err
+	}
+	if err := sqlkit.CheckDueIndex(d.Name(), t, n > 0); err != nil {
 		return err
 	}
 	// One connection answers both, so the pair describes one connection of the pool.

@@ -47,8 +47,10 @@ var (
 // its first step, before it reads a row: what BEGIN IMMEDIATE gives, waiting for
 // the lock under busy_timeout as BEGIN IMMEDIATE does, and never failing half way the way a
 // deferred transaction that reads first and then writes can. The claim is UPDATE ... WHERE
-// id IN (SELECT ... ORDER BY created_at, id LIMIT n), and the UPDATE re-checks eligibility
-// (the optimistic guard), so two claimers can never take the same row.
+// id IN (SELECT ... ORDER BY <due time>, id LIMIT n) through the due index (sqliteDueAt;
+// an ordered claim walks the claim index in (created_at, id) order instead), and the
+// UPDATE re-checks eligibility (the optimistic guard), so two claimers can never take the
+// same row.
 //
 // Clock: the statements read it themselves (sqliteNow, SQLite's julianday('now')), so it is
 // read once the write lock is held, and a wait for the lock can never shorten a lease,
@@ -155,6 +157,20 @@ func sqliteEligible(a *dialect.Args, p dialect.ClaimParams) string {
 		sqlkit.ScopeSQL(a, p.Scope, "", sqlkit.UUIDBytes)
 }
 
+// sqliteDueAt is when a live row can next be claimed: a pending row when it falls due, a
+// row in flight when its lease runs out; NULL for the others. The due index is on
+// (sqliteDueAt, id), partial on sqliteDueAt IS NOT NULL; an unordered claim repeats the
+// expression exactly, so that one range of the index, read in order, returns the rows that
+// became claimable first and stops at the first that is not claimable yet: rows delayed
+// for later or waiting for a retry are never read, however many there are.
+const sqliteDueAt = `(CASE status WHEN 'pending' THEN next_attempt_at WHEN 'processing' THEN locked_until END)`
+
+// sqliteDue renders the unordered claim's predicate over the due index: claimable now,
+// below the attempt limit, in scope; the claim's guard is sqliteEligible, as for every claim.
+func sqliteDue(a *dialect.Args, p dialect.ClaimParams) string {
+	return sqliteDueAt + ` <= ` + sqliteNow + ` AND attempts < ` + a.Add(p.MaxAttempts) + sqlkit.ScopeSQL(a, p.Scope, "", sqlkit.UUIDBytes)
+}
+
 func (d Dialect) claimRows(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.ClaimParams) (recs []dialect.Record, err error) {
 	if p.Ordered && p.Namespace != "" {
 		return d.claimOrdered(ctx, db, t, p)
@@ -162,7 +178,7 @@ func (d Dialect) claimRows(ctx context.Context, db *sql.DB, t dialect.Table, p d
 	// Probe first, without the write lock (in WAL mode readers never wait): idle publishers
 	// polling an empty outbox must not queue for the one write lock that producers need.
 	// While the previous claim of the same scope came back full there is a backlog, and the
-	// probe would only cost time (sqliteBacklog). Both reads name the claim index: with
+	// probe would only cost time (sqliteBacklog). Both reads name their index: with
 	// statistics gathered while most rows were pending, SQLite's planner chose a rowid scan
 	// that passed every delivered row before the first pending one, which made a long drain
 	// quadratic (BENCHMARKS.md, gap 2). Both statements are prepared once per connection
@@ -170,6 +186,11 @@ func (d Dialect) claimRows(ctx context.Context, db *sql.DB, t dialect.Table, p d
 	a := &dialect.Args{}
 	probe := `SELECT 1 FROM ` + sqlkit.QuoteIdent(t.Name(), '"') + ` INDEXED BY ` + sqlkit.QuoteIdent(t.Index("claim"), '"') +
 		` WHERE ` + sqliteEligible(a, p) + sqliteOrdered(t, p) + ` LIMIT 1`
+	if !p.Ordered {
+		a = &dialect.Args{}
+		probe = `SELECT 1 FROM ` + sqlkit.QuoteIdent(t.Name(), '"') + ` INDEXED BY ` + sqlkit.QuoteIdent(t.Index("due"), '"') +
+			` WHERE ` + sqliteDue(a, p) + ` LIMIT 1`
+	}
 	backlog := d.backlog.of(db, probe, a.Values)
 	if backlog == nil || !backlog.Load() {
 		var one int
@@ -226,6 +247,12 @@ func (b *sqliteBacklog) of(db *sql.DB, probe string, vals []any) *atomic.Bool {
 // can give UpdatedAt as LockedUntil - Lease.
 func sqliteClaim(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ClaimParams) ([]dialect.Record, error) {
 	tbl := sqlkit.QuoteIdent(t.Name(), '"')
+	if !p.Ordered {
+		return sqliteLease(ctx, q, t, p, func(a *dialect.Args) string {
+			return `SELECT id FROM ` + tbl + ` INDEXED BY ` + sqlkit.QuoteIdent(t.Index("due"), '"') + ` WHERE ` + sqliteDue(a, p) +
+				` ORDER BY ` + sqliteDueAt + `, id LIMIT ` + a.Add(p.Limit)
+		})
+	}
 	return sqliteLease(ctx, q, t, p, func(a *dialect.Args) string {
 		return `SELECT id FROM ` + tbl + ` INDEXED BY ` + sqlkit.QuoteIdent(t.Index("claim"), '"') + ` WHERE ` + sqliteEligible(a, p) +
 			sqliteOrdered(t, p) + ` ORDER BY created_at, id LIMIT ` + a.Add(p.Limit)

@@ -39,8 +39,8 @@ func (Dialect) Signal(context.Context, dialect.DBTX, dialect.Table, string) erro
 // connection of its own, it reads PRAGMA data_version, which changes when any other
 // connection, in this process or another, commits to the file, when the file or its
 // write-ahead log was written (or at a short interval where the system cannot tell). On
-// a change it probes the table for due pending rows created in the last sqlkit.NotifyLookback
-// that it has not reported yet (one read of the claim index, newest first), and wakes
+// a change it probes the table for rows that became claimable in the last sqlkit.NotifyLookback
+// that it has not reported yet (one read of the due index, newest first), and wakes
 // their namespaces. Rolled-back and open transactions change nothing it can see; commits
 // to other tables of the file change the counter but find no new row of this table.
 //
@@ -173,14 +173,14 @@ func sqliteMainFile(ctx context.Context, conn *sql.Conn) (string, error) {
 	return "", rows.Err()
 }
 
-// sqliteNotifyProbe is the listener's probe: the newest due pending rows created within
-// the lookback (bound in microseconds), read through the claim index, whose partial
-// condition the leading status IN (...) repeats.
+// sqliteNotifyProbe is the listener's probe: the rows that became claimable within the
+// lookback (bound in microseconds), newest first: one backward range of the due index,
+// which rows scheduled for later never enter before they fall due (a bulk of them enqueued
+// just now costs the probe nothing). A row enqueued due at once became due when created.
 func sqliteNotifyProbe(t dialect.Table) string {
-	return `SELECT id, namespace FROM ` + sqlkit.QuoteIdent(t.Name(), '"') + ` INDEXED BY ` + sqlkit.QuoteIdent(t.Index("claim"), '"') + `
-	WHERE status IN ('pending', 'processing') AND created_at >= ` + sqliteNow + ` - ?
-	AND status = 'pending' AND next_attempt_at <= ` + sqliteNow + `
-	ORDER BY created_at DESC LIMIT ` + strconv.Itoa(sqlkit.NotifyProbeLimit)
+	return `SELECT id, namespace FROM ` + sqlkit.QuoteIdent(t.Name(), '"') + ` INDEXED BY ` + sqlkit.QuoteIdent(t.Index("due"), '"') + `
+	WHERE ` + sqliteDueAt + ` <= ` + sqliteNow + ` AND ` + sqliteDueAt + ` >= ` + sqliteNow + ` - ?
+	ORDER BY ` + sqliteDueAt + ` DESC LIMIT ` + strconv.Itoa(sqlkit.NotifyProbeLimit)
 }
 
 // IdlePollInterval implements [sqlkit.PollingListener].

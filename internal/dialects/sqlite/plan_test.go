@@ -120,3 +120,65 @@ func sqlitePlan(ctx context.Context, t *testing.T, db *sql.DB, query string, arg
 	require.NoError(t, rows.Err())
 	return b.String()
 }
+
+// TestSQLiteDueClaimPlan: with 100,000 rows delayed an hour, an unordered claim's probe and
+// its candidate read are one range of the due index each, in its order, up to now: the
+// delayed rows lie past the range's end and are never read, whether nothing or 100 rows
+// are due, analyzed or not.
+func TestSQLiteDueClaimPlan(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s, db, rec := newLoggedSQLiteStore(ctx, t)
+	bulk := func(n int, delay time.Duration) {
+		now := time.Now().UnixMicro()
+		_, err := db.ExecContext(ctx, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)`+
+			` INSERT INTO outbox_events (id, namespace, topic, payload, payload_hash, status, attempts, next_attempt_at, created_at, updated_at)`+
+			` SELECT randomblob(16), 'orders', 'order.created', '{"n":1}', x'00', 'pending', 0, ?, ?, ? FROM n`,
+			n, now+delay.Microseconds(), now, now)
+		require.NoError(t, err)
+	}
+	bulk(100_000, time.Hour)
+	scopes := []outbox.Scope{{}, {Namespace: "orders", Topics: []string{"order.created", "order.paid"}}}
+	for _, analyzed := range []bool{false, true} {
+		if analyzed {
+			_, err := db.ExecContext(ctx, `ANALYZE`)
+			require.NoError(t, err)
+		}
+		for _, sc := range scopes {
+			rec.reset()
+			o := outbox.ClaimOptions{Limit: 100, Lease: time.Minute, MaxAttempts: 5, WorkerID: "plan", Scope: sc}
+			recs, err := s.Claim(ctx, o)
+			require.NoError(t, err)
+			require.Empty(t, recs, "nothing is due")
+			requireDueRead(ctx, t, db, rec.every(), "SELECT 1 FROM", "the probe of an empty claim")
+		}
+	}
+	bulk(1000, -time.Second)
+	for _, sc := range scopes {
+		rec.reset()
+		o := outbox.ClaimOptions{Limit: 100, Lease: time.Minute, MaxAttempts: 5, WorkerID: "plan", Scope: sc}
+		recs, err := s.Claim(ctx, o)
+		require.NoError(t, err)
+		require.Len(t, recs, 100)
+		requireDueRead(ctx, t, db, rec.every(), "UPDATE", "a claim of 100")
+	}
+}
+
+// requireDueRead fails unless the last of queries that starts with prefix reads the table
+// through one range of the due index, in its order, and nothing else of it.
+func requireDueRead(ctx context.Context, t *testing.T, db *sql.DB, queries []string, prefix, what string) {
+	t.Helper()
+	var q string
+	for _, s := range queries {
+		if strings.HasPrefix(s, prefix) {
+			q = s
+		}
+	}
+	require.NotEmpty(t, q, "%s ran", what)
+	plan := sqlitePlan(ctx, t, db, q, make([]any, strings.Count(q, "?"))...)
+	t.Logf("%s: %s\n%s", what, q, plan)
+	require.Contains(t, plan, "SEARCH outbox_events USING INDEX outbox_events_due_idx (<expr><?)", what)
+	require.NotContains(t, plan, "TEMP B-TREE", "%s sorts nothing", what)
+	require.NotContains(t, plan, "SCAN outbox_events", "%s scans nothing", what)
+	require.NotContains(t, plan, "outbox_events_claim_idx", "%s does not walk the creation order", what)
+}

@@ -63,6 +63,19 @@ func CheckTables(ctx context.Context, db *sql.DB, name string, t dialect.Table,
 	return nil
 }
 
+// CheckDueIndex is the check of the due index that unordered claims read, for the dialect
+// name: found tells whether the table t has it (valid, where a database can hold an invalid
+// one). A table migrated before the index existed lacks it.
+func CheckDueIndex(name string, t dialect.Table, found bool) error {
+	if found {
+		return nil
+	}
+	return &dialect.CheckError{
+		Problem: fmt.Sprintf("table %q lacks index %s, which claims read", t.Name(), t.Index("due")),
+		Fix:     "it was created by older migrations: " + migrateFix(name, t),
+	}
+}
+
 // QueryStrings runs a query returning one text column and collects it.
 func QueryStrings(ctx context.Context, db *sql.DB, query string, args ...any) ([]string, error) {
 	rows, err := db.QueryContext(ctx, query, args...)

@@ -17,11 +17,11 @@ import (
 // do. Each dialect decides how often it asks: SQLite only when its file changed (PRAGMA
 // data_version), MySQL at a short interval.
 
-// NotifyLookback is how far back, by created_at, the listener's probe looks for due
-// pending rows. A row committed by a transaction that stayed open longer than this after
-// its enqueue wakes nobody: the publisher's poll finds it, within a second while it
-// listens (DefaultIdleBackoffMax). The probe walks only the rows that are pending and
-// created within it, newest first, at most NotifyProbeLimit of them.
+// NotifyLookback is how far back, by the time rows fell due, the listener's probe looks
+// for claimable rows. A row committed by a transaction that stayed open longer than this
+// after its enqueue wakes nobody: the publisher's poll finds it, within a second while it
+// listens (DefaultIdleBackoffMax). The probe walks only the rows that fell due within it,
+// newest first, at most NotifyProbeLimit of them.
 const NotifyLookback = 10 * time.Second
 
 // NotifyProbeLimit bounds the rows one probe reads. Under a backlog the newest rows are
