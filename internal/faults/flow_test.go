@@ -74,7 +74,7 @@ type produced struct {
 // flow is one running scenario on one database.
 type flow struct {
 	t       *testing.T
-	backend string                       // "postgres" or "mysql"
+	backend string                      // "postgres" or "mysql"
 	dsn     func(db, app string) string // a DSN for database db with application name app
 	dbName  string
 	app     string // application_name prefix of every pool the flow opens (PostgreSQL)

@@ -166,9 +166,9 @@ func (s *server) command() (*exec.Cmd, error) {
 			"-c", "shared_buffers=32MB", "-c", "logging_collector=off"}, s.args...)...), nil
 	default:
 		return exec.Command("mariadbd", append([]string{"--no-defaults", "--datadir=" + data, "--port=" + strconv.Itoa(s.port),
-			"--bind-address=127.0.0.1", "--socket="+filepath.Join(s.dir, "mysqld.sock"), "--user=root",
+			"--bind-address=127.0.0.1", "--socket=" + filepath.Join(s.dir, "mysqld.sock"), "--user=root",
 			"--skip-log-bin", "--skip-name-resolve", "--innodb-buffer-pool-size=64M", "--max-connections=300",
-			"--pid-file="+filepath.Join(s.dir, "mysqld.pid"),
+			"--pid-file=" + filepath.Join(s.dir, "mysqld.pid"),
 			// A tmpdir of its own: at start MariaDB deletes the #sql temporary files it
 			// finds in its tmpdir, and /tmp is the shared server's.
 			"--tmpdir=" + s.dir}, s.args...)...), nil
