@@ -285,6 +285,19 @@ func (c *logCapture) count(level slog.Level, prefix string) int {
 	return n
 }
 
+// countAttr returns how many records at level or above have attributes containing sub.
+func (c *logCapture) countAttr(level slog.Level, sub string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, r := range c.recs {
+		if r.level >= level && strings.Contains(r.attrs, sub) {
+			n++
+		}
+	}
+	return n
+}
+
 // wait waits for a record with message msg logged after since and returns how long after
 // since it came.
 func (c *logCapture) wait(msg string, since time.Time, within time.Duration) time.Duration {

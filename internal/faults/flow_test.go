@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
@@ -38,6 +39,9 @@ type flowOptions struct {
 	failRate float64
 	// logs receives the publishers' logs when set; they are discarded otherwise.
 	logs *logCapture
+	// producerPools is how many pools the producers share out (roles producer0, producer1,
+	// ...); 0 or 1 is one pool (role producer).
+	producerPools int
 }
 
 func defaultFlowOptions() flowOptions {
@@ -97,6 +101,9 @@ type flow struct {
 	stopPubs      context.CancelFunc
 	pubsDone      sync.WaitGroup
 	commitErrors  atomic.Int64
+	// conflicts counts the business transactions the database rolled back with MySQL
+	// error 1213, at Enqueue (outbox.ErrRetryTransaction) and at Commit.
+	enqueueConflicts, commitConflicts atomic.Int64
 }
 
 // newFlow migrates a fresh database on srv and creates the business table.
@@ -144,17 +151,26 @@ func (f *flow) dialect() outbox.Dialect {
 // start starts the producers and the publishers.
 func (f *flow) start() {
 	t := f.t
-	prodDB := f.open("producer")
-	prodDB.SetMaxOpenConns(f.opts.producers + 1)
-	f.pools = append(f.pools, prodDB)
-	store, err := outbox.New(prodDB, f.dialect(), outbox.Options{})
-	require.NoError(t, err)
+	var prodDBs []*sql.DB
+	var stores []*outbox.Store
+	for i := range max(f.opts.producerPools, 1) {
+		role := "producer"
+		if f.opts.producerPools > 1 {
+			role = fmt.Sprintf("producer%d", i)
+		}
+		db := f.open(role)
+		db.SetMaxOpenConns(f.opts.producers + 1)
+		f.pools = append(f.pools, db)
+		store, err := outbox.New(db, f.dialect(), outbox.Options{})
+		require.NoError(t, err)
+		prodDBs, stores = append(prodDBs, db), append(stores, store)
+	}
 
 	pctx, stop := context.WithCancel(context.Background())
 	f.stopProducers = stop
 	for i := range f.opts.producers {
 		f.producersDone.Add(1)
-		go f.produce(pctx, store, prodDB, i)
+		go f.produce(pctx, stores[i%len(stores)], prodDBs[i%len(prodDBs)], i)
 	}
 
 	ctx, stopPubs := context.WithCancel(context.Background())
@@ -237,6 +253,9 @@ func (f *flow) transaction(store *outbox.Store, db *sql.DB, insert, key string, 
 		Payload: []byte(fmt.Sprintf(`{"order":%q}`, key)),
 	})
 	if err != nil {
+		if errors.Is(err, outbox.ErrRetryTransaction) {
+			f.enqueueConflicts.Add(1)
+		}
 		_ = tx.Rollback()
 		return produced{out: aborted}
 	}
@@ -250,6 +269,9 @@ func (f *flow) transaction(store *outbox.Store, db *sql.DB, insert, key string, 
 	}
 	if err := tx.Commit(); err != nil {
 		f.commitErrors.Add(1)
+		if me := (*mysql.MySQLError)(nil); errors.As(err, &me) && me.Number == 1213 {
+			f.commitConflicts.Add(1)
+		}
 		return produced{id: res.ID, out: unknown}
 	}
 	return produced{id: res.ID, out: committed}
@@ -420,7 +442,7 @@ func (f *flow) finish(within time.Duration) report {
 	deadline = time.Now().Add(within)
 	for {
 		var notDelivered int
-		require.NoError(t, check.QueryRowContext(ctx, `SELECT COUNT(*) FROM outbox_events WHERE status <> 'delivered'`).Scan(&notDelivered))
+		require.NoError(t, check.QueryRowContext(ctx, `SELECT COUNT(*) FROM outbox_events WHERE namespace = '`+flowNamespace+`' AND status <> 'delivered'`).Scan(&notDelivered))
 		if notDelivered == 0 {
 			break
 		}
@@ -430,7 +452,7 @@ func (f *flow) finish(within time.Duration) report {
 		time.Sleep(50 * time.Millisecond)
 	}
 	var rows int
-	require.NoError(t, check.QueryRowContext(ctx, `SELECT COUNT(*) FROM outbox_events`).Scan(&rows))
+	require.NoError(t, check.QueryRowContext(ctx, `SELECT COUNT(*) FROM outbox_events WHERE namespace = '`+flowNamespace+`'`).Scan(&rows))
 	require.Equal(t, len(expected), rows, "rows in the outbox table")
 	f.checkRunning()
 	f.stop()

@@ -99,6 +99,13 @@ func pgBin() (string, error) {
 // newServer initialises a data directory and starts a server on it with the given extra
 // command-line arguments.
 func newServer(backend string, args ...string) (*server, error) {
+	return newServerAs(backend, "", args...)
+}
+
+// newServerAs is newServer with MariaDB run as the system user osUser when the test runs
+// as root (Galera's rsync state transfer runs its daemon as the server's user, and as
+// root that daemon would drop to nobody).
+func newServerAs(backend, osUser string, args ...string) (*server, error) {
 	dir, err := os.MkdirTemp("", "outbox-faults-"+backend+"-")
 	if err != nil {
 		return nil, err
@@ -141,6 +148,24 @@ func newServer(backend string, args ...string) (*server, error) {
 			"--user=root", "--auth-root-authentication-method=normal", "--skip-test-db")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return fail(fmt.Errorf("mariadb-install-db: %v: %s", err, out))
+		}
+		if osUser != "" && os.Geteuid() == 0 {
+			u, err := user.Lookup(osUser)
+			if err != nil {
+				return fail(err)
+			}
+			uid, _ := strconv.Atoi(u.Uid)
+			gid, _ := strconv.Atoi(u.Gid)
+			s.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+			err = filepath.Walk(dir, func(path string, _ os.FileInfo, err error) error {
+				if err != nil {
+					return err
+				}
+				return os.Lchown(path, uid, gid)
+			})
+			if err != nil {
+				return fail(err)
+			}
 		}
 	default:
 		return fail(fmt.Errorf("unknown backend %q", backend))
