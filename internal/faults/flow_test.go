@@ -102,8 +102,9 @@ type flow struct {
 	pubsDone      sync.WaitGroup
 	commitErrors  atomic.Int64
 	// conflicts counts the business transactions the database rolled back with MySQL
-	// error 1213, at Enqueue (outbox.ErrRetryTransaction) and at Commit.
-	enqueueConflicts, commitConflicts atomic.Int64
+	// error 1213: at the business row's INSERT, at Enqueue (outbox.ErrRetryTransaction) and
+	// at Commit.
+	insertConflicts, enqueueConflicts, commitConflicts atomic.Int64
 }
 
 // newFlow migrates a fresh database on srv and creates the business table.
@@ -244,6 +245,9 @@ func (f *flow) transaction(store *outbox.Store, db *sql.DB, insert, key string, 
 		return produced{out: aborted}
 	}
 	if _, err := tx.ExecContext(ctx, insert, key); err != nil {
+		if me := (*mysql.MySQLError)(nil); errors.As(err, &me) && me.Number == 1213 {
+			f.insertConflicts.Add(1)
+		}
 		_ = tx.Rollback()
 		return produced{out: aborted}
 	}

@@ -213,8 +213,9 @@ func TestGalera(t *testing.T) {
 	f.waitDelivered(f.delivered()+200, time.Minute)
 	rep := f.finish(2 * time.Minute)
 	t.Logf("galera: %s", rep)
-	t.Logf("galera: business transactions rolled back by error 1213: %d at Enqueue, %d at Commit; dedupe race: %d keys, %d enqueued, %d duplicates, %d transaction retries",
-		f.enqueueConflicts.Load(), f.commitConflicts.Load(), keys, enqueued.Load(), duplicates.Load(), retries.Load())
+	t.Logf("galera: business transactions rolled back by error 1213: %d at the business INSERT, %d at Enqueue, %d at Commit; "+
+		"dedupe race: %d keys, %d enqueued, %d duplicates, %d transaction retries",
+		f.insertConflicts.Load(), f.enqueueConflicts.Load(), f.commitConflicts.Load(), keys, enqueued.Load(), duplicates.Load(), retries.Load())
 	t.Logf("galera: publisher log lines: %d warnings of conflicts past the retries, %d errors",
 		logs.countAttr(slog.LevelWarn, "Error 1213"), logs.count(slog.LevelError, ""))
 	require.Zero(t, logs.count(slog.LevelError, ""), "publisher ERROR log lines:\n%s", logs)
