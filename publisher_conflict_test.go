@@ -37,8 +37,8 @@ type levelHandler struct {
 }
 
 func (h *levelHandler) Enabled(context.Context, slog.Level) bool { return true }
-func (h *levelHandler) WithAttrs([]slog.Attr) slog.Handler      { return h }
-func (h *levelHandler) WithGroup(string) slog.Handler           { return h }
+func (h *levelHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *levelHandler) WithGroup(string) slog.Handler            { return h }
 func (h *levelHandler) Handle(_ context.Context, r slog.Record) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -94,7 +94,8 @@ type flow struct {
 
 	mu      sync.Mutex
 	keys    map[string]produced
-	commits []time.Time // when each successful Commit returned, in order
+	commits []time.Time       // when each successful Commit returned, in order
+	aborts  map[string]string // step -> the first error that aborted a transaction there
 
 	stopProducers context.CancelFunc
 	producersDone sync.WaitGroup
@@ -242,9 +243,11 @@ func (f *flow) transaction(store *outbox.Store, db *sql.DB, insert, key string, 
 	ctx := context.Background()
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
+		f.noteAbort("begin", err)
 		return produced{out: aborted}
 	}
 	if _, err := tx.ExecContext(ctx, insert, key); err != nil {
+		f.noteAbort("insert", err)
 		if me := (*mysql.MySQLError)(nil); errors.As(err, &me) && me.Number == 1213 {
 			f.insertConflicts.Add(1)
 		}
@@ -257,6 +260,7 @@ func (f *flow) transaction(store *outbox.Store, db *sql.DB, insert, key string, 
 		Payload: []byte(fmt.Sprintf(`{"order":%q}`, key)),
 	})
 	if err != nil {
+		f.noteAbort("enqueue", err)
 		if errors.Is(err, outbox.ErrRetryTransaction) {
 			f.enqueueConflicts.Add(1)
 		}
@@ -265,6 +269,7 @@ func (f *flow) transaction(store *outbox.Store, db *sql.DB, insert, key string, 
 	}
 	if rollback {
 		if err := tx.Rollback(); err != nil {
+			f.noteAbort("rollback", err)
 			// A failed rollback still commits nothing: the server drops the transaction
 			// with the connection.
 			return produced{id: res.ID, out: aborted}
@@ -279,6 +284,19 @@ func (f *flow) transaction(store *outbox.Store, db *sql.DB, insert, key string, 
 		return produced{id: res.ID, out: unknown}
 	}
 	return produced{id: res.ID, out: committed}
+}
+
+// noteAbort remembers the first error that aborted a business transaction at step, for
+// the test's log.
+func (f *flow) noteAbort(step string, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.aborts == nil {
+		f.aborts = map[string]string{}
+	}
+	if _, ok := f.aborts[step]; !ok {
+		f.aborts[step] = err.Error()
+	}
 }
 
 // delivered returns how many messages the transport delivered.
