@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"os/user"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -32,6 +33,8 @@ func galeraMissing() string {
 	}
 	if _, err := exec.LookPath("wsrep_sst_rsync"); err != nil {
 		pkgs = append(pkgs, "mariadb-server")
+	} else if _, err := user.Lookup("mysql"); err != nil && os.Geteuid() == 0 {
+		pkgs = append(pkgs, "mariadb-server") // it creates the mysql user the nodes run as
 	}
 	if _, err := exec.LookPath("rsync"); err != nil {
 		pkgs = append(pkgs, "rsync")
