@@ -72,9 +72,7 @@ func newGalera(t *testing.T) *galera {
 	t.Cleanup(func() {
 		for i := len(g.nodes) - 1; i >= 0; i-- {
 			_ = g.nodes[i].stop(false)
-			if os.Getenv("OUTBOX_KEEP") == "" {
-				_ = os.RemoveAll(g.nodes[i].dir)
-			}
+			_ = os.RemoveAll(g.nodes[i].dir)
 		}
 	})
 	for i := range n {
