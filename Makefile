@@ -89,7 +89,7 @@ screenshots: ## Drive the web view in headless chromium and write the README's s
 	cd outboxui/browsertest && OUTBOX_SCREENSHOTS=$(CURDIR)/docs $(GO) test -count=1 -run '^TestBrowser$$' .
 
 .PHONY: test-faults
-test-faults: ## Database restarts, killed connections and lease reclaim, on private servers it starts (about 2 minutes)
+test-faults: ## Database restarts, killed connections, lease reclaim, a PostgreSQL failover and a Galera cluster, on private servers it starts (about 3 minutes)
 	OUTBOX_FAULTS=1 $(GO) test -count=1 -v -timeout 15m -skip '^TestSoak$$' ./internal/faults
 
 SOAK_DURATION ?= 10m

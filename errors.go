@@ -36,6 +36,16 @@ var (
 	// such a row at once and never hands it to the [Transport], and [DeadLetter.Err]
 	// matches it.
 	ErrIntegrity = dialect.ErrIntegrity
+
+	// ErrRetryTransaction marks an error after which the caller's whole business
+	// transaction must be rolled back and run again from its start: the database rolled it
+	// back to resolve a conflict with another transaction (MySQL and MariaDB error 1213: a
+	// deadlock, or on a Galera cluster a certification conflict between nodes).
+	// [Store.Enqueue] and [Store.EnqueueBatch] wrap it when the database answers so; the
+	// same conflict can also surface at the caller's own Commit, where the driver's error is
+	// returned as it is (with go-sql-driver/mysql, a *mysql.MySQLError whose Number is 1213).
+	// docs/deployment.md says what to do on a cluster.
+	ErrRetryTransaction = dialect.ErrRetryTransaction
 )
 
 // ValidationError describes one refused input. It matches [ErrInvalid], and

@@ -962,7 +962,7 @@ func (r *run) extend(held []Lease, lost map[uuid.UUID]bool) ([]Lease, time.Durat
 	default:
 		// Try again soon: the lease is still running, but time is short.
 		p.errs.Add(1)
-		p.log.Error("outbox publisher: lease renewal failed", "err", err, idsAttr(held))
+		p.log.Log(r.work, dbErrorLevel(err), "outbox publisher: lease renewal failed", "err", err, idsAttr(held))
 		return held, max(p.opts.Lease/10, time.Millisecond)
 	}
 }
@@ -1017,7 +1017,7 @@ func (r *run) settle(b *outcomes) {
 		p.errs.Add(1)
 		b.sent = true
 		if attempt == settleAttempts {
-			p.log.Error("outbox publisher: could not settle outcomes; the rows keep their lease and will be redelivered after it expires",
+			p.log.Log(r.work, dbErrorLevel(err), "outbox publisher: could not settle outcomes; the rows keep their lease and will be redelivered after it expires",
 				"err", err, idsAttr(dialect.Leases(outs)), "count", len(outs))
 			return
 		}
@@ -1200,7 +1200,7 @@ func (r *run) sweep(bury func(context.Context, Scope, int, int) ([]uuid.UUID, er
 		if err != nil {
 			if r.work.Err() == nil {
 				p.errs.Add(1)
-				p.log.Error("outbox publisher: sweep failed; will try again at the next sweep", "err", err)
+				p.log.Log(r.work, dbErrorLevel(err), "outbox publisher: sweep failed; will try again at the next sweep", "err", err)
 			}
 			return false
 		}
@@ -1214,7 +1214,7 @@ func (r *run) sweep(bury func(context.Context, Scope, int, int) ([]uuid.UUID, er
 					dl.Delivery, dl.Reason = deliveryOf(rec), rec.LastError
 				} else if r.work.Err() == nil {
 					p.errs.Add(1)
-					p.log.Error("outbox publisher: reading a buried row failed", "id", id, "err", err)
+					p.log.Log(r.work, dbErrorLevel(err), "outbox publisher: reading a buried row failed", "id", id, "err", err)
 				}
 			}
 			dls = append(dls, dl)
@@ -1241,4 +1241,15 @@ func idsAttr[T Lease | uuid.UUID](xs []T) slog.Attr {
 		}
 	}
 	return slog.Any("ids", ids)
+}
+
+// dbErrorLevel is the level at which a publisher logs a failed database call of its own: a
+// conflict the dialect's retries did not get past ([ErrRetryTransaction], common on a
+// Galera cluster) is a warning, since the next call usually succeeds; anything else is an
+// error.
+func dbErrorLevel(err error) slog.Level {
+	if errors.Is(err, ErrRetryTransaction) {
+		return slog.LevelWarn
+	}
+	return slog.LevelError
 }

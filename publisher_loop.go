@@ -282,7 +282,7 @@ func (c *pacer) answered() { c.errDelay = c.r.p.opts.PollInterval }
 func (c *pacer) failed(err error) {
 	p := c.r.p
 	p.errs.Add(1)
-	p.log.Error(msgClaimFailed, "err", err, "retry_in", c.errDelay)
+	p.log.Log(c.r.ctx, dbErrorLevel(err), msgClaimFailed, "err", err, "retry_in", c.errDelay)
 	sleep(c.r.ctx, c.errDelay)
 	c.errDelay = min(c.errDelay*2, p.opts.backoffMax())
 }

@@ -117,7 +117,7 @@ func (r *run) purge(ret Retention) {
 			if err != nil {
 				if r.ctx.Err() == nil {
 					p.errs.Add(1)
-					p.log.Error("outbox publisher: retention purge failed", "err", err, "retry_in", ret.Interval)
+					p.log.Log(r.ctx, dbErrorLevel(err), "outbox publisher: retention purge failed", "err", err, "retry_in", ret.Interval)
 				}
 				return
 			}

@@ -23,6 +23,13 @@ var (
 	// the server, or SQLite is opened without the settings concurrent writers need. Retrying
 	// does not help; the [*CheckError] that matches it says what to change.
 	ErrMisconfigured = errors.New("outbox: misconfigured")
+
+	// ErrRetryTransaction marks a database error after which the whole transaction must run
+	// again from its start: the server rolled it back to resolve a conflict with another
+	// transaction (a deadlock, or a certification conflict between the nodes of a cluster
+	// such as Galera). On a transaction the library runs itself, the dialect has retried
+	// already and the retries ran out; on a caller's transaction nothing was retried.
+	ErrRetryTransaction = errors.New("outbox: transaction rolled back by a conflict; run it again")
 )
 
 // CheckError is a setup problem found by a check ([Checker.Check],

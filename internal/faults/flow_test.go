@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
@@ -36,6 +37,11 @@ type flowOptions struct {
 	pub outbox.PublisherOptions
 	// failRate is the share of transport deliveries that fail (0..1).
 	failRate float64
+	// logs receives the publishers' logs when set; they are discarded otherwise.
+	logs *logCapture
+	// producerPools is how many pools the producers share out (roles producer0, producer1,
+	// ...); 0 or 1 is one pool (role producer).
+	producerPools int
 }
 
 func defaultFlowOptions() flowOptions {
@@ -72,7 +78,8 @@ type produced struct {
 // flow is one running scenario on one database.
 type flow struct {
 	t       *testing.T
-	srv     *server
+	backend string                      // "postgres" or "mysql"
+	dsn     func(db, app string) string // a DSN for database db with application name app
 	dbName  string
 	app     string // application_name prefix of every pool the flow opens (PostgreSQL)
 	opts    flowOptions
@@ -81,28 +88,44 @@ type flow struct {
 	pools   []*sql.DB // producers' pool first, then one per publisher
 	runErrs chan error
 
-	mu   sync.Mutex
-	keys map[string]produced
+	// lossy accepts committed events that the database lost (a promoted asynchronous
+	// standby): they are counted, not failed on.
+	lossy bool
+
+	mu      sync.Mutex
+	keys    map[string]produced
+	commits []time.Time       // when each successful Commit returned, in order
+	aborts  map[string]string // step -> the first error that aborted a transaction there
 
 	stopProducers context.CancelFunc
 	producersDone sync.WaitGroup
 	stopPubs      context.CancelFunc
 	pubsDone      sync.WaitGroup
 	commitErrors  atomic.Int64
+	// conflicts counts the business transactions the database rolled back with MySQL
+	// error 1213: at the business row's INSERT, at Enqueue (outbox.ErrRetryTransaction) and
+	// at Commit.
+	insertConflicts, enqueueConflicts, commitConflicts atomic.Int64
 }
 
 // newFlow migrates a fresh database on srv and creates the business table.
 func newFlow(t *testing.T, srv *server, opts flowOptions) *flow {
 	t.Helper()
+	return newFlowOn(t, srv.backend, srv.createDatabase(t), srv.dsn, opts)
+}
+
+// newFlowOn migrates database dbName, reached through dsn, and creates the business table.
+func newFlowOn(t *testing.T, backend, dbName string, dsn func(db, app string) string, opts flowOptions) *flow {
+	t.Helper()
 	f := &flow{
-		t: t, srv: srv, opts: opts, rec: newRecorder(opts.failRate),
-		dbName: srv.createDatabase(t), keys: map[string]produced{},
+		t: t, backend: backend, dsn: dsn, opts: opts, rec: newRecorder(opts.failRate),
+		dbName: dbName, keys: map[string]produced{},
 		app: fmt.Sprintf("outbox_faults_%d", rand.Uint32()),
 	}
 	db := f.open("setup")
 	defer db.Close()
 	ctx := context.Background()
-	require.NoError(t, migrations.Up(ctx, db, srv.backend, migrations.Options{}))
+	require.NoError(t, migrations.Up(ctx, db, backend, migrations.Options{}))
 	_, err := db.ExecContext(ctx, `CREATE TABLE orders (order_key VARCHAR(64) PRIMARY KEY)`)
 	require.NoError(t, err)
 	return f
@@ -111,13 +134,17 @@ func newFlow(t *testing.T, srv *server, opts flowOptions) *flow {
 // open opens a pool on the flow's database whose PostgreSQL application_name is
 // f.app + "_" + role.
 func (f *flow) open(role string) *sql.DB {
-	db, err := sql.Open(f.srv.driver(), f.srv.dsn(f.dbName, f.app+"_"+role))
+	driver := "mysql"
+	if f.backend == "postgres" {
+		driver = "pgx"
+	}
+	db, err := sql.Open(driver, f.dsn(f.dbName, f.app+"_"+role))
 	require.NoError(f.t, err)
 	return db
 }
 
 func (f *flow) dialect() outbox.Dialect {
-	if f.srv.backend == "postgres" {
+	if f.backend == "postgres" {
 		return outbox.Postgres()
 	}
 	return outbox.MySQL()
@@ -126,17 +153,26 @@ func (f *flow) dialect() outbox.Dialect {
 // start starts the producers and the publishers.
 func (f *flow) start() {
 	t := f.t
-	prodDB := f.open("producer")
-	prodDB.SetMaxOpenConns(f.opts.producers + 1)
-	f.pools = append(f.pools, prodDB)
-	store, err := outbox.New(prodDB, f.dialect(), outbox.Options{})
-	require.NoError(t, err)
+	var prodDBs []*sql.DB
+	var stores []*outbox.Store
+	for i := range max(f.opts.producerPools, 1) {
+		role := "producer"
+		if f.opts.producerPools > 1 {
+			role = fmt.Sprintf("producer%d", i)
+		}
+		db := f.open(role)
+		db.SetMaxOpenConns(f.opts.producers + 1)
+		f.pools = append(f.pools, db)
+		store, err := outbox.New(db, f.dialect(), outbox.Options{})
+		require.NoError(t, err)
+		prodDBs, stores = append(prodDBs, db), append(stores, store)
+	}
 
 	pctx, stop := context.WithCancel(context.Background())
 	f.stopProducers = stop
 	for i := range f.opts.producers {
 		f.producersDone.Add(1)
-		go f.produce(pctx, store, prodDB, i)
+		go f.produce(pctx, stores[i%len(stores)], prodDBs[i%len(prodDBs)], i)
 	}
 
 	ctx, stopPubs := context.WithCancel(context.Background())
@@ -151,6 +187,9 @@ func (f *flow) start() {
 		o.Scope = outbox.Scope{Namespace: flowNamespace}
 		o.WorkerID = fmt.Sprintf("pub%d", i)
 		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		if f.opts.logs != nil {
+			o.Logger = slog.New(f.opts.logs)
+		}
 		p, err := outbox.NewPublisher(s, f.rec.transport(o.WorkerID), o)
 		require.NoError(t, err)
 		f.pubs = append(f.pubs, p)
@@ -178,7 +217,7 @@ func (f *flow) start() {
 func (f *flow) produce(ctx context.Context, store *outbox.Store, db *sql.DB, n int) {
 	defer f.producersDone.Done()
 	insert := `INSERT INTO orders (order_key) VALUES (?)`
-	if f.srv.backend == "postgres" {
+	if f.backend == "postgres" {
 		insert = `INSERT INTO orders (order_key) VALUES ($1)`
 	}
 	for seq := 0; ctx.Err() == nil; seq++ {
@@ -186,6 +225,9 @@ func (f *flow) produce(ctx context.Context, store *outbox.Store, db *sql.DB, n i
 		p := f.transaction(store, db, insert, key, seq%5 == 4)
 		f.mu.Lock()
 		f.keys[key] = p
+		if p.out == committed {
+			f.commits = append(f.commits, time.Now())
+		}
 		f.mu.Unlock()
 		pause := time.Duration(2+rand.IntN(4)) * time.Millisecond
 		if p.out == aborted || p.out == unknown {
@@ -201,9 +243,14 @@ func (f *flow) transaction(store *outbox.Store, db *sql.DB, insert, key string, 
 	ctx := context.Background()
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
+		f.noteAbort("begin", err)
 		return produced{out: aborted}
 	}
 	if _, err := tx.ExecContext(ctx, insert, key); err != nil {
+		f.noteAbort("insert", err)
+		if me := (*mysql.MySQLError)(nil); errors.As(err, &me) && me.Number == 1213 {
+			f.insertConflicts.Add(1)
+		}
 		_ = tx.Rollback()
 		return produced{out: aborted}
 	}
@@ -213,11 +260,16 @@ func (f *flow) transaction(store *outbox.Store, db *sql.DB, insert, key string, 
 		Payload: []byte(fmt.Sprintf(`{"order":%q}`, key)),
 	})
 	if err != nil {
+		f.noteAbort("enqueue", err)
+		if errors.Is(err, outbox.ErrRetryTransaction) {
+			f.enqueueConflicts.Add(1)
+		}
 		_ = tx.Rollback()
 		return produced{out: aborted}
 	}
 	if rollback {
 		if err := tx.Rollback(); err != nil {
+			f.noteAbort("rollback", err)
 			// A failed rollback still commits nothing: the server drops the transaction
 			// with the connection.
 			return produced{id: res.ID, out: aborted}
@@ -226,9 +278,25 @@ func (f *flow) transaction(store *outbox.Store, db *sql.DB, insert, key string, 
 	}
 	if err := tx.Commit(); err != nil {
 		f.commitErrors.Add(1)
+		if me := (*mysql.MySQLError)(nil); errors.As(err, &me) && me.Number == 1213 {
+			f.commitConflicts.Add(1)
+		}
 		return produced{id: res.ID, out: unknown}
 	}
 	return produced{id: res.ID, out: committed}
+}
+
+// noteAbort remembers the first error that aborted a business transaction at step, for
+// the test's log.
+func (f *flow) noteAbort(step string, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.aborts == nil {
+		f.aborts = map[string]string{}
+	}
+	if _, ok := f.aborts[step]; !ok {
+		f.aborts[step] = err.Error()
+	}
 }
 
 // delivered returns how many messages the transport delivered.
@@ -286,6 +354,9 @@ func (f *flow) stop() {
 type report struct {
 	transactions, committed, rolledBack, aborted, unknown, unknownCommitted int
 	messages, deliveries, redeliveries                                      int
+	// lost counts committed events the database no longer has, and phantoms the events
+	// delivered that it no longer has; both stay 0 unless the flow is lossy.
+	lost, phantoms int
 	// lostClaims counts claims whose rows never reached the transport (the claim committed
 	// but its answer was lost, or the owner failed before publishing); they are claimed
 	// again once their lease expires.
@@ -296,9 +367,9 @@ type report struct {
 
 func (r report) String() string {
 	return fmt.Sprintf("transactions=%d committed=%d rolled_back=%d aborted=%d commit_unknown=%d (committed after all: %d) "+
-		"messages=%d deliveries=%d redeliveries=%d lost_claims=%d double_ownership=%d same_claim_twice=%d publisher_errors=%d lease_lost=%d",
+		"messages=%d deliveries=%d redeliveries=%d lost=%d phantoms=%d lost_claims=%d double_ownership=%d same_claim_twice=%d publisher_errors=%d lease_lost=%d",
 		r.transactions, r.committed, r.rolledBack, r.aborted, r.unknown, r.unknownCommitted,
-		r.messages, r.deliveries, r.redeliveries, r.lostClaims, r.overlaps, r.sameClaim, r.stats.Errors, r.stats.LeaseLost)
+		r.messages, r.deliveries, r.redeliveries, r.lost, r.phantoms, r.lostClaims, r.overlaps, r.sameClaim, r.stats.Errors, r.stats.LeaseLost)
 }
 
 // finish stops the producers, waits for every committed event to be delivered, stops the
@@ -329,7 +400,7 @@ func (f *flow) finish(within time.Duration) report {
 	var rep report
 	expected := map[uuid.UUID]string{}
 	orderQ := `SELECT COUNT(*) FROM orders WHERE order_key = ?`
-	if f.srv.backend == "postgres" {
+	if f.backend == "postgres" {
 		orderQ = `SELECT COUNT(*) FROM orders WHERE order_key = $1`
 	}
 	for key, p := range keys {
@@ -348,6 +419,10 @@ func (f *flow) finish(within time.Duration) report {
 		switch p.out {
 		case committed:
 			rep.committed++
+			if !stored && f.lossy {
+				rep.lost++
+				continue
+			}
 			require.True(t, stored, "%s: committed but its event is not in the table", key)
 			expected[p.id] = key
 		case rolledBack:
@@ -389,7 +464,7 @@ func (f *flow) finish(within time.Duration) report {
 	deadline = time.Now().Add(within)
 	for {
 		var notDelivered int
-		require.NoError(t, check.QueryRowContext(ctx, `SELECT COUNT(*) FROM outbox_events WHERE status <> 'delivered'`).Scan(&notDelivered))
+		require.NoError(t, check.QueryRowContext(ctx, `SELECT COUNT(*) FROM outbox_events WHERE namespace = '`+flowNamespace+`' AND status <> 'delivered'`).Scan(&notDelivered))
 		if notDelivered == 0 {
 			break
 		}
@@ -399,7 +474,7 @@ func (f *flow) finish(within time.Duration) report {
 		time.Sleep(50 * time.Millisecond)
 	}
 	var rows int
-	require.NoError(t, check.QueryRowContext(ctx, `SELECT COUNT(*) FROM outbox_events`).Scan(&rows))
+	require.NoError(t, check.QueryRowContext(ctx, `SELECT COUNT(*) FROM outbox_events WHERE namespace = '`+flowNamespace+`'`).Scan(&rows))
 	require.Equal(t, len(expected), rows, "rows in the outbox table")
 	f.checkRunning()
 	f.stop()
@@ -413,6 +488,10 @@ func (f *flow) finish(within time.Duration) report {
 	defer f.rec.mu.Unlock()
 	for id, n := range f.rec.delivered {
 		key, ok := expected[id]
+		if !ok && f.lossy {
+			rep.phantoms++
+			continue
+		}
 		require.True(t, ok, "delivered %s (%s), which was never committed", id, f.rec.keys[id])
 		require.Equal(t, key, f.rec.keys[id])
 		rep.deliveries += n
@@ -433,6 +512,10 @@ func (f *flow) finish(within time.Duration) report {
 		rep.stats.Errors += s.Errors
 		rep.stats.LeaseLost += s.LeaseLost
 		rep.stats.Delivered += s.Delivered
+	}
+	if f.lossy {
+		// A claim the database lost is handed out again, with the same attempt number.
+		return rep
 	}
 	require.Empty(t, f.rec.overlaps[:min(len(f.rec.overlaps), 10)], "a message was in flight at two owners at once (%d times)", len(f.rec.overlaps))
 	require.Empty(t, f.rec.sameClaim[:min(len(f.rec.sameClaim), 10)], "one claim (id, attempt) was handed out twice (%d times)", len(f.rec.sameClaim))

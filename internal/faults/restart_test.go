@@ -136,7 +136,7 @@ func noLeaks(t *testing.T) {
 // how many it killed.
 func (f *flow) killConnections(adm *sql.DB) (int, error) {
 	ctx := context.Background()
-	if f.srv.backend == "postgres" {
+	if f.backend == "postgres" {
 		var n int
 		err := adm.QueryRowContext(ctx, `SELECT COUNT(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
 			WHERE left(application_name, length($1)) = $1 AND pid <> pg_backend_pid()) k`, f.app+"_").Scan(&n)

@@ -29,6 +29,7 @@ type server struct {
 	dir     string
 	port    int
 	cred    *syscall.Credential // the user the server runs as (PostgreSQL refuses root)
+	args    []string            // more command-line arguments
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -95,7 +96,16 @@ func pgBin() (string, error) {
 	return dirs[len(dirs)-1], nil
 }
 
-func newServer(backend string) (*server, error) {
+// newServer initialises a data directory and starts a server on it with the given extra
+// command-line arguments.
+func newServer(backend string, args ...string) (*server, error) {
+	return newServerAs(backend, "", args...)
+}
+
+// newServerAs is newServer with MariaDB run as the system user osUser when the test runs
+// as root (Galera's rsync state transfer runs its daemon as the server's user, and as
+// root that daemon would drop to nobody).
+func newServerAs(backend, osUser string, args ...string) (*server, error) {
 	dir, err := os.MkdirTemp("", "outbox-faults-"+backend+"-")
 	if err != nil {
 		return nil, err
@@ -104,7 +114,7 @@ func newServer(backend string) (*server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &server{backend: backend, dir: dir, port: port}
+	s := &server{backend: backend, dir: dir, port: port, args: args}
 	fail := func(err error) (*server, error) {
 		_ = os.RemoveAll(dir)
 		return nil, err
@@ -139,6 +149,24 @@ func newServer(backend string) (*server, error) {
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return fail(fmt.Errorf("mariadb-install-db: %v: %s", err, out))
 		}
+		if osUser != "" && os.Geteuid() == 0 {
+			u, err := user.Lookup(osUser)
+			if err != nil {
+				return fail(err)
+			}
+			uid, _ := strconv.Atoi(u.Uid)
+			gid, _ := strconv.Atoi(u.Gid)
+			s.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+			err = filepath.Walk(dir, func(path string, _ os.FileInfo, err error) error {
+				if err != nil {
+					return err
+				}
+				return os.Lchown(path, uid, gid)
+			})
+			if err != nil {
+				return fail(err)
+			}
+		}
 	default:
 		return fail(fmt.Errorf("unknown backend %q", backend))
 	}
@@ -158,17 +186,17 @@ func (s *server) command() (*exec.Cmd, error) {
 		if err != nil {
 			return nil, err
 		}
-		return exec.Command(filepath.Join(bin, "postgres"), "-D", data, "-p", strconv.Itoa(s.port),
+		return exec.Command(filepath.Join(bin, "postgres"), append([]string{"-D", data, "-p", strconv.Itoa(s.port),
 			"-k", s.dir, "-c", "listen_addresses=127.0.0.1", "-c", "max_connections=200",
-			"-c", "shared_buffers=32MB", "-c", "logging_collector=off"), nil
+			"-c", "shared_buffers=32MB", "-c", "logging_collector=off"}, s.args...)...), nil
 	default:
-		return exec.Command("mariadbd", "--no-defaults", "--datadir="+data, "--port="+strconv.Itoa(s.port),
-			"--bind-address=127.0.0.1", "--socket="+filepath.Join(s.dir, "mysqld.sock"), "--user=root",
+		return exec.Command("mariadbd", append([]string{"--no-defaults", "--datadir=" + data, "--port=" + strconv.Itoa(s.port),
+			"--bind-address=127.0.0.1", "--socket=" + filepath.Join(s.dir, "mysqld.sock"), "--user=root",
 			"--skip-log-bin", "--skip-name-resolve", "--innodb-buffer-pool-size=64M", "--max-connections=300",
-			"--pid-file="+filepath.Join(s.dir, "mysqld.pid"),
+			"--pid-file=" + filepath.Join(s.dir, "mysqld.pid"),
 			// A tmpdir of its own: at start MariaDB deletes the #sql temporary files it
 			// finds in its tmpdir, and /tmp is the shared server's.
-			"--tmpdir="+s.dir), nil
+			"--tmpdir=" + s.dir}, s.args...)...), nil
 	}
 }
 

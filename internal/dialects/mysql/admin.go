@@ -67,7 +67,7 @@ func (Dialect) ListDead(ctx context.Context, q dialect.DBTX, t dialect.Table, p 
 // mysqlInTx runs fn in a READ COMMITTED transaction on db (no gap locks, as for a claim),
 // and runs it again after a deadlock or a lock wait timeout, like a claim.
 func mysqlInTx[T any](ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) (T, error)) (T, error) {
-	return sqlkit.RetryLocked(ctx, mysqlRetryable, func() (T, error) {
+	v, err := sqlkit.RetryLocked(ctx, mysqlRetryable, func() (T, error) {
 		var zero T
 		tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 		if err != nil {
@@ -80,6 +80,7 @@ func mysqlInTx[T any](ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) (T, e
 		}
 		return v, tx.Commit()
 	})
+	return v, mysqlConflict(err)
 }
 
 // Replay updates the dead rows by primary key and, when not every id was dead, reads back

@@ -240,7 +240,8 @@ var mysqlInsertHeads, mysqlInsertGroups = func() (heads, groups [sqlkit.ShapeCou
 // are removed before the error is returned, so a caller that commits anyway does not leave
 // a key reserved for an event that was never written.
 func (d Dialect) Insert(ctx context.Context, q dialect.DBTX, t dialect.Table, rows []dialect.Row) ([]bool, error) {
-	return d.insert(ctx, q, t, rows)
+	inserted, err := d.insert(ctx, q, t, rows)
+	return inserted, mysqlConflict(err)
 }
 
 func (d Dialect) insert(ctx context.Context, q dialect.DBTX, t dialect.Table, rows []dialect.Row) ([]bool, error) {
@@ -538,7 +539,7 @@ func (d Dialect) CompleteAndClaim(ctx context.Context, db *sql.DB, t dialect.Tab
 		return result{recs, lost}, err
 	})
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, mysqlConflict(err)
 	}
 	return r.recs, r.lost, nil
 }
@@ -769,10 +770,32 @@ func mysqlErrorNumber(err error) (uint16, bool) {
 // a deadlock rolls back the whole transaction.
 func mysqlExec(ctx context.Context, q dialect.DBTX, query string, args ...any) (sql.Result, error) {
 	_, pool := q.(*sql.DB)
-	return sqlkit.RetryLocked(ctx, func(err error) bool { return pool && mysqlRetryable(err) }, func() (sql.Result, error) {
+	res, err := sqlkit.RetryLocked(ctx, func(err error) bool { return pool && mysqlRetryable(err) }, func() (sql.Result, error) {
 		return q.ExecContext(ctx, query, args...)
 	})
+	return res, mysqlConflict(err)
 }
+
+// mysqlConflict marks error 1213 with [dialect.ErrRetryTransaction]: the server rolled the
+// whole transaction back (a deadlock, or a Galera certification conflict), so the caller
+// tells it apart without knowing the driver. The message stays the driver's.
+func mysqlConflict(err error) error {
+	if err == nil {
+		return nil
+	}
+	if n, ok := mysqlErrorNumber(err); ok && n != mysqlErrDeadlock {
+		return err
+	} else if !ok && !strings.Contains(err.Error(), fmt.Sprintf("Error %d", mysqlErrDeadlock)) {
+		return err
+	}
+	return &conflictError{err}
+}
+
+// conflictError is a database error that matches [dialect.ErrRetryTransaction].
+type conflictError struct{ err error }
+
+func (e *conflictError) Error() string   { return e.err.Error() }
+func (e *conflictError) Unwrap() []error { return []error{e.err, dialect.ErrRetryTransaction} }
 
 // mysqlLeaseJoin writes the table references of Complete and Extend: a derived table u of
 // (o_id, o_token, ...) rows, one per lease, joined to the outbox table t by primary key.
