@@ -67,6 +67,16 @@ type Options struct {
 	// the pool's last connection (db.SetMaxOpenConns(1), say), and says so once unless this
 	// is set.
 	DisableNotify bool
+	// ListenDB is a pool straight to the database server, past a transaction-pooling proxy
+	// (PgBouncer with pool_mode=transaction, say), for the one connection of the wake-up
+	// listener of the Store's publishers. Default the Store's pool. A listener behind
+	// transaction pooling hears nothing, since the proxy lends its server connection to
+	// other clients between statements: it notices (its own probe never comes back), says
+	// so once, and leaves the publishers polling. With ListenDB set, signals still go out
+	// through the Store's pool, on the callers' transactions, and the listener's connection
+	// is not counted against the Store's pool. The publishers of one pool and table share
+	// one listener, on the ListenDB of the first of them to start.
+	ListenDB *sql.DB
 	// Hooks watch the store's enqueues (and may add headers, such as a trace context).
 	// Default none. See [StoreHooks].
 	Hooks StoreHooks
@@ -92,6 +102,7 @@ type Store struct {
 	table      dialect.Table
 	maxPayload int
 	notifier   dialect.Notifier // nil when the dialect has none or DisableNotify is set
+	listenDB   *sql.DB          // the listener's pool: Options.ListenDB, or nil for db
 	signalled  signalLimiter
 	hooks      StoreHooks
 	// orderedReady records that the dialect's CheckOrdered passed (checkOrdered).
@@ -137,7 +148,7 @@ func New(db *sql.DB, d Dialect, opts Options) (*Store, error) {
 	if b, ok := d.(sqlkit.PoolBinder); ok {
 		d = b.BindPool(db) // per-pool state, such as prepared statements, lives with the Store
 	}
-	s := &Store{db: db, dialect: d, table: t, maxPayload: maxPayload, hooks: opts.Hooks}
+	s := &Store{db: db, dialect: d, table: t, maxPayload: maxPayload, hooks: opts.Hooks, listenDB: opts.ListenDB}
 	if n, ok := d.(dialect.Notifier); ok && !opts.DisableNotify {
 		s.notifier = n
 	}

@@ -179,6 +179,12 @@ type Harness struct {
 	// process does. Without DSN that test is skipped, saying so.
 	DSN func(t testing.TB, db *sql.DB) (driverName, dataSourceName string)
 
+	// ListenDB, when set, returns the pool that listeners for db, one that OpenDB or Reopen
+	// returned, take their connection from: a pool straight to the database server when db
+	// goes through a transaction-pooling proxy, where LISTEN hears nothing. The Notifier
+	// section passes it to Listen, and to its publishers as outbox.Options.ListenDB. Default
+	// db itself.
+	ListenDB func(t testing.TB, db *sql.DB) *sql.DB
 	// ctx is the context of one test's calls, set by Run: it ends at the test's deadline.
 	ctx context.Context
 }
@@ -189,6 +195,14 @@ func (h *Harness) context() context.Context {
 		return context.Background()
 	}
 	return h.ctx
+}
+
+// listenDB returns the pool that listeners for db use (see ListenDB).
+func (h *Harness) listenDB(t testing.TB, db *sql.DB) *sql.DB {
+	if h.ListenDB == nil {
+		return db
+	}
+	return h.ListenDB(t, db)
 }
 
 // upBase creates the table without what ordered claims need.
