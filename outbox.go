@@ -653,7 +653,7 @@ func (s *Store) Complete(ctx context.Context, outcomes ...Outcome) error {
 	for chunk := range slices.Chunk(outcomes, MaxBatch) {
 		l, err := s.dialect.Complete(ctx, s.db, s.table, chunk)
 		if err != nil {
-			return fmt.Errorf("outbox: complete: %w", err)
+			return s.sqlError("complete", err)
 		}
 		lost = append(lost, l...)
 	}
@@ -731,7 +731,7 @@ func (s *Store) Extend(ctx context.Context, d time.Duration, leases ...Lease) er
 	for chunk := range slices.Chunk(leases, MaxBatch) {
 		l, err := s.dialect.Extend(ctx, s.db, s.table, dialect.ExtendParams{Leases: chunk, Lease: d})
 		if err != nil {
-			return fmt.Errorf("outbox: extend: %w", err)
+			return s.sqlError("extend", err)
 		}
 		lost = append(lost, l...)
 	}
@@ -779,7 +779,7 @@ func (s *Store) bury(ctx context.Context, scope Scope, maxAttempts, limit int, e
 		Reason: fmt.Sprintf("attempt limit reached (%d attempts)", maxAttempts),
 	})
 	if err != nil {
-		return nil, fmt.Errorf("outbox: bury: %w", err)
+		return nil, s.sqlError("bury", err)
 	}
 	return ids, nil
 }

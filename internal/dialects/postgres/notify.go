@@ -71,7 +71,7 @@ func (*Dialect) Listen(ctx context.Context, db *sql.DB, t dialect.Table, ready f
 			return err
 		}
 	}
-	return conn.Raw(func(dc any) error {
+	err = conn.Raw(func(dc any) error {
 		wait, closeConn, err := pgxWaiter(dc)
 		if err != nil {
 			return err // the connection is still clean: it goes back to the pool
@@ -107,6 +107,10 @@ func (*Dialect) Listen(ctx context.Context, db *sql.DB, t dialect.Table, ready f
 			heard(payload)
 		}
 	})
+	if errors.Is(err, errDeaf) {
+		return errDeaf // without the ErrBadConn that closed the connection, for a clean log line
+	}
+	return err
 }
 
 // ProbeWithin is how long a listener waits for its own probe before it calls itself deaf.

@@ -86,6 +86,17 @@ func TestPgBouncerPreparedStatementsExplained(t *testing.T) {
 	r := testdb.NewRole(t)
 	bouncer := testdb.PgBouncer(t, testdb.BouncerOptions{Mode: testdb.TransactionPooling, Users: []string{r.Name}, PoolSize: 1})
 	admin := r.Open(t, testdb.PostgresDSN())
+	// migrations.Up through the pooler from two clients: the second one's reads of goose's
+	// version table are prepared under the names the first one's are.
+	var upErr error
+	for range 2 {
+		if upErr = migrations.Up(ctx, r.Open(t, bouncer), "postgres", migrations.Options{}); upErr != nil {
+			break
+		}
+	}
+	var ce *outbox.CheckError
+	require.ErrorAs(t, upErr, &ce, "migrations.Up's prepared statement error is explained: %v", upErr)
+	require.Contains(t, upErr.Error(), "default_query_exec_mode=exec")
 	require.NoError(t, migrations.Up(ctx, admin, "postgres", migrations.Options{}))
 	db := r.Open(t, bouncer) // pgx's defaults
 	store, err := outbox.New(db, outbox.Postgres(), outbox.Options{DisableNotify: true})
@@ -109,7 +120,6 @@ func TestPgBouncerPreparedStatementsExplained(t *testing.T) {
 	require.NoError(t, enqueueOn(first), "the first client prepares the insert on the one server connection")
 	err = enqueueOn(second)
 	require.Error(t, err, "the second client's prepare of the same statement meets the first one's")
-	var ce *outbox.CheckError
 	require.ErrorAs(t, err, &ce, "a prepared statement error behind a pooler is explained: %v", err)
 	require.ErrorIs(t, err, outbox.ErrMisconfigured)
 	require.Contains(t, err.Error(), "default_query_exec_mode=exec")
