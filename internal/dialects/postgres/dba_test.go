@@ -146,6 +146,58 @@ func TestRoleIdleInTransactionTimeout(t *testing.T) {
 	require.Zero(t, n, "nothing was stored, and the caller was told")
 }
 
+// TestDMLOnlyRole: on a table an administrator migrated, a role with SELECT, INSERT, UPDATE
+// and DELETE on it (and USAGE on its schema) passes Check, enqueues and publishes;
+// migrations.Up needs more (the goose version table, CREATE on the schema), and says so
+// with the server's permission error.
+func TestDMLOnlyRole(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r := testdb.NewRole(t)
+	admin := testdb.Postgres(t)
+	for _, st := range []string{
+		`ALTER SCHEMA ` + r.Schema + ` OWNER TO CURRENT_USER`,
+		`REVOKE ALL ON SCHEMA ` + r.Schema + ` FROM ` + r.Name,
+		`GRANT USAGE ON SCHEMA ` + r.Schema + ` TO ` + r.Name,
+	} {
+		_, err := admin.ExecContext(ctx, st)
+		require.NoError(t, err, st)
+	}
+	require.NoError(t, migrations.Up(ctx, admin, "postgres", migrations.Options{Schema: r.Schema}))
+	_, err := admin.ExecContext(ctx, `GRANT SELECT, INSERT, UPDATE, DELETE ON `+r.Schema+`.outbox_events TO `+r.Name)
+	require.NoError(t, err)
+
+	db := r.Open(t, testdb.PostgresDSN())
+	store, err := outbox.New(db, outbox.Postgres(), outbox.Options{})
+	require.NoError(t, err)
+	require.NoError(t, store.Check(ctx), "a DML-only role passes the Store's check")
+	delivered := make(chan uuid.UUID, 1)
+	p, err := outbox.NewPublisher(store, outbox.PerMessage(func(_ context.Context, d outbox.Delivery) error {
+		delivered <- d.ID
+		return nil
+	}), outbox.PublisherOptions{Scope: outbox.Scope{Namespace: "orders"}, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	runPublisher(t, ctx, p)
+	tx, err := db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	res, err := store.Enqueue(ctx, tx, pgMsg(1))
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit())
+	select {
+	case id := <-delivered:
+		require.Equal(t, res.ID, id)
+	case <-ctx.Done():
+		t.Fatal("a DML-only role's publisher did not deliver")
+	}
+	_, err = store.Purge(ctx, outbox.PurgeOptions{DeliveredOlderThan: time.Nanosecond})
+	require.NoError(t, err, "retention needs DELETE only")
+
+	err = migrations.Up(ctx, db, "postgres", migrations.Options{})
+	require.Error(t, err, "migrations need more than DML")
+	require.Equal(t, "42501", sqlState(err), "the server's permission error: %v", err)
+}
+
 // TestRoleConnectionLimit: while the role's connections are all taken (its CONNECTION
 // LIMIT, as max_connections would be), a starting Publisher says why it waits and retries;
 // once one is free it delivers what was enqueued meanwhile.
