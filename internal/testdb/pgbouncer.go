@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -132,7 +133,7 @@ log_disconnections = 0
 		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(listen))
 		if waitListening(addr, exited) {
 			t.Cleanup(func() {
-				_ = cmd.Process.Signal(os.Interrupt) // SIGINT: safe shutdown, clients first
+				_ = cmd.Process.Signal(syscall.SIGTERM) // immediate shutdown: its clients are gone
 				select {
 				case <-exited:
 				case <-time.After(10 * time.Second):
