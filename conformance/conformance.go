@@ -75,7 +75,8 @@
 //     when its context ends and closes its connection, never giving it back to the pool; a
 //     publisher that polls once a minute delivers within seconds an event enqueued through
 //     another pool, and one enqueued by another process (the test binary run again, with
-//     [Harness.DSN]). Skipped, saying so, for a driver that cannot listen. Tests:
+//     [Harness.DSN]); with [Harness.ListenDB], the listeners and the section's publishers
+//     listen on the pool it returns. Skipped, saying so, for a driver that cannot listen. Tests:
 //     CommitWakes, RollbackWakesNobody, BatchWakesAfterCommit, OtherTableWakesNobody,
 //     OtherDatabaseWakesNobody, ListenReturnsOnCancel, ListenClosesItsConnection,
 //     PublisherWokenAcrossPools, PublisherWokenAcrossProcesses.
