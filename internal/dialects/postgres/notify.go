@@ -130,8 +130,12 @@ var errDeaf = fmt.Errorf("outbox: the PostgreSQL wake-up listener did not hear i
 // listening connection itself would prove nothing behind a transaction-pooling proxy:
 // PostgreSQL answers a session's own NOTIFY inline, on whichever server connection the
 // proxy lent it. The probe's payload has no ':', so no listener takes it for a namespace.
-// When db lends no second connection within ProbeWithin, the listener is taken as it is.
+// When db has no second connection (a pool of one) or lends none within ProbeWithin, the
+// listener is taken as it is.
 func probe(ctx context.Context, db *sql.DB, channel string, wait func(ctx context.Context) (string, error), heard func(string)) error {
+	if db.Stats().MaxOpenConnections == 1 {
+		return nil
+	}
 	token := make([]byte, 8)
 	_, _ = rand.Read(token)
 	payload := "outbox listener probe " + hex.EncodeToString(token)
