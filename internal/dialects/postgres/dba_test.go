@@ -82,6 +82,64 @@ func TestRoleTimeoutsOnEnqueue(t *testing.T) {
 	}
 }
 
+// TestRoleLockTimeoutOnSettle: an operator's transaction that locks a row while the
+// publisher has it in the transport makes the settle wait; the role's lock_timeout ends
+// the wait with 55P03, the publisher retries the settle (saying so) and records the
+// delivery once the operator is done: delivered once, not stuck behind the lock.
+func TestRoleLockTimeoutOnSettle(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r := testdb.NewRole(t, "lock_timeout=200ms")
+	db := r.Open(t, testdb.PostgresDSN())
+	require.NoError(t, migrations.Up(ctx, db, "postgres", migrations.Options{}))
+	store, err := outbox.New(db, outbox.Postgres(), outbox.Options{})
+	require.NoError(t, err)
+
+	inTransport := make(chan uuid.UUID, 1)
+	release := make(chan struct{})
+	var publishes atomic.Int64
+	var logs lockedBuffer
+	p, err := outbox.NewPublisher(store, outbox.PerMessage(func(ctx context.Context, d outbox.Delivery) error {
+		if publishes.Add(1) == 1 {
+			inTransport <- d.ID
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+		}
+		return nil
+	}), outbox.PublisherOptions{
+		Scope:  outbox.Scope{Namespace: "orders"},
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	})
+	require.NoError(t, err)
+	runPublisher(t, ctx, p)
+	tx, err := db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	res, err := store.Enqueue(ctx, tx, pgMsg(1))
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit())
+	require.Equal(t, res.ID, <-inTransport)
+
+	operator, err := testdb.Postgres(t).BeginTx(ctx, nil) // a superuser: no lock_timeout
+	require.NoError(t, err)
+	defer func() { _ = operator.Rollback() }()
+	_, err = operator.ExecContext(ctx, `SELECT 1 FROM `+r.Schema+`.outbox_events WHERE id = $1 FOR UPDATE`, res.ID.String())
+	require.NoError(t, err)
+	close(release)
+	testdb.Poll(t, 30*time.Second, "the settle to time out on the operator's lock", func() bool {
+		return strings.Contains(logs.String(), "55P03")
+	})
+	require.NoError(t, operator.Rollback())
+	testdb.Poll(t, 30*time.Second, "the retried settle to record the delivery", func() bool {
+		var status string
+		err := db.QueryRowContext(ctx, `SELECT status FROM outbox_events WHERE id = $1`, res.ID.String()).Scan(&status)
+		return err == nil && status == "delivered"
+	})
+	require.EqualValues(t, 1, publishes.Load(), "delivered once")
+}
+
 // TestRoleIdleInTransactionTimeout: a Publisher holds no transaction open while it
 // publishes, so a publish slower than the role's idle_in_transaction_session_timeout is
 // acknowledged; a caller's transaction left idle past it is ended by the server, and its
