@@ -114,7 +114,7 @@ func (*Dialect) Listen(ctx context.Context, db *sql.DB, t dialect.Table, ready f
 }
 
 // ProbeWithin is how long a listener waits for its own probe before it calls itself deaf.
-var ProbeWithin = 5 * time.Second
+const ProbeWithin = 5 * time.Second
 
 // errDeaf is the error of a listener that did not hear its own probe.
 var errDeaf = fmt.Errorf("outbox: the PostgreSQL wake-up listener did not hear its own NOTIFY: its LISTEN "+
