@@ -67,6 +67,16 @@ type Options struct {
 	// the pool's last connection (db.SetMaxOpenConns(1), say), and says so once unless this
 	// is set.
 	DisableNotify bool
+	// ListenDB is a pool straight to the database server, past a transaction-pooling proxy
+	// (PgBouncer with pool_mode=transaction, say), for the one connection of the wake-up
+	// listener of the Store's publishers. Default the Store's pool. A listener behind
+	// transaction pooling hears nothing, since the proxy lends its server connection to
+	// other clients between statements: it notices (its own probe never comes back), says
+	// so once, and leaves the publishers polling. With ListenDB set, signals still go out
+	// through the Store's pool, on the callers' transactions, and the listener's connection
+	// is not counted against the Store's pool. The publishers of one pool and table share
+	// one listener, on the ListenDB of the first of them to start.
+	ListenDB *sql.DB
 	// Hooks watch the store's enqueues (and may add headers, such as a trace context).
 	// Default none. See [StoreHooks].
 	Hooks StoreHooks
@@ -92,6 +102,7 @@ type Store struct {
 	table      dialect.Table
 	maxPayload int
 	notifier   dialect.Notifier // nil when the dialect has none or DisableNotify is set
+	listenDB   *sql.DB          // the listener's pool: Options.ListenDB, or nil for db
 	signalled  signalLimiter
 	hooks      StoreHooks
 	// orderedReady records that the dialect's CheckOrdered passed (checkOrdered).
@@ -137,7 +148,7 @@ func New(db *sql.DB, d Dialect, opts Options) (*Store, error) {
 	if b, ok := d.(sqlkit.PoolBinder); ok {
 		d = b.BindPool(db) // per-pool state, such as prepared statements, lives with the Store
 	}
-	s := &Store{db: db, dialect: d, table: t, maxPayload: maxPayload, hooks: opts.Hooks}
+	s := &Store{db: db, dialect: d, table: t, maxPayload: maxPayload, hooks: opts.Hooks, listenDB: opts.ListenDB}
 	if n, ok := d.(dialect.Notifier); ok && !opts.DisableNotify {
 		s.notifier = n
 	}
@@ -642,7 +653,7 @@ func (s *Store) Complete(ctx context.Context, outcomes ...Outcome) error {
 	for chunk := range slices.Chunk(outcomes, MaxBatch) {
 		l, err := s.dialect.Complete(ctx, s.db, s.table, chunk)
 		if err != nil {
-			return fmt.Errorf("outbox: complete: %w", err)
+			return s.sqlError("complete", err)
 		}
 		lost = append(lost, l...)
 	}
@@ -720,7 +731,7 @@ func (s *Store) Extend(ctx context.Context, d time.Duration, leases ...Lease) er
 	for chunk := range slices.Chunk(leases, MaxBatch) {
 		l, err := s.dialect.Extend(ctx, s.db, s.table, dialect.ExtendParams{Leases: chunk, Lease: d})
 		if err != nil {
-			return fmt.Errorf("outbox: extend: %w", err)
+			return s.sqlError("extend", err)
 		}
 		lost = append(lost, l...)
 	}
@@ -768,7 +779,7 @@ func (s *Store) bury(ctx context.Context, scope Scope, maxAttempts, limit int, e
 		Reason: fmt.Sprintf("attempt limit reached (%d attempts)", maxAttempts),
 	})
 	if err != nil {
-		return nil, fmt.Errorf("outbox: bury: %w", err)
+		return nil, s.sqlError("bury", err)
 	}
 	return ids, nil
 }

@@ -480,7 +480,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 	defer p.current.Store(nil)
 	sub := &wakeSub{namespace: p.opts.Namespace, wake: r.wakeAll, log: p.log}
 	if p.listens() {
-		sub.notifier = p.store.notifier
+		sub.notifier, sub.listenDB = p.store.notifier, p.store.listenDB
 	}
 	hub, unsubscribe := subscribe(p.store.db, p.store.table, sub)
 	r.hub = hub

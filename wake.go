@@ -56,7 +56,9 @@ type wakeSub struct {
 	namespace string
 	wake      func()
 	notifier  dialect.Notifier
-	log       *slog.Logger
+	// listenDB is the pool the listener takes its connection from; nil for the hub's.
+	listenDB *sql.DB
+	log      *slog.Logger
 }
 
 // hubFor returns the hub of db and t when one exists: nobody publishes from them otherwise.
@@ -130,6 +132,12 @@ func (h *wakeHub) wantsListener() bool {
 // held. The library never takes a pool's last connection: the application, the claims and
 // the settles need one.
 func (h *wakeHub) startListener(s *wakeSub) (refused string) {
+	if s.listenDB != nil && s.listenDB != h.key.db {
+		ctx, stop := context.WithCancel(context.Background())
+		h.stop, h.done = stop, make(chan struct{})
+		go h.listen(ctx, s.notifier, s.listenDB, h.done)
+		return ""
+	}
 	held := hubs.held[h.key.db]
 	if max := h.key.db.Stats().MaxOpenConnections; max > 0 && held+1 >= max {
 		h.off = true
@@ -142,7 +150,7 @@ func (h *wakeHub) startListener(s *wakeSub) (refused string) {
 	hubs.held[h.key.db]++
 	ctx, stop := context.WithCancel(context.Background())
 	h.stop, h.done = stop, make(chan struct{})
-	go h.listen(ctx, s.notifier, h.done)
+	go h.listen(ctx, s.notifier, h.key.db, h.done)
 	return ""
 }
 
@@ -165,23 +173,26 @@ func (h *wakeHub) logger() *slog.Logger {
 
 // listen keeps the listener connected until ctx ends, waking the subscribers on every
 // signal for their namespace, and all of them once after each (re)connection, for what was
-// committed while it was away. A driver that cannot listen is logged once and left to
+// committed while it was away. A listener that cannot listen (the driver cannot, or it
+// hears nothing behind a transaction-pooling proxy) is warned about once and left to
 // polling. A listener that stops is logged once, as a warning, however often it then fails
 // to come back (the claim loops poll meanwhile), and once more when it is back.
-func (h *wakeHub) listen(ctx context.Context, n dialect.Notifier, done chan struct{}) {
+func (h *wakeHub) listen(ctx context.Context, n dialect.Notifier, db *sql.DB, done chan struct{}) {
 	defer close(done)
-	defer func() {
-		hubs.mu.Lock()
-		if hubs.held[h.key.db]--; hubs.held[h.key.db] <= 0 {
-			delete(hubs.held, h.key.db)
-		}
-		hubs.mu.Unlock()
-	}()
+	if db == h.key.db { // startListener counted the connection against the pool
+		defer func() {
+			hubs.mu.Lock()
+			if hubs.held[h.key.db]--; hubs.held[h.key.db] <= 0 {
+				delete(hubs.held, h.key.db)
+			}
+			hubs.mu.Unlock()
+		}()
+	}
 	const firstDelay = 100 * time.Millisecond
 	delay := firstDelay
 	lost := false
 	for ctx.Err() == nil {
-		err := n.Listen(ctx, h.key.db, h.key.t, func() {
+		err := n.Listen(ctx, db, h.key.t, func() {
 			h.listening.Store(true)
 			delay = firstDelay
 			if lost {
@@ -198,7 +209,7 @@ func (h *wakeHub) listen(ctx context.Context, n dialect.Notifier, done chan stru
 			h.mu.Lock()
 			h.off = true
 			h.mu.Unlock()
-			h.logger().Info("outbox publisher: no wake-ups from other processes with this driver; polling finds their rows", "err", err)
+			h.logger().Warn("outbox publisher: no wake-ups from other processes; polling finds their rows", "err", err)
 			return
 		}
 		level := slog.LevelDebug

@@ -75,7 +75,8 @@
 //     when its context ends and closes its connection, never giving it back to the pool; a
 //     publisher that polls once a minute delivers within seconds an event enqueued through
 //     another pool, and one enqueued by another process (the test binary run again, with
-//     [Harness.DSN]). Skipped, saying so, for a driver that cannot listen. Tests:
+//     [Harness.DSN]); with [Harness.ListenDB], the listeners and the section's publishers
+//     listen on the pool it returns. Skipped, saying so, for a driver that cannot listen. Tests:
 //     CommitWakes, RollbackWakesNobody, BatchWakesAfterCommit, OtherTableWakesNobody,
 //     OtherDatabaseWakesNobody, ListenReturnsOnCancel, ListenClosesItsConnection,
 //     PublisherWokenAcrossPools, PublisherWokenAcrossProcesses.
@@ -179,6 +180,12 @@ type Harness struct {
 	// process does. Without DSN that test is skipped, saying so.
 	DSN func(t testing.TB, db *sql.DB) (driverName, dataSourceName string)
 
+	// ListenDB, when set, returns the pool that listeners for db, one that OpenDB or Reopen
+	// returned, take their connection from: a pool straight to the database server when db
+	// goes through a transaction-pooling proxy, where LISTEN hears nothing. The Notifier
+	// section passes it to Listen, and to its publishers as outbox.Options.ListenDB. Default
+	// db itself.
+	ListenDB func(t testing.TB, db *sql.DB) *sql.DB
 	// ctx is the context of one test's calls, set by Run: it ends at the test's deadline.
 	ctx context.Context
 }
@@ -189,6 +196,14 @@ func (h *Harness) context() context.Context {
 		return context.Background()
 	}
 	return h.ctx
+}
+
+// listenDB returns the pool that listeners for db use (see ListenDB).
+func (h *Harness) listenDB(t testing.TB, db *sql.DB) *sql.DB {
+	if h.ListenDB == nil {
+		return db
+	}
+	return h.ListenDB(t, db)
 }
 
 // upBase creates the table without what ordered claims need.

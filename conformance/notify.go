@@ -72,7 +72,8 @@ type listener struct {
 	wakes []string // namespaces, in the order wake was called
 }
 
-// listen starts n.Listen on db for table and waits until it reports ready. It skips the
+// listen starts n.Listen on the listeners' pool for db (Harness.ListenDB) for table and
+// waits until it reports ready. It skips the
 // test when Listen says the driver cannot listen. At cleanup it cancels Listen and
 // requires it to return.
 func listen(t *testing.T, e *env, n dialect.Notifier, db *sql.DB, table string) *listener {
@@ -81,6 +82,7 @@ func listen(t *testing.T, e *env, n dialect.Notifier, db *sql.DB, table string) 
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(e.ctx)
 	l := &listener{ready: make(chan struct{}), done: make(chan error, 1), cancel: cancel}
+	db = e.h.listenDB(t, db)
 	go func() {
 		l.done <- n.Listen(ctx, db, tbl, func() {
 			if l.readies.Add(1) == 1 {
@@ -295,7 +297,8 @@ func testNotifyCancel(t *testing.T, h Harness) {
 	n := needNotifier(t, h)
 	e := setup(t, h)
 	l := listen(t, e, n, e.db, e.table)
-	require.Eventually(t, func() bool { return e.db.Stats().InUse >= 1 }, notifyWithin, 20*time.Millisecond,
+	ldb := h.listenDB(t, e.db)
+	require.Eventually(t, func() bool { return ldb.Stats().InUse >= 1 }, notifyWithin, 20*time.Millisecond,
 		"Listen waits on a connection of db")
 	l.cancel()
 	select {
@@ -306,7 +309,7 @@ func testNotifyCancel(t *testing.T, h Harness) {
 		t.Fatalf("Listen did not return within %s of its context ending", notifyWithin)
 	}
 	eventually(t, notifyWithin, "Listen's connection to be released (db.Stats().InUse == 0)", func() bool {
-		return e.db.Stats().InUse == 0
+		return ldb.Stats().InUse == 0
 	})
 }
 
@@ -418,7 +421,11 @@ func idlePublisher(t *testing.T, h Harness) *woken {
 	// when it claims, so that the event is enqueued once the publisher is idle: after the
 	// claims that start it and that its listener's first ready starts.
 	w := &woken{e: e, obs: &observedNotifier{Dialect: h.Dialect, n: n, ready: make(chan struct{})}, ns: namespace("published")}
-	store, err := outbox.New(e.db, w.obs, outbox.Options{Table: e.table})
+	var listenDB *sql.DB
+	if h.ListenDB != nil {
+		listenDB = h.ListenDB(t, e.db)
+	}
+	store, err := outbox.New(e.db, w.obs, outbox.Options{Table: e.table, ListenDB: listenDB})
 	require.NoError(t, err)
 	p, err := outbox.NewPublisher(store, outbox.PerMessage(func(_ context.Context, d outbox.Delivery) error {
 		w.delivered.LoadOrStore(d.ID, time.Now())
@@ -512,9 +519,10 @@ func testNotifyCloses(t *testing.T, h Harness) {
 	if h.Reopen != nil {
 		db = h.Reopen(t, e.db) // a pool this test alone uses
 	}
-	db.SetMaxIdleConns(0) // closes the idle connections
-	db.SetMaxIdleConns(4)
-	require.Zero(t, db.Stats().OpenConnections, "no connection is open before Listen")
+	ldb := h.listenDB(t, db)
+	ldb.SetMaxIdleConns(0) // closes the idle connections
+	ldb.SetMaxIdleConns(4)
+	require.Zero(t, ldb.Stats().OpenConnections, "no connection is open before Listen")
 	l := listen(t, e, n, db, e.table)
 	l.cancel()
 	select {
@@ -525,7 +533,7 @@ func testNotifyCloses(t *testing.T, h Harness) {
 	}
 	eventually(t, notifyWithin, "Listen's connection to be closed, not given back to the pool while it listens "+
 		"(rule 3 of dialect.Notifier)", func() bool {
-		st := db.Stats()
+		st := ldb.Stats()
 		return st.OpenConnections == 0 && st.InUse == 0
 	})
 }

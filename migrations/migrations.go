@@ -36,11 +36,13 @@ import (
 	"context"
 	"database/sql"
 	"embed"
+	"errors"
 	"io/fs"
 
 	"github.com/pressly/goose/v3"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/internal/dialects/postgres"
 	"github.com/outboxgo/outbox/internal/gooseset"
 )
 
@@ -127,15 +129,27 @@ func NewOrderedProvider(db *sql.DB, dialect string, opts Options) (*goose.Provid
 
 // Up applies every migration of the base set for the table and, with opts.Ordered, then
 // every migration of the ordered set. It first checks that db is the kind of database the
-// dialect names, and returns an error matching [outbox.ErrMisconfigured] when it is not.
+// dialect names, and returns an error matching [outbox.ErrMisconfigured] when it is not,
+// or when PostgreSQL's driver meets prepared statements of another client (behind a
+// transaction-pooling proxy; the error says what to set).
 func Up(ctx context.Context, db *sql.DB, dialect string, opts Options) error {
 	if err := set.In(opts.Schema).Up(ctx, db, dialect, opts.Table, opts.VersionTable); err != nil {
-		return err
+		return explain(dialect, err)
 	}
 	if !opts.Ordered {
 		return nil
 	}
-	return ordered.In(opts.Schema).Up(ctx, db, dialect, opts.Table, "")
+	return explain(dialect, ordered.In(opts.Schema).Up(ctx, db, dialect, opts.Table, ""))
+}
+
+// explain turns a prepared statement error of PostgreSQL into the [*outbox.CheckError]
+// that the Store's operations return for it.
+func explain(dialect string, err error) error {
+	var state interface{ SQLState() string }
+	if dialect == "postgres" && errors.As(err, &state) && (state.SQLState() == "42P05" || state.SQLState() == "26000") {
+		return postgres.PreparedBehindPooler(err)
+	}
+	return err
 }
 
 // Down rolls every migration back, dropping the table: first the ordered set, when its

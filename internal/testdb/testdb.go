@@ -6,8 +6,9 @@
 // defaults. Every backend and broker is required: when a server is unreachable its tests
 // fail, saying which server and how to start it. A contributor without one server may skip
 // its tests on purpose by naming it in OUTBOX_TEST_SKIP ("postgres", "mysql", "nats",
-// "rabbitmq", "redis", "browser" for the web view's chromium test, a comma list, or "all"); a skip that nobody asked for can never
-// pass unnoticed. OUTBOX_TEST_REQUIRE (CI sets it to "all") overrides OUTBOX_TEST_SKIP.
+// "rabbitmq", "redis", "browser" for the web view's chromium test, "pgbouncer" for the
+// tests through a private PgBouncer, a comma list, or "all"); a skip that nobody asked for
+// can never pass unnoticed. OUTBOX_TEST_REQUIRE (CI sets it to "all") overrides OUTBOX_TEST_SKIP.
 package testdb
 
 import (
@@ -75,13 +76,22 @@ var startHints = map[string]string{
 	"redis":    "redis-server --daemonize yes --bind 127.0.0.1 --port 6379",
 }
 
+// installHints say how to install each program the tests start themselves.
+var installHints = map[string]string{
+	"pgbouncer": "apt-get install -y pgbouncer",
+}
+
 // Unavailable fails t, or skips it when OUTBOX_TEST_SKIP allows, because the server of
 // backend cannot be reached.
 func Unavailable(t testing.TB, backend string, err error) {
 	t.Helper()
 	if Required(backend) {
-		t.Fatalf("%s is unavailable: %v\nstart it (%s), or set OUTBOX_TEST_SKIP=%s to skip its tests on purpose",
-			backend, err, startHints[backend], backend)
+		how := "start it (" + startHints[backend] + ")"
+		if h, ok := installHints[backend]; ok {
+			how = "install it (" + h + ")"
+		}
+		t.Fatalf("%s is unavailable: %v\n%s, or set OUTBOX_TEST_SKIP=%s to skip its tests on purpose",
+			backend, err, how, backend)
 	}
 	t.Skipf("SKIPPING %s TESTS: server unavailable (%v); OUTBOX_TEST_SKIP=%s allows it", strings.ToUpper(backend), err, os.Getenv("OUTBOX_TEST_SKIP"))
 }

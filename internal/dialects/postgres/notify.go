@@ -2,8 +2,10 @@ package postgres
 
 import (
 	"context"
+	"crypto/rand"
 	"database/sql"
 	"database/sql/driver"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -69,7 +71,7 @@ func (*Dialect) Listen(ctx context.Context, db *sql.DB, t dialect.Table, ready f
 			return err
 		}
 	}
-	return conn.Raw(func(dc any) error {
+	err = conn.Raw(func(dc any) error {
 		wait, closeConn, err := pgxWaiter(dc)
 		if err != nil {
 			return err // the connection is still clean: it goes back to the pool
@@ -79,7 +81,21 @@ func (*Dialect) Listen(ctx context.Context, db *sql.DB, t dialect.Table, ready f
 		// (stdlib.OpenDBFromPool) only releases it to that pool, which keeps a connection
 		// that is not closed: so close the pgx connection itself too.
 		defer closeConn()
-		if err := execRaw(ctx, dc, `LISTEN `+sqlkit.QuoteIdent(pgChannel(t), '"')); err != nil {
+		channel := sqlkit.QuoteIdent(pgChannel(t), '"')
+		if err := execRaw(ctx, dc, `LISTEN `+channel); err != nil {
+			return errors.Join(driver.ErrBadConn, err)
+		}
+		heard := func(payload string) {
+			if ns, ok := strings.CutPrefix(payload, schema+":"); ok {
+				wake(ns)
+			}
+		}
+		if err := probe(ctx, db, channel, wait, heard); err != nil {
+			if errors.Is(err, errDeaf) {
+				// Best effort: the pooler's server connection that ran LISTEN may be another
+				// client's by now, and would hear the table's signals for nothing.
+				_ = execRaw(context.WithoutCancel(ctx), dc, `UNLISTEN `+channel)
+			}
 			return errors.Join(driver.ErrBadConn, err)
 		}
 		ready()
@@ -88,11 +104,77 @@ func (*Dialect) Listen(ctx context.Context, db *sql.DB, t dialect.Table, ready f
 			if err != nil {
 				return errors.Join(driver.ErrBadConn, err)
 			}
-			if ns, ok := strings.CutPrefix(payload, schema+":"); ok {
-				wake(ns)
-			}
+			heard(payload)
 		}
 	})
+	if errors.Is(err, errDeaf) {
+		return errDeaf // without the ErrBadConn that closed the connection, for a clean log line
+	}
+	return err
+}
+
+// ProbeWithin is how long a listener waits for its own probe before it calls itself deaf.
+const ProbeWithin = 5 * time.Second
+
+// errDeaf is the error of a listener that did not hear its own probe.
+var errDeaf = fmt.Errorf("outbox: the PostgreSQL wake-up listener did not hear its own NOTIFY: its LISTEN "+
+	"went through a transaction-pooling proxy (PgBouncer pool_mode=transaction, say), which gives the listening "+
+	"server connection to other clients, so signals from other processes never reach it; publishers find their "+
+	"rows by polling. Give the listener a connection past the pooler (outbox.Options.ListenDB, a pool straight "+
+	"to the database server) or connect in session pooling mode, or set outbox.Options.DisableNotify: %w",
+	errors.ErrUnsupported)
+
+// probe proves that the listener hears what other connections signal: it sends a NOTIFY
+// on channel from another connection of db and waits, ProbeWithin at most, for it to come
+// back through wait, passing on to heard what else arrives meanwhile. A probe from the
+// listening connection itself would prove nothing behind a transaction-pooling proxy:
+// PostgreSQL answers a session's own NOTIFY inline, on whichever server connection the
+// proxy lent it. The probe's payload has no ':', so no listener takes it for a namespace.
+// When db has no second connection (a pool of one) or lends none within ProbeWithin, the
+// listener is taken as it is.
+func probe(ctx context.Context, db *sql.DB, channel string, wait func(ctx context.Context) (string, error), heard func(string)) error {
+	if db.Stats().MaxOpenConnections == 1 {
+		return nil
+	}
+	token := make([]byte, 8)
+	_, _ = rand.Read(token)
+	payload := "outbox listener probe " + hex.EncodeToString(token)
+	pctx, cancel := context.WithTimeout(ctx, ProbeWithin)
+	defer cancel()
+	conn, err := db.Conn(pctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return nil // the pool is busy: no proof either way
+	}
+	// Without arguments pgx sends the statement unprepared, which any pooler accepts.
+	_, err = conn.ExecContext(pctx, `NOTIFY `+channel+`, '`+payload+`'`)
+	// The probe's connection is closed, not given back: it may have heard the probe itself
+	// behind a proxy, and a pool the listener leaves must hold no connection of its making.
+	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+	_ = conn.Close()
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("outbox: listener probe: %w", err)
+	}
+	for {
+		p, err := wait(pctx)
+		switch {
+		case err == nil && p == payload:
+			return nil
+		case err == nil:
+			heard(p)
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case pctx.Err() != nil:
+			return errDeaf
+		default:
+			return err
+		}
+	}
 }
 
 // execRaw runs a statement without arguments on a driver connection.
