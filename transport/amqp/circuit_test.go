@@ -6,7 +6,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/outboxgo/outbox/internal/transporttest"
+	"github.com/outboxgo/outbox/outboxtest/transporttest"
 	"github.com/outboxgo/outbox/transport/amqp"
 )
 

@@ -13,7 +13,6 @@ import (
 
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/cloudevents"
-	"github.com/outboxgo/outbox/internal/netfail"
 )
 
 // Errors reported for single messages. Match them with [errors.Is].
@@ -241,7 +240,7 @@ func Classify(err error) error {
 		// spend an attempt and would hold the circuit breaker open for ever.
 		return err
 	}
-	if errors.Is(err, ErrConnectionLost) || errors.Is(err, amqp091.ErrClosed) || netfail.Is(err) {
+	if errors.Is(err, ErrConnectionLost) || errors.Is(err, amqp091.ErrClosed) || outbox.IsUnreachable(err) {
 		return outbox.Unavailable(err)
 	}
 	if aerr != nil {

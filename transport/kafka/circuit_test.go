@@ -10,8 +10,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/outboxgo/outbox/internal/testproxy"
-	"github.com/outboxgo/outbox/internal/transporttest"
+	"github.com/outboxgo/outbox/outboxtest/testproxy"
+	"github.com/outboxgo/outbox/outboxtest/transporttest"
 	"github.com/outboxgo/outbox/transport/kafka"
 )
 

@@ -54,6 +54,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"time"
@@ -63,8 +64,6 @@ import (
 
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/cloudevents"
-	"github.com/outboxgo/outbox/internal/netfail"
-	"github.com/outboxgo/outbox/internal/serveraddr"
 )
 
 // Record header names set on every record besides the message's own headers.
@@ -188,7 +187,7 @@ func (t *Transport) System() string { return "kafka" }
 func (t *Transport) Destination(d outbox.Delivery) outbox.Destination {
 	dst := outbox.Destination{Name: t.opts.Topic(d)}
 	if seeds, _ := t.client.OptValue(kgo.SeedBrokers).([]string); len(seeds) > 0 {
-		dst.ServerAddress, dst.ServerPort = serveraddr.FromHostPort(seeds[0], 9092)
+		dst.ServerAddress, dst.ServerPort = serverOf(seeds[0])
 	}
 	return dst
 }
@@ -343,7 +342,7 @@ func Classify(err error) error {
 		return outbox.Permanent(err)
 	}
 	var first *kgo.ErrFirstReadEOF
-	if netfail.Is(err) || errors.As(err, &first) || errors.Is(err, kgo.ErrRecordTimeout) {
+	if outbox.IsUnreachable(err) || errors.As(err, &first) || errors.Is(err, kgo.ErrRecordTimeout) {
 		return outbox.Unavailable(err) // dials that fail, connections that drop, no acknowledgement in time
 	}
 	var ke *kerr.Error
@@ -363,4 +362,18 @@ func Classify(err error) error {
 		}
 	}
 	return outbox.Permanent(err)
+}
+
+// serverOf returns the host and port of a seed broker's "host:port", with Kafka's port when
+// it has none.
+func serverOf(addr string) (string, int) {
+	h, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr, 9092
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil {
+		return h, 9092
+	}
+	return h, port
 }

@@ -7,8 +7,8 @@ import (
 
 	natsgo "github.com/nats-io/nats.go"
 
-	"github.com/outboxgo/outbox/internal/testproxy"
-	"github.com/outboxgo/outbox/internal/transporttest"
+	"github.com/outboxgo/outbox/outboxtest/testproxy"
+	"github.com/outboxgo/outbox/outboxtest/transporttest"
 	"github.com/outboxgo/outbox/transport/nats"
 )
 

@@ -53,6 +53,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -62,8 +63,6 @@ import (
 
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/cloudevents"
-	"github.com/outboxgo/outbox/internal/netfail"
-	"github.com/outboxgo/outbox/internal/serveraddr"
 )
 
 // Header names set on every message besides the message's own headers.
@@ -181,7 +180,7 @@ func (t *Transport) System() string { return "nats" }
 func (t *Transport) Destination(d outbox.Delivery) outbox.Destination {
 	dst := outbox.Destination{Name: t.opts.Subject(d)}
 	if nc := t.js.Conn(); nc != nil {
-		dst.ServerAddress, dst.ServerPort = serveraddr.FromURL(nc.ConnectedUrl(), map[string]int{"nats": 4222, "tls": 4222})
+		dst.ServerAddress, dst.ServerPort = serverOf(nc.ConnectedUrl())
 	}
 	return dst
 }
@@ -368,7 +367,7 @@ func Classify(err error) error {
 		errors.Is(err, nats.ErrBadHeaderMsg) || errors.Is(err, ErrInvalid) {
 		return outbox.Permanent(err)
 	}
-	if netfail.Is(err) {
+	if outbox.IsUnreachable(err) {
 		return outbox.Unavailable(err)
 	}
 	for _, u := range unavailable {
@@ -413,4 +412,18 @@ var unavailable = []error{
 	nats.ErrConnectionClosed, nats.ErrDisconnected, nats.ErrConnectionReconnecting, nats.ErrNoServers,
 	nats.ErrReconnectBufExceeded, nats.ErrStaleConnection, nats.ErrNoResponders, jetstream.ErrNoStreamResponse,
 	ErrNoStream, jetstream.ErrJetStreamNotEnabled,
+}
+
+// serverOf returns the host and port of a server URL such as "nats://host:4222", with NATS's
+// port when it names none.
+func serverOf(raw string) (string, int) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "", 0
+	}
+	port, err := strconv.Atoi(u.Port())
+	if err != nil {
+		port = 4222
+	}
+	return u.Hostname(), port
 }

@@ -26,9 +26,9 @@ import (
 
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/cloudevents"
-	"github.com/outboxgo/outbox/internal/testdb"
-	"github.com/outboxgo/outbox/internal/testproxy"
-	"github.com/outboxgo/outbox/internal/transporttest"
+	"github.com/outboxgo/outbox/outboxtest/testdb"
+	"github.com/outboxgo/outbox/outboxtest/testproxy"
+	"github.com/outboxgo/outbox/outboxtest/transporttest"
 	"github.com/outboxgo/outbox/transport/nats"
 )
 

@@ -6,8 +6,8 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/outboxgo/outbox/internal/testproxy"
-	"github.com/outboxgo/outbox/internal/transporttest"
+	"github.com/outboxgo/outbox/outboxtest/testproxy"
+	"github.com/outboxgo/outbox/outboxtest/transporttest"
 	"github.com/outboxgo/outbox/transport/redis"
 )
 

@@ -48,6 +48,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 
@@ -55,8 +56,6 @@ import (
 
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/cloudevents"
-	"github.com/outboxgo/outbox/internal/netfail"
-	"github.com/outboxgo/outbox/internal/serveraddr"
 )
 
 // Field names of every stream entry.
@@ -145,7 +144,7 @@ func (t *Transport) Destination(d outbox.Delivery) outbox.Destination {
 		if o := c.Options(); o.Network == "unix" {
 			dst.ServerAddress = o.Addr
 		} else {
-			dst.ServerAddress, dst.ServerPort = serveraddr.FromHostPort(o.Addr, 6379)
+			dst.ServerAddress, dst.ServerPort = serverOf(o.Addr)
 		}
 	}
 	return dst
@@ -248,7 +247,7 @@ func Classify(err error) error {
 	}
 	var re redis.Error
 	if !errors.As(err, &re) {
-		if netfail.Is(err) {
+		if outbox.IsUnreachable(err) {
 			return outbox.Unavailable(err) // refused, reset or closed connections, dial and I/O timeouts
 		}
 		return err // a closed client, a pool timeout, a cancelled context
@@ -268,4 +267,15 @@ func Classify(err error) error {
 		return outbox.Permanent(err)
 	}
 	return err // an error reply this transport does not know: let the attempt limit decide
+}
+
+// serverOf returns the host and port of "host:port", with Redis's port when it has none.
+func serverOf(addr string) (string, int) {
+	if h, p, err := net.SplitHostPort(addr); err == nil {
+		if port, err := strconv.Atoi(p); err == nil {
+			return h, port
+		}
+		return h, 6379
+	}
+	return addr, 6379
 }

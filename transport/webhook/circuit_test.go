@@ -7,8 +7,8 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/outboxgo/outbox/internal/testproxy"
-	"github.com/outboxgo/outbox/internal/transporttest"
+	"github.com/outboxgo/outbox/outboxtest/testproxy"
+	"github.com/outboxgo/outbox/outboxtest/transporttest"
 	"github.com/outboxgo/outbox/transport/webhook"
 )
 

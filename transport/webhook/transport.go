@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,8 +15,6 @@ import (
 
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/cloudevents"
-	"github.com/outboxgo/outbox/internal/netfail"
-	"github.com/outboxgo/outbox/internal/serveraddr"
 )
 
 // Transport posts outbox messages to webhook endpoints. It is safe for concurrent use.
@@ -150,7 +149,7 @@ func (t *Transport) Destination(d outbox.Delivery) outbox.Destination {
 	if err != nil {
 		return outbox.Destination{}
 	}
-	host, port := serveraddr.FromURL(raw, map[string]int{"https": 443, "http": 80})
+	host, port := hostPort(raw)
 	return outbox.Destination{Name: host, ServerAddress: host, ServerPort: port}
 }
 
@@ -187,7 +186,7 @@ func (t *Transport) post(ctx context.Context, d *outbox.Delivery) error {
 	resp, err := t.client.Do(req)
 	if err != nil {
 		err = fmt.Errorf("webhook: POST %s: %w", u.Redacted(), err)
-		if netfail.Is(err) || strings.Contains(err.Error(), "server closed idle connection") {
+		if outbox.IsUnreachable(err) || strings.Contains(err.Error(), "server closed idle connection") {
 			// No connection, or it went away before the answer. net/http reports a kept-alive
 			// connection that the server closed before the request went out with an
 			// unexported error of that text; the request never reached the receiver.
@@ -341,4 +340,20 @@ func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
 		return max(at.Sub(now), 0), true
 	}
 	return 0, false
+}
+
+// hostPort returns the host and port of an http or https URL, the scheme's port when it
+// names none, or "", 0 for a URL it cannot parse.
+func hostPort(raw string) (string, int) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "", 0
+	}
+	if port, err := strconv.Atoi(u.Port()); err == nil {
+		return u.Hostname(), port
+	}
+	if u.Scheme == "http" {
+		return u.Hostname(), 80
+	}
+	return u.Hostname(), 443
 }

@@ -1,4 +1,4 @@
-package outboxotel_test
+package integration_test
 
 import (
 	"context"
@@ -28,8 +28,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxgo/outbox"
-	"github.com/outboxgo/outbox/internal/testdb"
 	outboxotel "github.com/outboxgo/outbox/otel"
+	"github.com/outboxgo/outbox/outboxtest/testdb"
 	amqptransport "github.com/outboxgo/outbox/transport/amqp"
 	kafkatransport "github.com/outboxgo/outbox/transport/kafka"
 	natstransport "github.com/outboxgo/outbox/transport/nats"
@@ -347,20 +347,4 @@ func splitURL(t *testing.T, raw string) (string, int) {
 	p, err := strconv.Atoi(port)
 	require.NoError(t, err)
 	return host, p
-}
-
-// description returns the description (the Prometheus HELP text) of a metric.
-func description(t *testing.T, tm *telemetry, name string) string {
-	t.Helper()
-	var rm metricdata.ResourceMetrics
-	require.NoError(t, tm.reader.Collect(context.Background(), &rm))
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name == name {
-				return m.Description
-			}
-		}
-	}
-	t.Fatalf("no metric %s", name)
-	return ""
 }

@@ -2,6 +2,9 @@
 // varied ids, keys, headers and payloads, a check that a consumer received them byte for
 // byte, and a PostgreSQL outbox with a running Publisher for end-to-end and outage tests.
 // Every transport module imports it from its own tests.
+//
+// Support for this repository's own tests and modules ([github.com/outboxgo/outbox/outboxtest]),
+// with no compatibility promise.
 package transporttest
 
 import (
@@ -22,8 +25,8 @@ import (
 
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/dialect"
-	"github.com/outboxgo/outbox/internal/testdb"
 	"github.com/outboxgo/outbox/migrations"
+	"github.com/outboxgo/outbox/outboxtest/testdb"
 )
 
 // Name returns a name unique to this test run, such as "tr_1a2b3c4d5e6f", made of lowercase
