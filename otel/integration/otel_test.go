@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/propagation"
@@ -157,7 +157,7 @@ func TestPublisherChildProcess(t *testing.T) {
 		fail(err)
 	}
 	tel := newTelemetry(t, outboxotel.Options{System: "nats"}) // as in the enqueuing process
-	nc, err := natsgo.Connect(testdb.Service(t, "nats", "OUTBOX_NATS_URL", "nats://127.0.0.1:4222"))
+	nc, err := nats.Connect(testdb.Service(t, "nats", "OUTBOX_NATS_URL", "nats://127.0.0.1:4222"))
 	if err != nil {
 		fail(err)
 	}
@@ -165,7 +165,7 @@ func TestPublisherChildProcess(t *testing.T) {
 	if err != nil {
 		fail(err)
 	}
-	tr, err := nats.New(js, nats.Options{})
+	tr, err := outboxnats.New(js, outboxnats.Options{})
 	if err != nil {
 		fail(err)
 	}
@@ -260,7 +260,7 @@ func crossProcess(t *testing.T, backend string, wrap func(outbox.EnqueueHook) ou
 	e := setup(t, backend, hooks)
 	ctx := context.Background()
 
-	nc, err := natsgo.Connect(testdb.Service(t, "nats", "OUTBOX_NATS_URL", "nats://127.0.0.1:4222"))
+	nc, err := nats.Connect(testdb.Service(t, "nats", "OUTBOX_NATS_URL", "nats://127.0.0.1:4222"))
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
@@ -320,7 +320,7 @@ func crossProcess(t *testing.T, backend string, wrap func(outbox.EnqueueHook) ou
 			}
 			id := uuid.MustParse(h[jetstream.MsgIDHeader])
 			r.brokered[id] = h
-			cctx := prop.Extract(ctx, nats.HeaderCarrier(m.Headers()))
+			cctx := prop.Extract(ctx, outboxnats.HeaderCarrier(m.Headers()))
 			cctx, span := tm.tp.Tracer("consumer").Start(cctx, "receive "+m.Subject(), trace.WithSpanKind(trace.SpanKindConsumer))
 			r.consumers[id] = span.SpanContext()
 			pctx := inbox.WithMessage(cctx, inbox.Message{Destination: m.Subject(), Headers: h})

@@ -1,4 +1,4 @@
-package amqp_test
+package outboxamqp_test
 
 import (
 	"testing"
@@ -17,7 +17,7 @@ func TestCircuitOutage(t *testing.T) {
 	t.Parallel()
 	b := setup(t, "#", nil)
 	u, proxy := proxied(t, b.url)
-	tr := newTransport(t, amqp.Options{URL: u, ReconnectMin: 20 * time.Millisecond, ReconnectMax: 100 * time.Millisecond})
+	tr := newTransport(t, outboxamqp.Options{URL: u, ReconnectMin: 20 * time.Millisecond, ReconnectMax: 100 * time.Millisecond})
 	transporttest.CircuitOutage(t, b.exchange, tr, proxy.Cut, proxy.Restore, func() []transporttest.Received {
 		var got []transporttest.Received
 		for _, d := range b.received() {

@@ -1,4 +1,4 @@
-package kafka_test
+package outboxkafka_test
 
 import (
 	"context"
@@ -35,7 +35,7 @@ func TestCircuitOutage(t *testing.T) {
 		return d.DialContext(ctx, network, proxy.Addr())
 	})
 	cl := client(t, c, viaProxy, kgo.RecordDeliveryTimeout(time.Second), kgo.RetryBackoffFn(func(int) time.Duration { return 20 * time.Millisecond }))
-	tr := newTransport(t, cl, kafka.Options{Timeout: 3 * time.Second})
+	tr := newTransport(t, cl, outboxkafka.Options{Timeout: 3 * time.Second})
 	transporttest.CircuitOutage(t, ns, tr, proxy.Cut, proxy.Restore,
 		func() []transporttest.Received { return consume(t, c, ns, 5000) })
 }

@@ -1,4 +1,4 @@
-// Package kafka is an [outbox.Transport] for Apache Kafka, built on franz-go.
+// Package outboxkafka is an [outbox.Transport] for Apache Kafka, built on franz-go.
 //
 // A batch is produced at once and each record's own result is returned, so that
 // [Transport.Publish] reports one outcome per message. The client should be an idempotent
@@ -48,7 +48,7 @@
 // (binary mode by default: ce_* headers and content-type; structured mode: the event as
 // JSON in the value). A message header named content-type or starting with "ce_" is then
 // refused for good, so that it cannot replace an attribute.
-package kafka
+package outboxkafka
 
 import (
 	"context"

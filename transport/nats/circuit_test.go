@@ -1,11 +1,11 @@
-package nats_test
+package outboxnats_test
 
 import (
 	"strings"
 	"testing"
 	"time"
 
-	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go"
 
 	"github.com/outboxgo/outbox/outboxtest/testproxy"
 	"github.com/outboxgo/outbox/outboxtest/transporttest"
@@ -20,7 +20,7 @@ func TestCircuitOutage(t *testing.T) {
 	proxy := testproxy.New(t, strings.TrimPrefix(server(t), "nats://"))
 	admin := connect(t, server(t))
 	ns, s := stream(t, admin, nil)
-	js := connect(t, "nats://"+proxy.Addr(), natsgo.MaxReconnects(-1), natsgo.ReconnectWait(20*time.Millisecond))
-	tr := newTransport(t, js, nats.Options{AckTimeout: 300 * time.Millisecond})
+	js := connect(t, "nats://"+proxy.Addr(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
+	tr := newTransport(t, js, outboxnats.Options{AckTimeout: 300 * time.Millisecond})
 	transporttest.CircuitOutage(t, ns, tr, proxy.Cut, proxy.Restore, func() []transporttest.Received { return consume(t, s) })
 }

@@ -1,4 +1,4 @@
-// Package nats is an [outbox.Transport] for NATS JetStream.
+// Package outboxnats is an [outbox.Transport] for NATS JetStream.
 //
 // Each batch is published asynchronously and every acknowledgement is awaited, so that
 // [Transport.Publish] reports one outcome per message. The delivery's id is sent as the
@@ -47,7 +47,7 @@
 // the payload, with Content-Type application/cloudevents+json). The message's own headers
 // that are not attribute names are sent as before, and a message header named Content-Type
 // or starting with "ce-" is refused for good, so that it cannot replace an attribute.
-package nats
+package outboxnats
 
 import (
 	"context"

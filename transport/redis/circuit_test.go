@@ -1,10 +1,10 @@
-package redis_test
+package outboxredis_test
 
 import (
 	"testing"
 	"time"
 
-	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxgo/outbox/outboxtest/testproxy"
 	"github.com/outboxgo/outbox/outboxtest/transporttest"
@@ -19,10 +19,10 @@ func TestCircuitOutage(t *testing.T) {
 	admin := client(t, server(t))
 	ns := namespace(t, admin)
 	proxy := testproxy.New(t, server(t))
-	c := client(t, proxy.Addr(), func(o *goredis.Options) {
+	c := client(t, proxy.Addr(), func(o *redis.Options) {
 		o.MaxRetries = -1
 		o.DialTimeout, o.ReadTimeout, o.WriteTimeout = 200*time.Millisecond, 200*time.Millisecond, 200*time.Millisecond
 	})
-	transporttest.CircuitOutage(t, ns, newTransport(t, c, redis.Options{}), proxy.Cut, proxy.Restore,
+	transporttest.CircuitOutage(t, ns, newTransport(t, c, outboxredis.Options{}), proxy.Cut, proxy.Restore,
 		func() []transporttest.Received { return consume(t, admin, ns) })
 }

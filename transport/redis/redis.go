@@ -1,4 +1,4 @@
-// Package redis is an [outbox.Transport] for Redis Streams, built on go-redis.
+// Package outboxredis is an [outbox.Transport] for Redis Streams, built on go-redis.
 //
 // A batch is sent as one pipeline of XADD commands, one per message, and each command's
 // own reply is returned, so that [Transport.Publish] reports one outcome per message.
@@ -41,7 +41,7 @@
 // With [Options.CloudEvents], every entry also carries a CloudEvent's attributes as ce_*
 // fields. CloudEvents has no Redis binding; the names follow its Kafka binding, and only
 // the binary mode exists.
-package redis
+package outboxredis
 
 import (
 	"context"

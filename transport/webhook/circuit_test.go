@@ -1,4 +1,4 @@
-package webhook_test
+package outboxwebhook_test
 
 import (
 	"strings"
@@ -20,7 +20,7 @@ func TestCircuitOutage(t *testing.T) {
 	t.Parallel()
 	srv := newServer(t, false, nil)
 	proxy := testproxy.New(t, strings.TrimPrefix(srv.URL, "http://"))
-	tr := newTransport(t, webhook.Options{URL: "http://" + proxy.Addr() + "/{topic}", Secret: srv.secret, AllowHTTP: true,
+	tr := newTransport(t, outboxwebhook.Options{URL: "http://" + proxy.Addr() + "/{topic}", Secret: srv.secret, AllowHTTP: true,
 		Timeout: 2 * time.Second, Concurrency: 16})
 	transporttest.CircuitOutage(t, transporttest.Name("wh"), tr, proxy.Cut, proxy.Restore, func() []transporttest.Received {
 		var got []transporttest.Received

@@ -1,4 +1,4 @@
-// Package webhook is an [outbox.Transport] that delivers each message as an HTTP POST,
+// Package outboxwebhook is an [outbox.Transport] that delivers each message as an HTTP POST,
 // signed the Standard Webhooks way (https://www.standardwebhooks.com), using net/http only.
 //
 // # Requests
@@ -49,4 +49,4 @@
 // binding (binary mode by default: ce-* headers and Content-Type; structured mode: the
 // event as JSON in the body). A message header named Content-Type or starting with "ce-"
 // is then refused for good, so that it cannot replace an attribute.
-package webhook
+package outboxwebhook
