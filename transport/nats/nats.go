@@ -53,9 +53,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -106,7 +108,10 @@ type Options struct {
 
 	// AckTimeout bounds the wait for the acknowledgements of one batch, counted from the
 	// last message sent. Messages unacknowledged then fail and are retried; the stream's
-	// duplicate window drops those that were stored after all. Default [DefaultAckTimeout].
+	// duplicate window drops those that were stored after all. When not one message of the
+	// batch was answered, the transport pings the server, waiting AckTimeout again: a
+	// server that does not answer is down, so the batch fails [outbox.Unavailable] and the
+	// connection is made anew. Default [DefaultAckTimeout].
 	AckTimeout time.Duration
 
 	// ExpectStream, when set, makes the server refuse a message that would be stored in
@@ -120,6 +125,11 @@ type Options struct {
 	// event as JSON in the payload with Content-Type application/cloudevents+json. The
 	// Outbox-* headers and Nats-Msg-Id are sent as before. Default nil: no CloudEvents.
 	CloudEvents *cloudevents.Options
+
+	// Logger receives one line when the server stops answering (a batch got no
+	// acknowledgement and the server no ping) and one when it answers again. Default
+	// [slog.Default].
+	Logger *slog.Logger
 }
 
 // DefaultSubject returns "<namespace>.<topic>".
@@ -141,6 +151,9 @@ func (o *Options) validate() error {
 	if err := o.CloudEvents.Validate(); err != nil {
 		return fmt.Errorf("%w options: %w", ErrInvalid, err)
 	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
 	return nil
 }
 
@@ -149,6 +162,7 @@ func (o *Options) validate() error {
 type Transport struct {
 	js   jetstream.JetStream
 	opts Options
+	link link
 }
 
 var _ outbox.Transport = (*Transport)(nil)
@@ -168,7 +182,7 @@ func New(js jetstream.JetStream, opts Options) (*Transport, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
-	return &Transport{js: js, opts: opts}, nil
+	return &Transport{js: js, opts: opts, link: link{log: opts.Logger}}, nil
 }
 
 // System returns "nats", the messaging.system of OpenTelemetry's conventions, for telemetry
@@ -209,11 +223,13 @@ func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []erro
 		futures[i], sent = f, true
 	}
 	if !sent {
+		t.link.note(false, errs)
 		return errs
 	}
 	timer := time.NewTimer(t.opts.AckTimeout)
 	defer timer.Stop()
-	var late error // set once the deadline passed or ctx was cancelled
+	var late error    // set once the deadline passed or ctx was cancelled
+	answered := false // an acknowledgement or a refusal came from the server
 	for i, f := range futures {
 		if f == nil {
 			continue
@@ -221,9 +237,11 @@ func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []erro
 		if late == nil {
 			select {
 			case <-f.Ok():
+				answered = true
 				continue
 			case err := <-f.Err():
 				errs[i] = t.classify(batch[i], f.Msg().Subject, err)
+				answered = answered || !outbox.IsUnavailable(errs[i])
 				continue
 			case <-timer.C:
 				late = fmt.Errorf("outbox/nats: no acknowledgement within %s", t.opts.AckTimeout)
@@ -234,13 +252,46 @@ func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []erro
 		// Past the deadline: take what has resolved, fail the rest.
 		select {
 		case <-f.Ok():
+			answered = true
 		case err := <-f.Err():
 			errs[i] = t.classify(batch[i], f.Msg().Subject, err)
+			answered = answered || !outbox.IsUnavailable(errs[i])
 		default:
 			errs[i] = t.late(late, batch[i])
 		}
 	}
+	if late != nil && !answered && ctx.Err() == nil {
+		// Not one answer: a server that does not answer a ping either is down, however
+		// open its connection looks, and no message is at fault.
+		if down := t.check(); down != nil {
+			for i, f := range futures {
+				if f != nil && errs[i] != nil && !outbox.IsUnavailable(errs[i]) {
+					errs[i] = outbox.Unavailable(fmt.Errorf("%w: %w", errs[i], down))
+				}
+			}
+		}
+	}
+	t.link.note(answered, errs)
 	return errs
+}
+
+// check asks the server for a round trip within AckTimeout, and reports why it cannot be
+// reached when it does not answer; a connection whose server stays silent is made anew.
+func (t *Transport) check() error {
+	nc := t.js.Conn()
+	if nc == nil {
+		return nil
+	}
+	if !nc.IsConnected() {
+		return nats.ErrDisconnected
+	}
+	if err := nc.FlushTimeout(t.opts.AckTimeout); err != nil {
+		if nc.IsConnected() {
+			_ = nc.ForceReconnect()
+		}
+		return fmt.Errorf("outbox/nats: the server did not answer a ping within %s: %w", t.opts.AckTimeout, err)
+	}
+	return nil
 }
 
 // late is the outcome of a message whose acknowledgement did not come: an outage when the
@@ -426,4 +477,30 @@ func serverOf(raw string) (string, int) {
 		port = 4222
 	}
 	return u.Hostname(), port
+}
+
+// link logs what the transport sees of the server: one line when it stops answering, one
+// when it answers again.
+type link struct {
+	log  *slog.Logger
+	down atomic.Bool
+}
+
+// note takes a batch's outcome: any answer means the server is there; an Unavailable
+// failure without one, that it is not.
+func (l *link) note(answered bool, errs []error) {
+	if answered {
+		if l.down.CompareAndSwap(true, false) {
+			l.log.Info("outbox/nats: the server answers again")
+		}
+		return
+	}
+	for _, err := range errs {
+		if outbox.IsUnavailable(err) {
+			if l.down.CompareAndSwap(false, true) {
+				l.log.Warn("outbox/nats: the server cannot be reached; batches fail Unavailable until it answers", "err", err)
+			}
+			return
+		}
+	}
 }
