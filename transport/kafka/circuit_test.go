@@ -39,3 +39,34 @@ func TestCircuitOutage(t *testing.T) {
 	transporttest.CircuitOutage(t, ns, tr, proxy.Cut, proxy.Restore,
 		func() []transporttest.Received { return consume(t, c, ns, 5000) })
 }
+
+// The cluster is taken away through a proxy for a few seconds, refusing, answering nothing
+// with the connections up, or flapping, while messages are waiting: the batches come back
+// Unavailable, the circuit opens, no message spends more than one attempt, and all are
+// delivered once the cluster is back (transporttest.ProxyOutage, kfake behind the proxy).
+func TestProxyOutage(t *testing.T) {
+	t.Parallel()
+	for _, kind := range transporttest.OutageKinds {
+		t.Run(string(kind), func(t *testing.T) {
+			t.Parallel()
+			ns := transporttest.Name("kt")
+			var seed []string
+			for _, tp := range topics {
+				seed = append(seed, ns+"."+tp)
+			}
+			c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, seed...))
+			require.NoError(t, err)
+			t.Cleanup(c.Close)
+			proxy := testproxy.New(t, c.ListenAddrs()[0])
+			viaProxy := kgo.Dialer(func(ctx context.Context, network, _ string) (net.Conn, error) {
+				var d net.Dialer
+				return d.DialContext(ctx, network, proxy.Addr())
+			})
+			cl := client(t, c, viaProxy, kgo.RecordDeliveryTimeout(time.Second), kgo.RequestTimeoutOverhead(300*time.Millisecond),
+				kgo.RetryBackoffFn(func(int) time.Duration { return 20 * time.Millisecond }))
+			logs := &transporttest.Logs{}
+			tr := newTransport(t, cl, outboxkafka.Options{Timeout: time.Second, Logger: logs.Logger()})
+			transporttest.ProxyOutage(t, kind, ns, tr, proxy, logs, func() []transporttest.Received { return consume(t, c, ns, 400) })
+		})
+	}
+}
