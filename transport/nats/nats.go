@@ -31,13 +31,15 @@
 // header the protocol cannot carry. An outage fails with [outbox.Unavailable], which costs
 // the message no attempt: the connection is closed, disconnected or reconnecting, its
 // reconnect buffer is full, a network error, an acknowledgement that did not come within
-// [Options.AckTimeout] while the connection is down, JetStream not enabled, and "no
+// [Options.AckTimeout] while the connection is down, a batch without a single
+// acknowledgement from a server that does not answer a ping within AckTimeout either (a
+// stalled server; the connection is then made anew), JetStream not enabled, and "no
 // responders" on the subject ([ErrNoStream]: no stream captures it, or its server is
 // away). The last is an outage rather than a dead letter because a missing stream is
 // fixed by creating it, often by a deployment that runs after the service starts; until
 // then the events wait in the outbox. Everything else is retried under the publisher's
-// retry policy: an acknowledgement that did not come while the connection is up (a slow
-// server), a full stream.
+// retry policy: an acknowledgement that did not come while the server answers (a slow
+// stream), a full stream.
 //
 // # CloudEvents
 //

@@ -32,7 +32,8 @@
 // [outbox.Unavailable], which costs the message no attempt: a refused, reset or closed
 // connection, a dial or I/O timeout, and the replies of a server that cannot take writes
 // now (LOADING, BUSY, TRYAGAIN, CLUSTERDOWN, MASTERDOWN, READONLY, NOREPLICAS, "max number
-// of clients"). Everything else is retried under the publisher's retry policy: out of
+// of clients"), and a batch without a single reply from a server that does not answer a
+// PING within [Options.Timeout] either. Everything else is retried under the publisher's retry policy: out of
 // memory, persistence errors, redirections, authentication or permission errors, which an
 // operator fixes, and replies this transport does not know.
 //
