@@ -33,7 +33,7 @@ func TestProxyOutage(t *testing.T) {
 			b := setup(t, "#", nil)
 			u, proxy := proxied(t, b.url)
 			logs := &transporttest.Logs{}
-			tr := newTransport(t, outboxamqp.Options{URL: u, ConfirmTimeout: 500 * time.Millisecond, DialTimeout: 300 * time.Millisecond,
+			tr := newTransport(t, outboxamqp.Options{URL: u, ConfirmTimeout: time.Second, DialTimeout: 300 * time.Millisecond,
 				ReconnectMin: 20 * time.Millisecond, ReconnectMax: 100 * time.Millisecond, Logger: logs.Logger()})
 			transporttest.ProxyOutage(t, kind, b.exchange, tr, proxy, logs, func() []transporttest.Received { return received(b) })
 		})

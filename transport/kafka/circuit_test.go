@@ -65,7 +65,7 @@ func TestProxyOutage(t *testing.T) {
 			cl := client(t, c, viaProxy, kgo.RecordDeliveryTimeout(time.Second), kgo.RequestTimeoutOverhead(300*time.Millisecond),
 				kgo.RetryBackoffFn(func(int) time.Duration { return 20 * time.Millisecond }))
 			logs := &transporttest.Logs{}
-			tr := newTransport(t, cl, outboxkafka.Options{Timeout: time.Second, Logger: logs.Logger()})
+			tr := newTransport(t, cl, outboxkafka.Options{Timeout: 2 * time.Second, Logger: logs.Logger()})
 			transporttest.ProxyOutage(t, kind, ns, tr, proxy, logs, func() []transporttest.Received { return consume(t, c, ns, 400) })
 		})
 	}
