@@ -221,6 +221,12 @@ func (o *Outbox) Start(t testing.TB, ns string, tr outbox.Transport, batch int) 
 		Logger: slog.New(slog.DiscardHandler),
 	})
 	require.NoError(t, err)
+	return Run(t, pub)
+}
+
+// Run runs pub in the background until Stop or the end of the test.
+func Run(t testing.TB, pub *outbox.Publisher) *Running {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Running{Publisher: pub, cancel: cancel, done: make(chan error, 1)}
 	go func() { r.done <- pub.Run(ctx) }()
@@ -537,10 +543,7 @@ func CircuitOutage(t *testing.T, ns string, tr outbox.Transport, cut, restore fu
 		Logger: slog.New(slog.DiscardHandler),
 	})
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	run := &Running{Publisher: pub, cancel: cancel, done: make(chan error, 1)}
-	go func() { run.done <- pub.Run(ctx) }()
-	t.Cleanup(func() { run.Stop(t) })
+	run := Run(t, pub)
 
 	Poll(t, 60*time.Second, func() bool { return pub.Stats().Delivered >= n/3 }, "a third of the messages delivered: %+v", pub.Stats())
 	_, before := ob.attempts(t)
@@ -636,10 +639,7 @@ func ProxyOutage(t *testing.T, kind OutageKind, ns string, tr outbox.Transport, 
 		Logger:  slog.New(slog.DiscardHandler),
 	})
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	run := &Running{Publisher: pub, cancel: cancel, done: make(chan error, 1)}
-	go func() { run.done <- pub.Run(ctx) }()
-	t.Cleanup(func() { run.Stop(t) })
+	run := Run(t, pub)
 
 	want := ob.Enqueue(t, Messages(ns, n/2))
 	ob.WaitDelivered(t, n/2, 30*time.Second)

@@ -29,7 +29,6 @@ import (
 
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/cloudevents"
-	"github.com/outboxgo/outbox/outboxtest/testproxy"
 	"github.com/outboxgo/outbox/outboxtest/transporttest"
 	"github.com/outboxgo/outbox/transport/kafka"
 )
@@ -263,19 +262,7 @@ func TestClassify(t *testing.T) {
 // proxy is restored, a batch is produced whole and a consumer reads it.
 func TestUnavailableWhileCut(t *testing.T) {
 	t.Parallel()
-	ns := transporttest.Name("kt")
-	var seed []string
-	for _, tp := range topics {
-		seed = append(seed, ns+"."+tp)
-	}
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, seed...))
-	require.NoError(t, err)
-	t.Cleanup(c.Close)
-	proxy := testproxy.New(t, c.ListenAddrs()[0])
-	viaProxy := kgo.Dialer(func(ctx context.Context, network, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, network, proxy.Addr())
-	})
+	ns, c, proxy, viaProxy := proxied(t, 1)
 	cl := client(t, c, viaProxy, kgo.RecordDeliveryTimeout(time.Second), kgo.RetryBackoffFn(func(int) time.Duration { return 20 * time.Millisecond }))
 	tr := newTransport(t, cl, outboxkafka.Options{Timeout: 500 * time.Millisecond})
 	require.Empty(t, transporttest.Failures(tr.Publish(context.Background(), transporttest.Deliveries(transporttest.Messages(ns, 5)))))
