@@ -78,13 +78,6 @@ func dialect(backend string) outbox.Dialect {
 	return outbox.SQLite()
 }
 
-func driver(backend string) string {
-	if backend == "postgres" {
-		return "pgx"
-	}
-	return "sqlite"
-}
-
 func run(t *testing.T, p *outbox.Publisher) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -106,30 +99,7 @@ func fast(ns string) outbox.PublisherOptions {
 		Retry: outbox.RetryPolicy{BaseDelay: time.Millisecond, MaxDelay: 5 * time.Millisecond, MaxAttempts: 5}}
 }
 
-// --- a trace across processes and a broker -----------------------------------------------
-
-// Environment of the publisher child process.
-const (
-	childEnv        = "OUTBOX_OTEL_CHILD"
-	childBackendEnv = "OUTBOX_OTEL_CHILD_BACKEND"
-	childDSNEnv     = "OUTBOX_OTEL_CHILD_DSN"
-	childNSEnv      = "OUTBOX_OTEL_CHILD_NS"
-	childCountEnv   = "OUTBOX_OTEL_CHILD_COUNT"
-)
-
-// spanJSON is a span the child recorded, as it prints it.
-type spanJSON struct {
-	Name     string   `json:"name"`
-	Kind     string   `json:"kind"`
-	TraceID  string   `json:"trace_id"`
-	Links    []string `json:"links"` // "traceid/spanid"
-	Messages int64    `json:"messages"`
-	System   string   `json:"system"`
-}
-
-// TestPublisherChildProcess is not a test: it is the publisher process of
-// TestTraceAcrossProcesses, and returns at once in a normal run. It publishes the
-// namespace's rows to NATS with telemetry on, and prints its spans as JSON lines once they
+// --- a retry, and metrics ------------------------------------------------------------------
 
 func TestRetryThenSuccess(t *testing.T) {
 	t.Parallel()

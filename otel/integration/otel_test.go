@@ -481,5 +481,3 @@ func TestBrokenHookIsCaught(t *testing.T) {
 		})
 	}
 }
-
-// --- a retry, and metrics ------------------------------------------------------------------
