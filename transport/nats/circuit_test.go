@@ -40,7 +40,7 @@ func TestProxyOutage(t *testing.T) {
 			js := connect(t, "nats://"+proxy.Addr(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond),
 				nats.Timeout(300*time.Millisecond))
 			logs := &transporttest.Logs{}
-			tr := newTransport(t, js, outboxnats.Options{AckTimeout: 300 * time.Millisecond, Logger: logs.Logger()})
+			tr := newTransport(t, js, outboxnats.Options{AckTimeout: 500 * time.Millisecond, Logger: logs.Logger()})
 			transporttest.ProxyOutage(t, kind, ns, tr, proxy, logs, func() []transporttest.Received { return consume(t, s) })
 		})
 	}

@@ -48,7 +48,7 @@ func TestProxyOutage(t *testing.T) {
 				o.DialTimeout, o.ReadTimeout, o.WriteTimeout = 200*time.Millisecond, 200*time.Millisecond, 200*time.Millisecond
 			})
 			logs := &transporttest.Logs{}
-			tr := newTransport(t, c, outboxredis.Options{Timeout: 500 * time.Millisecond, Logger: logs.Logger()})
+			tr := newTransport(t, c, outboxredis.Options{Timeout: time.Second, Logger: logs.Logger()})
 			transporttest.ProxyOutage(t, kind, ns, tr, proxy, logs, func() []transporttest.Received { return consume(t, admin, ns) })
 		})
 	}

@@ -261,6 +261,7 @@ func (t *Transport) check(ctx context.Context, errs []error) {
 	if ctx.Err() != nil {
 		return
 	}
+	t.link.note(false, errs) // failures already known to be an outage (refused, reset)
 	ping := t.within(ctx, func(ctx context.Context) error { return t.client.Ping(ctx).Err() })
 	if errors.Is(ping, redis.ErrClosed) || ctx.Err() != nil {
 		return // the client was closed under the publisher, or the publish cancelled

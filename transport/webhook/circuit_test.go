@@ -38,7 +38,7 @@ func TestProxyOutage(t *testing.T) {
 			proxy := testproxy.New(t, strings.TrimPrefix(srv.URL, "http://"))
 			logs := &transporttest.Logs{}
 			tr := newTransport(t, outboxwebhook.Options{URL: "http://" + proxy.Addr() + "/{topic}", Secret: srv.secret, AllowHTTP: true,
-				Timeout: 300 * time.Millisecond, Concurrency: 16, Logger: logs.Logger()})
+				Timeout: 500 * time.Millisecond, Concurrency: 16, Logger: logs.Logger()})
 			transporttest.ProxyOutage(t, kind, transporttest.Name("wh"), tr, proxy, logs, func() []transporttest.Received { return received(srv) })
 		})
 	}
