@@ -8,10 +8,11 @@ GOOSE_VERSION := v3.29.0
 STATICCHECK_VERSION := v0.8.2
 
 # Every Go module of the repository: the core, then the nested modules (transports,
-# examples, telemetry, the web view's browser test), each with its own go.mod so the core never pulls
+# examples, telemetry and its tests against the transports, the shared test support, the web
+# view's browser test), each with its own go.mod so the core never pulls
 # in a broker client or a browser driver. go.work
 # ties them together for development.
-MODULES := . cmd/outbox-bench cmd/outbox-bench-transports examples/bun examples/customdialect examples/ent examples/gorm examples/libpq examples/pgx examples/sqlc examples/sqlcpgx examples/sqlx otel pgxv5 outboxui/browsertest transport/amqp transport/kafka transport/nats transport/redis transport/webhook
+MODULES := . cmd/outbox-bench cmd/outbox-bench-transports examples/bun examples/customdialect examples/ent examples/gorm examples/libpq examples/pgx examples/sqlc examples/sqlcpgx examples/sqlx otel otel/integration outboxtest pgxv5 outboxui/browsertest transport/amqp transport/kafka transport/nats transport/redis transport/webhook
 # The packages of every module, for one go test over all of them: go.work makes the nested
 # modules' packages resolvable from here, and one invocation lets go test run the test binaries
 # of different modules side by side instead of one module after another.
@@ -89,8 +90,9 @@ screenshots: ## Drive the web view in headless chromium and write the README's s
 	cd outboxui/browsertest && OUTBOX_SCREENSHOTS=$(CURDIR)/docs $(GO) test -count=1 -run '^TestBrowser$$' .
 
 .PHONY: test-faults
-test-faults: ## Database restarts, killed connections, lease reclaim, a PostgreSQL failover and a Galera cluster, on private servers it starts (about 3 minutes)
+test-faults: ## Database restarts, killed connections, lease reclaim, a PostgreSQL failover, a Galera cluster and a NATS JetStream cluster, on private servers it starts (about 3 minutes)
 	OUTBOX_FAULTS=1 $(GO) test -count=1 -v -timeout 15m -skip '^TestSoak$$' ./internal/faults
+	OUTBOX_FAULTS=1 $(GO) test -count=1 -v -timeout 5m -tags natscluster -run '^TestJetStreamCluster$$' ./transport/nats
 
 SOAK_DURATION ?= 10m
 

@@ -17,7 +17,6 @@ import (
 
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/internal/testdb"
-	"github.com/outboxgo/outbox/internal/transporttest"
 )
 
 // logCounter counts log records by level and message prefix, and passes Warn and above on
@@ -66,7 +65,7 @@ func TestPublisherCircuitOutage(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, e *pubEnv) {
 		const n = 600
-		d := &transporttest.ClaimCounter{Dialect: pubDialect(e.backend)}
+		d := &ClaimCounter{Dialect: pubDialect(e.backend)}
 		store := e.newStore(t, e.db, d)
 		ids := e.enqueue(t, "cb", n)
 		poison := ids[7]

@@ -7,7 +7,7 @@
 // [Options] as its Options.CloudEvents, and nil, the default, sends messages as plain
 // outbox messages. For example, with the NATS transport:
 //
-//	tr, err := natstransport.New(js, natstransport.Options{
+//	tr, err := outboxnats.New(js, outboxnats.Options{
 //		CloudEvents: &cloudevents.Options{
 //			Source: "https://shop.example/orders",
 //			Mode:   cloudevents.Structured, // default: cloudevents.Binary

@@ -19,8 +19,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/outboxgo/outbox"
-	"github.com/outboxgo/outbox/internal/testdb"
 	"github.com/outboxgo/outbox/migrations"
+	"github.com/outboxgo/outbox/outboxtest/testdb"
 	"github.com/outboxgo/outbox/pgxv5"
 )
 

@@ -10,7 +10,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxgo/outbox"
-	amqptransport "github.com/outboxgo/outbox/transport/amqp"
+	"github.com/outboxgo/outbox/transport/amqp"
 )
 
 // newAMQP measures against a topic exchange of its own named ns, bound with the routing key
@@ -42,7 +42,7 @@ func newAMQP(_ context.Context, url, ns string) (*broker, error) {
 		_, _ = ach.QueueDelete(ns, false, false, false)
 		_ = admin.Close()
 	}
-	tr, err := amqptransport.New(amqptransport.Options{URL: url, Logger: slog.New(slog.DiscardHandler)})
+	tr, err := outboxamqp.New(outboxamqp.Options{URL: url, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		cleanup()
 		return nil, err
@@ -109,10 +109,10 @@ func amqpClient(url string) (outbox.Transport, func(), error) {
 		for i, d := range ds {
 			pending[i], errs[i] = ch.PublishWithDeferredConfirmWithContext(ctx, d.Namespace, d.Topic, true, false, amqp091.Publishing{
 				Headers: amqp091.Table{
-					amqptransport.HeaderNamespace:    d.Namespace,
-					amqptransport.HeaderTopic:        d.Topic,
-					amqptransport.HeaderAttempt:      int64(d.Attempt),
-					amqptransport.HeaderPartitionKey: d.PartitionKey,
+					outboxamqp.HeaderNamespace:    d.Namespace,
+					outboxamqp.HeaderTopic:        d.Topic,
+					outboxamqp.HeaderAttempt:      int64(d.Attempt),
+					outboxamqp.HeaderPartitionKey: d.PartitionKey,
 				},
 				ContentType:  "application/json",
 				DeliveryMode: amqp091.Persistent,

@@ -5,21 +5,21 @@ import (
 	"fmt"
 	"strconv"
 
-	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxgo/outbox"
-	kafkatransport "github.com/outboxgo/outbox/transport/kafka"
-	natstransport "github.com/outboxgo/outbox/transport/nats"
-	redistransport "github.com/outboxgo/outbox/transport/redis"
+	"github.com/outboxgo/outbox/transport/kafka"
+	"github.com/outboxgo/outbox/transport/nats"
+	"github.com/outboxgo/outbox/transport/redis"
 )
 
 // newNATS measures against a file-backed stream of its own capturing "<ns>.>".
 func newNATS(ctx context.Context, url, ns string) (*broker, error) {
-	nc, err := natsgo.Connect(url)
+	nc, err := nats.Connect(url)
 	if err != nil {
 		return nil, err
 	}
@@ -33,7 +33,7 @@ func newNATS(ctx context.Context, url, ns string) (*broker, error) {
 		nc.Close()
 		return nil, err
 	}
-	tr, err := natstransport.New(js, natstransport.Options{})
+	tr, err := outboxnats.New(js, outboxnats.Options{})
 	if err != nil {
 		nc.Close()
 		return nil, err
@@ -42,12 +42,12 @@ func newNATS(ctx context.Context, url, ns string) (*broker, error) {
 		errs := make([]error, len(ds))
 		futures := make([]jetstream.PubAckFuture, len(ds))
 		for i, d := range ds {
-			m := &natsgo.Msg{Subject: d.Namespace + "." + d.Topic, Data: d.Payload, Header: natsgo.Header{
-				jetstream.MsgIDHeader:            {d.ID.String()},
-				natstransport.HeaderNamespace:    {d.Namespace},
-				natstransport.HeaderTopic:        {d.Topic},
-				natstransport.HeaderPartitionKey: {d.PartitionKey},
-				natstransport.HeaderAttempt:      {strconv.Itoa(d.Attempt)},
+			m := &nats.Msg{Subject: d.Namespace + "." + d.Topic, Data: d.Payload, Header: nats.Header{
+				jetstream.MsgIDHeader:         {d.ID.String()},
+				outboxnats.HeaderNamespace:    {d.Namespace},
+				outboxnats.HeaderTopic:        {d.Topic},
+				outboxnats.HeaderPartitionKey: {d.PartitionKey},
+				outboxnats.HeaderAttempt:      {strconv.Itoa(d.Attempt)},
 			}}
 			futures[i], errs[i] = js.PublishMsgAsync(m)
 		}
@@ -88,12 +88,12 @@ func newKafka(_ context.Context, ns string) (*broker, error) {
 	if err != nil {
 		return nil, err
 	}
-	cl, err := kafkatransport.NewClient(c.ListenAddrs())
+	cl, err := outboxkafka.NewClient(c.ListenAddrs())
 	if err != nil {
 		c.Close()
 		return nil, err
 	}
-	tr, err := kafkatransport.New(cl, kafkatransport.Options{})
+	tr, err := outboxkafka.New(cl, outboxkafka.Options{})
 	if err != nil {
 		cl.Close()
 		c.Close()
@@ -105,10 +105,10 @@ func newKafka(_ context.Context, ns string) (*broker, error) {
 		index := make(map[*kgo.Record]int, len(ds))
 		for i, d := range ds {
 			records[i] = &kgo.Record{Topic: d.Namespace + "." + d.Topic, Key: []byte(d.PartitionKey), Value: d.Payload, Headers: []kgo.RecordHeader{
-				{Key: kafkatransport.HeaderID, Value: []byte(d.ID.String())},
-				{Key: kafkatransport.HeaderNamespace, Value: []byte(d.Namespace)},
-				{Key: kafkatransport.HeaderTopic, Value: []byte(d.Topic)},
-				{Key: kafkatransport.HeaderAttempt, Value: []byte(strconv.Itoa(d.Attempt))},
+				{Key: outboxkafka.HeaderID, Value: []byte(d.ID.String())},
+				{Key: outboxkafka.HeaderNamespace, Value: []byte(d.Namespace)},
+				{Key: outboxkafka.HeaderTopic, Value: []byte(d.Topic)},
+				{Key: outboxkafka.HeaderAttempt, Value: []byte(strconv.Itoa(d.Attempt))},
 			}}
 			index[records[i]] = i
 		}
@@ -148,25 +148,25 @@ func newKafka(_ context.Context, ns string) (*broker, error) {
 
 // newRedis measures against a stream key of its own, "<ns>:order.paid".
 func newRedis(ctx context.Context, addr, ns string) (*broker, error) {
-	rdb := goredis.NewClient(&goredis.Options{Addr: addr})
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	if err := rdb.Ping(ctx).Err(); err != nil {
 		_ = rdb.Close()
 		return nil, err
 	}
-	tr, err := redistransport.New(rdb, redistransport.Options{})
+	tr, err := outboxredis.New(rdb, outboxredis.Options{})
 	if err != nil {
 		_ = rdb.Close()
 		return nil, err
 	}
 	client := outbox.TransportFunc(func(ctx context.Context, ds []outbox.Delivery) []error {
 		errs := make([]error, len(ds))
-		cmds := make([]*goredis.StringCmd, len(ds))
+		cmds := make([]*redis.StringCmd, len(ds))
 		pipe := rdb.Pipeline()
 		for i, d := range ds {
-			cmds[i] = pipe.XAdd(ctx, &goredis.XAddArgs{Stream: d.Namespace + ":" + d.Topic, Values: []any{
-				redistransport.FieldID, d.ID.String(), redistransport.FieldNamespace, d.Namespace,
-				redistransport.FieldTopic, d.Topic, redistransport.FieldPartitionKey, d.PartitionKey,
-				redistransport.FieldAttempt, strconv.Itoa(d.Attempt), redistransport.FieldPayload, string(d.Payload),
+			cmds[i] = pipe.XAdd(ctx, &redis.XAddArgs{Stream: d.Namespace + ":" + d.Topic, Values: []any{
+				outboxredis.FieldID, d.ID.String(), outboxredis.FieldNamespace, d.Namespace,
+				outboxredis.FieldTopic, d.Topic, outboxredis.FieldPartitionKey, d.PartitionKey,
+				outboxredis.FieldAttempt, strconv.Itoa(d.Attempt), outboxredis.FieldPayload, string(d.Payload),
 			}})
 		}
 		_, _ = pipe.Exec(ctx)

@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/outboxgo/outbox/internal/testdb"
+	"github.com/outboxgo/outbox/outboxtest/testdb"
 )
 
 // Every broker, database and in-process cluster a run opens is closed when it returns.

@@ -18,11 +18,11 @@ import (
 	"time"
 
 	"github.com/outboxgo/outbox"
-	webhooktransport "github.com/outboxgo/outbox/transport/webhook"
+	"github.com/outboxgo/outbox/transport/webhook"
 )
 
 // webhookConcurrency is the requests in flight of each side, the transport's default.
-const webhookConcurrency = webhooktransport.DefaultConcurrency
+const webhookConcurrency = outboxwebhook.DefaultConcurrency
 
 // newWebhook measures against an in-process HTTPS receiver (httptest.NewTLSServer, HTTP/1.1
 // with keep-alive) that verifies every signature and answers 204. Both sides call it over
@@ -39,7 +39,7 @@ func newWebhook(_ context.Context) (*broker, error) {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
-		if err := webhooktransport.Verify(key, r.Header, body, 0, time.Now()); err != nil {
+		if err := outboxwebhook.Verify(key, r.Header, body, 0, time.Now()); err != nil {
 			http.Error(w, err.Error(), http.StatusUnauthorized)
 			return
 		}
@@ -52,7 +52,7 @@ func newWebhook(_ context.Context) (*broker, error) {
 		return tr
 	}
 	trHTTP, clientHTTP := httpTransport(), httpTransport()
-	tr, err := webhooktransport.New(webhooktransport.Options{
+	tr, err := outboxwebhook.New(outboxwebhook.Options{
 		URL: srv.URL + "/{namespace}/{topic}", Key: key, Concurrency: webhookConcurrency,
 		Client: &http.Client{Transport: trHTTP},
 	})
@@ -62,7 +62,7 @@ func newWebhook(_ context.Context) (*broker, error) {
 	}
 	return &broker{
 		name: "webhook", transport: tr,
-		client: webhookClient(&http.Client{Transport: clientHTTP, Timeout: webhooktransport.DefaultTimeout}, srv.URL, key),
+		client: webhookClient(&http.Client{Transport: clientHTTP, Timeout: outboxwebhook.DefaultTimeout}, srv.URL, key),
 		stored: func(context.Context) (int64, error) { return received.Load(), nil },
 		reset: func(context.Context) error {
 			received.Store(0)
@@ -93,15 +93,15 @@ func webhookClient(hc *http.Client, base string, key []byte) outbox.Transport {
 			return err
 		}
 		req.Header = http.Header{
-			"Content-Type":                      {"application/json"},
-			"User-Agent":                        {"relay/1"},
-			"Webhook-Id":                        {id},
-			"Webhook-Timestamp":                 {ts},
-			"Webhook-Signature":                 {"v1," + base64.StdEncoding.EncodeToString(mac.Sum(nil))},
-			webhooktransport.HeaderNamespace:    {d.Namespace},
-			webhooktransport.HeaderTopic:        {d.Topic},
-			webhooktransport.HeaderAttempt:      {strconv.Itoa(d.Attempt)},
-			webhooktransport.HeaderPartitionKey: {d.PartitionKey},
+			"Content-Type":                   {"application/json"},
+			"User-Agent":                     {"relay/1"},
+			"Webhook-Id":                     {id},
+			"Webhook-Timestamp":              {ts},
+			"Webhook-Signature":              {"v1," + base64.StdEncoding.EncodeToString(mac.Sum(nil))},
+			outboxwebhook.HeaderNamespace:    {d.Namespace},
+			outboxwebhook.HeaderTopic:        {d.Topic},
+			outboxwebhook.HeaderAttempt:      {strconv.Itoa(d.Attempt)},
+			outboxwebhook.HeaderPartitionKey: {d.PartitionKey},
 		}
 		resp, err := hc.Do(req)
 		if err != nil {

@@ -8,8 +8,8 @@ import (
 	"github.com/uptrace/bun"
 
 	"github.com/outboxgo/outbox"
-	"github.com/outboxgo/outbox/internal/exampletest"
-	"github.com/outboxgo/outbox/internal/testdb"
+	"github.com/outboxgo/outbox/outboxtest/exampletest"
+	"github.com/outboxgo/outbox/outboxtest/testdb"
 )
 
 // An order that commits is delivered exactly once; one that rolls back after enqueueing its

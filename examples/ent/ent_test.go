@@ -9,8 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxgo/outbox/examples/ent/ent/order"
-	"github.com/outboxgo/outbox/internal/exampletest"
-	"github.com/outboxgo/outbox/internal/testdb"
+	"github.com/outboxgo/outbox/outboxtest/exampletest"
+	"github.com/outboxgo/outbox/outboxtest/testdb"
 )
 
 // schemaMu serialises the backends' ent migrations, which run side by side otherwise: ent's

@@ -7,8 +7,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"gorm.io/gorm"
 
-	"github.com/outboxgo/outbox/internal/exampletest"
-	"github.com/outboxgo/outbox/internal/testdb"
+	"github.com/outboxgo/outbox/outboxtest/exampletest"
+	"github.com/outboxgo/outbox/outboxtest/testdb"
 )
 
 // An order that commits is delivered exactly once; one that rolls back after enqueueing its

@@ -9,8 +9,8 @@ import (
 
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/examples/sqlcpgx/shopdb"
-	"github.com/outboxgo/outbox/internal/exampletest"
-	"github.com/outboxgo/outbox/internal/testdb"
+	"github.com/outboxgo/outbox/outboxtest/exampletest"
+	"github.com/outboxgo/outbox/outboxtest/testdb"
 	"github.com/outboxgo/outbox/pgxv5"
 )
 

@@ -7,7 +7,7 @@
 //     the module of the Markdown file, and one whose info string says runnable (```go
 //     runnable) is built there and run, in an empty directory of its own, and must exit 0;
 //   - every package-qualified name in a Go block (outbox.Options, inbox.MigrateUp,
-//     natstransport.New, ...) and every method called on the usual variables (store.Stats,
+//     outboxnats.New, ...) and every method called on the usual variables (store.Stats,
 //     pub.Run, in.Process) exists in the package;
 //   - every shell block whose info string says runnable (```sh runnable, or
 //     ```sh runnable=postgres,mysql for some databases only) runs with bash -euo pipefail
@@ -437,22 +437,19 @@ func newNames(root string) *names {
 			"conformance": "conformance",
 			"outboxui":    "outboxui",
 			"cloudevents": "cloudevents",
-			"amqp":        "transport/amqp",
-			"webhook":     "transport/webhook",
 		},
 		vars: map[string]string{"store": ".Store", "pub": ".Publisher", "in": "inbox.Inbox"},
 	}
 	for _, t := range []string{"amqp", "kafka", "nats", "redis", "webhook"} {
-		n.packages[t+"transport"] = "transport/" + t
+		n.packages["outbox"+t] = "transport/" + t
 	}
 	return n
 }
 
 var qualifiedRE = regexp.MustCompile(`\b([a-z][a-z0-9]*)\.([A-Z][A-Za-z0-9_]*)`)
 
-// missing lists the names text uses that its package does not declare. In a transport's own
-// README the package's bare name (kafka, nats, redis) may be the broker client's, so only
-// the aliases above count.
+// missing lists the names text uses that its package does not declare. A bare broker name
+// (kafka, nats, redis) is the broker client's, never a transport's.
 func (n *names) missing(docPath, text string) []string {
 	var out []string
 	for _, m := range qualifiedRE.FindAllStringSubmatch(codeOnly(text), -1) {

@@ -28,8 +28,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxgo/outbox"
-	"github.com/outboxgo/outbox/internal/testdb"
 	"github.com/outboxgo/outbox/migrations"
+	"github.com/outboxgo/outbox/outboxtest/testdb"
 	"github.com/outboxgo/outbox/outboxui"
 )
 

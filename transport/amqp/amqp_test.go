@@ -1,4 +1,4 @@
-package amqp_test
+package outboxamqp_test
 
 import (
 	"bytes"
@@ -28,9 +28,9 @@ import (
 
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/cloudevents"
-	"github.com/outboxgo/outbox/internal/testdb"
-	"github.com/outboxgo/outbox/internal/testproxy"
-	"github.com/outboxgo/outbox/internal/transporttest"
+	"github.com/outboxgo/outbox/outboxtest/testdb"
+	"github.com/outboxgo/outbox/outboxtest/testproxy"
+	"github.com/outboxgo/outbox/outboxtest/transporttest"
 	"github.com/outboxgo/outbox/transport/amqp"
 )
 
@@ -44,7 +44,7 @@ func TestMain(m *testing.M) {
 
 func brokerURL(t *testing.T) string {
 	t.Helper()
-	return testdb.Service(t, "rabbitmq", "OUTBOX_AMQP_URL", amqp.DefaultURL)
+	return testdb.Service(t, "rabbitmq", "OUTBOX_AMQP_URL", outboxamqp.DefaultURL)
 }
 
 func uniqueName(prefix string) string {
@@ -128,12 +128,12 @@ func (b *broker) waitFor(t *testing.T, n int, within time.Duration) []amqp091.De
 
 func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
-func newTransport(t *testing.T, o amqp.Options) *amqp.Transport {
+func newTransport(t *testing.T, o outboxamqp.Options) *outboxamqp.Transport {
 	t.Helper()
 	if o.Logger == nil {
 		o.Logger = quiet()
 	}
-	tr, err := amqp.New(o)
+	tr, err := outboxamqp.New(o)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, tr.Close()) })
 	return tr
@@ -151,7 +151,7 @@ func delivery(namespace, topic, payload string) outbox.Delivery {
 func TestPublishFields(t *testing.T) {
 	t.Parallel()
 	b := setup(t, "order.*", nil)
-	tr := newTransport(t, amqp.Options{URL: b.url})
+	tr := newTransport(t, outboxamqp.Options{URL: b.url})
 
 	tenant := uuid.New()
 	batch := []outbox.Delivery{
@@ -187,21 +187,21 @@ func TestPublishFields(t *testing.T) {
 		require.Equal(t, want.Topic, d.Type)
 		require.Equal(t, amqp091.Persistent, d.DeliveryMode)
 		require.True(t, want.CreatedAt.Equal(d.Timestamp), "timestamp %s, want %s", d.Timestamp, want.CreatedAt)
-		require.Equal(t, want.Namespace, d.Headers[amqp.HeaderNamespace])
-		require.Equal(t, want.Topic, d.Headers[amqp.HeaderTopic])
-		require.EqualValues(t, want.Attempt, d.Headers[amqp.HeaderAttempt])
+		require.Equal(t, want.Namespace, d.Headers[outboxamqp.HeaderNamespace])
+		require.Equal(t, want.Topic, d.Headers[outboxamqp.HeaderTopic])
+		require.EqualValues(t, want.Attempt, d.Headers[outboxamqp.HeaderAttempt])
 		for k, v := range want.Headers {
 			require.Equal(t, v, d.Headers[k], "header %s", k)
 		}
 	}
 	first, second, third := byID[batch[0].ID.String()], byID[batch[1].ID.String()], byID[batch[2].ID.String()]
-	require.Equal(t, "order-1", first.Headers[amqp.HeaderPartitionKey])
-	require.NotContains(t, first.Headers, amqp.HeaderTenantID)
-	require.NotContains(t, first.Headers, amqp.HeaderDedupeKey)
-	require.Equal(t, amqp.DefaultContentType, first.ContentType)
-	require.Equal(t, tenant.String(), second.Headers[amqp.HeaderTenantID])
-	require.Equal(t, batch[1].DedupeKey, second.Headers[amqp.HeaderDedupeKey])
-	require.NotContains(t, second.Headers, amqp.HeaderPartitionKey)
+	require.Equal(t, "order-1", first.Headers[outboxamqp.HeaderPartitionKey])
+	require.NotContains(t, first.Headers, outboxamqp.HeaderTenantID)
+	require.NotContains(t, first.Headers, outboxamqp.HeaderDedupeKey)
+	require.Equal(t, outboxamqp.DefaultContentType, first.ContentType)
+	require.Equal(t, tenant.String(), second.Headers[outboxamqp.HeaderTenantID])
+	require.Equal(t, batch[1].DedupeKey, second.Headers[outboxamqp.HeaderDedupeKey])
+	require.NotContains(t, second.Headers, outboxamqp.HeaderPartitionKey)
 	require.Equal(t, "application/vnd.shop+json", third.ContentType)
 }
 
@@ -211,7 +211,7 @@ func TestPublishRoute(t *testing.T) {
 	t.Parallel()
 	b := setup(t, "fixed.key", nil)
 	refused := errors.New("no route for this tenant")
-	tr := newTransport(t, amqp.Options{
+	tr := newTransport(t, outboxamqp.Options{
 		URL:       b.url,
 		Transient: true,
 		Route: func(d *outbox.Delivery) (string, string, error) {
@@ -251,7 +251,7 @@ func TestPublishUnroutable(t *testing.T) {
 			t.Parallel()
 			b := setup(t, "ok", nil)
 			missing := uniqueName("outbox_t_missing_")
-			tr := newTransport(t, amqp.Options{URL: b.url, PermanentUnroutable: permanent})
+			tr := newTransport(t, outboxamqp.Options{URL: b.url, PermanentUnroutable: permanent})
 			batch := []outbox.Delivery{
 				delivery(b.exchange, "ok", `{"n":0}`),
 				delivery(b.exchange, "ok", `{"n":1}`),
@@ -264,10 +264,10 @@ func TestPublishUnroutable(t *testing.T) {
 			for _, i := range []int{0, 1, 4} {
 				require.NoError(t, errs[i], "message %d", i)
 			}
-			require.ErrorIs(t, errs[2], amqp.ErrUnroutable)
+			require.ErrorIs(t, errs[2], outboxamqp.ErrUnroutable)
 			require.ErrorContains(t, errs[2], "nobody.listens")
 			require.ErrorContains(t, errs[2], "312 NO_ROUTE")
-			require.ErrorIs(t, errs[3], amqp.ErrNoExchange)
+			require.ErrorIs(t, errs[3], outboxamqp.ErrNoExchange)
 			require.ErrorContains(t, errs[3], missing)
 			require.Equal(t, permanent, outbox.IsPermanent(errs[2]))
 			require.Equal(t, permanent, outbox.IsPermanent(errs[3]))
@@ -307,7 +307,7 @@ func TestPublishNacked(t *testing.T) {
 		_ = conn.Close()
 	})
 
-	tr := newTransport(t, amqp.Options{URL: url})
+	tr := newTransport(t, outboxamqp.Options{URL: url})
 	batch := make([]outbox.Delivery, 5)
 	for i := range batch {
 		batch[i] = delivery(exchange, "k", fmt.Sprintf(`{"n":%d}`, i))
@@ -316,7 +316,7 @@ func TestPublishNacked(t *testing.T) {
 	require.NoError(t, errs[0])
 	require.NoError(t, errs[1])
 	for i := 2; i < len(batch); i++ {
-		require.ErrorIs(t, errs[i], amqp.ErrNacked, "message %d", i)
+		require.ErrorIs(t, errs[i], outboxamqp.ErrNacked, "message %d", i)
 		require.False(t, outbox.IsPermanent(errs[i]))
 		require.False(t, outbox.IsUnavailable(errs[i]), "a full queue is not an outage")
 	}
@@ -354,7 +354,7 @@ func TestPublishOutage(t *testing.T) {
 	t.Parallel()
 	b := setup(t, "#", nil)
 	u, proxy := proxied(t, b.url)
-	tr := newTransport(t, amqp.Options{URL: u, ReconnectMin: 200 * time.Millisecond, ReconnectMax: 400 * time.Millisecond, DialTimeout: 2 * time.Second})
+	tr := newTransport(t, outboxamqp.Options{URL: u, ReconnectMin: 200 * time.Millisecond, ReconnectMax: 400 * time.Millisecond, DialTimeout: 2 * time.Second})
 	ctx := context.Background()
 
 	first := delivery(b.exchange, "t", `{"n":0}`)
@@ -372,8 +372,8 @@ func TestPublishOutage(t *testing.T) {
 		require.Error(t, errs[0])
 		require.False(t, outbox.IsPermanent(errs[0]), "%v", errs[0])
 		require.True(t, outbox.IsUnavailable(errs[0]), "%v", errs[0])
-		require.True(t, errors.Is(errs[0], amqp.ErrConnectionLost) || errors.Is(errs[0], amqp.ErrNotConnected), "%v", errs[0])
-		if errors.Is(errs[0], amqp.ErrNotConnected) {
+		require.True(t, errors.Is(errs[0], outboxamqp.ErrConnectionLost) || errors.Is(errs[0], outboxamqp.ErrNotConnected), "%v", errs[0])
+		if errors.Is(errs[0], outboxamqp.ErrNotConnected) {
 			sawNotConnected = true
 		}
 	}
@@ -432,34 +432,34 @@ func TestPublishHonoursContext(t *testing.T) {
 		}
 		mu.Unlock()
 	})
-	tr := newTransport(t, amqp.Options{URL: "amqp://guest:guest@" + ln.Addr().String() + "/", DialTimeout: time.Minute, ReconnectMin: time.Millisecond})
+	tr := newTransport(t, outboxamqp.Options{URL: "amqp://guest:guest@" + ln.Addr().String() + "/", DialTimeout: time.Minute, ReconnectMin: time.Millisecond})
 
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	start := time.Now()
 	errs := tr.Publish(ctx, []outbox.Delivery{delivery("x", "y", `{}`)})
 	require.Less(t, time.Since(start), 2*time.Second)
-	require.ErrorIs(t, errs[0], amqp.ErrNotConnected)
+	require.ErrorIs(t, errs[0], outboxamqp.ErrNotConnected)
 	require.ErrorIs(t, errs[0], context.DeadlineExceeded)
 
-	tr2 := newTransport(t, amqp.Options{URL: "amqp://guest:guest@" + ln.Addr().String() + "/", DialTimeout: 200 * time.Millisecond})
+	tr2 := newTransport(t, outboxamqp.Options{URL: "amqp://guest:guest@" + ln.Addr().String() + "/", DialTimeout: 200 * time.Millisecond})
 	start = time.Now()
 	errs = tr2.Publish(context.Background(), []outbox.Delivery{delivery("x", "y", `{}`)})
 	require.Less(t, time.Since(start), 2*time.Second)
-	require.ErrorIs(t, errs[0], amqp.ErrNotConnected)
+	require.ErrorIs(t, errs[0], outboxamqp.ErrNotConnected)
 }
 
 // TestClose: Publish after Close fails with ErrClosed, and Close twice is harmless.
 func TestClose(t *testing.T) {
 	t.Parallel()
 	b := setup(t, "#", nil)
-	tr, err := amqp.New(amqp.Options{URL: b.url, Logger: quiet()})
+	tr, err := outboxamqp.New(outboxamqp.Options{URL: b.url, Logger: quiet()})
 	require.NoError(t, err)
 	require.Empty(t, nonNil(tr.Publish(context.Background(), []outbox.Delivery{delivery(b.exchange, "t", `{}`)})))
 	require.NoError(t, tr.Close())
 	require.NoError(t, tr.Close())
 	errs := tr.Publish(context.Background(), []outbox.Delivery{delivery(b.exchange, "t", `{}`)})
-	require.ErrorIs(t, errs[0], amqp.ErrClosed)
+	require.ErrorIs(t, errs[0], outboxamqp.ErrClosed)
 	require.Nil(t, tr.Publish(context.Background(), nil))
 }
 
@@ -467,7 +467,7 @@ func TestClose(t *testing.T) {
 // does not leak the URL's password.
 func TestOptionsValidation(t *testing.T) {
 	t.Parallel()
-	for name, o := range map[string]amqp.Options{
+	for name, o := range map[string]outboxamqp.Options{
 		"url":           {URL: "http://user:s3cret@host/"},
 		"dial":          {Config: amqp091.Config{Dial: amqp091.DefaultDial(time.Second)}},
 		"dialTimeout":   {DialTimeout: -time.Second},
@@ -477,14 +477,14 @@ func TestOptionsValidation(t *testing.T) {
 		"reconnectMax-": {ReconnectMax: -time.Second},
 	} {
 		t.Run(name, func(t *testing.T) {
-			_, err := amqp.New(o)
+			_, err := outboxamqp.New(o)
 			require.ErrorIs(t, err, outbox.ErrInvalid)
 			var ve *outbox.ValidationError
 			require.ErrorAs(t, err, &ve)
 			require.NotContains(t, err.Error(), "s3cret")
 		})
 	}
-	tr, err := amqp.New(amqp.Options{})
+	tr, err := outboxamqp.New(outboxamqp.Options{})
 	require.NoError(t, err)
 	require.NoError(t, tr.Close())
 }
@@ -492,20 +492,20 @@ func TestOptionsValidation(t *testing.T) {
 // TestClassify: connection and dial failures are outages; refusals of a message are not.
 func TestClassify(t *testing.T) {
 	t.Parallel()
-	transporttest.RequireClassify(t, amqp.Classify, nil, []error{
-		amqp.ErrNacked, amqp.ErrUnroutable, amqp.ErrNoExchange, amqp.ErrClosed, context.Canceled,
-		fmt.Errorf("%w: %w", amqp.ErrNotConnected, context.Canceled),
+	transporttest.RequireClassify(t, outboxamqp.Classify, nil, []error{
+		outboxamqp.ErrNacked, outboxamqp.ErrUnroutable, outboxamqp.ErrNoExchange, outboxamqp.ErrClosed, context.Canceled,
+		fmt.Errorf("%w: %w", outboxamqp.ErrNotConnected, context.Canceled),
 		&amqp091.Error{Code: amqp091.AccessRefused, Reason: "ACCESS_REFUSED"},
 		&amqp091.Error{Code: amqp091.PreconditionFailed, Reason: "PRECONDITION_FAILED"},
-		fmt.Errorf("%w: %w", amqp.ErrConnectionLost, &amqp091.Error{Code: amqp091.PreconditionFailed, Server: true, Recover: true,
+		fmt.Errorf("%w: %w", outboxamqp.ErrConnectionLost, &amqp091.Error{Code: amqp091.PreconditionFailed, Server: true, Recover: true,
 			Reason: "PRECONDITION_FAILED - message size 200000000 is larger than configured max size 134217728"}),
 	})
-	transporttest.RequireUnavailable(t, amqp.Classify, []error{
-		amqp.ErrNotConnected, amqp.ErrConnectionLost, amqp091.ErrClosed, syscall.ECONNREFUSED, io.EOF,
+	transporttest.RequireUnavailable(t, outboxamqp.Classify, []error{
+		outboxamqp.ErrNotConnected, outboxamqp.ErrConnectionLost, amqp091.ErrClosed, syscall.ECONNREFUSED, io.EOF,
 		&net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED},
 		&amqp091.Error{Code: amqp091.ConnectionForced, Reason: "CONNECTION_FORCED - broker forced connection closure"},
-		fmt.Errorf("%w: %w", amqp.ErrConnectionLost, context.DeadlineExceeded),
-		fmt.Errorf("%w: %w", amqp.ErrNotConnected, &amqp091.Error{Code: amqp091.AccessRefused, Server: true, Recover: true, Reason: "ACCESS_REFUSED - Login was refused"}),
+		fmt.Errorf("%w: %w", outboxamqp.ErrConnectionLost, context.DeadlineExceeded),
+		fmt.Errorf("%w: %w", outboxamqp.ErrNotConnected, &amqp091.Error{Code: amqp091.AccessRefused, Server: true, Recover: true, Reason: "ACCESS_REFUSED - Login was refused"}),
 	})
 }
 
@@ -515,7 +515,7 @@ func TestUnavailableWhileCut(t *testing.T) {
 	t.Parallel()
 	b := setup(t, "#", nil)
 	u, proxy := proxied(t, b.url)
-	tr := newTransport(t, amqp.Options{URL: u, ReconnectMin: 20 * time.Millisecond, ReconnectMax: 50 * time.Millisecond, DialTimeout: 2 * time.Second})
+	tr := newTransport(t, outboxamqp.Options{URL: u, ReconnectMin: 20 * time.Millisecond, ReconnectMax: 50 * time.Millisecond, DialTimeout: 2 * time.Second})
 	fresh := func() []outbox.Delivery {
 		return []outbox.Delivery{delivery(b.exchange, "a", `{"n":1}`), delivery(b.exchange, "b", `{"n":2}`), delivery(b.exchange, "c", `{"n":3}`)}
 	}
@@ -538,7 +538,7 @@ type ceMessage struct{ d amqp091.Delivery }
 func (m ceMessage) header(k string) string { v, _ := m.d.Headers[k].(string); return v }
 
 func (m ceMessage) version() spec.Version {
-	return spec.WithPrefix(amqp.CloudEventsPrefix).Version(m.header(amqp.CloudEventsPrefix + "specversion"))
+	return spec.WithPrefix(outboxamqp.CloudEventsPrefix).Version(m.header(outboxamqp.CloudEventsPrefix + "specversion"))
 }
 
 func (m ceMessage) ReadEncoding() binding.Encoding {
@@ -568,7 +568,7 @@ func (m ceMessage) ReadBinary(_ context.Context, w binding.BinaryWriter) error {
 		var err error
 		if a := v.Attribute(k); a != nil {
 			err = w.SetAttribute(a, m.header(k))
-		} else if name, ok := strings.CutPrefix(k, amqp.CloudEventsPrefix); ok {
+		} else if name, ok := strings.CutPrefix(k, outboxamqp.CloudEventsPrefix); ok {
 			err = w.SetExtension(name, m.header(k))
 		}
 		if err != nil {
@@ -593,7 +593,7 @@ func (m ceMessage) GetAttribute(k spec.Kind) (spec.Attribute, any) {
 }
 
 func (m ceMessage) GetExtension(name string) any {
-	if x := m.header(amqp.CloudEventsPrefix + name); x != "" {
+	if x := m.header(outboxamqp.CloudEventsPrefix + name); x != "" {
 		return x
 	}
 	return nil
@@ -610,7 +610,7 @@ func TestCloudEvents(t *testing.T) {
 		t.Run(fmt.Sprint(mode), func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, "#", nil)
-			tr := newTransport(t, amqp.Options{URL: b.url, CloudEvents: &cloudevents.Options{Source: "/shop/orders", Mode: mode,
+			tr := newTransport(t, outboxamqp.Options{URL: b.url, CloudEvents: &cloudevents.Options{Source: "/shop/orders", Mode: mode,
 				Type: func(d outbox.Delivery) string { return "com.example." + d.Topic }}})
 			batch := []outbox.Delivery{delivery(b.exchange, "order.created", `{"order":1,"note":"héllo"}`), delivery(b.exchange, "order.paid", `[1, 2]`)}
 			contentType := "application/vnd.shop+json"
@@ -655,10 +655,10 @@ func TestCloudEvents(t *testing.T) {
 // an attribute is refused for good and the rest of the batch is delivered.
 func TestCloudEventsRefusals(t *testing.T) {
 	t.Parallel()
-	_, err := amqp.New(amqp.Options{CloudEvents: &cloudevents.Options{}})
+	_, err := outboxamqp.New(outboxamqp.Options{CloudEvents: &cloudevents.Options{}})
 	require.ErrorIs(t, err, outbox.ErrInvalid)
 	b := setup(t, "#", nil)
-	tr := newTransport(t, amqp.Options{URL: b.url, CloudEvents: &cloudevents.Options{Source: "/s"}})
+	tr := newTransport(t, outboxamqp.Options{URL: b.url, CloudEvents: &cloudevents.Options{Source: "/s"}})
 	batch := []outbox.Delivery{delivery(b.exchange, "t", `{}`), delivery(b.exchange, "t", `{}`)}
 	batch[0].Headers = outbox.Headers{"cloudEvents:id": "forged"}
 	errs := tr.Publish(context.Background(), batch)
@@ -675,7 +675,7 @@ func TestCloudEventsRefusals(t *testing.T) {
 func TestMessageFaultsAreNotOutages(t *testing.T) {
 	t.Parallel()
 	b := setup(t, "ok", nil)
-	tr := newTransport(t, amqp.Options{URL: b.url})
+	tr := newTransport(t, outboxamqp.Options{URL: b.url})
 
 	longName := delivery(b.exchange, "ok", `{"n":1}`)
 	longName.Headers = outbox.Headers{strings.Repeat("h", 300): "v"}

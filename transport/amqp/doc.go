@@ -1,4 +1,4 @@
-// Package amqp is an [outbox.Transport] for RabbitMQ and other AMQP 0-9-1 brokers, built on
+// Package outboxamqp is an [outbox.Transport] for RabbitMQ and other AMQP 0-9-1 brokers, built on
 // github.com/rabbitmq/amqp091-go.
 //
 // # Delivery
@@ -69,4 +69,4 @@
 // the database retries, not a storm of connection attempts. Publish never blocks past its
 // context: when the context ends, the connection is closed under the calls still writing or
 // awaiting confirmations. Call [Transport.Close] when done.
-package amqp
+package outboxamqp

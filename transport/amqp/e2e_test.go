@@ -1,4 +1,4 @@
-package amqp_test
+package outboxamqp_test
 
 import (
 	"context"
@@ -9,8 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxgo/outbox"
-	"github.com/outboxgo/outbox/internal/testdb"
 	"github.com/outboxgo/outbox/migrations"
+	"github.com/outboxgo/outbox/outboxtest/testdb"
 	"github.com/outboxgo/outbox/transport/amqp"
 )
 
@@ -107,7 +107,7 @@ func TestEndToEnd(t *testing.T) {
 	e := e2eSetup(t)
 	const n = 3000
 	ids := e.enqueue(t, n)
-	tr := newTransport(t, amqp.Options{URL: e.b.url})
+	tr := newTransport(t, outboxamqp.Options{URL: e.b.url})
 	start := time.Now()
 	p, stop := e.run(t, tr)
 	dups := e.waitAll(t, p, ids, 60*time.Second)
@@ -130,7 +130,7 @@ func TestEndToEndOutage(t *testing.T) {
 	const n = 3000
 	ids := e.enqueue(t, n)
 	u, proxy := proxied(t, e.b.url)
-	tr := newTransport(t, amqp.Options{URL: u, ReconnectMin: 20 * time.Millisecond, ReconnectMax: 100 * time.Millisecond})
+	tr := newTransport(t, outboxamqp.Options{URL: u, ReconnectMin: 20 * time.Millisecond, ReconnectMax: 100 * time.Millisecond})
 	p, stop := e.run(t, tr)
 
 	e.b.waitFor(t, 100, 30*time.Second)

@@ -1,4 +1,4 @@
-package amqp_test
+package outboxamqp_test
 
 import (
 	"context"
@@ -28,7 +28,7 @@ func Example() {
 		log.Fatal(err)
 	}
 
-	tr, err := amqp.New(amqp.Options{
+	tr, err := outboxamqp.New(outboxamqp.Options{
 		URL: "amqp://guest:guest@127.0.0.1:5672/",
 		// Route everything to one exchange, keyed "<namespace>.<topic>".
 		Route: func(d *outbox.Delivery) (string, string, error) {

@@ -1,4 +1,4 @@
-package amqp_test
+package outboxamqp_test
 
 import (
 	"context"
@@ -107,14 +107,14 @@ func (f *freezer) close() {
 
 // frozenSetup returns a broker fixture, a freezer in front of it, and a transport that
 // publishes through the freezer, after one message went through.
-func frozenSetup(t *testing.T) (*broker, *freezer, *amqp.Transport) {
+func frozenSetup(t *testing.T) (*broker, *freezer, *outboxamqp.Transport) {
 	t.Helper()
 	b := setup(t, "#", nil)
 	u, err := url.Parse(b.url)
 	require.NoError(t, err)
 	f := newFreezer(t, u.Host)
 	u.Host = f.ln.Addr().String()
-	tr := newTransport(t, amqp.Options{URL: u.String()})
+	tr := newTransport(t, outboxamqp.Options{URL: u.String()})
 	require.Empty(t, nonNil(tr.Publish(context.Background(), []outbox.Delivery{delivery(b.exchange, "t", `{"n":0}`)})))
 	b.waitFor(t, 1, 10*time.Second)
 	return b, f, tr
@@ -146,7 +146,7 @@ func TestPublishFrozenBroker(t *testing.T) {
 	for i, err := range errs {
 		require.Error(t, err, "message %d", i)
 		require.False(t, outbox.IsPermanent(err))
-		require.True(t, errors.Is(err, amqp.ErrConnectionLost) || errors.Is(err, context.DeadlineExceeded), "%v", err)
+		require.True(t, errors.Is(err, outboxamqp.ErrConnectionLost) || errors.Is(err, context.DeadlineExceeded), "%v", err)
 	}
 
 	// The hung connection is gone: a new Publish dials through the (still frozen) proxy
@@ -156,7 +156,7 @@ func TestPublishFrozenBroker(t *testing.T) {
 	start := time.Now()
 	err := tr.Publish(ctx2, []outbox.Delivery{delivery(b.exchange, "t", `{}`)})[0]
 	require.Less(t, time.Since(start), 5*time.Second)
-	require.ErrorIs(t, err, amqp.ErrNotConnected)
+	require.ErrorIs(t, err, outboxamqp.ErrNotConnected)
 }
 
 // TestPublishFrozenExchangeCheck: a broker that stops answering while the transport checks
@@ -172,7 +172,7 @@ func TestPublishFrozenExchangeCheck(t *testing.T) {
 	go func() { done <- tr.Publish(ctx, []outbox.Delivery{delivery("outbox_t_never_checked", "t", `{}`)}) }()
 	select {
 	case errs := <-done:
-		require.ErrorIs(t, errs[0], amqp.ErrConnectionLost)
+		require.ErrorIs(t, errs[0], outboxamqp.ErrConnectionLost)
 		require.False(t, outbox.IsPermanent(errs[0]))
 	case <-time.After(5 * time.Second):
 		t.Fatal("Publish outlived its context by seconds")

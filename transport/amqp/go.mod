@@ -30,7 +30,7 @@ require (
 	golang.org/x/sync v0.24.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
-	modernc.org/libc v1.79.0 // indirect
+	modernc.org/libc v1.80.1 // indirect
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect
 	modernc.org/sqlite v1.61.1 // indirect
@@ -40,7 +40,10 @@ require (
 	github.com/cloudevents/sdk-go/v2 v2.16.2
 	github.com/google/uuid v1.6.0
 	github.com/jackc/pgx/v5 v5.12.0
+	github.com/outboxgo/outbox/outboxtest v0.0.0
 	github.com/rabbitmq/amqp091-go v1.16.0
 )
 
 replace github.com/outboxgo/outbox => ../..
+
+replace github.com/outboxgo/outbox/outboxtest => ../../outboxtest

@@ -1,4 +1,4 @@
-package amqp
+package outboxamqp
 
 import (
 	"fmt"
@@ -66,8 +66,9 @@ type Options struct {
 	ReconnectMin time.Duration
 	ReconnectMax time.Duration
 
-	// Logger receives a line for each dial failure and lost connection. Default
-	// [slog.Default].
+	// Logger receives one warning when the connection is lost (or the first dial fails),
+	// and one line when a connection is back; the dial failures in between are logged at
+	// the debug level. Default [slog.Default].
 	Logger *slog.Logger
 
 	// CloudEvents, when set, sends every message as a CloudEvent under the AMQP protocol

@@ -1,4 +1,4 @@
-package amqp
+package outboxamqp
 
 import (
 	"context"
@@ -13,7 +13,6 @@ import (
 
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/cloudevents"
-	"github.com/outboxgo/outbox/internal/netfail"
 )
 
 // Errors reported for single messages. Match them with [errors.Is].
@@ -56,6 +55,7 @@ type Transport struct {
 	nextDial time.Time
 	backoff  time.Duration
 	closed   bool
+	down     bool // a connection was lost, or a dial failed, and none is back yet
 }
 
 var _ outbox.Transport = (*Transport)(nil)
@@ -241,7 +241,7 @@ func Classify(err error) error {
 		// spend an attempt and would hold the circuit breaker open for ever.
 		return err
 	}
-	if errors.Is(err, ErrConnectionLost) || errors.Is(err, amqp091.ErrClosed) || netfail.Is(err) {
+	if errors.Is(err, ErrConnectionLost) || errors.Is(err, amqp091.ErrClosed) || outbox.IsUnreachable(err) {
 		return outbox.Unavailable(err)
 	}
 	if aerr != nil {
@@ -360,6 +360,7 @@ func (t *Transport) session(ctx context.Context) (*session, error) {
 				return s, nil
 			}
 			t.sess = nil
+			t.lostLocked(s.cause())
 			_ = s.close(false) // the connection is gone: this only releases what is left
 			continue
 		}
@@ -389,7 +390,8 @@ func (t *Transport) session(ctx context.Context) (*session, error) {
 		close(done)
 		if err != nil {
 			t.nextDial = time.Now().Add(t.backoff)
-			t.opts.Logger.Warn("outbox amqp: dial failed", "err", err, "retry_in", t.backoff)
+			t.lostLocked(err)
+			t.opts.Logger.Debug("outbox amqp: dial failed", "err", err, "retry_in", t.backoff)
 			t.backoff = min(2*t.backoff, t.opts.ReconnectMax)
 			t.mu.Unlock()
 			return nil, fmt.Errorf("%w: %w", ErrNotConnected, err)
@@ -402,6 +404,10 @@ func (t *Transport) session(ctx context.Context) (*session, error) {
 		t.backoff = t.opts.ReconnectMin
 		t.nextDial = time.Time{}
 		t.sess = s
+		if t.down {
+			t.down = false
+			t.opts.Logger.Info("outbox amqp: connected to the broker again")
+		}
 		t.mu.Unlock()
 		return s, nil
 	}
@@ -409,15 +415,25 @@ func (t *Transport) session(ctx context.Context) (*session, error) {
 
 // drop forgets s, when it is still the current session, and closes its connection at once.
 func (t *Transport) drop(s *session, cause error) {
+	first := s.markDropped(cause)
 	t.mu.Lock()
 	if t.sess == s {
 		t.sess = nil
 	}
-	t.mu.Unlock()
-	if s.markDropped(cause) {
-		t.opts.Logger.Warn("outbox amqp: connection dropped", "err", cause)
+	if first && !errors.Is(cause, context.Canceled) {
+		t.lostLocked(cause)
 	}
+	t.mu.Unlock()
 	_ = s.close(false)
+}
+
+// lostLocked logs, once until a connection is back, that the broker cannot be reached;
+// t.mu is held.
+func (t *Transport) lostLocked(cause error) {
+	if !t.down && !t.closed {
+		t.down = true
+		t.opts.Logger.Warn("outbox amqp: connection to the broker lost; batches fail Unavailable until it is back", "err", cause)
+	}
 }
 
 // dial connects, opens a channel in confirm mode and starts the session's returns loop.

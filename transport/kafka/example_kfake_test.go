@@ -1,4 +1,4 @@
-package kafka_test
+package outboxkafka_test
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/migrations"
-	kafkatransport "github.com/outboxgo/outbox/transport/kafka"
+	"github.com/outboxgo/outbox/transport/kafka"
 )
 
 // The whole path without a Kafka server or a database server: franz-go's in-process
@@ -72,12 +72,12 @@ func Example_inProcessCluster() {
 	}
 
 	// The publisher: the transport produces to the cluster with the client NewClient builds.
-	producer, err := kafkatransport.NewClient(cluster.ListenAddrs())
+	producer, err := outboxkafka.NewClient(cluster.ListenAddrs())
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer producer.Close()
-	tr, err := kafkatransport.New(producer, kafkatransport.Options{})
+	tr, err := outboxkafka.New(producer, outboxkafka.Options{})
 	if err != nil {
 		log.Fatal(err)
 	}

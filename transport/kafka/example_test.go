@@ -1,4 +1,4 @@
-package kafka_test
+package outboxkafka_test
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/outboxgo/outbox"
-	kafkatransport "github.com/outboxgo/outbox/transport/kafka"
+	"github.com/outboxgo/outbox/transport/kafka"
 )
 
 // A publisher that delivers the "shop" namespace's events to Kafka: topic "order.created"
@@ -22,12 +22,12 @@ func Example() {
 
 	// An idempotent producer with a record delivery timeout; pass kgo options for TLS,
 	// SASL or a partitioner after the seeds.
-	client, err := kafkatransport.NewClient([]string{"127.0.0.1:9092"})
+	client, err := outboxkafka.NewClient([]string{"127.0.0.1:9092"})
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer client.Close()
-	tr, err := kafkatransport.New(client, kafkatransport.Options{})
+	tr, err := outboxkafka.New(client, outboxkafka.Options{})
 	if err != nil {
 		log.Fatal(err)
 	}

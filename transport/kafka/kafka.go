@@ -1,4 +1,4 @@
-// Package kafka is an [outbox.Transport] for Apache Kafka, built on franz-go.
+// Package outboxkafka is an [outbox.Transport] for Apache Kafka, built on franz-go.
 //
 // A batch is produced at once and each record's own result is returned, so that
 // [Transport.Publish] reports one outcome per message. The client should be an idempotent
@@ -48,14 +48,17 @@
 // (binary mode by default: ce_* headers and content-type; structured mode: the event as
 // JSON in the value). A message header named content-type or starting with "ce_" is then
 // refused for good, so that it cannot replace an attribute.
-package kafka
+package outboxkafka
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -63,8 +66,6 @@ import (
 
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/cloudevents"
-	"github.com/outboxgo/outbox/internal/netfail"
-	"github.com/outboxgo/outbox/internal/serveraddr"
 )
 
 // Record header names set on every record besides the message's own headers.
@@ -114,6 +115,10 @@ type Options struct {
 	// application/cloudevents+json. The record key stays the partition key and the Outbox-*
 	// headers are sent as before. Default nil: no CloudEvents.
 	CloudEvents *cloudevents.Options
+
+	// Logger receives one line when the cluster stops answering (a batch without a result
+	// from any broker) and one when it answers again. Default [slog.Default].
+	Logger *slog.Logger
 }
 
 // CloudEventsPrefix starts the record header names of a CloudEvent's attributes in the
@@ -132,6 +137,7 @@ func DefaultTopic(d outbox.Delivery) string { return d.Namespace + "." + d.Topic
 type Transport struct {
 	client *kgo.Client
 	opts   Options
+	link   link
 }
 
 var _ outbox.Transport = (*Transport)(nil)
@@ -159,7 +165,10 @@ func New(client *kgo.Client, opts Options) (*Transport, error) {
 	if v, _ := client.OptValue(kgo.DisableIdempotentWrite).(bool); v && !opts.AllowNonIdempotent {
 		return nil, fmt.Errorf("%w options: the client has idempotent writes disabled; set AllowNonIdempotent to accept duplicates from its retries", ErrInvalid)
 	}
-	return &Transport{client: client, opts: opts}, nil
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	return &Transport{client: client, opts: opts, link: link{log: opts.Logger}}, nil
 }
 
 // NewClient returns a franz-go client for the seed brokers with the settings the transport
@@ -188,7 +197,7 @@ func (t *Transport) System() string { return "kafka" }
 func (t *Transport) Destination(d outbox.Delivery) outbox.Destination {
 	dst := outbox.Destination{Name: t.opts.Topic(d)}
 	if seeds, _ := t.client.OptValue(kgo.SeedBrokers).([]string); len(seeds) > 0 {
-		dst.ServerAddress, dst.ServerPort = serveraddr.FromHostPort(seeds[0], 9092)
+		dst.ServerAddress, dst.ServerPort = serverOf(seeds[0])
 	}
 	return dst
 }
@@ -218,16 +227,25 @@ func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []erro
 	select {
 	case results = <-done:
 	case <-timer.C:
-		return failAll(errs, batch, outbox.Unavailable(fmt.Errorf("outbox/kafka: no result within %s", t.opts.Timeout)))
+		failAll(errs, batch, outbox.Unavailable(fmt.Errorf("outbox/kafka: no result within %s", t.opts.Timeout)))
+		t.link.note(false, errs)
+		return errs
 	case <-ctx.Done():
 		return failAll(errs, batch, ctx.Err())
 	}
 	// ProduceSync reports results in completion order; the record pointer says whose.
+	answered := false // a broker acknowledged or refused a record
 	for _, res := range results {
-		if res.Err != nil {
-			i := index[res.Record]
-			errs[i] = Classify(fmt.Errorf("outbox/kafka: produce %s to %q: %w", batch[i].ID, res.Record.Topic, res.Err))
+		if res.Err == nil {
+			answered = true
+			continue
 		}
+		i := index[res.Record]
+		errs[i] = Classify(fmt.Errorf("outbox/kafka: produce %s to %q: %w", batch[i].ID, res.Record.Topic, res.Err))
+		answered = answered || !outbox.IsUnavailable(errs[i])
+	}
+	if ctx.Err() == nil {
+		t.link.note(answered, errs)
 	}
 	return errs
 }
@@ -343,7 +361,7 @@ func Classify(err error) error {
 		return outbox.Permanent(err)
 	}
 	var first *kgo.ErrFirstReadEOF
-	if netfail.Is(err) || errors.As(err, &first) || errors.Is(err, kgo.ErrRecordTimeout) {
+	if outbox.IsUnreachable(err) || errors.As(err, &first) || errors.Is(err, kgo.ErrRecordTimeout) {
 		return outbox.Unavailable(err) // dials that fail, connections that drop, no acknowledgement in time
 	}
 	var ke *kerr.Error
@@ -363,4 +381,44 @@ func Classify(err error) error {
 		}
 	}
 	return outbox.Permanent(err)
+}
+
+// serverOf returns the host and port of a seed broker's "host:port", with Kafka's port when
+// it has none.
+func serverOf(addr string) (string, int) {
+	h, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr, 9092
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil {
+		return h, 9092
+	}
+	return h, port
+}
+
+// link logs what the transport sees of the cluster: one line when it stops answering, one
+// when it answers again.
+type link struct {
+	log  *slog.Logger
+	down atomic.Bool
+}
+
+// note takes a batch's outcome: a result from a broker means the cluster is there; an
+// Unavailable failure without one, that it is not.
+func (l *link) note(answered bool, errs []error) {
+	if answered {
+		if l.down.CompareAndSwap(true, false) {
+			l.log.Info("outbox/kafka: the cluster answers again")
+		}
+		return
+	}
+	for _, err := range errs {
+		if outbox.IsUnavailable(err) {
+			if l.down.CompareAndSwap(false, true) {
+				l.log.Warn("outbox/kafka: the cluster cannot be reached; batches fail Unavailable until it answers", "err", err)
+			}
+			return
+		}
+	}
 }

@@ -1,4 +1,4 @@
-package kafka_test
+package outboxkafka_test
 
 import (
 	"context"
@@ -29,8 +29,7 @@ import (
 
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/cloudevents"
-	"github.com/outboxgo/outbox/internal/testproxy"
-	"github.com/outboxgo/outbox/internal/transporttest"
+	"github.com/outboxgo/outbox/outboxtest/transporttest"
 	"github.com/outboxgo/outbox/transport/kafka"
 )
 
@@ -58,15 +57,15 @@ func cluster(t testing.TB) (c *kfake.Cluster, ns string) {
 // client returns a producer client built the way the package recommends, closed when t ends.
 func client(t testing.TB, c *kfake.Cluster, extra ...kgo.Opt) *kgo.Client {
 	t.Helper()
-	cl, err := kafka.NewClient(c.ListenAddrs(), extra...)
+	cl, err := outboxkafka.NewClient(c.ListenAddrs(), extra...)
 	require.NoError(t, err)
 	t.Cleanup(cl.Close)
 	return cl
 }
 
-func newTransport(t testing.TB, cl *kgo.Client, opts kafka.Options) *kafka.Transport {
+func newTransport(t testing.TB, cl *kgo.Client, opts outboxkafka.Options) *outboxkafka.Transport {
 	t.Helper()
-	tr, err := kafka.New(cl, opts)
+	tr, err := outboxkafka.New(cl, opts)
 	require.NoError(t, err)
 	return tr
 }
@@ -109,26 +108,26 @@ func decode(t testing.TB, r *kgo.Record) transporttest.Received {
 	for _, x := range r.Headers {
 		h[x.Key] = string(x.Value)
 	}
-	id, err := uuid.Parse(h[kafka.HeaderID])
+	id, err := uuid.Parse(h[outboxkafka.HeaderID])
 	require.NoError(t, err)
 	g := transporttest.Received{
-		Route: r.Topic, ID: id, Namespace: h[kafka.HeaderNamespace], Topic: h[kafka.HeaderTopic],
-		DedupeKey: h[kafka.HeaderDedupeKey], PartitionKey: string(r.Key), Payload: r.Value,
+		Route: r.Topic, ID: id, Namespace: h[outboxkafka.HeaderNamespace], Topic: h[outboxkafka.HeaderTopic],
+		DedupeKey: h[outboxkafka.HeaderDedupeKey], PartitionKey: string(r.Key), Payload: r.Value,
 	}
-	if v := h[kafka.HeaderTenantID]; v != "" {
+	if v := h[outboxkafka.HeaderTenantID]; v != "" {
 		g.TenantID = uuid.MustParse(v)
 	}
-	g.Attempt, err = strconv.Atoi(h[kafka.HeaderAttempt])
+	g.Attempt, err = strconv.Atoi(h[outboxkafka.HeaderAttempt])
 	require.NoError(t, err)
-	g.Headers = transporttest.Strip(h, kafka.HeaderID, kafka.HeaderNamespace, kafka.HeaderTopic,
-		kafka.HeaderTenantID, kafka.HeaderDedupeKey, kafka.HeaderAttempt)
+	g.Headers = transporttest.Strip(h, outboxkafka.HeaderID, outboxkafka.HeaderNamespace, outboxkafka.HeaderTopic,
+		outboxkafka.HeaderTenantID, outboxkafka.HeaderDedupeKey, outboxkafka.HeaderAttempt)
 	return g
 }
 
 func TestPublishByteForByte(t *testing.T) {
 	t.Parallel()
 	c, ns := cluster(t)
-	tr := newTransport(t, client(t, c), kafka.Options{})
+	tr := newTransport(t, client(t, c), outboxkafka.Options{})
 	batch := transporttest.Deliveries(transporttest.Messages(ns, 60))
 
 	for i, err := range tr.Publish(context.Background(), batch) {
@@ -145,7 +144,7 @@ func TestPublishByteForByte(t *testing.T) {
 func TestKeyKeepsOrder(t *testing.T) {
 	t.Parallel()
 	c, ns := cluster(t)
-	tr := newTransport(t, client(t, c), kafka.Options{Topic: func(outbox.Delivery) string { return ns + ".order.created" }})
+	tr := newTransport(t, client(t, c), outboxkafka.Options{Topic: func(outbox.Delivery) string { return ns + ".order.created" }})
 	msgs := transporttest.Messages(ns, 40)
 	for i := range msgs {
 		msgs[i].PartitionKey = fmt.Sprintf("k%d", i%4)
@@ -185,7 +184,7 @@ func TestKeyKeepsOrder(t *testing.T) {
 func TestOversizedRecordFailsAlone(t *testing.T) {
 	t.Parallel()
 	c, ns := cluster(t)
-	tr := newTransport(t, client(t, c), kafka.Options{})
+	tr := newTransport(t, client(t, c), outboxkafka.Options{})
 	batch := transporttest.Deliveries(transporttest.Messages(ns, 9))
 	batch[4].Payload = []byte(`"` + strings.Repeat("x", 1_100_000) + `"`) // over the 1,000,012-byte batch limit
 
@@ -207,14 +206,14 @@ func TestOversizedRecordFailsAlone(t *testing.T) {
 func TestRoutingErrors(t *testing.T) {
 	t.Parallel()
 	c, ns := cluster(t)
-	tr := newTransport(t, client(t, c, kgo.UnknownTopicRetries(1)), kafka.Options{Topic: func(d outbox.Delivery) string {
+	tr := newTransport(t, client(t, c, kgo.UnknownTopicRetries(1)), outboxkafka.Options{Topic: func(d outbox.Delivery) string {
 		switch d.Topic {
 		case "order.created":
 			return ns + ".missing"
 		case "order.paid":
 			return ns + "/bad name"
 		}
-		return kafka.DefaultTopic(d)
+		return outboxkafka.DefaultTopic(d)
 	}})
 	batch := transporttest.Deliveries(transporttest.Messages(ns, 4)) // created, paid, shipped, created
 	batch[2].Headers = outbox.Headers{"outbox-id": "spoofed"}
@@ -224,9 +223,9 @@ func TestRoutingErrors(t *testing.T) {
 	errs := tr.Publish(ctx, batch)
 	require.ErrorIs(t, errs[0], kerr.UnknownTopicOrPartition)
 	require.False(t, outbox.IsPermanent(errs[0]), "%v", errs[0])
-	require.ErrorIs(t, errs[1], kafka.ErrInvalid)
+	require.ErrorIs(t, errs[1], outboxkafka.ErrInvalid)
 	require.True(t, outbox.IsPermanent(errs[1]))
-	require.ErrorIs(t, errs[2], kafka.ErrInvalid)
+	require.ErrorIs(t, errs[2], outboxkafka.ErrInvalid)
 	require.True(t, outbox.IsPermanent(errs[2]))
 	require.ErrorIs(t, errs[3], kerr.UnknownTopicOrPartition)
 }
@@ -234,22 +233,22 @@ func TestRoutingErrors(t *testing.T) {
 func TestCancelledContext(t *testing.T) {
 	t.Parallel()
 	c, ns := cluster(t)
-	transporttest.RequireCancelled(t, newTransport(t, client(t, c), kafka.Options{}), transporttest.Deliveries(transporttest.Messages(ns, 5)))
+	transporttest.RequireCancelled(t, newTransport(t, client(t, c), outboxkafka.Options{}), transporttest.Deliveries(transporttest.Messages(ns, 5)))
 }
 
 func TestClassify(t *testing.T) {
 	t.Parallel()
 	permanent := []error{
 		kerr.MessageTooLarge, kerr.RecordListTooLarge, kerr.InvalidTopicException,
-		kerr.InvalidRecord, kerr.InvalidRequiredAcks, kafka.ErrInvalid,
+		kerr.InvalidRecord, kerr.InvalidRequiredAcks, outboxkafka.ErrInvalid,
 	}
 	retryable := []error{
 		kerr.UnknownTopicOrPartition, kerr.TopicAuthorizationFailed, kerr.OutOfOrderSequenceNumber,
 		kerr.UnknownServerError, kgo.ErrRecordRetries, kgo.ErrClientClosed,
 		kgo.ErrMaxBuffered, context.Canceled, errors.New("dial tcp: connection refused"), // a message, not the network error
 	}
-	transporttest.RequireClassify(t, kafka.Classify, permanent, retryable)
-	transporttest.RequireUnavailable(t, kafka.Classify, []error{
+	transporttest.RequireClassify(t, outboxkafka.Classify, permanent, retryable)
+	transporttest.RequireUnavailable(t, outboxkafka.Classify, []error{
 		kerr.BrokerNotAvailable, kerr.LeaderNotAvailable, kerr.NotLeaderForPartition, kerr.NetworkException,
 		kerr.NotEnoughReplicas, kerr.NotEnoughReplicasAfterAppend, kerr.CoordinatorNotAvailable,
 		syscall.ECONNREFUSED, syscall.ECONNRESET, io.EOF, &net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded},
@@ -263,21 +262,9 @@ func TestClassify(t *testing.T) {
 // proxy is restored, a batch is produced whole and a consumer reads it.
 func TestUnavailableWhileCut(t *testing.T) {
 	t.Parallel()
-	ns := transporttest.Name("kt")
-	var seed []string
-	for _, tp := range topics {
-		seed = append(seed, ns+"."+tp)
-	}
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, seed...))
-	require.NoError(t, err)
-	t.Cleanup(c.Close)
-	proxy := testproxy.New(t, c.ListenAddrs()[0])
-	viaProxy := kgo.Dialer(func(ctx context.Context, network, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, network, proxy.Addr())
-	})
+	ns, c, proxy, viaProxy := proxied(t, 1)
 	cl := client(t, c, viaProxy, kgo.RecordDeliveryTimeout(time.Second), kgo.RetryBackoffFn(func(int) time.Duration { return 20 * time.Millisecond }))
-	tr := newTransport(t, cl, kafka.Options{Timeout: 500 * time.Millisecond})
+	tr := newTransport(t, cl, outboxkafka.Options{Timeout: 500 * time.Millisecond})
 	require.Empty(t, transporttest.Failures(tr.Publish(context.Background(), transporttest.Deliveries(transporttest.Messages(ns, 5)))))
 
 	delivered := transporttest.CutAndRestore(t, tr, func() []outbox.Delivery {
@@ -309,7 +296,7 @@ func TestCloudEvents(t *testing.T) {
 		t.Run(fmt.Sprint(mode), func(t *testing.T) {
 			t.Parallel()
 			c, ns := cluster(t)
-			tr := newTransport(t, client(t, c), kafka.Options{CloudEvents: &cloudevents.Options{Source: "/shop/orders", Mode: mode}})
+			tr := newTransport(t, client(t, c), outboxkafka.Options{CloudEvents: &cloudevents.Options{Source: "/shop/orders", Mode: mode}})
 			batch := transporttest.Deliveries(transporttest.Messages(ns, 12))
 			contentType := "application/vnd.shop+json"
 			if mode == cloudevents.Structured {
@@ -376,9 +363,9 @@ func TestCloudEvents(t *testing.T) {
 func TestCloudEventsRefusals(t *testing.T) {
 	t.Parallel()
 	c, ns := cluster(t)
-	_, err := kafka.New(client(t, c), kafka.Options{CloudEvents: &cloudevents.Options{}})
+	_, err := outboxkafka.New(client(t, c), outboxkafka.Options{CloudEvents: &cloudevents.Options{}})
 	require.ErrorIs(t, err, outbox.ErrInvalid)
-	tr := newTransport(t, client(t, c), kafka.Options{CloudEvents: &cloudevents.Options{Source: "/s"}})
+	tr := newTransport(t, client(t, c), outboxkafka.Options{CloudEvents: &cloudevents.Options{Source: "/s"}})
 	batch := transporttest.Deliveries(transporttest.Messages(ns, 2))
 	batch[0].Headers = outbox.Headers{"ce_id": "forged"}
 	batch[1].Headers = outbox.Headers{"content-type": "a/b", "Content-Type": "c/d"}
@@ -389,17 +376,17 @@ func TestCloudEventsRefusals(t *testing.T) {
 
 func TestOptionsValidation(t *testing.T) {
 	t.Parallel()
-	_, err := kafka.New(nil, kafka.Options{})
-	require.ErrorIs(t, err, kafka.ErrInvalid)
+	_, err := outboxkafka.New(nil, outboxkafka.Options{})
+	require.ErrorIs(t, err, outboxkafka.ErrInvalid)
 	c, _ := cluster(t)
-	_, err = kafka.New(client(t, c), kafka.Options{Timeout: -1})
-	require.ErrorIs(t, err, kafka.ErrInvalid)
-	_, err = kafka.NewClient(nil)
-	require.ErrorIs(t, err, kafka.ErrInvalid)
+	_, err = outboxkafka.New(client(t, c), outboxkafka.Options{Timeout: -1})
+	require.ErrorIs(t, err, outboxkafka.ErrInvalid)
+	_, err = outboxkafka.NewClient(nil)
+	require.ErrorIs(t, err, outboxkafka.ErrInvalid)
 	cl := client(t, c, kgo.DisableIdempotentWrite())
-	_, err = kafka.New(cl, kafka.Options{})
-	require.ErrorIs(t, err, kafka.ErrInvalid)
-	_, err = kafka.New(cl, kafka.Options{AllowNonIdempotent: true})
+	_, err = outboxkafka.New(cl, outboxkafka.Options{})
+	require.ErrorIs(t, err, outboxkafka.ErrInvalid)
+	_, err = outboxkafka.New(cl, outboxkafka.Options{AllowNonIdempotent: true})
 	require.NoError(t, err)
 }
 
@@ -419,7 +406,7 @@ func TestClusterOutage(t *testing.T) {
 		return nil, nil, false
 	})
 	cl := client(t, c, kgo.RecordDeliveryTimeout(time.Second), kgo.RetryBackoffFn(func(int) time.Duration { return 20 * time.Millisecond }))
-	tr := newTransport(t, cl, kafka.Options{Timeout: 500 * time.Millisecond})
+	tr := newTransport(t, cl, outboxkafka.Options{Timeout: 500 * time.Millisecond})
 	transporttest.Outage(t, ns, tr, func() { cut.Store(true) }, func() { cut.Store(false) },
 		func() []transporttest.Received { return consume(t, c, ns, 120) }, false)
 }
@@ -429,5 +416,5 @@ func TestClusterOutage(t *testing.T) {
 func TestEndToEndFromPostgres(t *testing.T) {
 	t.Parallel()
 	c, ns := cluster(t)
-	transporttest.EndToEnd(t, ns, newTransport(t, client(t, c), kafka.Options{}), func() []transporttest.Received { return consume(t, c, ns, 300) })
+	transporttest.EndToEnd(t, ns, newTransport(t, client(t, c), outboxkafka.Options{}), func() []transporttest.Received { return consume(t, c, ns, 300) })
 }

@@ -1,4 +1,4 @@
-package nats
+package outboxnats
 
 import (
 	"strings"
@@ -10,7 +10,7 @@ import (
 // message: it has the methods of propagation.TextMapCarrier, without this module importing
 // OpenTelemetry. A consumer continues the producer's trace with
 //
-//	ctx := propagator.Extract(ctx, natstransport.HeaderCarrier(msg.Headers()))
+//	ctx := propagator.Extract(ctx, outboxnats.HeaderCarrier(msg.Headers()))
 //
 // propagation.HeaderCarrier(msg.Headers()) compiles too, but finds nothing: it looks names
 // up in the canonical form of HTTP ("Traceparent"), while a nats.Header keeps them as they

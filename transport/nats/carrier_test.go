@@ -1,9 +1,9 @@
-package nats_test
+package outboxnats_test
 
 import (
 	"testing"
 
-	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxgo/outbox/transport/nats"
@@ -13,8 +13,8 @@ import (
 // asks for "traceparent" and another for "Traceparent", and Set leaves one header per name.
 func TestHeaderCarrier(t *testing.T) {
 	t.Parallel()
-	h := natsgo.Header{"traceparent": {"00-a-b-01"}, "Tracestate": {"k=v"}}
-	c := nats.HeaderCarrier(h)
+	h := nats.Header{"traceparent": {"00-a-b-01"}, "Tracestate": {"k=v"}}
+	c := outboxnats.HeaderCarrier(h)
 	require.Equal(t, "00-a-b-01", c.Get("traceparent"))
 	require.Equal(t, "00-a-b-01", c.Get("Traceparent"))
 	require.Equal(t, "k=v", c.Get("tracestate"))
@@ -24,5 +24,5 @@ func TestHeaderCarrier(t *testing.T) {
 	c.Set("TRACEPARENT", "00-c-d-01")
 	require.Equal(t, "00-c-d-01", c.Get("traceparent"))
 	require.ElementsMatch(t, []string{"TRACEPARENT", "Tracestate"}, c.Keys())
-	require.Empty(t, nats.HeaderCarrier(nil).Get("traceparent"))
+	require.Empty(t, outboxnats.HeaderCarrier(nil).Get("traceparent"))
 }

@@ -17,12 +17,12 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxgo/outbox"
-	"github.com/outboxgo/outbox/internal/transporttest"
+	"github.com/outboxgo/outbox/outboxtest/transporttest"
 	outboxnats "github.com/outboxgo/outbox/transport/nats"
 )
 
@@ -151,8 +151,8 @@ func TestJetStreamCluster(t *testing.T) {
 	for _, n := range nodes {
 		urls = append(urls, n.clientURL)
 	}
-	nc, err := natsgo.Connect(strings.Join(urls, ","), natsgo.MaxReconnects(-1), natsgo.ReconnectWait(50*time.Millisecond),
-		natsgo.DontRandomize(), natsgo.RetryOnFailedConnect(true))
+	nc, err := nats.Connect(strings.Join(urls, ","), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond),
+		nats.DontRandomize(), nats.RetryOnFailedConnect(true))
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)

@@ -1,4 +1,4 @@
-package nats_test
+package outboxnats_test
 
 import (
 	"context"
@@ -8,11 +8,11 @@ import (
 	"syscall"
 
 	_ "github.com/jackc/pgx/v5/stdlib"
-	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxgo/outbox"
-	natstransport "github.com/outboxgo/outbox/transport/nats"
+	"github.com/outboxgo/outbox/transport/nats"
 )
 
 // A publisher that delivers the "shop" namespace's events to JetStream: topic
@@ -23,7 +23,7 @@ func Example() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
-	nc, err := natsgo.Connect(natsgo.DefaultURL, natsgo.MaxReconnects(-1))
+	nc, err := nats.Connect(nats.DefaultURL, nats.MaxReconnects(-1))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -37,7 +37,7 @@ func Example() {
 	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: "SHOP", Subjects: []string{"shop.>"}}); err != nil {
 		log.Fatal(err)
 	}
-	tr, err := natstransport.New(js, natstransport.Options{})
+	tr, err := outboxnats.New(js, outboxnats.Options{})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-// Package nats is an [outbox.Transport] for NATS JetStream.
+// Package outboxnats is an [outbox.Transport] for NATS JetStream.
 //
 // Each batch is published asynchronously and every acknowledgement is awaited, so that
 // [Transport.Publish] reports one outcome per message. The delivery's id is sent as the
@@ -31,13 +31,15 @@
 // header the protocol cannot carry. An outage fails with [outbox.Unavailable], which costs
 // the message no attempt: the connection is closed, disconnected or reconnecting, its
 // reconnect buffer is full, a network error, an acknowledgement that did not come within
-// [Options.AckTimeout] while the connection is down, JetStream not enabled, and "no
+// [Options.AckTimeout] while the connection is down, a batch without a single
+// acknowledgement from a server that does not answer a ping within AckTimeout either (a
+// stalled server; the connection is then made anew), JetStream not enabled, and "no
 // responders" on the subject ([ErrNoStream]: no stream captures it, or its server is
 // away). The last is an outage rather than a dead letter because a missing stream is
 // fixed by creating it, often by a deployment that runs after the service starts; until
 // then the events wait in the outbox. Everything else is retried under the publisher's
-// retry policy: an acknowledgement that did not come while the connection is up (a slow
-// server), a full stream.
+// retry policy: an acknowledgement that did not come while the server answers (a slow
+// stream), a full stream.
 //
 // # CloudEvents
 //
@@ -47,14 +49,17 @@
 // the payload, with Content-Type application/cloudevents+json). The message's own headers
 // that are not attribute names are sent as before, and a message header named Content-Type
 // or starting with "ce-" is refused for good, so that it cannot replace an attribute.
-package nats
+package outboxnats
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -62,8 +67,6 @@ import (
 
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/cloudevents"
-	"github.com/outboxgo/outbox/internal/netfail"
-	"github.com/outboxgo/outbox/internal/serveraddr"
 )
 
 // Header names set on every message besides the message's own headers.
@@ -107,7 +110,10 @@ type Options struct {
 
 	// AckTimeout bounds the wait for the acknowledgements of one batch, counted from the
 	// last message sent. Messages unacknowledged then fail and are retried; the stream's
-	// duplicate window drops those that were stored after all. Default [DefaultAckTimeout].
+	// duplicate window drops those that were stored after all. When not one message of the
+	// batch was answered, the transport pings the server, waiting AckTimeout again: a
+	// server that does not answer is down, so the batch fails [outbox.Unavailable] and the
+	// connection is made anew. Default [DefaultAckTimeout].
 	AckTimeout time.Duration
 
 	// ExpectStream, when set, makes the server refuse a message that would be stored in
@@ -121,6 +127,11 @@ type Options struct {
 	// event as JSON in the payload with Content-Type application/cloudevents+json. The
 	// Outbox-* headers and Nats-Msg-Id are sent as before. Default nil: no CloudEvents.
 	CloudEvents *cloudevents.Options
+
+	// Logger receives one line when the server stops answering (a batch got no
+	// acknowledgement and the server no ping) and one when it answers again. Default
+	// [slog.Default].
+	Logger *slog.Logger
 }
 
 // DefaultSubject returns "<namespace>.<topic>".
@@ -142,6 +153,9 @@ func (o *Options) validate() error {
 	if err := o.CloudEvents.Validate(); err != nil {
 		return fmt.Errorf("%w options: %w", ErrInvalid, err)
 	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
 	return nil
 }
 
@@ -150,6 +164,7 @@ func (o *Options) validate() error {
 type Transport struct {
 	js   jetstream.JetStream
 	opts Options
+	link link
 }
 
 var _ outbox.Transport = (*Transport)(nil)
@@ -169,7 +184,7 @@ func New(js jetstream.JetStream, opts Options) (*Transport, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
-	return &Transport{js: js, opts: opts}, nil
+	return &Transport{js: js, opts: opts, link: link{log: opts.Logger}}, nil
 }
 
 // System returns "nats", the messaging.system of OpenTelemetry's conventions, for telemetry
@@ -181,7 +196,7 @@ func (t *Transport) System() string { return "nats" }
 func (t *Transport) Destination(d outbox.Delivery) outbox.Destination {
 	dst := outbox.Destination{Name: t.opts.Subject(d)}
 	if nc := t.js.Conn(); nc != nil {
-		dst.ServerAddress, dst.ServerPort = serveraddr.FromURL(nc.ConnectedUrl(), map[string]int{"nats": 4222, "tls": 4222})
+		dst.ServerAddress, dst.ServerPort = serverOf(nc.ConnectedUrl())
 	}
 	return dst
 }
@@ -210,11 +225,13 @@ func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []erro
 		futures[i], sent = f, true
 	}
 	if !sent {
+		t.link.note(false, errs)
 		return errs
 	}
 	timer := time.NewTimer(t.opts.AckTimeout)
 	defer timer.Stop()
-	var late error // set once the deadline passed or ctx was cancelled
+	var late error    // set once the deadline passed or ctx was cancelled
+	answered := false // an acknowledgement or a refusal came from the server
 	for i, f := range futures {
 		if f == nil {
 			continue
@@ -222,9 +239,11 @@ func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []erro
 		if late == nil {
 			select {
 			case <-f.Ok():
+				answered = true
 				continue
 			case err := <-f.Err():
 				errs[i] = t.classify(batch[i], f.Msg().Subject, err)
+				answered = answered || !outbox.IsUnavailable(errs[i])
 				continue
 			case <-timer.C:
 				late = fmt.Errorf("outbox/nats: no acknowledgement within %s", t.opts.AckTimeout)
@@ -235,13 +254,46 @@ func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []erro
 		// Past the deadline: take what has resolved, fail the rest.
 		select {
 		case <-f.Ok():
+			answered = true
 		case err := <-f.Err():
 			errs[i] = t.classify(batch[i], f.Msg().Subject, err)
+			answered = answered || !outbox.IsUnavailable(errs[i])
 		default:
 			errs[i] = t.late(late, batch[i])
 		}
 	}
+	if late != nil && !answered && ctx.Err() == nil {
+		// Not one answer: a server that does not answer a ping either is down, however
+		// open its connection looks, and no message is at fault.
+		if down := t.check(); down != nil {
+			for i, f := range futures {
+				if f != nil && errs[i] != nil && !outbox.IsUnavailable(errs[i]) {
+					errs[i] = outbox.Unavailable(fmt.Errorf("%w: %w", errs[i], down))
+				}
+			}
+		}
+	}
+	t.link.note(answered, errs)
 	return errs
+}
+
+// check asks the server for a round trip within AckTimeout, and reports why it cannot be
+// reached when it does not answer; a connection whose server stays silent is made anew.
+func (t *Transport) check() error {
+	nc := t.js.Conn()
+	if nc == nil {
+		return nil
+	}
+	if !nc.IsConnected() {
+		return nats.ErrDisconnected
+	}
+	if err := nc.FlushTimeout(t.opts.AckTimeout); err != nil {
+		if nc.IsConnected() {
+			_ = nc.ForceReconnect()
+		}
+		return fmt.Errorf("outbox/nats: the server did not answer a ping within %s: %w", t.opts.AckTimeout, err)
+	}
+	return nil
 }
 
 // late is the outcome of a message whose acknowledgement did not come: an outage when the
@@ -368,7 +420,7 @@ func Classify(err error) error {
 		errors.Is(err, nats.ErrBadHeaderMsg) || errors.Is(err, ErrInvalid) {
 		return outbox.Permanent(err)
 	}
-	if netfail.Is(err) {
+	if outbox.IsUnreachable(err) {
 		return outbox.Unavailable(err)
 	}
 	for _, u := range unavailable {
@@ -413,4 +465,44 @@ var unavailable = []error{
 	nats.ErrConnectionClosed, nats.ErrDisconnected, nats.ErrConnectionReconnecting, nats.ErrNoServers,
 	nats.ErrReconnectBufExceeded, nats.ErrStaleConnection, nats.ErrNoResponders, jetstream.ErrNoStreamResponse,
 	ErrNoStream, jetstream.ErrJetStreamNotEnabled,
+}
+
+// serverOf returns the host and port of a server URL such as "nats://host:4222", with NATS's
+// port when it names none.
+func serverOf(raw string) (string, int) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "", 0
+	}
+	port, err := strconv.Atoi(u.Port())
+	if err != nil {
+		port = 4222
+	}
+	return u.Hostname(), port
+}
+
+// link logs what the transport sees of the server: one line when it stops answering, one
+// when it answers again.
+type link struct {
+	log  *slog.Logger
+	down atomic.Bool
+}
+
+// note takes a batch's outcome: any answer means the server is there; an Unavailable
+// failure without one, that it is not.
+func (l *link) note(answered bool, errs []error) {
+	if answered {
+		if l.down.CompareAndSwap(true, false) {
+			l.log.Info("outbox/nats: the server answers again")
+		}
+		return
+	}
+	for _, err := range errs {
+		if outbox.IsUnavailable(err) {
+			if l.down.CompareAndSwap(false, true) {
+				l.log.Warn("outbox/nats: the server cannot be reached; batches fail Unavailable until it answers", "err", err)
+			}
+			return
+		}
+	}
 }

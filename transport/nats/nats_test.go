@@ -1,4 +1,4 @@
-package nats_test
+package outboxnats_test
 
 import (
 	"context"
@@ -19,16 +19,16 @@ import (
 	"github.com/cloudevents/sdk-go/v2/binding"
 	"github.com/google/uuid"
 	_ "github.com/jackc/pgx/v5/stdlib"
-	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/cloudevents"
-	"github.com/outboxgo/outbox/internal/testdb"
-	"github.com/outboxgo/outbox/internal/testproxy"
-	"github.com/outboxgo/outbox/internal/transporttest"
+	"github.com/outboxgo/outbox/outboxtest/testdb"
+	"github.com/outboxgo/outbox/outboxtest/testproxy"
+	"github.com/outboxgo/outbox/outboxtest/transporttest"
 	"github.com/outboxgo/outbox/transport/nats"
 )
 
@@ -42,9 +42,9 @@ func server(t testing.TB) string {
 }
 
 // connect opens a JetStream client to url, closed when t ends.
-func connect(t testing.TB, url string, opts ...natsgo.Option) jetstream.JetStream {
+func connect(t testing.TB, url string, opts ...nats.Option) jetstream.JetStream {
 	t.Helper()
-	nc, err := natsgo.Connect(url, opts...)
+	nc, err := nats.Connect(url, opts...)
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
@@ -97,27 +97,27 @@ func decode(t testing.TB, m jetstream.Msg) transporttest.Received {
 	id, err := uuid.Parse(h.Get(jetstream.MsgIDHeader))
 	require.NoError(t, err)
 	r := transporttest.Received{
-		ID: id, Namespace: h.Get(nats.HeaderNamespace), Topic: h.Get(nats.HeaderTopic),
-		DedupeKey: h.Get(nats.HeaderDedupeKey), PartitionKey: h.Get(nats.HeaderPartitionKey),
+		ID: id, Namespace: h.Get(outboxnats.HeaderNamespace), Topic: h.Get(outboxnats.HeaderTopic),
+		DedupeKey: h.Get(outboxnats.HeaderDedupeKey), PartitionKey: h.Get(outboxnats.HeaderPartitionKey),
 		Payload: m.Data(), Route: m.Subject(),
 	}
-	if v := h.Get(nats.HeaderTenantID); v != "" {
+	if v := h.Get(outboxnats.HeaderTenantID); v != "" {
 		r.TenantID = uuid.MustParse(v)
 	}
-	r.Attempt, err = strconv.Atoi(h.Get(nats.HeaderAttempt))
+	r.Attempt, err = strconv.Atoi(h.Get(outboxnats.HeaderAttempt))
 	require.NoError(t, err)
 	own := map[string]string{}
 	for k, vs := range h {
 		own[k] = vs[0]
 	}
-	r.Headers = transporttest.Strip(own, jetstream.MsgIDHeader, nats.HeaderNamespace, nats.HeaderTopic,
-		nats.HeaderTenantID, nats.HeaderDedupeKey, nats.HeaderPartitionKey, nats.HeaderAttempt)
+	r.Headers = transporttest.Strip(own, jetstream.MsgIDHeader, outboxnats.HeaderNamespace, outboxnats.HeaderTopic,
+		outboxnats.HeaderTenantID, outboxnats.HeaderDedupeKey, outboxnats.HeaderPartitionKey, outboxnats.HeaderAttempt)
 	return r
 }
 
-func newTransport(t testing.TB, js jetstream.JetStream, opts nats.Options) *nats.Transport {
+func newTransport(t testing.TB, js jetstream.JetStream, opts outboxnats.Options) *outboxnats.Transport {
 	t.Helper()
-	tr, err := nats.New(js, opts)
+	tr, err := outboxnats.New(js, opts)
 	require.NoError(t, err)
 	return tr
 }
@@ -126,7 +126,7 @@ func TestPublishByteForByte(t *testing.T) {
 	t.Parallel()
 	js := connect(t, server(t))
 	ns, s := stream(t, js, nil)
-	tr := newTransport(t, js, nats.Options{})
+	tr := newTransport(t, js, outboxnats.Options{})
 	batch := transporttest.Deliveries(transporttest.Messages(ns, 60))
 
 	for i, err := range tr.Publish(context.Background(), batch) {
@@ -145,7 +145,7 @@ func TestRedeliveryIsDropped(t *testing.T) {
 	t.Parallel()
 	js := connect(t, server(t))
 	ns, s := stream(t, js, nil)
-	tr := newTransport(t, js, nats.Options{})
+	tr := newTransport(t, js, outboxnats.Options{})
 	batch := transporttest.Deliveries(transporttest.Messages(ns, 20))
 	ctx := context.Background()
 
@@ -165,7 +165,7 @@ func TestOversizedMessageFailsAlone(t *testing.T) {
 	t.Parallel()
 	js := connect(t, server(t))
 	ns, s := stream(t, js, func(c *jetstream.StreamConfig) { c.MaxMsgSize = 4096 })
-	tr := newTransport(t, js, nats.Options{})
+	tr := newTransport(t, js, outboxnats.Options{})
 	batch := transporttest.Deliveries(transporttest.Messages(ns, 9))
 	batch[3].Payload = []byte(`"` + strings.Repeat("x", 8000) + `"`)                     // over the stream's max_msg_size
 	batch[6].Payload = []byte(`"` + strings.Repeat("y", int(maxPayload(t, js))+1) + `"`) // over the server's max_payload
@@ -181,7 +181,7 @@ func TestOversizedMessageFailsAlone(t *testing.T) {
 		require.NoError(t, err, "message %d", i)
 	}
 	require.ErrorIs(t, errs[3], jetstream.ErrStreamMessageExceedsMaximum)
-	require.ErrorIs(t, errs[6], natsgo.ErrMaxPayload)
+	require.ErrorIs(t, errs[6], nats.ErrMaxPayload)
 	transporttest.RequireSame(t, append(append(batch[:3:3], batch[4:6]...), batch[7:]...), consume(t, s))
 }
 
@@ -195,13 +195,13 @@ func maxPayload(t testing.TB, js jetstream.JetStream) int64 {
 func TestNoStream(t *testing.T) {
 	t.Parallel()
 	js := connect(t, server(t))
-	tr := newTransport(t, js, nats.Options{})
+	tr := newTransport(t, js, outboxnats.Options{})
 	batch := transporttest.Deliveries(transporttest.Messages(transporttest.Name("nostream"), 2))
 
 	errs := tr.Publish(context.Background(), batch)
 	require.Len(t, errs, 2)
 	for _, err := range errs {
-		require.ErrorIs(t, err, nats.ErrNoStream)
+		require.ErrorIs(t, err, outboxnats.ErrNoStream)
 		require.True(t, outbox.IsUnavailable(err), "%v", err)
 		require.False(t, outbox.IsPermanent(err), "%v", err)
 		require.Contains(t, err.Error(), batch[0].Namespace+".")
@@ -214,11 +214,11 @@ func TestMixedOutcomes(t *testing.T) {
 	t.Parallel()
 	js := connect(t, server(t))
 	ns, s := stream(t, js, func(c *jetstream.StreamConfig) { c.MaxMsgSize = 4096 })
-	tr := newTransport(t, js, nats.Options{Subject: func(d outbox.Delivery) string {
+	tr := newTransport(t, js, outboxnats.Options{Subject: func(d outbox.Delivery) string {
 		if d.Topic == "nowhere" {
 			return transporttest.Name("nostream") + ".x"
 		}
-		return nats.DefaultSubject(d)
+		return outboxnats.DefaultSubject(d)
 	}})
 	batch := transporttest.Deliveries(transporttest.Messages(ns, 6))
 	batch[1].Topic = "nowhere"
@@ -240,7 +240,7 @@ func TestInvalidMessagesArePermanent(t *testing.T) {
 	t.Parallel()
 	js := connect(t, server(t))
 	ns, s := stream(t, js, nil)
-	tr := newTransport(t, js, nats.Options{Subject: func(d outbox.Delivery) string {
+	tr := newTransport(t, js, outboxnats.Options{Subject: func(d outbox.Delivery) string {
 		if d.Topic == "bad" {
 			return ns + ".with space"
 		}
@@ -254,7 +254,7 @@ func TestInvalidMessagesArePermanent(t *testing.T) {
 
 	errs := tr.Publish(context.Background(), batch)
 	for i := range 4 {
-		require.ErrorIs(t, errs[i], nats.ErrInvalid, "message %d", i)
+		require.ErrorIs(t, errs[i], outboxnats.ErrInvalid, "message %d", i)
 		require.True(t, outbox.IsPermanent(errs[i]), "message %d", i)
 	}
 	require.NoError(t, errs[4])
@@ -268,26 +268,26 @@ func TestCancelledContext(t *testing.T) {
 	t.Parallel()
 	js := connect(t, server(t))
 	ns, _ := stream(t, js, nil)
-	transporttest.RequireCancelled(t, newTransport(t, js, nats.Options{}), transporttest.Deliveries(transporttest.Messages(ns, 5)))
+	transporttest.RequireCancelled(t, newTransport(t, js, outboxnats.Options{}), transporttest.Deliveries(transporttest.Messages(ns, 5)))
 }
 
 func TestClassify(t *testing.T) {
 	t.Parallel()
 	permanent := []error{
-		natsgo.ErrMaxPayload, natsgo.ErrBadSubject, jetstream.ErrStreamMessageExceedsMaximum,
+		nats.ErrMaxPayload, nats.ErrBadSubject, jetstream.ErrStreamMessageExceedsMaximum,
 		&jetstream.APIError{Code: 400, ErrorCode: 10060, Description: "expected stream does not match"},
 	}
 	retryable := []error{
-		natsgo.ErrTimeout, jetstream.ErrAsyncPublishTimeout, natsgo.ErrConnectionDraining,
+		nats.ErrTimeout, jetstream.ErrAsyncPublishTimeout, nats.ErrConnectionDraining,
 		jetstream.ErrTooManyStalledMsgs, jetstream.ErrStreamNotFound, context.DeadlineExceeded, context.Canceled,
 		&jetstream.APIError{Code: 503, ErrorCode: 10077, Description: "maximum messages exceeded"},
 		errors.New("something else"),
 	}
-	transporttest.RequireClassify(t, nats.Classify, permanent, retryable)
-	transporttest.RequireUnavailable(t, nats.Classify, []error{
-		natsgo.ErrDisconnected, natsgo.ErrConnectionClosed, natsgo.ErrConnectionReconnecting, natsgo.ErrNoServers,
-		natsgo.ErrReconnectBufExceeded, natsgo.ErrStaleConnection, natsgo.ErrNoResponders, jetstream.ErrNoStreamResponse,
-		jetstream.ErrJetStreamNotEnabled, nats.ErrNoStream, syscall.ECONNREFUSED, io.EOF,
+	transporttest.RequireClassify(t, outboxnats.Classify, permanent, retryable)
+	transporttest.RequireUnavailable(t, outboxnats.Classify, []error{
+		nats.ErrDisconnected, nats.ErrConnectionClosed, nats.ErrConnectionReconnecting, nats.ErrNoServers,
+		nats.ErrReconnectBufExceeded, nats.ErrStaleConnection, nats.ErrNoResponders, jetstream.ErrNoStreamResponse,
+		jetstream.ErrJetStreamNotEnabled, outboxnats.ErrNoStream, syscall.ECONNREFUSED, io.EOF,
 		&net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded},
 	})
 }
@@ -300,8 +300,8 @@ func TestUnavailableWhileCut(t *testing.T) {
 	proxy := testproxy.New(t, strings.TrimPrefix(server(t), "nats://"))
 	admin := connect(t, server(t))
 	ns, s := stream(t, admin, nil)
-	js := connect(t, "nats://"+proxy.Addr(), natsgo.MaxReconnects(-1), natsgo.ReconnectWait(20*time.Millisecond))
-	tr := newTransport(t, js, nats.Options{AckTimeout: 300 * time.Millisecond})
+	js := connect(t, "nats://"+proxy.Addr(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
+	tr := newTransport(t, js, outboxnats.Options{AckTimeout: 300 * time.Millisecond})
 	require.Empty(t, transporttest.Failures(tr.Publish(context.Background(), transporttest.Deliveries(transporttest.Messages(ns, 5)))))
 
 	delivered := transporttest.CutAndRestore(t, tr, func() []outbox.Delivery {
@@ -315,13 +315,13 @@ func TestUnavailableWhileCut(t *testing.T) {
 
 func TestOptionsValidation(t *testing.T) {
 	t.Parallel()
-	_, err := nats.New(nil, nats.Options{})
-	require.ErrorIs(t, err, nats.ErrInvalid)
+	_, err := outboxnats.New(nil, outboxnats.Options{})
+	require.ErrorIs(t, err, outboxnats.ErrInvalid)
 	js := connect(t, server(t))
-	_, err = nats.New(js, nats.Options{AckTimeout: -time.Second})
-	require.ErrorIs(t, err, nats.ErrInvalid)
-	_, err = nats.New(js, nats.Options{ExpectStream: "a.b"})
-	require.ErrorIs(t, err, nats.ErrInvalid)
+	_, err = outboxnats.New(js, outboxnats.Options{AckTimeout: -time.Second})
+	require.ErrorIs(t, err, outboxnats.ErrInvalid)
+	_, err = outboxnats.New(js, outboxnats.Options{ExpectStream: "a.b"})
+	require.ErrorIs(t, err, outboxnats.ErrInvalid)
 }
 
 // ExpectStream refuses a message that another stream would store, for good.
@@ -329,7 +329,7 @@ func TestExpectStream(t *testing.T) {
 	t.Parallel()
 	js := connect(t, server(t))
 	ns, _ := stream(t, js, nil)
-	tr := newTransport(t, js, nats.Options{ExpectStream: "someone_else"})
+	tr := newTransport(t, js, outboxnats.Options{ExpectStream: "someone_else"})
 	errs := tr.Publish(context.Background(), transporttest.Deliveries(transporttest.Messages(ns, 1)))
 	require.True(t, outbox.IsPermanent(errs[0]), "%v", errs[0])
 }
@@ -342,8 +342,8 @@ func TestServerOutage(t *testing.T) {
 	proxy := testproxy.New(t, strings.TrimPrefix(server(t), "nats://"))
 	admin := connect(t, server(t))
 	ns, s := stream(t, admin, nil)
-	js := connect(t, "nats://"+proxy.Addr(), natsgo.MaxReconnects(-1), natsgo.ReconnectWait(20*time.Millisecond))
-	tr := newTransport(t, js, nats.Options{AckTimeout: 300 * time.Millisecond})
+	js := connect(t, "nats://"+proxy.Addr(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
+	tr := newTransport(t, js, outboxnats.Options{AckTimeout: 300 * time.Millisecond})
 	transporttest.Outage(t, ns, tr, proxy.Cut, proxy.Restore, func() []transporttest.Received { return consume(t, s) }, true)
 }
 
@@ -353,7 +353,7 @@ func TestEndToEndFromPostgres(t *testing.T) {
 	t.Parallel()
 	js := connect(t, server(t))
 	ns, s := stream(t, js, nil)
-	transporttest.EndToEnd(t, ns, newTransport(t, js, nats.Options{}), func() []transporttest.Received { return consume(t, s) })
+	transporttest.EndToEnd(t, ns, newTransport(t, js, outboxnats.Options{}), func() []transporttest.Received { return consume(t, s) })
 }
 
 // cloudEvents reads every message of s and decodes each with the CloudEvents SDK's NATS
@@ -367,7 +367,7 @@ func cloudEvents(t testing.TB, s jetstream.Stream, n int) []cesdk.Event {
 	var out []cesdk.Event
 	for m := range batch.Messages() {
 		// The SDK's own NATS JetStream binding, on the message as the server delivered it.
-		msg := cenats.NewMessage(&natsgo.Msg{Subject: m.Subject(), Header: m.Headers(), Data: m.Data()})
+		msg := cenats.NewMessage(&nats.Msg{Subject: m.Subject(), Header: m.Headers(), Data: m.Data()})
 		e, err := binding.ToEvent(context.Background(), msg)
 		require.NoError(t, err)
 		require.NoError(t, e.Validate())
@@ -388,7 +388,7 @@ func TestCloudEvents(t *testing.T) {
 			t.Parallel()
 			js := connect(t, server(t))
 			ns, s := stream(t, js, nil)
-			tr := newTransport(t, js, nats.Options{CloudEvents: &cloudevents.Options{
+			tr := newTransport(t, js, outboxnats.Options{CloudEvents: &cloudevents.Options{
 				Source: "https://shop.example/orders", Mode: mode,
 				Type: func(d outbox.Delivery) string { return "com.example." + d.Topic },
 			}})
@@ -457,12 +457,12 @@ func TestCloudEvents(t *testing.T) {
 func TestCloudEventsRefusals(t *testing.T) {
 	t.Parallel()
 	js := connect(t, server(t))
-	_, err := nats.New(js, nats.Options{CloudEvents: &cloudevents.Options{}})
-	require.ErrorIs(t, err, nats.ErrInvalid)
+	_, err := outboxnats.New(js, outboxnats.Options{CloudEvents: &cloudevents.Options{}})
+	require.ErrorIs(t, err, outboxnats.ErrInvalid)
 	require.ErrorIs(t, err, outbox.ErrInvalid)
 
 	ns, _ := stream(t, js, nil)
-	tr := newTransport(t, js, nats.Options{CloudEvents: &cloudevents.Options{Source: "/shop"}})
+	tr := newTransport(t, js, outboxnats.Options{CloudEvents: &cloudevents.Options{Source: "/shop"}})
 	batch := transporttest.Deliveries(transporttest.Messages(ns, 2))
 	batch[0].Headers = outbox.Headers{"ce-id": "forged"}
 	batch[1].Headers = outbox.Headers{"content-type": "a/b", "Content-Type": "c/d"}

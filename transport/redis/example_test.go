@@ -1,4 +1,4 @@
-package redis_test
+package outboxredis_test
 
 import (
 	"context"
@@ -8,10 +8,10 @@ import (
 	"syscall"
 
 	_ "github.com/jackc/pgx/v5/stdlib"
-	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxgo/outbox"
-	redistransport "github.com/outboxgo/outbox/transport/redis"
+	"github.com/outboxgo/outbox/transport/redis"
 )
 
 // A publisher that appends the "shop" namespace's events to Redis streams: topic
@@ -22,9 +22,9 @@ func Example() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
-	rdb := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:6379"})
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
 	defer rdb.Close()
-	tr, err := redistransport.New(rdb, redistransport.Options{MaxLen: 1_000_000})
+	tr, err := outboxredis.New(rdb, outboxredis.Options{MaxLen: 1_000_000})
 	if err != nil {
 		log.Fatal(err)
 	}

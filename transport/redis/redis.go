@@ -1,4 +1,4 @@
-// Package redis is an [outbox.Transport] for Redis Streams, built on go-redis.
+// Package outboxredis is an [outbox.Transport] for Redis Streams, built on go-redis.
 //
 // A batch is sent as one pipeline of XADD commands, one per message, and each command's
 // own reply is returned, so that [Transport.Publish] reports one outcome per message.
@@ -32,7 +32,8 @@
 // [outbox.Unavailable], which costs the message no attempt: a refused, reset or closed
 // connection, a dial or I/O timeout, and the replies of a server that cannot take writes
 // now (LOADING, BUSY, TRYAGAIN, CLUSTERDOWN, MASTERDOWN, READONLY, NOREPLICAS, "max number
-// of clients"). Everything else is retried under the publisher's retry policy: out of
+// of clients"), and a batch without a single reply from a server that does not answer a
+// PING within [Options.Timeout] either. Everything else is retried under the publisher's retry policy: out of
 // memory, persistence errors, redirections, authentication or permission errors, which an
 // operator fixes, and replies this transport does not know.
 //
@@ -41,22 +42,24 @@
 // With [Options.CloudEvents], every entry also carries a CloudEvent's attributes as ce_*
 // fields. CloudEvents has no Redis binding; the names follow its Kafka binding, and only
 // the binary mode exists.
-package redis
+package outboxredis
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net"
 	"strconv"
 	"strings"
+	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/cloudevents"
-	"github.com/outboxgo/outbox/internal/netfail"
-	"github.com/outboxgo/outbox/internal/serveraddr"
 )
 
 // Field names of every stream entry.
@@ -94,7 +97,21 @@ type Options struct {
 	// are not attribute names. CloudEvents defines no binding for Redis: the names follow
 	// its Kafka binding. Only the binary mode is accepted. Default nil: no CloudEvents.
 	CloudEvents *cloudevents.Options
+
+	// Timeout bounds one Publish, the pipeline of a batch and, when no command of it got a
+	// reply, the PING that checks the server. A batch that outlives it fails; when the
+	// server does not answer the PING either, the batch fails [outbox.Unavailable]. The
+	// client's dial, read and write timeouts and retries still bound each try within it.
+	// Default [DefaultTimeout].
+	Timeout time.Duration
+
+	// Logger receives one line when the server stops answering and one when it answers
+	// again. Default [slog.Default].
+	Logger *slog.Logger
 }
+
+// DefaultTimeout is [Options.Timeout] when it is zero.
+const DefaultTimeout = 5 * time.Second
 
 // CloudEventsPrefix starts the field names of a CloudEvent's attributes.
 const CloudEventsPrefix = "ce_"
@@ -107,19 +124,29 @@ func DefaultStream(d outbox.Delivery) string { return d.Namespace + ":" + d.Topi
 type Transport struct {
 	client redis.UniversalClient
 	opts   Options
+	link   link
 }
 
 var _ outbox.Transport = (*Transport)(nil)
 
 // New returns a transport appending with client (a *redis.Client, *redis.ClusterClient or
 // any other [redis.UniversalClient]), which the caller configured and closes after the
-// publisher stopped. The client's read and write timeouts bound a batch.
+// publisher stopped. [Options.Timeout] bounds a batch.
 func New(client redis.UniversalClient, opts Options) (*Transport, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w options: client is nil", ErrInvalid)
 	}
 	if opts.Stream == nil {
 		opts.Stream = DefaultStream
+	}
+	switch {
+	case opts.Timeout == 0:
+		opts.Timeout = DefaultTimeout
+	case opts.Timeout < 0:
+		return nil, fmt.Errorf("%w options: Timeout must be positive, got %s", ErrInvalid, opts.Timeout)
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
 	}
 	if opts.MaxLen < 0 {
 		return nil, fmt.Errorf("%w options: MaxLen must not be negative, got %d", ErrInvalid, opts.MaxLen)
@@ -130,7 +157,7 @@ func New(client redis.UniversalClient, opts Options) (*Transport, error) {
 	if opts.CloudEvents != nil && opts.CloudEvents.Mode != cloudevents.Binary {
 		return nil, fmt.Errorf("%w options: CloudEvents.Mode: Redis has no CloudEvents binding that defines a structured mode", ErrInvalid)
 	}
-	return &Transport{client: client, opts: opts}, nil
+	return &Transport{client: client, opts: opts, link: link{log: opts.Logger}}, nil
 }
 
 // System returns "redis", the messaging.system of OpenTelemetry's conventions, for telemetry
@@ -145,7 +172,7 @@ func (t *Transport) Destination(d outbox.Delivery) outbox.Destination {
 		if o := c.Options(); o.Network == "unix" {
 			dst.ServerAddress = o.Addr
 		} else {
-			dst.ServerAddress, dst.ServerPort = serveraddr.FromHostPort(o.Addr, 6379)
+			dst.ServerAddress, dst.ServerPort = serverOf(o.Addr)
 		}
 	}
 	return dst
@@ -170,16 +197,85 @@ func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []erro
 		return errs
 	}
 	// Exec's error is the first command's; every command carries its own.
-	_, _ = pipe.Exec(ctx)
+	if err := t.within(ctx, func(ctx context.Context) error { _, _ = pipe.Exec(ctx); return nil }); err != nil {
+		for i, cmd := range cmds {
+			if cmd != nil {
+				errs[i] = Classify(fmt.Errorf("outbox/redis: xadd %s to %q: %w", batch[i].ID, streams[i], err))
+			}
+		}
+		t.check(ctx, errs)
+		return errs
+	}
+	answered := false // a reply from the server, success or refusal
 	for i, cmd := range cmds {
 		if cmd == nil {
 			continue
 		}
-		if err := cmd.Err(); err != nil {
+		var re redis.Error
+		err := cmd.Err()
+		answered = answered || err == nil || errors.As(err, &re)
+		if err != nil {
 			errs[i] = Classify(fmt.Errorf("outbox/redis: xadd %s to %q: %w", batch[i].ID, streams[i], err))
 		}
 	}
+	if answered {
+		t.link.note(true, nil)
+		return errs
+	}
+	t.check(ctx, errs)
 	return errs
+}
+
+// errTimeout is the outcome of a pipeline or PING that outlived [Options.Timeout].
+var errTimeout = errors.New("no reply within the transport's Timeout")
+
+// within runs fn with ctx bounded by [Options.Timeout] and returns its error, or returns at
+// that deadline even
+// when the client is still blocked on a read (its ReadTimeout, not the context, bounds
+// reads unless ContextTimeoutEnabled is set); fn then ends in the background, when the
+// client's own timeouts end it.
+func (t *Transport) within(ctx context.Context, fn func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, t.opts.Timeout)
+	defer cancel()
+	done := make(chan struct{})
+	var err error
+	go func() {
+		defer close(done)
+		err = fn(ctx)
+	}()
+	select {
+	case <-done:
+		return err
+	case <-ctx.Done():
+		if errors.Is(context.Cause(ctx), context.DeadlineExceeded) {
+			return errTimeout
+		}
+		return ctx.Err()
+	}
+}
+
+// check takes a batch in which no command got a reply: when the server does not answer a
+// PING within Timeout either, it is down and no message is at fault, so every failure
+// becomes [outbox.Unavailable].
+func (t *Transport) check(ctx context.Context, errs []error) {
+	if ctx.Err() != nil {
+		return
+	}
+	t.link.note(false, errs) // failures already known to be an outage (refused, reset)
+	ping := t.within(ctx, func(ctx context.Context) error { return t.client.Ping(ctx).Err() })
+	if errors.Is(ping, redis.ErrClosed) || ctx.Err() != nil {
+		return // the client was closed under the publisher, or the publish cancelled
+	}
+	if ping == nil {
+		t.link.note(true, nil)
+		return
+	}
+	for i, err := range errs {
+		if err != nil && !outbox.IsUnavailable(err) {
+			errs[i] = outbox.Unavailable(fmt.Errorf("%w; PING: %w", err, ping))
+		}
+	}
+	t.link.note(false, errs)
 }
 
 // args builds the XADD of d.
@@ -248,7 +344,7 @@ func Classify(err error) error {
 	}
 	var re redis.Error
 	if !errors.As(err, &re) {
-		if netfail.Is(err) {
+		if outbox.IsUnreachable(err) {
 			return outbox.Unavailable(err) // refused, reset or closed connections, dial and I/O timeouts
 		}
 		return err // a closed client, a pool timeout, a cancelled context
@@ -268,4 +364,41 @@ func Classify(err error) error {
 		return outbox.Permanent(err)
 	}
 	return err // an error reply this transport does not know: let the attempt limit decide
+}
+
+// serverOf returns the host and port of "host:port", with Redis's port when it has none.
+func serverOf(addr string) (string, int) {
+	if h, p, err := net.SplitHostPort(addr); err == nil {
+		if port, err := strconv.Atoi(p); err == nil {
+			return h, port
+		}
+		return h, 6379
+	}
+	return addr, 6379
+}
+
+// link logs what the transport sees of the server: one line when it stops answering, one
+// when it answers again.
+type link struct {
+	log  *slog.Logger
+	down atomic.Bool
+}
+
+// note takes a batch's outcome: a reply means the server is there; an Unavailable failure
+// without one, that it is not.
+func (l *link) note(answered bool, errs []error) {
+	if answered {
+		if l.down.CompareAndSwap(true, false) {
+			l.log.Info("outbox/redis: the server answers again")
+		}
+		return
+	}
+	for _, err := range errs {
+		if outbox.IsUnavailable(err) {
+			if l.down.CompareAndSwap(false, true) {
+				l.log.Warn("outbox/redis: the server cannot be reached; batches fail Unavailable until it answers", "err", err)
+			}
+			return
+		}
+	}
 }

@@ -1,4 +1,4 @@
-package redis_test
+package outboxredis_test
 
 import (
 	"context"
@@ -18,15 +18,15 @@ import (
 	"github.com/cloudevents/sdk-go/v2/binding/spec"
 	"github.com/google/uuid"
 	_ "github.com/jackc/pgx/v5/stdlib"
-	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/cloudevents"
-	"github.com/outboxgo/outbox/internal/testdb"
-	"github.com/outboxgo/outbox/internal/testproxy"
-	"github.com/outboxgo/outbox/internal/transporttest"
+	"github.com/outboxgo/outbox/outboxtest/testdb"
+	"github.com/outboxgo/outbox/outboxtest/testproxy"
+	"github.com/outboxgo/outbox/outboxtest/transporttest"
 	"github.com/outboxgo/outbox/transport/redis"
 )
 
@@ -42,19 +42,19 @@ func server(t testing.TB) string {
 }
 
 // client connects to addr, closed when t ends.
-func client(t testing.TB, addr string, edit ...func(*goredis.Options)) *goredis.Client {
+func client(t testing.TB, addr string, edit ...func(*redis.Options)) *redis.Client {
 	t.Helper()
-	o := &goredis.Options{Addr: addr}
+	o := &redis.Options{Addr: addr}
 	for _, e := range edit {
 		e(o)
 	}
-	c := goredis.NewClient(o)
+	c := redis.NewClient(o)
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }
 
 // namespace returns a new namespace whose streams are deleted when t ends.
-func namespace(t testing.TB, c *goredis.Client) string {
+func namespace(t testing.TB, c *redis.Client) string {
 	t.Helper()
 	ns := transporttest.Name("rt")
 	t.Cleanup(func() {
@@ -67,22 +67,22 @@ func namespace(t testing.TB, c *goredis.Client) string {
 	return ns
 }
 
-func newTransport(t testing.TB, c goredis.UniversalClient, opts redis.Options) *redis.Transport {
+func newTransport(t testing.TB, c redis.UniversalClient, opts outboxredis.Options) *outboxredis.Transport {
 	t.Helper()
-	tr, err := redis.New(c, opts)
+	tr, err := outboxredis.New(c, opts)
 	require.NoError(t, err)
 	return tr
 }
 
 // consume reads every entry of ns's streams from the start with XREAD, as a consumer would.
-func consume(t testing.TB, c *goredis.Client, ns string) []transporttest.Received {
+func consume(t testing.TB, c *redis.Client, ns string) []transporttest.Received {
 	t.Helper()
 	var got []transporttest.Received
 	for _, tp := range topics {
 		key, last := ns+":"+tp, "0"
 		for {
-			res, err := c.XRead(context.Background(), &goredis.XReadArgs{Streams: []string{key, last}, Count: 100, Block: -1}).Result()
-			if errors.Is(err, goredis.Nil) {
+			res, err := c.XRead(context.Background(), &redis.XReadArgs{Streams: []string{key, last}, Count: 100, Block: -1}).Result()
+			if errors.Is(err, redis.Nil) {
 				break
 			}
 			require.NoError(t, err)
@@ -98,25 +98,25 @@ func consume(t testing.TB, c *goredis.Client, ns string) []transporttest.Receive
 	return got
 }
 
-func decode(t testing.TB, stream string, m goredis.XMessage) transporttest.Received {
+func decode(t testing.TB, stream string, m redis.XMessage) transporttest.Received {
 	t.Helper()
 	str := func(k string) string {
 		v, _ := m.Values[k].(string)
 		return v
 	}
-	id, err := uuid.Parse(str(redis.FieldID))
+	id, err := uuid.Parse(str(outboxredis.FieldID))
 	require.NoError(t, err)
 	g := transporttest.Received{
-		Route: stream, ID: id, Namespace: str(redis.FieldNamespace), Topic: str(redis.FieldTopic),
-		PartitionKey: str(redis.FieldPartitionKey), DedupeKey: str(redis.FieldDedupeKey),
-		Payload: []byte(str(redis.FieldPayload)),
+		Route: stream, ID: id, Namespace: str(outboxredis.FieldNamespace), Topic: str(outboxredis.FieldTopic),
+		PartitionKey: str(outboxredis.FieldPartitionKey), DedupeKey: str(outboxredis.FieldDedupeKey),
+		Payload: []byte(str(outboxredis.FieldPayload)),
 	}
-	if v := str(redis.FieldTenantID); v != "" {
+	if v := str(outboxredis.FieldTenantID); v != "" {
 		g.TenantID = uuid.MustParse(v)
 	}
-	g.Attempt, err = strconv.Atoi(str(redis.FieldAttempt))
+	g.Attempt, err = strconv.Atoi(str(outboxredis.FieldAttempt))
 	require.NoError(t, err)
-	if v := str(redis.FieldHeaders); v != "" {
+	if v := str(outboxredis.FieldHeaders); v != "" {
 		require.NoError(t, json.Unmarshal([]byte(v), &g.Headers))
 	}
 	return g
@@ -126,7 +126,7 @@ func TestPublishByteForByte(t *testing.T) {
 	t.Parallel()
 	c := client(t, server(t))
 	ns := namespace(t, c)
-	tr := newTransport(t, c, redis.Options{})
+	tr := newTransport(t, c, outboxredis.Options{})
 	batch := transporttest.Deliveries(transporttest.Messages(ns, 60))
 
 	for i, err := range tr.Publish(context.Background(), batch) {
@@ -144,7 +144,7 @@ func TestMaxLenTrims(t *testing.T) {
 	t.Parallel()
 	c := client(t, server(t))
 	ns := namespace(t, c)
-	tr := newTransport(t, c, redis.Options{MaxLen: 10, Stream: func(outbox.Delivery) string { return ns + ":order.created" }})
+	tr := newTransport(t, c, outboxredis.Options{MaxLen: 10, Stream: func(outbox.Delivery) string { return ns + ":order.created" }})
 	for range 10 {
 		require.Empty(t, transporttest.Failures(tr.Publish(context.Background(), transporttest.Deliveries(transporttest.Messages(ns, 100)))))
 	}
@@ -161,11 +161,11 @@ func TestWrongTypeFailsAlone(t *testing.T) {
 	c := client(t, server(t))
 	ns := namespace(t, c)
 	require.NoError(t, c.Set(context.Background(), ns+":bad", "a string", 0).Err())
-	tr := newTransport(t, c, redis.Options{Stream: func(d outbox.Delivery) string {
+	tr := newTransport(t, c, outboxredis.Options{Stream: func(d outbox.Delivery) string {
 		if d.Topic == "bad" {
 			return ns + ":bad"
 		}
-		return redis.DefaultStream(d)
+		return outboxredis.DefaultStream(d)
 	}})
 	batch := transporttest.Deliveries(transporttest.Messages(ns, 9))
 	batch[4].Topic = "bad"
@@ -182,9 +182,9 @@ func TestWrongTypeFailsAlone(t *testing.T) {
 	}
 	transporttest.RequireSame(t, append(batch[:4:4], batch[5:]...), consume(t, c, ns))
 
-	tr = newTransport(t, c, redis.Options{Stream: func(outbox.Delivery) string { return "" }})
+	tr = newTransport(t, c, outboxredis.Options{Stream: func(outbox.Delivery) string { return "" }})
 	errs = tr.Publish(context.Background(), batch[:1])
-	require.ErrorIs(t, errs[0], redis.ErrInvalid)
+	require.ErrorIs(t, errs[0], outboxredis.ErrInvalid)
 	require.True(t, outbox.IsPermanent(errs[0]))
 }
 
@@ -198,24 +198,24 @@ func TestCancelledContext(t *testing.T) {
 	t.Parallel()
 	c := client(t, server(t))
 	ns := namespace(t, c)
-	transporttest.RequireCancelled(t, newTransport(t, c, redis.Options{}), transporttest.Deliveries(transporttest.Messages(ns, 5)))
+	transporttest.RequireCancelled(t, newTransport(t, c, outboxredis.Options{}), transporttest.Deliveries(transporttest.Messages(ns, 5)))
 }
 
 func TestClassify(t *testing.T) {
 	t.Parallel()
 	permanent := []error{
 		replyErr("WRONGTYPE Operation against a key holding the wrong kind of value"),
-		replyErr("ERR Protocol error: invalid bulk length"), replyErr("ERR syntax error"), redis.ErrInvalid,
+		replyErr("ERR Protocol error: invalid bulk length"), replyErr("ERR syntax error"), outboxredis.ErrInvalid,
 	}
 	retryable := []error{
 		replyErr("OOM command not allowed when used memory > 'maxmemory'."), replyErr("MISCONF Errors writing to disk"),
 		replyErr("NOAUTH Authentication required."), replyErr("NOPERM this user has no permissions"),
 		replyErr("MOVED 3999 127.0.0.1:6381"), replyErr("SOMETHINGNEW unknown"),
-		goredis.ErrClosed, goredis.ErrPoolTimeout, context.DeadlineExceeded, context.Canceled,
+		redis.ErrClosed, redis.ErrPoolTimeout, context.DeadlineExceeded, context.Canceled,
 		errors.New("connection refused"), // a message, not the network error
 	}
-	transporttest.RequireClassify(t, redis.Classify, permanent, retryable)
-	transporttest.RequireUnavailable(t, redis.Classify, []error{
+	transporttest.RequireClassify(t, outboxredis.Classify, permanent, retryable)
+	transporttest.RequireUnavailable(t, outboxredis.Classify, []error{
 		replyErr("LOADING Redis is loading the dataset in memory"), replyErr("BUSY Redis is busy running a script"),
 		replyErr("READONLY You can't write against a read only replica."), replyErr("CLUSTERDOWN The cluster is down"),
 		replyErr("TRYAGAIN Multiple keys request during rehashing of slot"), replyErr("MASTERDOWN Link with MASTER is down"),
@@ -232,11 +232,11 @@ func TestUnavailableWhileCut(t *testing.T) {
 	admin := client(t, server(t))
 	ns := namespace(t, admin)
 	proxy := testproxy.New(t, server(t))
-	c := client(t, proxy.Addr(), func(o *goredis.Options) {
+	c := client(t, proxy.Addr(), func(o *redis.Options) {
 		o.MaxRetries = -1
 		o.DialTimeout, o.ReadTimeout, o.WriteTimeout = 200*time.Millisecond, 200*time.Millisecond, 200*time.Millisecond
 	})
-	tr := newTransport(t, c, redis.Options{})
+	tr := newTransport(t, c, outboxredis.Options{})
 	require.Empty(t, transporttest.Failures(tr.Publish(context.Background(), transporttest.Deliveries(transporttest.Messages(ns, 5)))))
 	delivered := transporttest.CutAndRestore(t, tr, func() []outbox.Delivery {
 		return transporttest.Deliveries(transporttest.Messages(ns, 10))
@@ -254,7 +254,7 @@ type ceMessage map[string]any
 func (m ceMessage) get(k string) string { v, _ := m[k].(string); return v }
 
 func (m ceMessage) version() spec.Version {
-	return spec.WithPrefix(redis.CloudEventsPrefix).Version(m.get(redis.CloudEventsPrefix + "specversion"))
+	return spec.WithPrefix(outboxredis.CloudEventsPrefix).Version(m.get(outboxredis.CloudEventsPrefix + "specversion"))
 }
 
 func (m ceMessage) ReadEncoding() binding.Encoding {
@@ -274,14 +274,14 @@ func (m ceMessage) ReadBinary(_ context.Context, w binding.BinaryWriter) error {
 		var err error
 		if a := v.Attribute(k); a != nil {
 			err = w.SetAttribute(a, m.get(k))
-		} else if name, ok := strings.CutPrefix(k, redis.CloudEventsPrefix); ok {
+		} else if name, ok := strings.CutPrefix(k, outboxredis.CloudEventsPrefix); ok {
 			err = w.SetExtension(name, m.get(k))
 		}
 		if err != nil {
 			return err
 		}
 	}
-	return w.SetData(strings.NewReader(m.get(redis.FieldPayload)))
+	return w.SetData(strings.NewReader(m.get(outboxredis.FieldPayload)))
 }
 
 func (m ceMessage) GetAttribute(k spec.Kind) (spec.Attribute, any) {
@@ -296,7 +296,7 @@ func (m ceMessage) GetAttribute(k spec.Kind) (spec.Attribute, any) {
 }
 
 func (m ceMessage) GetExtension(name string) any {
-	if x := m.get(redis.CloudEventsPrefix + name); x != "" {
+	if x := m.get(outboxredis.CloudEventsPrefix + name); x != "" {
 		return x
 	}
 	return nil
@@ -311,7 +311,7 @@ func TestCloudEvents(t *testing.T) {
 	t.Parallel()
 	c := client(t, server(t))
 	ns := namespace(t, c)
-	tr := newTransport(t, c, redis.Options{CloudEvents: &cloudevents.Options{Source: "/shop/orders"}})
+	tr := newTransport(t, c, outboxredis.Options{CloudEvents: &cloudevents.Options{Source: "/shop/orders"}})
 	batch := transporttest.Deliveries(transporttest.Messages(ns, 12))
 	batch[1].Headers = outbox.Headers{"content-type": "application/vnd.shop+json", "x-request-id": "r-1", "Tenant": "acme"}
 	require.Empty(t, transporttest.Failures(tr.Publish(context.Background(), batch)))
@@ -326,7 +326,7 @@ func TestCloudEvents(t *testing.T) {
 			require.NoError(t, e.Validate())
 			byID[e.ID()] = *e
 			// The entry keeps the transport's own fields; headers holds what is no attribute.
-			require.Equal(t, e.ID(), m.Values[redis.FieldID])
+			require.Equal(t, e.ID(), m.Values[outboxredis.FieldID])
 		}
 	}
 	require.Len(t, byID, len(batch))
@@ -352,18 +352,18 @@ func TestCloudEvents(t *testing.T) {
 		}
 	}
 
-	_, err := redis.New(c, redis.Options{CloudEvents: &cloudevents.Options{Source: "/s", Mode: cloudevents.Structured}})
-	require.ErrorIs(t, err, redis.ErrInvalid)
-	_, err = redis.New(c, redis.Options{CloudEvents: &cloudevents.Options{}})
+	_, err := outboxredis.New(c, outboxredis.Options{CloudEvents: &cloudevents.Options{Source: "/s", Mode: cloudevents.Structured}})
+	require.ErrorIs(t, err, outboxredis.ErrInvalid)
+	_, err = outboxredis.New(c, outboxredis.Options{CloudEvents: &cloudevents.Options{}})
 	require.ErrorIs(t, err, outbox.ErrInvalid)
 }
 
 func TestOptionsValidation(t *testing.T) {
 	t.Parallel()
-	_, err := redis.New(nil, redis.Options{})
-	require.ErrorIs(t, err, redis.ErrInvalid)
-	_, err = redis.New(client(t, server(t)), redis.Options{MaxLen: -1})
-	require.ErrorIs(t, err, redis.ErrInvalid)
+	_, err := outboxredis.New(nil, outboxredis.Options{})
+	require.ErrorIs(t, err, outboxredis.ErrInvalid)
+	_, err = outboxredis.New(client(t, server(t)), outboxredis.Options{MaxLen: -1})
+	require.ErrorIs(t, err, outboxredis.ErrInvalid)
 }
 
 // The server goes away in the middle of a run: appends fail and are retried, nothing is
@@ -374,11 +374,11 @@ func TestServerOutage(t *testing.T) {
 	admin := client(t, server(t))
 	ns := namespace(t, admin)
 	proxy := testproxy.New(t, server(t))
-	c := client(t, proxy.Addr(), func(o *goredis.Options) {
+	c := client(t, proxy.Addr(), func(o *redis.Options) {
 		o.MaxRetries = -1
 		o.DialTimeout, o.ReadTimeout, o.WriteTimeout = 200*time.Millisecond, 200*time.Millisecond, 200*time.Millisecond
 	})
-	transporttest.Outage(t, ns, newTransport(t, c, redis.Options{}), proxy.Cut, proxy.Restore,
+	transporttest.Outage(t, ns, newTransport(t, c, outboxredis.Options{}), proxy.Cut, proxy.Restore,
 		func() []transporttest.Received { return consume(t, admin, ns) }, false)
 }
 
@@ -388,5 +388,5 @@ func TestEndToEndFromPostgres(t *testing.T) {
 	t.Parallel()
 	c := client(t, server(t))
 	ns := namespace(t, c)
-	transporttest.EndToEnd(t, ns, newTransport(t, c, redis.Options{}), func() []transporttest.Received { return consume(t, c, ns) })
+	transporttest.EndToEnd(t, ns, newTransport(t, c, outboxredis.Options{}), func() []transporttest.Received { return consume(t, c, ns) })
 }

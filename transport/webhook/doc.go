@@ -1,4 +1,4 @@
-// Package webhook is an [outbox.Transport] that delivers each message as an HTTP POST,
+// Package outboxwebhook is an [outbox.Transport] that delivers each message as an HTTP POST,
 // signed the Standard Webhooks way (https://www.standardwebhooks.com), using net/http only.
 //
 // # Requests
@@ -31,7 +31,9 @@
 //   - 408, 429, 500 and the other 5xx, any other status that is not 4xx (a redirect,
 //     which is never followed) and a request timeout ([Options.Timeout]) on a connection
 //     that was made: retried under the publisher's retry policy. A timeout is not an
-//     outage: a receiver that hangs on one message must not hold it forever.
+//     outage while the endpoint answers: a receiver that hangs on one message must not
+//     hold it forever. When no request of a batch got a response, a HEAD request checks
+//     the endpoint within Timeout; without an answer, the batch is an outage.
 //   - A Retry-After header (seconds or an HTTP date) on a retried or unavailable status
 //     sets the delay of the next attempt with [outbox.RetryAfter], capped by
 //     [Options.MaxRetryAfter].
@@ -49,4 +51,4 @@
 // binding (binary mode by default: ce-* headers and Content-Type; structured mode: the
 // event as JSON in the body). A message header named Content-Type or starting with "ce-"
 // is then refused for good, so that it cannot replace an attribute.
-package webhook
+package outboxwebhook

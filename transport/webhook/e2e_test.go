@@ -1,4 +1,4 @@
-package webhook_test
+package outboxwebhook_test
 
 import (
 	"context"
@@ -14,8 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxgo/outbox"
-	"github.com/outboxgo/outbox/internal/testdb"
 	"github.com/outboxgo/outbox/migrations"
+	"github.com/outboxgo/outbox/outboxtest/testdb"
 	"github.com/outboxgo/outbox/transport/webhook"
 )
 
@@ -40,7 +40,7 @@ func (rc *receiver) handle(secret string) http.HandlerFunc {
 		}
 		if rc.failFrom != nil {
 			var attempt int
-			_, _ = fmt.Sscan(r.Header.Get(webhook.HeaderAttempt), &attempt)
+			_, _ = fmt.Sscan(r.Header.Get(outboxwebhook.HeaderAttempt), &attempt)
 			if code := rc.failFrom(id, attempt); code != 0 {
 				w.Header().Set("Retry-After", "0")
 				w.WriteHeader(code)
@@ -88,7 +88,7 @@ func runE2E(t *testing.T, n int, rc *receiver) (outbox.PublisherStats, time.Dura
 	// requests in flight, or most requests would pay a TLS handshake.
 	client := srv.Client()
 	client.Transport.(*http.Transport).MaxIdleConnsPerHost = 16
-	tr := newTransport(t, webhook.Options{URL: srv.URL + "/{namespace}/{topic}", Secret: secret, Client: client, Concurrency: 16})
+	tr := newTransport(t, outboxwebhook.Options{URL: srv.URL + "/{namespace}/{topic}", Secret: secret, Client: client, Concurrency: 16})
 	p, err := outbox.NewPublisher(store, tr, outbox.PublisherOptions{
 		Scope: outbox.Scope{Namespace: "shop"}, BatchSize: 100, PollInterval: 10 * time.Millisecond,
 		Retry:  outbox.RetryPolicy{BaseDelay: 10 * time.Millisecond, MaxDelay: 100 * time.Millisecond, MaxAttempts: 100},
@@ -209,7 +209,7 @@ func TestRefusedForever(t *testing.T) {
 	}}
 	srv := httptest.NewServer(rc.handle(secret))
 	t.Cleanup(srv.Close)
-	tr := newTransport(t, webhook.Options{URL: srv.URL + "/{namespace}/{topic}", Secret: secret, AllowHTTP: true})
+	tr := newTransport(t, outboxwebhook.Options{URL: srv.URL + "/{namespace}/{topic}", Secret: secret, AllowHTTP: true})
 	var dead []outbox.DeadLetter
 	p, err := outbox.NewPublisher(store, tr, outbox.PublisherOptions{
 		Scope: outbox.Scope{Namespace: "shop"}, BatchSize: 100, PollInterval: 10 * time.Millisecond,

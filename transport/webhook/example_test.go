@@ -1,4 +1,4 @@
-package webhook_test
+package outboxwebhook_test
 
 import (
 	"context"
@@ -20,13 +20,13 @@ import (
 // the transport to outbox.NewPublisher instead of calling Publish.
 func Example() {
 	const secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-	key, err := webhook.ParseSecret(secret)
+	key, err := outboxwebhook.ParseSecret(secret)
 	if err != nil {
 		log.Fatal(err)
 	}
 	receiver := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
-		if webhook.Verify(key, r.Header, body, 0, time.Now()) != nil {
+		if outboxwebhook.Verify(key, r.Header, body, 0, time.Now()) != nil {
 			w.WriteHeader(http.StatusUnauthorized)
 			return
 		}
@@ -35,7 +35,7 @@ func Example() {
 	}))
 	defer receiver.Close()
 
-	tr, err := webhook.New(webhook.Options{
+	tr, err := outboxwebhook.New(outboxwebhook.Options{
 		URL:    receiver.URL + "/hooks/{namespace}/{topic}",
 		Secret: secret,
 		Client: receiver.Client(), // trusts the test server's certificate

@@ -31,7 +31,7 @@ require (
 	golang.org/x/sync v0.24.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
-	modernc.org/libc v1.79.0 // indirect
+	modernc.org/libc v1.80.1 // indirect
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect
 	modernc.org/sqlite v1.61.1 // indirect
@@ -39,7 +39,10 @@ require (
 
 require (
 	github.com/google/uuid v1.6.0
+	github.com/outboxgo/outbox/outboxtest v0.0.0
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 )
 
 replace github.com/outboxgo/outbox => ../..
+
+replace github.com/outboxgo/outbox/outboxtest => ../../outboxtest

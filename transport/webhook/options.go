@@ -1,4 +1,4 @@
-package webhook
+package outboxwebhook
 
 import (
 	"crypto/hmac"
@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -93,6 +94,11 @@ type Options struct {
 	// Content-Type application/cloudevents+json. The signature covers the body that is
 	// sent. Default nil: no CloudEvents.
 	CloudEvents *cloudevents.Options
+
+	// Logger receives one line when the endpoint stops answering (a batch without a
+	// response, and no answer to a HEAD request) and one when it answers again. Default
+	// [slog.Default].
+	Logger *slog.Logger
 }
 
 func invalid(field, format string, args ...any) error {
@@ -136,6 +142,9 @@ func (o *Options) validate() ([]byte, error) {
 		o.Timeout = DefaultTimeout
 	case o.Timeout < 0:
 		return nil, invalid("Timeout", "must be positive, got %s", o.Timeout)
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
 	}
 	switch {
 	case o.MaxRetryAfter == 0:

@@ -1,4 +1,4 @@
-package webhook
+package outboxwebhook
 
 import (
 	"bytes"
@@ -6,16 +6,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/cloudevents"
-	"github.com/outboxgo/outbox/internal/netfail"
-	"github.com/outboxgo/outbox/internal/serveraddr"
 )
 
 // Transport posts outbox messages to webhook endpoints. It is safe for concurrent use.
@@ -26,6 +27,7 @@ type Transport struct {
 	client *http.Client
 	own    bool          // client is the transport's own
 	sem    chan struct{} // one token per request in flight
+	link   link
 }
 
 var _ outbox.Transport = (*Transport)(nil)
@@ -36,7 +38,7 @@ func New(opts Options) (*Transport, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := &Transport{opts: opts, key: key, sem: make(chan struct{}, opts.Concurrency)}
+	t := &Transport{opts: opts, key: key, sem: make(chan struct{}, opts.Concurrency), link: link{log: opts.Logger}}
 	if opts.Client != nil {
 		c := *opts.Client
 		t.client = &c
@@ -86,7 +88,49 @@ func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []erro
 		})
 	}
 	wg.Wait()
+	answered, silent := false, -1 // silent: a message sent without a response
+	for i, err := range errs {
+		var se *StatusError
+		switch {
+		case err == nil || errors.As(err, &se):
+			answered = true
+		case silent < 0 && !outbox.IsPermanent(err):
+			silent = i
+		}
+	}
+	if !answered && silent >= 0 && ctx.Err() == nil {
+		t.check(ctx, &batch[silent], errs)
+	}
+	t.link.note(answered, errs)
 	return errs
+}
+
+// check takes a batch in which no request got a response: when the endpoint of d does not
+// answer a HEAD request within Timeout either (any status is an answer), it is down and no
+// message is at fault, so every failure without a response becomes [outbox.Unavailable].
+func (t *Transport) check(ctx context.Context, d *outbox.Delivery, errs []error) {
+	raw, err := t.url(d)
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, t.opts.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodHead, raw, nil)
+	if err != nil {
+		return
+	}
+	req.Header.Set("User-Agent", t.opts.UserAgent)
+	resp, err := t.client.Do(req)
+	if err == nil {
+		_ = resp.Body.Close()
+		return
+	}
+	for i, e := range errs {
+		var se *StatusError
+		if e != nil && !outbox.IsPermanent(e) && !outbox.IsUnavailable(e) && !errors.As(e, &se) && !errors.Is(e, context.Canceled) {
+			errs[i] = outbox.Unavailable(fmt.Errorf("%w; the endpoint did not answer a HEAD request within %s either", e, t.opts.Timeout))
+		}
+	}
 }
 
 // StatusError is a response whose status is not 2xx.
@@ -150,7 +194,7 @@ func (t *Transport) Destination(d outbox.Delivery) outbox.Destination {
 	if err != nil {
 		return outbox.Destination{}
 	}
-	host, port := serveraddr.FromURL(raw, map[string]int{"https": 443, "http": 80})
+	host, port := hostPort(raw)
 	return outbox.Destination{Name: host, ServerAddress: host, ServerPort: port}
 }
 
@@ -187,7 +231,7 @@ func (t *Transport) post(ctx context.Context, d *outbox.Delivery) error {
 	resp, err := t.client.Do(req)
 	if err != nil {
 		err = fmt.Errorf("webhook: POST %s: %w", u.Redacted(), err)
-		if netfail.Is(err) || strings.Contains(err.Error(), "server closed idle connection") {
+		if outbox.IsUnreachable(err) || strings.Contains(err.Error(), "server closed idle connection") {
 			// No connection, or it went away before the answer. net/http reports a kept-alive
 			// connection that the server closed before the request went out with an
 			// unexported error of that text; the request never reached the receiver.
@@ -341,4 +385,46 @@ func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
 		return max(at.Sub(now), 0), true
 	}
 	return 0, false
+}
+
+// hostPort returns the host and port of an http or https URL, the scheme's port when it
+// names none, or "", 0 for a URL it cannot parse.
+func hostPort(raw string) (string, int) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "", 0
+	}
+	if port, err := strconv.Atoi(u.Port()); err == nil {
+		return u.Hostname(), port
+	}
+	if u.Scheme == "http" {
+		return u.Hostname(), 80
+	}
+	return u.Hostname(), 443
+}
+
+// link logs what the transport sees of the endpoint: one line when it stops answering, one
+// when it answers again.
+type link struct {
+	log  *slog.Logger
+	down atomic.Bool
+}
+
+// note takes a batch's outcome: a response means the endpoint is there; an Unavailable
+// failure without one, that it is not.
+func (l *link) note(answered bool, errs []error) {
+	if answered {
+		if l.down.CompareAndSwap(true, false) {
+			l.log.Info("outbox/webhook: the endpoint answers again")
+		}
+		return
+	}
+	for _, err := range errs {
+		if outbox.IsUnavailable(err) {
+			if l.down.CompareAndSwap(false, true) {
+				l.log.Warn("outbox/webhook: the endpoint cannot be reached; batches fail Unavailable until it answers", "err", err)
+			}
+			return
+		}
+	}
 }

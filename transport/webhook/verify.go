@@ -1,4 +1,4 @@
-package webhook
+package outboxwebhook
 
 import (
 	"crypto/hmac"

@@ -1,4 +1,4 @@
-package webhook_test
+package outboxwebhook_test
 
 import (
 	"bytes"
@@ -28,8 +28,8 @@ import (
 
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/cloudevents"
-	"github.com/outboxgo/outbox/internal/testproxy"
-	"github.com/outboxgo/outbox/internal/transporttest"
+	"github.com/outboxgo/outbox/outboxtest/testproxy"
+	"github.com/outboxgo/outbox/outboxtest/transporttest"
 	"github.com/outboxgo/outbox/transport/webhook"
 )
 
@@ -51,9 +51,9 @@ const (
 
 func TestSignVector(t *testing.T) {
 	t.Parallel()
-	key, err := webhook.ParseSecret(vectorSecret)
+	key, err := outboxwebhook.ParseSecret(vectorSecret)
 	require.NoError(t, err)
-	require.Equal(t, vectorSignature, webhook.Sign(key, vectorID, time.Unix(vectorTimestamp, 0), []byte(vectorBody)))
+	require.Equal(t, vectorSignature, outboxwebhook.Sign(key, vectorID, time.Unix(vectorTimestamp, 0), []byte(vectorBody)))
 }
 
 // verify checks a request the way a Standard Webhooks receiver does, written from the
@@ -142,9 +142,9 @@ func (s *server) requests() []request {
 	return append([]request(nil), s.got...)
 }
 
-func newTransport(t *testing.T, o webhook.Options) *webhook.Transport {
+func newTransport(t *testing.T, o outboxwebhook.Options) *outboxwebhook.Transport {
 	t.Helper()
-	tr, err := webhook.New(o)
+	tr, err := outboxwebhook.New(o)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, tr.Close()) })
 	return tr
@@ -160,7 +160,7 @@ func delivery(namespace, topic, payload string) outbox.Delivery {
 func TestDelivery(t *testing.T) {
 	t.Parallel()
 	srv := newServer(t, true, nil)
-	tr := newTransport(t, webhook.Options{URL: srv.URL + "/hooks/{namespace}/{topic}", Secret: srv.secret, Client: srv.Client()})
+	tr := newTransport(t, outboxwebhook.Options{URL: srv.URL + "/hooks/{namespace}/{topic}", Secret: srv.secret, Client: srv.Client()})
 
 	tenant := uuid.New()
 	batch := []outbox.Delivery{
@@ -193,25 +193,25 @@ func TestDelivery(t *testing.T) {
 		require.True(t, ok, "message %d not received", i)
 		require.Equal(t, []byte(d.Payload), r.body)
 		require.Equal(t, paths[i], r.path)
-		require.Equal(t, d.Namespace, r.header.Get(webhook.HeaderNamespace))
-		require.Equal(t, d.Topic, r.header.Get(webhook.HeaderTopic))
-		require.Equal(t, strconv.Itoa(d.Attempt), r.header.Get(webhook.HeaderAttempt))
-		require.Equal(t, webhook.DefaultUserAgent, r.header.Get("User-Agent"))
+		require.Equal(t, d.Namespace, r.header.Get(outboxwebhook.HeaderNamespace))
+		require.Equal(t, d.Topic, r.header.Get(outboxwebhook.HeaderTopic))
+		require.Equal(t, strconv.Itoa(d.Attempt), r.header.Get(outboxwebhook.HeaderAttempt))
+		require.Equal(t, outboxwebhook.DefaultUserAgent, r.header.Get("User-Agent"))
 		require.Len(t, r.header.Values("webhook-id"), 1)
 	}
 	first, second, third := byID[batch[0].ID.String()], byID[batch[1].ID.String()], byID[batch[2].ID.String()]
 	require.Equal(t, batch[0].Headers["traceparent"], first.header.Get("traceparent"))
-	require.Equal(t, "order-1", first.header.Get(webhook.HeaderPartitionKey))
-	require.Equal(t, webhook.DefaultContentType, first.header.Get("Content-Type"))
+	require.Equal(t, "order-1", first.header.Get(outboxwebhook.HeaderPartitionKey))
+	require.Equal(t, outboxwebhook.DefaultContentType, first.header.Get("Content-Type"))
 	require.Equal(t, "application/vnd.shop+json", second.header.Get("Content-Type"))
-	require.Empty(t, second.header.Get(webhook.HeaderPartitionKey))
-	require.Equal(t, tenant.String(), third.header.Get(webhook.HeaderTenantID))
-	require.Equal(t, batch[2].DedupeKey, third.header.Get(webhook.HeaderDedupeKey))
+	require.Empty(t, second.header.Get(outboxwebhook.HeaderPartitionKey))
+	require.Equal(t, tenant.String(), third.header.Get(outboxwebhook.HeaderTenantID))
+	require.Equal(t, batch[2].DedupeKey, third.header.Get(outboxwebhook.HeaderDedupeKey))
 
 	// A raw key signs the same way as its whsec_ form.
-	key, err := webhook.ParseSecret(srv.secret)
+	key, err := outboxwebhook.ParseSecret(srv.secret)
 	require.NoError(t, err)
-	raw := newTransport(t, webhook.Options{URL: srv.URL + "/raw", Key: key, Client: srv.Client()})
+	raw := newTransport(t, outboxwebhook.Options{URL: srv.URL + "/raw", Key: key, Client: srv.Client()})
 	require.NoError(t, raw.Publish(context.Background(), []outbox.Delivery{delivery("a", "b", `{}`)})[0])
 	last := srv.requests()[len(batch)]
 	require.Equal(t, "/raw", last.path)
@@ -235,7 +235,7 @@ func TestStatusClassification(t *testing.T) {
 		w.WriteHeader(code)
 		_, _ = io.WriteString(w, "answer "+strconv.Itoa(code))
 	})
-	tr := newTransport(t, webhook.Options{
+	tr := newTransport(t, outboxwebhook.Options{
 		URLFunc:   func(d *outbox.Delivery) (string, error) { return srv.URL + "/status/" + d.Topic, nil },
 		Secret:    srv.secret,
 		AllowHTTP: true,
@@ -277,7 +277,7 @@ func TestStatusClassification(t *testing.T) {
 		case permanent:
 			require.True(t, outbox.IsPermanent(err), "status %d: %v", c.code, err)
 		}
-		var se *webhook.StatusError
+		var se *outboxwebhook.StatusError
 		require.ErrorAs(t, err, &se, "status %d", c.code)
 		require.Equal(t, c.code, se.StatusCode)
 		require.Equal(t, c.want == retried, se.Retryable())
@@ -314,7 +314,7 @@ func TestRetryAfter(t *testing.T) {
 		{503, "soon", -1, 0},
 		{503, "-5", -1, 0},
 	}
-	tr := newTransport(t, webhook.Options{
+	tr := newTransport(t, outboxwebhook.Options{
 		URLFunc: func(d *outbox.Delivery) (string, error) {
 			var c struct {
 				Code  int
@@ -345,32 +345,36 @@ func TestRetryAfter(t *testing.T) {
 	}
 
 	// A 4xx other than 408 and 429 is permanent even with a Retry-After.
-	perm := newTransport(t, webhook.Options{URL: srv.URL + "/?code=400&after=5", Secret: srv.secret, AllowHTTP: true})
+	perm := newTransport(t, outboxwebhook.Options{URL: srv.URL + "/?code=400&after=5", Secret: srv.secret, AllowHTTP: true})
 	err := perm.Publish(context.Background(), []outbox.Delivery{delivery("a", "b", `{}`)})[0]
 	require.True(t, outbox.IsPermanent(err))
 }
 
-// TestTimeout: a receiver slower than Timeout fails the request, retryably, and Publish
-// returns soon after the timeout; so does a cancelled context.
+// TestTimeout: a receiver slower than Timeout fails the request, retryably (its server still
+// answers the HEAD request that checks it), and Publish returns soon after the timeout; so
+// does a cancelled context.
 func TestTimeout(t *testing.T) {
 	t.Parallel()
 	srv := newServer(t, false, func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodHead {
+			return
+		}
 		select {
 		case <-r.Context().Done():
 		case <-time.After(10 * time.Second):
 		}
 	})
-	tr := newTransport(t, webhook.Options{URL: srv.URL, Secret: srv.secret, AllowHTTP: true, Timeout: 100 * time.Millisecond})
+	tr := newTransport(t, outboxwebhook.Options{URL: srv.URL, Secret: srv.secret, AllowHTTP: true, Timeout: 100 * time.Millisecond})
 	start := time.Now()
 	errs := tr.Publish(context.Background(), []outbox.Delivery{delivery("a", "b", `{}`), delivery("a", "b", `{}`)})
 	require.Less(t, time.Since(start), 5*time.Second)
 	for _, err := range errs {
 		require.ErrorIs(t, err, context.DeadlineExceeded)
 		require.False(t, outbox.IsPermanent(err))
-		require.False(t, outbox.IsUnavailable(err), "a receiver that hangs is not an outage: %v", err)
+		require.False(t, outbox.IsUnavailable(err), "a receiver that hangs on a message while its server answers is not an outage: %v", err)
 	}
 
-	slow := newTransport(t, webhook.Options{URL: srv.URL, Secret: srv.secret, AllowHTTP: true, Concurrency: 1})
+	slow := newTransport(t, outboxwebhook.Options{URL: srv.URL, Secret: srv.secret, AllowHTTP: true, Concurrency: 1})
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	start = time.Now()
@@ -388,12 +392,12 @@ func TestNetworkError(t *testing.T) {
 	require.NoError(t, err)
 	addr := ln.Addr().String()
 	require.NoError(t, ln.Close())
-	tr := newTransport(t, webhook.Options{URL: "http://" + addr + "/", Secret: newSecret(), AllowHTTP: true})
+	tr := newTransport(t, outboxwebhook.Options{URL: "http://" + addr + "/", Secret: newSecret(), AllowHTTP: true})
 	err = tr.Publish(context.Background(), []outbox.Delivery{delivery("a", "b", `{}`)})[0]
 	require.Error(t, err)
 	require.False(t, outbox.IsPermanent(err))
 	require.True(t, outbox.IsUnavailable(err), "%v", err)
-	var se *webhook.StatusError
+	var se *outboxwebhook.StatusError
 	require.False(t, errors.As(err, &se))
 }
 
@@ -404,7 +408,7 @@ func TestUnavailableWhileCut(t *testing.T) {
 	t.Parallel()
 	srv := newServer(t, false, nil)
 	proxy := testproxy.New(t, strings.TrimPrefix(srv.URL, "http://"))
-	tr := newTransport(t, webhook.Options{URL: "http://" + proxy.Addr() + "/{topic}", Secret: srv.secret, AllowHTTP: true, Timeout: 2 * time.Second})
+	tr := newTransport(t, outboxwebhook.Options{URL: "http://" + proxy.Addr() + "/{topic}", Secret: srv.secret, AllowHTTP: true, Timeout: 2 * time.Second})
 	fresh := func() []outbox.Delivery {
 		return []outbox.Delivery{delivery("a", "x", `{"n":1}`), delivery("a", "y", `{"n":2}`), delivery("a", "z", `{"n":3}`)}
 	}
@@ -431,7 +435,7 @@ func TestMixedOutcomes(t *testing.T) {
 	require.NoError(t, err)
 	dead := ln.Addr().String()
 	require.NoError(t, ln.Close())
-	tr := newTransport(t, webhook.Options{
+	tr := newTransport(t, outboxwebhook.Options{
 		URLFunc: func(d *outbox.Delivery) (string, error) {
 			if d.Topic == "down" {
 				return "http://" + dead + "/", nil
@@ -465,17 +469,17 @@ func nonNil(errs []error) []error {
 func TestHTTPSRequired(t *testing.T) {
 	t.Parallel()
 	srv := newServer(t, false, nil)
-	_, err := webhook.New(webhook.Options{URL: srv.URL + "/{topic}", Secret: srv.secret})
+	_, err := outboxwebhook.New(outboxwebhook.Options{URL: srv.URL + "/{topic}", Secret: srv.secret})
 	require.ErrorIs(t, err, outbox.ErrInvalid)
 	require.ErrorContains(t, err, "https")
 
-	tr := newTransport(t, webhook.Options{URLFunc: func(*outbox.Delivery) (string, error) { return srv.URL, nil }, Secret: srv.secret})
+	tr := newTransport(t, outboxwebhook.Options{URLFunc: func(*outbox.Delivery) (string, error) { return srv.URL, nil }, Secret: srv.secret})
 	err = tr.Publish(context.Background(), []outbox.Delivery{delivery("a", "b", `{}`)})[0]
-	require.ErrorIs(t, err, webhook.ErrInsecureURL)
+	require.ErrorIs(t, err, outboxwebhook.ErrInsecureURL)
 	require.True(t, outbox.IsPermanent(err))
 	require.Empty(t, srv.requests())
 
-	allowed := newTransport(t, webhook.Options{URL: srv.URL + "/{topic}", Secret: srv.secret, AllowHTTP: true})
+	allowed := newTransport(t, outboxwebhook.Options{URL: srv.URL + "/{topic}", Secret: srv.secret, AllowHTTP: true})
 	require.NoError(t, allowed.Publish(context.Background(), []outbox.Delivery{delivery("a", "b", `{}`)})[0])
 	require.Len(t, srv.requests(), 1)
 }
@@ -486,7 +490,7 @@ func TestBadMessages(t *testing.T) {
 	t.Parallel()
 	srv := newServer(t, true, nil)
 	noRoute := errors.New("no endpoint for this tenant")
-	tr := newTransport(t, webhook.Options{
+	tr := newTransport(t, outboxwebhook.Options{
 		URLFunc: func(d *outbox.Delivery) (string, error) {
 			switch d.Topic {
 			case "unrouted":
@@ -540,7 +544,7 @@ func TestConcurrencyBound(t *testing.T) {
 		}
 		inflight.Add(-1)
 	})
-	tr := newTransport(t, webhook.Options{URL: srv.URL, Secret: srv.secret, AllowHTTP: true, Concurrency: limit})
+	tr := newTransport(t, outboxwebhook.Options{URL: srv.URL, Secret: srv.secret, AllowHTTP: true, Concurrency: limit})
 	batch := func() []outbox.Delivery {
 		b := make([]outbox.Delivery, 12)
 		for i := range b {
@@ -566,7 +570,7 @@ func TestConcurrencyBound(t *testing.T) {
 func TestOptionsValidation(t *testing.T) {
 	t.Parallel()
 	short := "whsec_" + base64.StdEncoding.EncodeToString([]byte("too-short-key"))
-	for name, o := range map[string]webhook.Options{
+	for name, o := range map[string]outboxwebhook.Options{
 		"no url":        {Secret: vectorSecret},
 		"both urls":     {URL: "https://x/", URLFunc: func(*outbox.Delivery) (string, error) { return "", nil }, Secret: vectorSecret},
 		"scheme":        {URL: "ftp://x/", Secret: vectorSecret},
@@ -583,7 +587,7 @@ func TestOptionsValidation(t *testing.T) {
 		"maxRetryAfter": {URL: "https://x/", Secret: vectorSecret, MaxRetryAfter: -1},
 	} {
 		t.Run(name, func(t *testing.T) {
-			_, err := webhook.New(o)
+			_, err := outboxwebhook.New(o)
 			require.ErrorIs(t, err, outbox.ErrInvalid)
 			var ve *outbox.ValidationError
 			require.ErrorAs(t, err, &ve)
@@ -597,7 +601,7 @@ func TestOptionsValidation(t *testing.T) {
 // missing headers.
 func TestVerify(t *testing.T) {
 	t.Parallel()
-	key, err := webhook.ParseSecret(vectorSecret)
+	key, err := outboxwebhook.ParseSecret(vectorSecret)
 	require.NoError(t, err)
 	at := time.Unix(vectorTimestamp, 0)
 	header := func(sig string) http.Header {
@@ -607,17 +611,17 @@ func TestVerify(t *testing.T) {
 		h.Set("webhook-signature", sig)
 		return h
 	}
-	require.NoError(t, webhook.Verify(key, header(vectorSignature), []byte(vectorBody), 0, at))
-	require.NoError(t, webhook.Verify(key, header("v1,bm9wZQ== "+vectorSignature), []byte(vectorBody), 0, at.Add(4*time.Minute)))
+	require.NoError(t, outboxwebhook.Verify(key, header(vectorSignature), []byte(vectorBody), 0, at))
+	require.NoError(t, outboxwebhook.Verify(key, header("v1,bm9wZQ== "+vectorSignature), []byte(vectorBody), 0, at.Add(4*time.Minute)))
 	for name, check := range map[string]error{
-		"tampered body": webhook.Verify(key, header(vectorSignature), []byte(`{"test": 2432232315}`), 0, at),
-		"other key":     webhook.Verify(make([]byte, 32), header(vectorSignature), []byte(vectorBody), 0, at),
-		"stale":         webhook.Verify(key, header(vectorSignature), []byte(vectorBody), 0, at.Add(6*time.Minute)),
-		"future":        webhook.Verify(key, header(vectorSignature), []byte(vectorBody), time.Minute, at.Add(-2*time.Minute)),
-		"missing":       webhook.Verify(key, http.Header{}, []byte(vectorBody), 0, at),
-		"v1a only":      webhook.Verify(key, header("v1a,"+strings.TrimPrefix(vectorSignature, "v1,")), []byte(vectorBody), 0, at),
+		"tampered body": outboxwebhook.Verify(key, header(vectorSignature), []byte(`{"test": 2432232315}`), 0, at),
+		"other key":     outboxwebhook.Verify(make([]byte, 32), header(vectorSignature), []byte(vectorBody), 0, at),
+		"stale":         outboxwebhook.Verify(key, header(vectorSignature), []byte(vectorBody), 0, at.Add(6*time.Minute)),
+		"future":        outboxwebhook.Verify(key, header(vectorSignature), []byte(vectorBody), time.Minute, at.Add(-2*time.Minute)),
+		"missing":       outboxwebhook.Verify(key, http.Header{}, []byte(vectorBody), 0, at),
+		"v1a only":      outboxwebhook.Verify(key, header("v1a,"+strings.TrimPrefix(vectorSignature, "v1,")), []byte(vectorBody), 0, at),
 	} {
-		require.ErrorIs(t, check, webhook.ErrSignature, name)
+		require.ErrorIs(t, check, outboxwebhook.ErrSignature, name)
 	}
 }
 
@@ -652,7 +656,7 @@ func TestCloudEvents(t *testing.T) {
 				mu.Unlock()
 			}))
 			t.Cleanup(srv.Close)
-			tr := newTransport(t, webhook.Options{URL: srv.URL + "/{topic}", Secret: secret, AllowHTTP: true,
+			tr := newTransport(t, outboxwebhook.Options{URL: srv.URL + "/{topic}", Secret: secret, AllowHTTP: true,
 				CloudEvents: &cloudevents.Options{Source: "https://shop.example/orders", Mode: mode}})
 			created := time.Date(2025, 1, 2, 3, 4, 5, 600_000_000, time.UTC)
 			batch := []outbox.Delivery{
@@ -702,10 +706,10 @@ func TestCloudEvents(t *testing.T) {
 func TestCloudEventsHeaders(t *testing.T) {
 	t.Parallel()
 	srv := newServer(t, false, nil)
-	_, err := webhook.New(webhook.Options{URL: srv.URL, Secret: srv.secret, AllowHTTP: true, CloudEvents: &cloudevents.Options{}})
+	_, err := outboxwebhook.New(outboxwebhook.Options{URL: srv.URL, Secret: srv.secret, AllowHTTP: true, CloudEvents: &cloudevents.Options{}})
 	require.ErrorIs(t, err, outbox.ErrInvalid)
 
-	tr := newTransport(t, webhook.Options{URL: srv.URL, Secret: srv.secret, AllowHTTP: true, CloudEvents: &cloudevents.Options{Source: "/shop"}})
+	tr := newTransport(t, outboxwebhook.Options{URL: srv.URL, Secret: srv.secret, AllowHTTP: true, CloudEvents: &cloudevents.Options{Source: "/shop"}})
 	batch := []outbox.Delivery{delivery("a", "b", `{}`), delivery("a", "b", `{}`), delivery("a", "b", `{}`)}
 	batch[0].Headers = outbox.Headers{"subject": `order 1 "ü" 100%`}
 	batch[1].Headers = outbox.Headers{"Ce-Id": "forged"}

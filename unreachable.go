@@ -1,7 +1,4 @@
-// Package netfail tells the network errors that mean a server could not be reached from the
-// others. The transports use it to mark such errors with outbox.Unavailable; it is shared so
-// that all of them draw the line in the same place.
-package netfail
+package outbox
 
 import (
 	"context"
@@ -12,12 +9,19 @@ import (
 	"syscall"
 )
 
-// Is reports whether err says that the server could not be reached or went away: a refused,
-// reset, aborted or closed connection, a broken pipe, an end of stream before the answer, a
-// dial that failed (DNS included), or a read or write deadline that passed on the socket.
-// A cancelled context is never an outage (it is the caller giving up), even when it
-// interrupted a dial.
-func Is(err error) bool {
+// IsUnreachable reports whether err is a network error saying that a server could not be
+// reached or went away: a refused, reset, aborted or closed connection, a broken pipe, an
+// end of stream before the answer, a dial that failed (DNS included), or a read or write
+// deadline that passed on the socket. A cancelled context is never an outage (it is the
+// caller giving up), even when it interrupted a dial.
+//
+// A [Transport] marks such errors with [Unavailable], so that every transport draws the line
+// between an outage and a message's own failure in the same place:
+//
+//	if outbox.IsUnreachable(err) {
+//		err = outbox.Unavailable(err)
+//	}
+func IsUnreachable(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) {
 		return false
 	}

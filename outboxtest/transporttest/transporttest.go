@@ -2,6 +2,9 @@
 // varied ids, keys, headers and payloads, a check that a consumer received them byte for
 // byte, and a PostgreSQL outbox with a running Publisher for end-to-end and outage tests.
 // Every transport module imports it from its own tests.
+//
+// Support for this repository's own tests and modules ([github.com/outboxgo/outbox/outboxtest]),
+// with no compatibility promise.
 package transporttest
 
 import (
@@ -22,8 +25,9 @@ import (
 
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/dialect"
-	"github.com/outboxgo/outbox/internal/testdb"
 	"github.com/outboxgo/outbox/migrations"
+	"github.com/outboxgo/outbox/outboxtest/testdb"
+	"github.com/outboxgo/outbox/outboxtest/testproxy"
 )
 
 // Name returns a name unique to this test run, such as "tr_1a2b3c4d5e6f", made of lowercase
@@ -217,6 +221,12 @@ func (o *Outbox) Start(t testing.TB, ns string, tr outbox.Transport, batch int) 
 		Logger: slog.New(slog.DiscardHandler),
 	})
 	require.NoError(t, err)
+	return Run(t, pub)
+}
+
+// Run runs pub in the background until Stop or the end of the test.
+func Run(t testing.TB, pub *outbox.Publisher) *Running {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Running{Publisher: pub, cancel: cancel, done: make(chan error, 1)}
 	go func() { r.done <- pub.Run(ctx) }()
@@ -533,10 +543,7 @@ func CircuitOutage(t *testing.T, ns string, tr outbox.Transport, cut, restore fu
 		Logger: slog.New(slog.DiscardHandler),
 	})
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	run := &Running{Publisher: pub, cancel: cancel, done: make(chan error, 1)}
-	go func() { run.done <- pub.Run(ctx) }()
-	t.Cleanup(func() { run.Stop(t) })
+	run := Run(t, pub)
 
 	Poll(t, 60*time.Second, func() bool { return pub.Stats().Delivered >= n/3 }, "a third of the messages delivered: %+v", pub.Stats())
 	_, before := ob.attempts(t)
@@ -588,3 +595,142 @@ func CircuitOutage(t *testing.T, ns string, tr outbox.Transport, cut, restore fu
 		require.True(t, ids[d.ID], "message %s missing", d.ID)
 	}
 }
+
+// An OutageKind is how [ProxyOutage] takes the broker away.
+type OutageKind string
+
+// The outages every transport passes: the connections cut and refused, a broker that keeps
+// its connections open and answers nothing, and connections cut again and again.
+const (
+	Refused   OutageKind = "refused"
+	Blackhole OutageKind = "blackhole"
+	Flapping  OutageKind = "flapping"
+)
+
+// OutageKinds lists every [OutageKind].
+var OutageKinds = []OutageKind{Refused, Blackhole, Flapping}
+
+// OutageHold is how long [ProxyOutage] keeps the broker away; the transport's timeouts in
+// the test must be well below it, so that batches fail while it lasts.
+const OutageHold = 4 * time.Second
+
+// ProxyOutage runs a Publisher of namespace ns through tr, whose client reaches the broker
+// through proxy, from a fresh PostgreSQL outbox, under a retry policy that would
+// dead-letter a message on its third attempt within a second (3 attempts, 10ms apart) and
+// a circuit breaker probing every 200ms to 1s. 200 messages are delivered; then the broker
+// goes away as kind says for [OutageHold] while 200 more are enqueued; then it comes back.
+// It requires:
+//
+//   - the circuit breaker opened during the outage (the batches came back Unavailable);
+//   - all 400 delivered within 30 s of the broker's return, none dead, and no row above 2
+//     attempts (the batch in flight when the outage began may spend one);
+//   - consume, which reads what the broker holds for ns, finds every message;
+//   - the transport, logging to logs, logged one warning when the broker went away and
+//     one line when it came back, for each time it went away (once, unless flapping).
+func ProxyOutage(t *testing.T, kind OutageKind, ns string, tr outbox.Transport, proxy *testproxy.Proxy, logs *Logs, consume func() []Received) {
+	t.Helper()
+	const n = 400
+	ob := Postgres(t)
+	pub, err := outbox.NewPublisher(ob.Store, tr, outbox.PublisherOptions{
+		Scope: outbox.Scope{Namespace: ns}, BatchSize: 50, PollInterval: 10 * time.Millisecond,
+		IdleBackoffMax: 50 * time.Millisecond, Lease: 10 * time.Second,
+		Retry:   outbox.RetryPolicy{BaseDelay: 10 * time.Millisecond, MaxDelay: 10 * time.Millisecond, MaxAttempts: 3},
+		Circuit: outbox.CircuitOptions{ProbeMin: 200 * time.Millisecond, ProbeMax: time.Second},
+		Logger:  slog.New(slog.DiscardHandler),
+	})
+	require.NoError(t, err)
+	run := Run(t, pub)
+
+	want := ob.Enqueue(t, Messages(ns, n/2))
+	ob.WaitDelivered(t, n/2, 30*time.Second)
+
+	began := time.Now()
+	stopFlap := make(chan struct{})
+	var flapped <-chan struct{}
+	switch kind {
+	case Refused:
+		proxy.Cut()
+	case Blackhole:
+		proxy.Blackhole()
+	case Flapping:
+		flapped = proxy.Flap(OutageHold/2, stopFlap)
+	default:
+		t.Fatalf("unknown outage %q", kind)
+	}
+	want = append(want, ob.Enqueue(t, Messages(ns, n/2))...)
+	Poll(t, OutageHold, func() bool { return pub.Stats().CircuitOpens > 0 },
+		"the circuit to open during the %s outage: %+v", kind, pub.Stats())
+	time.Sleep(time.Until(began.Add(OutageHold))) // the outage lasts its whole span, whatever happens in it
+	if flapped != nil {
+		close(stopFlap)
+		<-flapped
+	} else {
+		proxy.Restore()
+	}
+	restored := time.Now()
+	ob.WaitDelivered(t, n, 30*time.Second)
+	t.Logf("%s: every message delivered %s after the broker came back", kind, time.Since(restored).Round(time.Millisecond))
+	st := run.Stop(t)
+	t.Logf("publisher: %+v", st)
+	require.Zero(t, st.Dead)
+	_, attempts := ob.attempts(t)
+	for id, a := range attempts {
+		require.LessOrEqual(t, a, 2, "attempts of %s", id)
+	}
+	ids, dups := IDs(Consumed(t, want, consume, 10*time.Second))
+	t.Logf("%d duplicates", dups)
+	for _, d := range want {
+		require.True(t, ids[d.ID], "message %s missing", d.ID)
+	}
+	lost, back := logs.Count()
+	t.Logf("the transport logged: %s", strings.Join(logs.Lines(), "; "))
+	require.Positive(t, lost, "no line said the broker went away")
+	require.Equal(t, lost, back, "a line when the broker went away, one when it came back")
+	if kind != Flapping {
+		require.Equal(t, 1, lost, "one line when the broker went away")
+	}
+}
+
+// Logs is a [slog.Handler] that keeps a transport's log lines: a warning says the broker
+// went away, an information line that it came back; debug lines are not kept.
+type Logs struct {
+	mu    sync.Mutex
+	lines []string
+	lost  int
+	back  int
+}
+
+// Logger returns a logger writing to l.
+func (l *Logs) Logger() *slog.Logger { return slog.New(l) }
+
+// Count returns how many warnings and information lines were logged.
+func (l *Logs) Count() (lost, back int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lost, l.back
+}
+
+// Lines returns the lines kept, each as its level and message.
+func (l *Logs) Lines() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.lines)
+}
+
+func (l *Logs) Enabled(_ context.Context, level slog.Level) bool { return level >= slog.LevelInfo }
+
+func (l *Logs) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case r.Level >= slog.LevelWarn:
+		l.lost++
+	case r.Level >= slog.LevelInfo:
+		l.back++
+	}
+	l.lines = append(l.lines, r.Level.String()+" "+r.Message)
+	return nil
+}
+
+func (l *Logs) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *Logs) WithGroup(string) slog.Handler      { return l }

@@ -1,4 +1,4 @@
-package netfail_test
+package outbox_test
 
 import (
 	"context"
@@ -13,10 +13,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxgo/outbox/internal/netfail"
+	"github.com/outboxgo/outbox"
 )
 
-func TestIs(t *testing.T) {
+func TestIsUnreachable(t *testing.T) {
 	t.Parallel()
 	outage := []error{
 		syscall.ECONNREFUSED, syscall.ECONNRESET, syscall.EPIPE, io.EOF, io.ErrUnexpectedEOF, net.ErrClosed,
@@ -25,7 +25,7 @@ func TestIs(t *testing.T) {
 		&net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", syscall.ECONNRESET)},
 	}
 	for _, err := range outage {
-		require.True(t, netfail.Is(fmt.Errorf("publish: %w", err)), "%v", err)
+		require.True(t, outbox.IsUnreachable(fmt.Errorf("publish: %w", err)), "%v", err)
 	}
 	other := []error{
 		nil, context.Canceled, context.DeadlineExceeded, errors.New("connection refused"),
@@ -33,7 +33,7 @@ func TestIs(t *testing.T) {
 		&net.OpError{Op: "write", Net: "tcp", Err: errors.New("message too long")},
 	}
 	for _, err := range other {
-		require.False(t, netfail.Is(err), "%v", err)
+		require.False(t, outbox.IsUnreachable(err), "%v", err)
 	}
 }
 
@@ -47,12 +47,12 @@ func TestIsReal(t *testing.T) {
 	require.NoError(t, ln.Close())
 
 	_, err = net.DialTimeout("tcp", addr, time.Second)
-	require.True(t, netfail.Is(err), "%v", err)
+	require.True(t, outbox.IsUnreachable(err), "%v", err)
 
 	cl, sv := net.Pipe()
 	defer cl.Close()
 	defer sv.Close()
 	require.NoError(t, cl.SetReadDeadline(time.Now().Add(10*time.Millisecond)))
 	_, err = cl.Read(make([]byte, 1))
-	require.True(t, netfail.Is(err), "%v", err)
+	require.True(t, outbox.IsUnreachable(err), "%v", err)
 }

@@ -4,6 +4,9 @@
 // back after its event was enqueued, and then asks this package to prove, with a real
 // [outbox.Publisher], that the table holds exactly the committed event and that it reaches
 // the transport exactly once.
+//
+// Support for this repository's own tests and modules ([github.com/outboxgo/outbox/outboxtest]),
+// with no compatibility promise.
 package exampletest
 
 import (

@@ -1,4 +1,4 @@
-package outboxotel_test
+package integration_test
 
 import (
 	"context"
@@ -13,10 +13,10 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	amqp091 "github.com/rabbitmq/amqp091-go"
-	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -28,13 +28,13 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxgo/outbox"
-	"github.com/outboxgo/outbox/internal/testdb"
 	outboxotel "github.com/outboxgo/outbox/otel"
-	amqptransport "github.com/outboxgo/outbox/transport/amqp"
-	kafkatransport "github.com/outboxgo/outbox/transport/kafka"
-	natstransport "github.com/outboxgo/outbox/transport/nats"
-	redistransport "github.com/outboxgo/outbox/transport/redis"
-	webhooktransport "github.com/outboxgo/outbox/transport/webhook"
+	"github.com/outboxgo/outbox/outboxtest/testdb"
+	"github.com/outboxgo/outbox/transport/amqp"
+	"github.com/outboxgo/outbox/transport/kafka"
+	"github.com/outboxgo/outbox/transport/nats"
+	"github.com/outboxgo/outbox/transport/redis"
+	"github.com/outboxgo/outbox/transport/webhook"
 )
 
 // broker is one transport with a real consumer of its broker. consume returns the context
@@ -200,7 +200,7 @@ func hasAll(set attribute.Set, attrs []attribute.KeyValue) bool {
 
 func natsBroker(t *testing.T, ns string) broker {
 	url := testdb.Service(t, "nats", "OUTBOX_NATS_URL", "nats://127.0.0.1:4222")
-	nc, err := natsgo.Connect(url)
+	nc, err := nats.Connect(url)
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
@@ -209,7 +209,7 @@ func natsBroker(t *testing.T, ns string) broker {
 	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: ns, Subjects: []string{ns + ".>"}, Storage: jetstream.MemoryStorage})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), ns) })
-	tr, err := natstransport.New(js, natstransport.Options{})
+	tr, err := outboxnats.New(js, outboxnats.Options{})
 	require.NoError(t, err)
 	host, port := splitURL(t, nc.ConnectedUrl())
 	return broker{system: tr.System(), tr: tr, dest: ns + ".order.created", host: host, port: port,
@@ -220,12 +220,12 @@ func natsBroker(t *testing.T, ns string) broker {
 			require.NoError(t, err)
 			// What the README shows; propagation.HeaderCarrier finds nothing here.
 			require.False(t, trace.SpanContextFromContext(prop.Extract(ctx, propagation.HeaderCarrier(msg.Headers()))).IsValid())
-			return prop.Extract(ctx, natstransport.HeaderCarrier(msg.Headers()))
+			return prop.Extract(ctx, outboxnats.HeaderCarrier(msg.Headers()))
 		}}
 }
 
 func amqpBroker(t *testing.T, ns string) broker {
-	url := testdb.Service(t, "rabbitmq", "OUTBOX_AMQP_URL", amqptransport.DefaultURL)
+	url := testdb.Service(t, "rabbitmq", "OUTBOX_AMQP_URL", outboxamqp.DefaultURL)
 	conn, err := amqp091.Dial(url)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
@@ -237,7 +237,7 @@ func amqpBroker(t *testing.T, ns string) broker {
 	require.NoError(t, ch.QueueBind(q.Name, "order.created", ns, false, nil))
 	deliveries, err := ch.Consume(q.Name, "", true, true, false, false, nil)
 	require.NoError(t, err)
-	tr, err := amqptransport.New(amqptransport.Options{URL: url})
+	tr, err := outboxamqp.New(outboxamqp.Options{URL: url})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tr.Close() })
 	uri, err := amqp091.ParseURI(url)
@@ -262,21 +262,21 @@ func amqpBroker(t *testing.T, ns string) broker {
 
 func redisBroker(t *testing.T, ns string) broker {
 	addr := testdb.Service(t, "redis", "OUTBOX_REDIS_ADDR", "127.0.0.1:6379")
-	c := goredis.NewClient(&goredis.Options{Addr: addr})
+	c := redis.NewClient(&redis.Options{Addr: addr})
 	t.Cleanup(func() { _ = c.Close() })
 	stream := ns + ":order.created"
 	t.Cleanup(func() { _ = c.Del(context.Background(), stream).Err() })
-	tr, err := redistransport.New(c, redistransport.Options{})
+	tr, err := outboxredis.New(c, outboxredis.Options{})
 	require.NoError(t, err)
 	host, port, err := net.SplitHostPort(addr)
 	require.NoError(t, err)
 	p, _ := strconv.Atoi(port)
 	return broker{system: tr.System(), tr: tr, dest: stream, host: host, port: p,
 		consume: func(t *testing.T, prop propagation.TextMapPropagator) context.Context {
-			res, err := c.XRead(context.Background(), &goredis.XReadArgs{Streams: []string{stream, "0"}, Count: 1, Block: 10 * time.Second}).Result()
+			res, err := c.XRead(context.Background(), &redis.XReadArgs{Streams: []string{stream, "0"}, Count: 1, Block: 10 * time.Second}).Result()
 			require.NoError(t, err)
 			h := propagation.MapCarrier{}
-			require.NoError(t, json.Unmarshal([]byte(res[0].Messages[0].Values[redistransport.FieldHeaders].(string)), &h))
+			require.NoError(t, json.Unmarshal([]byte(res[0].Messages[0].Values[outboxredis.FieldHeaders].(string)), &h))
 			return prop.Extract(context.Background(), h)
 		}}
 }
@@ -286,10 +286,10 @@ func kafkaBroker(t *testing.T, ns string) broker {
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
 	require.NoError(t, err)
 	t.Cleanup(cluster.Close)
-	producer, err := kafkatransport.NewClient(cluster.ListenAddrs())
+	producer, err := outboxkafka.NewClient(cluster.ListenAddrs())
 	require.NoError(t, err)
 	t.Cleanup(producer.Close)
-	tr, err := kafkatransport.New(producer, kafkatransport.Options{})
+	tr, err := outboxkafka.New(producer, outboxkafka.Options{})
 	require.NoError(t, err)
 	host, port, err := net.SplitHostPort(cluster.ListenAddrs()[0])
 	require.NoError(t, err)
@@ -325,7 +325,7 @@ func webhookBroker(t *testing.T, ns string) broker {
 		mu.Unlock()
 	}))
 	t.Cleanup(srv.Close)
-	tr, err := webhooktransport.New(webhooktransport.Options{URL: srv.URL + "/{namespace}/{topic}", AllowHTTP: true,
+	tr, err := outboxwebhook.New(outboxwebhook.Options{URL: srv.URL + "/{namespace}/{topic}", AllowHTTP: true,
 		Secret: "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tr.Close() })
@@ -347,20 +347,4 @@ func splitURL(t *testing.T, raw string) (string, int) {
 	p, err := strconv.Atoi(port)
 	require.NoError(t, err)
 	return host, p
-}
-
-// description returns the description (the Prometheus HELP text) of a metric.
-func description(t *testing.T, tm *telemetry, name string) string {
-	t.Helper()
-	var rm metricdata.ResourceMetrics
-	require.NoError(t, tm.reader.Collect(context.Background(), &rm))
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name == name {
-				return m.Description
-			}
-		}
-	}
-	t.Fatalf("no metric %s", name)
-	return ""
 }
