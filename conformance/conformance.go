@@ -27,10 +27,11 @@
 //     for byte. Tests: SecondIsAlreadyEnqueued, RacingProducers, RolledBackWinnerFreesKey,
 //     RacingProducersWinnerRollsBack, ScopedByNamespaceAndTopic, BytewiseKeys,
 //     WithinOneBatch.
-//  4. Claim (rules 4, 7, 11, 12): (created_at, id) order, also where the ids' order differs
-//     (Dialect.Claim itself, not only the Store), the claimed fields and their UTC times,
-//     scope filters, due times, the attempt limit, burying exhausted rows, damaged rows that
-//     fail only themselves. Tests: Order, OrderIsNotIDOrder, Fields, Scope,
+//  4. Claim (rules 4, 7, 11, 12): due order (next_attempt_at, then id), also where the ids'
+//     order differs (Dialect.Claim itself, not only the Store), delayed and retried rows after
+//     those due before them, the claimed fields and their UTC times, scope filters, the
+//     attempt limit, burying exhausted rows, damaged rows that fail only themselves. Tests:
+//     Order, OrderIsNotIDOrder, DueOrder, Fields, Scope,
 //     EmptyIsNotAnError, AttemptLimitExcludes, BuryExhausted, BuryExpiredExhausted,
 //     BuryRespectsScope, ExpiredLeaseAtLimitIsNotReclaimed, DamagedRowsFailOnlyThemselves.
 //  5. Settle (rules 5 and 10): ack, nack with jittered backoff inside its bounds,
