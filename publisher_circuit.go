@@ -136,14 +136,16 @@ func (r *run) logUnavailable(b *outcomes, its []*settlement) {
 // remembered message. Only the messages still given back
 // count as unavailable for the circuit, so a batch of refused messages alone does not open
 // it. Any other batch whose every message failed Unavailable keeps its attempts: that is the
-// outage the circuit breaker handles.
+// outage the circuit breaker handles. So does a failure whose cause says the destination did
+// not answer at all ([IsUnreachable]: a refused dial, a cut connection): only a destination
+// that answers can refuse a message, and a broker that flaps cuts batches in the middle.
 func (r *run) chargeUnavailable(b *outcomes) {
 	if b.unavailable == 0 && r.refused.n.Load() == 0 {
 		return
 	}
 	delivered := slices.ContainsFunc(b.items, func(it settlement) bool { return it.out.Status == StatusDelivered })
 	if !delivered && (b.unavailable == 0 || !r.circ.closed() || slices.ContainsFunc(b.items, func(it settlement) bool {
-		return it.out.RefundAttempt && !r.refused.has(it.out.ID)
+		return it.out.RefundAttempt && (IsUnreachable(it.cause) || !r.refused.has(it.out.ID))
 	})) {
 		return
 	}
@@ -152,7 +154,7 @@ func (r *run) chargeUnavailable(b *outcomes) {
 		switch {
 		case it.out.Status == StatusDelivered:
 			r.refused.forget(it.out.ID)
-		case !it.out.RefundAttempt:
+		case !it.out.RefundAttempt, IsUnreachable(it.cause):
 		case delivered:
 			r.refused.add(it.out.ID) // refused while the destination answered: noted, not charged
 		default:

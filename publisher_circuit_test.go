@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -235,6 +237,45 @@ func TestPublisherPartialUnavailable(t *testing.T) {
 		require.EqualValues(t, st.Unavailable-19+1, failed[refused], "refused for free beside delivered ones, then once per attempt")
 		mu.Unlock()
 		requireAttemptsAtMost(t, e, 1)
+	})
+}
+
+// TestPublisherFlappingCostsNoAttempts: a broker whose connection is cut in the middle of
+// batches fails some messages Unavailable beside delivered ones, and then, retried alone,
+// again while it is still down. Its errors say it did not answer (a refused dial), so none of
+// them spends an attempt: with one attempt allowed, nothing is dead-lettered.
+func TestPublisherFlappingCostsNoAttempts(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, e *pubEnv) {
+		ids := e.enqueue(t, "flap", 40)
+		odd := map[uuid.UUID]bool{}
+		for i, id := range ids {
+			odd[id] = i%2 == 1
+		}
+		var mu sync.Mutex
+		failed := map[uuid.UUID]int{}
+		tr := outbox.TransportFunc(func(ctx context.Context, batch []outbox.Delivery) []error {
+			mu.Lock()
+			defer mu.Unlock()
+			errs := make([]error, len(batch))
+			for i, m := range batch {
+				if odd[m.ID] && failed[m.ID] < 3 {
+					failed[m.ID]++
+					errs[i] = outbox.Unavailable(&net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED})
+				}
+			}
+			return errs
+		})
+		o := fastOptions(t, "flap")
+		o.Retry = outbox.RetryPolicy{BaseDelay: 10 * time.Millisecond, MaxDelay: 10 * time.Millisecond, MaxAttempts: 1}
+		o.Circuit = outbox.CircuitOptions{Disabled: true} // retried alone at once, as while the circuit is closed
+		p, err := outbox.NewPublisher(e.store, tr, o)
+		require.NoError(t, err)
+		stop := start(t, p)
+		e.waitCounts(t, 30*time.Second, func(m map[outbox.Status]int) bool { return m[outbox.StatusDelivered] == 40 })
+		stop()
+		require.Zero(t, p.Stats().Dead)
+		requireAttemptsAtMost(t, e, 1) // the delivery itself
 	})
 }
 

@@ -29,12 +29,15 @@ var (
 	ErrNacked = errors.New("amqp: message nacked by the broker")
 
 	// ErrNotConnected: no connection to the broker, and the pause after a failed dial has
-	// not passed yet. The error says when the next dial may happen.
-	ErrNotConnected = errors.New("amqp: not connected to the broker")
+	// not passed yet. The error says when the next dial may happen. It matches
+	// [net.ErrClosed], so that [outbox.IsUnreachable] takes it for a broker that did not
+	// answer, which never spends an attempt.
+	ErrNotConnected error = connError("amqp: not connected to the broker")
 
 	// ErrConnectionLost: the connection or channel closed before the message was
-	// confirmed. The broker may have taken the message: its retry may be a duplicate.
-	ErrConnectionLost = errors.New("amqp: connection lost before confirmation")
+	// confirmed. The broker may have taken the message: its retry may be a duplicate. It
+	// matches [net.ErrClosed] too.
+	ErrConnectionLost error = connError("amqp: connection lost before confirmation")
 
 	// ErrClosed: the transport was closed with [Transport.Close].
 	ErrClosed = errors.New("amqp: transport closed")
@@ -677,3 +680,10 @@ func (s *session) close(graceful bool) error {
 	})
 	return err
 }
+
+// connError is an error of a connection that is gone: it matches [net.ErrClosed].
+type connError string
+
+func (e connError) Error() string { return string(e) }
+
+func (e connError) Is(target error) bool { return target == net.ErrClosed }
