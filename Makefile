@@ -90,9 +90,10 @@ screenshots: ## Drive the web view in headless chromium and write the README's s
 	cd outboxui/browsertest && OUTBOX_SCREENSHOTS=$(CURDIR)/docs $(GO) test -count=1 -run '^TestBrowser$$' .
 
 .PHONY: test-faults
-test-faults: ## Database restarts, killed connections, lease reclaim, a PostgreSQL failover, a Galera cluster and a NATS JetStream cluster, on private servers it starts (about 3 minutes)
+test-faults: ## Database restarts, killed connections, lease reclaim, a PostgreSQL failover, a Galera cluster, a NATS JetStream cluster, and each transport's broker hung at default options (about 3 minutes)
 	OUTBOX_FAULTS=1 $(GO) test -count=1 -v -timeout 15m -skip '^TestSoak$$' ./internal/faults
 	OUTBOX_FAULTS=1 $(GO) test -count=1 -v -timeout 5m -tags natscluster -run '^TestJetStreamCluster$$' ./transport/nats
+	$(GO) test -count=1 -v -timeout 5m -tags acceptance -run '^TestDefaultsOutage$$' ./transport/nats ./transport/kafka ./transport/amqp ./transport/redis ./transport/webhook
 
 SOAK_DURATION ?= 10m
 

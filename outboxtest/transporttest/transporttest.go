@@ -629,15 +629,38 @@ const OutageHold = 4 * time.Second
 //     one line when it came back, for each time it went away (once, unless flapping).
 func ProxyOutage(t *testing.T, kind OutageKind, ns string, tr outbox.Transport, proxy *testproxy.Proxy, logs *Logs, consume func() []Received) {
 	t.Helper()
-	const n = 400
-	ob := Postgres(t)
-	pub, err := outbox.NewPublisher(ob.Store, tr, outbox.PublisherOptions{
+	proxyOutage(t, kind, ns, tr, proxy, logs, consume, outbox.PublisherOptions{
 		Scope: outbox.Scope{Namespace: ns}, BatchSize: 50, PollInterval: 10 * time.Millisecond,
 		IdleBackoffMax: 50 * time.Millisecond, Lease: 10 * time.Second,
 		Retry:   outbox.RetryPolicy{BaseDelay: 10 * time.Millisecond, MaxDelay: 10 * time.Millisecond, MaxAttempts: 3},
 		Circuit: outbox.CircuitOptions{ProbeMin: 200 * time.Millisecond, ProbeMax: time.Second},
 		Logger:  slog.New(slog.DiscardHandler),
-	})
+	}, OutageHold, 30*time.Second)
+}
+
+// DefaultsHold is how long [DefaultsOutage] keeps the broker away: past every transport's
+// default timeout (AMQP's confirmation waits 30 s, a webhook 15 s and a HEAD request 15 s
+// more), so that batches fail while it lasts.
+const DefaultsHold = 45 * time.Second
+
+// DefaultsOutage is [ProxyOutage] for a broker that keeps its connections open and answers
+// nothing for [DefaultsHold], with a Publisher and a transport at their default options (tr
+// built with nothing but what reaches the broker and logs): what a production team runs. It
+// requires the same, with 120 s after the broker's return for the circuit breaker's probe,
+// which backs off up to 30 s by default, and the backlog.
+func DefaultsOutage(t *testing.T, ns string, tr outbox.Transport, proxy *testproxy.Proxy, logs *Logs, consume func() []Received) {
+	t.Helper()
+	proxyOutage(t, Blackhole, ns, tr, proxy, logs, consume, outbox.PublisherOptions{
+		Scope: outbox.Scope{Namespace: ns}, Logger: slog.New(slog.DiscardHandler),
+	}, DefaultsHold, 120*time.Second)
+}
+
+func proxyOutage(t *testing.T, kind OutageKind, ns string, tr outbox.Transport, proxy *testproxy.Proxy, logs *Logs, consume func() []Received,
+	opts outbox.PublisherOptions, hold, restoreWithin time.Duration) {
+	t.Helper()
+	const n = 400
+	ob := Postgres(t)
+	pub, err := outbox.NewPublisher(ob.Store, tr, opts)
 	require.NoError(t, err)
 	run := Run(t, pub)
 
@@ -653,14 +676,14 @@ func ProxyOutage(t *testing.T, kind OutageKind, ns string, tr outbox.Transport, 
 	case Blackhole:
 		proxy.Blackhole()
 	case Flapping:
-		flapped = proxy.Flap(OutageHold/2, stopFlap)
+		flapped = proxy.Flap(hold/2, stopFlap)
 	default:
 		t.Fatalf("unknown outage %q", kind)
 	}
 	want = append(want, ob.Enqueue(t, Messages(ns, n/2))...)
-	Poll(t, OutageHold, func() bool { return pub.Stats().CircuitOpens > 0 },
+	Poll(t, hold, func() bool { return pub.Stats().CircuitOpens > 0 },
 		"the circuit to open during the %s outage: %+v", kind, pub.Stats())
-	time.Sleep(time.Until(began.Add(OutageHold))) // the outage lasts its whole span, whatever happens in it
+	time.Sleep(time.Until(began.Add(hold))) // the outage lasts its whole span, whatever happens in it
 	if flapped != nil {
 		close(stopFlap)
 		<-flapped
@@ -668,7 +691,7 @@ func ProxyOutage(t *testing.T, kind OutageKind, ns string, tr outbox.Transport, 
 		proxy.Restore()
 	}
 	restored := time.Now()
-	ob.WaitDelivered(t, n, 30*time.Second)
+	ob.WaitDelivered(t, n, restoreWithin)
 	t.Logf("%s: every message delivered %s after the broker came back", kind, time.Since(restored).Round(time.Millisecond))
 	st := run.Stop(t)
 	t.Logf("publisher: %+v", st)

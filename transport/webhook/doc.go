@@ -32,8 +32,10 @@
 //     which is never followed) and a request timeout ([Options.Timeout]) on a connection
 //     that was made: retried under the publisher's retry policy. A timeout is not an
 //     outage while the endpoint answers: a receiver that hangs on one message must not
-//     hold it forever. When no request of a batch got a response, a HEAD request checks
-//     the endpoint within Timeout; without an answer, the batch is an outage.
+//     hold it forever. When a request gets no response and none of its batch has, a HEAD
+//     request checks the endpoint within Timeout; without an answer, the batch is an outage:
+//     its requests without a response, and those not sent yet, which fail at once rather
+//     than wait out Timeout each.
 //   - A Retry-After header (seconds or an HTTP date) on a retried or unavailable status
 //     sets the delay of the next attempt with [outbox.RetryAfter], capped by
 //     [Options.MaxRetryAfter].

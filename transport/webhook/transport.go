@@ -71,8 +71,20 @@ func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []erro
 		return nil
 	}
 	errs := make([]error, len(batch))
-	var wg sync.WaitGroup
+	var (
+		wg       sync.WaitGroup
+		answered atomic.Bool // a request got a response
+		down     atomic.Bool // a request got none, and neither did a HEAD request after it
+		checked  sync.Once
+	)
 	for i := range batch {
+		if down.Load() && !answered.Load() {
+			// A batch of requests that each wait out Timeout would outlast the publisher's
+			// PublishTimeout, and the cancelled ones would spend attempts: what is not sent
+			// yet fails at once, as an outage.
+			errs[i] = outbox.Unavailable(fmt.Errorf("outbox/webhook: not sent: the endpoint answered neither a request nor a HEAD request within %s", t.opts.Timeout))
+			continue
+		}
 		select {
 		case t.sem <- struct{}{}:
 		case <-ctx.Done():
@@ -84,53 +96,56 @@ func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []erro
 		}
 		wg.Go(func() {
 			defer func() { <-t.sem }()
-			errs[i] = t.post(ctx, &batch[i])
+			err := t.post(ctx, &batch[i])
+			errs[i] = err
+			var se *StatusError
+			switch {
+			case err == nil || errors.As(err, &se):
+				answered.Store(true)
+			case !outbox.IsPermanent(err) && !errors.Is(err, context.Canceled) && ctx.Err() == nil:
+				checked.Do(func() {
+					if !answered.Load() && !t.answers(ctx, &batch[i]) {
+						down.Store(true)
+					}
+				})
+			}
 		})
 	}
 	wg.Wait()
-	answered, silent := false, -1 // silent: a message sent without a response
-	for i, err := range errs {
-		var se *StatusError
-		switch {
-		case err == nil || errors.As(err, &se):
-			answered = true
-		case silent < 0 && !outbox.IsPermanent(err):
-			silent = i
+	if down.Load() && !answered.Load() {
+		for i, e := range errs {
+			var se *StatusError
+			if e != nil && !outbox.IsPermanent(e) && !outbox.IsUnavailable(e) && !errors.As(e, &se) && !errors.Is(e, context.Canceled) {
+				errs[i] = outbox.Unavailable(fmt.Errorf("%w; the endpoint did not answer a HEAD request within %s either", e, t.opts.Timeout))
+			}
 		}
 	}
-	if !answered && silent >= 0 && ctx.Err() == nil {
-		t.check(ctx, &batch[silent], errs)
-	}
-	t.link.note(answered, errs)
+	t.link.note(answered.Load(), errs)
 	return errs
 }
 
-// check takes a batch in which no request got a response: when the endpoint of d does not
-// answer a HEAD request within Timeout either (any status is an answer), it is down and no
-// message is at fault, so every failure without a response becomes [outbox.Unavailable].
-func (t *Transport) check(ctx context.Context, d *outbox.Delivery, errs []error) {
+// answers reports whether the endpoint of d answers a HEAD request within Timeout (any
+// status is an answer). It is asked once a request got no response: an endpoint that
+// answers neither is down and no message is at fault, so every failure without a response
+// becomes [outbox.Unavailable].
+func (t *Transport) answers(ctx context.Context, d *outbox.Delivery) bool {
 	raw, err := t.url(d)
 	if err != nil {
-		return
+		return true
 	}
 	ctx, cancel := context.WithTimeout(ctx, t.opts.Timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodHead, raw, nil)
 	if err != nil {
-		return
+		return true
 	}
 	req.Header.Set("User-Agent", t.opts.UserAgent)
 	resp, err := t.client.Do(req)
-	if err == nil {
-		_ = resp.Body.Close()
-		return
+	if err != nil {
+		return false
 	}
-	for i, e := range errs {
-		var se *StatusError
-		if e != nil && !outbox.IsPermanent(e) && !outbox.IsUnavailable(e) && !errors.As(e, &se) && !errors.Is(e, context.Canceled) {
-			errs[i] = outbox.Unavailable(fmt.Errorf("%w; the endpoint did not answer a HEAD request within %s either", e, t.opts.Timeout))
-		}
-	}
+	_ = resp.Body.Close()
+	return true
 }
 
 // StatusError is a response whose status is not 2xx.
