@@ -1,0 +1,396 @@
+package outboxpglog
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/migrations"
+)
+
+// recorder is a transport that records what it is handed, in order, and fails the
+// messages fail names.
+type recorder struct {
+	mu     sync.Mutex
+	got    []outbox.Delivery
+	fail   func(d outbox.Delivery) error
+	notify chan struct{}
+}
+
+func newRecorder() *recorder { return &recorder{notify: make(chan struct{}, 1)} }
+
+func (r *recorder) Publish(_ context.Context, batch []outbox.Delivery) []error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	errs := make([]error, len(batch))
+	for i, d := range batch {
+		r.got = append(r.got, d)
+		if r.fail != nil {
+			errs[i] = r.fail(d)
+		}
+	}
+	select {
+	case r.notify <- struct{}{}:
+	default:
+	}
+	return errs
+}
+
+func (r *recorder) setFail(f func(outbox.Delivery) error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.fail = f
+}
+
+func (r *recorder) deliveries() []outbox.Delivery {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]outbox.Delivery(nil), r.got...)
+}
+
+// bundle is what a test works with: a fresh database with the outbox table, a Store that
+// inserts rows leased to the log's reader, and a recording transport.
+type bundle struct {
+	ctx   context.Context
+	dsn   string
+	db    *sql.DB
+	store *outbox.Store
+	tr    *recorder
+}
+
+func setup(t *testing.T, logLease time.Duration) *bundle {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
+	t.Cleanup(cancel)
+	dsn := server(t).database(t)
+	db, err := sql.Open("pgx", dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	require.NoError(t, migrations.Up(ctx, db, "postgres", migrations.Options{}))
+	store, err := outbox.New(db, outbox.Postgres(), outbox.Options{LogLease: logLease, DisableNotify: true})
+	require.NoError(t, err)
+	return &bundle{ctx: ctx, dsn: dsn, db: db, store: store, tr: newRecorder()}
+}
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// publisher returns a log Publisher of the bundle's store.
+func (b *bundle) publisher(t *testing.T, o Options) *Publisher {
+	t.Helper()
+	o.ConnString = b.dsn
+	if o.Namespace == "" {
+		o.Namespace = "orders"
+	}
+	if o.Logger == nil {
+		o.Logger = quiet
+	}
+	if o.RetryDelay == 0 {
+		o.RetryDelay = 50 * time.Millisecond
+	}
+	p, err := New(b.store, b.tr, o)
+	require.NoError(t, err)
+	return p
+}
+
+// start runs p until the test ends (or stop is called) and waits until it reads its slot;
+// stop returns Run's error.
+func (b *bundle) start(t *testing.T, p *Publisher) (stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(b.ctx)
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	var once sync.Once
+	var runErr error
+	stop = func() error {
+		once.Do(func() { cancel(); runErr = <-done })
+		return runErr
+	}
+	t.Cleanup(func() { _ = stop() })
+	b.wait(t, "the publisher reads its slot", func() bool { return p.Stats().Reading })
+	return stop
+}
+
+// wait polls cond until it holds, failing the test after a deadline.
+func (b *bundle) wait(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func msg(i int) outbox.Message {
+	return outbox.Message{Namespace: "orders", Topic: "order.created", Payload: json.RawMessage(fmt.Sprintf(`{"n":%d}`, i))}
+}
+
+// enqueue commits one transaction per message and returns the ids in commit order.
+func (b *bundle) enqueue(t *testing.T, msgs ...outbox.Message) []uuid.UUID {
+	t.Helper()
+	ids := make([]uuid.UUID, len(msgs))
+	for i, m := range msgs {
+		tx, err := b.db.BeginTx(b.ctx, nil)
+		require.NoError(t, err)
+		res, err := b.store.Enqueue(b.ctx, tx, m)
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit())
+		ids[i] = res.ID
+	}
+	return ids
+}
+
+func msgs(from, n int) []outbox.Message {
+	out := make([]outbox.Message, n)
+	for i := range out {
+		out[i] = msg(from + i)
+	}
+	return out
+}
+
+// status returns each row's status by id.
+func (b *bundle) status(t *testing.T) map[uuid.UUID]outbox.Status {
+	t.Helper()
+	rows, err := b.db.QueryContext(b.ctx, `SELECT id, status FROM outbox_events`)
+	require.NoError(t, err)
+	defer rows.Close()
+	out := map[uuid.UUID]outbox.Status{}
+	for rows.Next() {
+		var id uuid.UUID
+		var st string
+		require.NoError(t, rows.Scan(&id, &st))
+		out[id] = outbox.Status(st)
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+// allDelivered reports whether every row of ids is delivered.
+func (b *bundle) allDelivered(t *testing.T, ids []uuid.UUID) bool {
+	st := b.status(t)
+	for _, id := range ids {
+		if st[id] != outbox.StatusDelivered {
+			return false
+		}
+	}
+	return true
+}
+
+func deliveredIDs(ds []outbox.Delivery) []uuid.UUID {
+	out := make([]uuid.UUID, len(ds))
+	for i, d := range ds {
+		out[i] = d.ID
+	}
+	return out
+}
+
+// TestDeliversInCommitOrder: committed rows reach the transport in commit order, once
+// each, settled delivered with one write; a rolled-back row and a delayed row never do.
+func TestDeliversInCommitOrder(t *testing.T) {
+	leakCheck(t)
+	b := setup(t, time.Minute)
+	p := b.publisher(t, Options{Slot: "order_slot", StatusInterval: 50 * time.Millisecond})
+	b.start(t, p)
+
+	tx, err := b.db.BeginTx(b.ctx, nil)
+	require.NoError(t, err)
+	_, err = b.store.Enqueue(b.ctx, tx, msg(-1))
+	require.NoError(t, err)
+	require.NoError(t, tx.Rollback())
+	delayed := msg(-2)
+	delayed.Delay = time.Hour
+	late := b.enqueue(t, delayed)[0]
+
+	ids := b.enqueue(t, msgs(0, 40)...)
+	b.wait(t, "every row is delivered", func() bool { return b.allDelivered(t, ids) })
+	require.Equal(t, ids, deliveredIDs(b.tr.deliveries()), "in commit order, each once, nothing else")
+	for i, d := range b.tr.deliveries() {
+		require.JSONEq(t, fmt.Sprintf(`{"n":%d}`, i), string(d.Payload))
+		require.Equal(t, 1, d.Attempt)
+	}
+	require.Equal(t, outbox.StatusPending, b.status(t)[late], "a delayed row is left to polling")
+	st := p.Stats()
+	require.Equal(t, int64(len(ids)), st.Delivered)
+	require.Zero(t, st.LeaseLost+st.Retried+st.Dead)
+	t.Logf("commit to publish of the last batch: %s", st.CommitToPublish)
+
+	// The slot's position passes the settled rows once the server is told.
+	var after string
+	require.NoError(t, b.db.QueryRowContext(b.ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&after))
+	b.wait(t, "the slot confirms past the rows", func() bool {
+		var past bool
+		err := b.db.QueryRowContext(b.ctx, `SELECT confirmed_flush_lsn >= $1::pg_lsn FROM pg_replication_slots WHERE slot_name = 'order_slot'`, after).Scan(&past)
+		return err == nil && past
+	})
+}
+
+// TestFailureGoesToRetryPath: a delivery the transport fails goes back to pending under
+// the retry policy, and a polling Publisher delivers it; the other rows are not held.
+func TestFailureGoesToRetryPath(t *testing.T) {
+	leakCheck(t)
+	b := setup(t, time.Minute)
+	ids := make(chan uuid.UUID, 1)
+	var failed sync.Once
+	b.tr.setFail(func(d outbox.Delivery) error {
+		var err error
+		failed.Do(func() { err = errors.New("broker said no"); ids <- d.ID })
+		return err
+	})
+	p := b.publisher(t, Options{Slot: "retry_slot", RetryPolicy: outbox.RetryPolicy{BaseDelay: time.Millisecond, MaxDelay: time.Millisecond}})
+	b.start(t, p)
+	all := b.enqueue(t, msgs(0, 5)...)
+	bad := <-ids
+	b.wait(t, "the log publisher settles all five", func() bool { s := p.Stats(); return s.Delivered+s.Retried == 5 })
+	require.Equal(t, int64(1), p.Stats().Retried)
+	r, err := b.store.Get(b.ctx, bad)
+	require.NoError(t, err)
+	require.Equal(t, outbox.StatusPending, r.Status)
+	require.Equal(t, 1, r.Attempts)
+	require.Equal(t, "broker said no", r.LastError)
+
+	poller, err := outbox.NewPublisher(b.store, b.tr, outbox.PublisherOptions{Scope: outbox.Scope{Namespace: "orders"}, PollInterval: 20 * time.Millisecond, Lease: time.Minute, Logger: quiet})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(b.ctx)
+	done := make(chan error, 1)
+	go func() { done <- poller.Run(ctx) }()
+	b.wait(t, "polling delivers the failed row", func() bool { return b.allDelivered(t, all) })
+	cancel()
+	require.NoError(t, <-done)
+	require.Equal(t, int64(1), poller.Stats().Delivered, "polling delivered only the failed row")
+	r, err = b.store.Get(b.ctx, bad)
+	require.NoError(t, err)
+	require.Equal(t, 2, r.Attempts)
+}
+
+// TestResumesAfterKill: a publisher killed after publishing a batch and before settling
+// it, or after settling and before confirming the slot's position, leaves nothing lost:
+// the next one reads the same transactions again from the slot and every row ends
+// delivered (some twice, at least once).
+func TestResumesAfterKill(t *testing.T) {
+	for _, point := range []string{"published", "confirm"} {
+		t.Run(point, func(t *testing.T) {
+			leakCheck(t)
+			b := setup(t, time.Minute)
+			slot := "kill_" + point
+			first := b.publisher(t, Options{Slot: slot, StatusInterval: 10 * time.Millisecond})
+			var kills sync.Once
+			killed := make(chan struct{})
+			first.kill = func(at string) bool {
+				hit := false
+				if at == point && len(b.tr.deliveries()) > 0 {
+					kills.Do(func() { hit = true; close(killed) })
+				}
+				return hit
+			}
+			ctx, cancel := context.WithCancel(b.ctx)
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- first.Run(ctx) }()
+			b.wait(t, "the first publisher reads its slot", func() bool { return first.Stats().Reading })
+			ids := b.enqueue(t, msgs(0, 20)...)
+			<-killed
+			require.ErrorIs(t, <-done, errKilled)
+			got := deliveredIDs(b.tr.deliveries())
+			require.NotEmpty(t, got)
+			if point == "published" {
+				require.Zero(t, first.Stats().Delivered, "killed before settling")
+				for _, id := range got {
+					require.Equal(t, outbox.StatusProcessing, b.status(t)[id], "published, not settled")
+				}
+			}
+
+			second := b.publisher(t, Options{Slot: slot})
+			b.start(t, second)
+			b.wait(t, "every row is delivered", func() bool { return b.allDelivered(t, ids) })
+			seen := map[uuid.UUID]int{}
+			for _, id := range deliveredIDs(b.tr.deliveries()) {
+				seen[id]++
+			}
+			for _, id := range ids {
+				require.GreaterOrEqual(t, seen[id], 1, "row %s delivered", id)
+			}
+			st := second.Stats()
+			if point == "published" {
+				require.Equal(t, int64(len(ids)), st.Delivered, "the second settles every row, the killed batch included")
+			} else {
+				require.Equal(t, int64(len(ids)), first.Stats().Delivered+st.Delivered)
+				require.Equal(t, first.Stats().Delivered, st.LeaseLost, "the replayed rows were settled already: refused, not applied twice")
+			}
+		})
+	}
+}
+
+// TestSharesTableWithPolling: a polling Publisher and the log Publisher on one table
+// deliver every row, and no row is settled by both; once the log Publisher stops, polling
+// takes its rows over when their leases run out.
+func TestSharesTableWithPolling(t *testing.T) {
+	leakCheck(t)
+	b := setup(t, outbox.MinLogLease)
+	lp := b.publisher(t, Options{Slot: "shared_slot"})
+	stopLog := b.start(t, lp)
+	poller, err := outbox.NewPublisher(b.store, b.tr, outbox.PublisherOptions{Scope: outbox.Scope{Namespace: "orders"}, PollInterval: 20 * time.Millisecond, Lease: time.Minute, Logger: quiet})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(b.ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- poller.Run(ctx) }()
+
+	// Rows the log owns, and rows polling owns (inserted by a Store without LogLease).
+	plain, err := outbox.New(b.db, outbox.Postgres(), outbox.Options{DisableNotify: true})
+	require.NoError(t, err)
+	var ids []uuid.UUID
+	for i := range 30 {
+		ids = append(ids, b.enqueue(t, msg(i))...)
+		tx, err := b.db.BeginTx(b.ctx, nil)
+		require.NoError(t, err)
+		res, err := plain.Enqueue(b.ctx, tx, msg(100+i))
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit())
+		ids = append(ids, res.ID)
+	}
+	b.wait(t, "every row is delivered", func() bool { return b.allDelivered(t, ids) })
+	b.wait(t, "both publishers counted their settles", func() bool {
+		return lp.Stats().Delivered+poller.Stats().Delivered == int64(len(ids))
+	})
+	require.Equal(t, int64(30), lp.Stats().Delivered, "the log publisher settled its rows")
+	require.Equal(t, int64(30), poller.Stats().Delivered, "polling settled the others")
+	require.Zero(t, lp.Stats().LeaseLost+poller.Stats().LeaseLost, "no row settled by both")
+	require.Len(t, b.tr.deliveries(), len(ids), "each row published once")
+
+	// The log publisher stops; its rows wait out their lease and polling delivers them.
+	require.NoError(t, stopLog())
+	orphans := b.enqueue(t, msgs(200, 10)...)
+	for _, id := range orphans {
+		require.Equal(t, outbox.StatusProcessing, b.status(t)[id], "leased to the stopped log publisher")
+	}
+	b.wait(t, "polling takes the orphans over", func() bool { return b.allDelivered(t, orphans) })
+	for _, id := range orphans {
+		r, err := b.store.Get(b.ctx, id)
+		require.NoError(t, err)
+		require.Equal(t, 2, r.Attempts, "claimed once by polling after the insert's lease")
+	}
+	cancel()
+	require.NoError(t, <-done)
+	require.Zero(t, poller.Stats().LeaseLost)
+}
+
+// leakCheck fails the test if a goroutine it started outlives it; registered first, it
+// runs after every other cleanup (which stop the publishers).
+func leakCheck(t *testing.T) {
+	server(t) // its goroutine lives as long as the package's tests
+	opts := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, opts) })
+}

@@ -1,0 +1,200 @@
+package outboxpglog
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
+)
+
+// A private PostgreSQL with wal_level = logical, a direct child of the test process in a
+// temporary directory on a free loopback port, shared by the package's tests: started on
+// first use, stopped by TestMain. Pdeathsig kills it with the test process.
+
+type pgServer struct {
+	dir    string
+	port   int
+	cred   *syscall.Credential // PostgreSQL refuses to run as root
+	cmd    *exec.Cmd
+	exited chan struct{}
+}
+
+var (
+	serverOnce sync.Once
+	theServer  *pgServer
+	serverErr  error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if theServer != nil {
+		theServer.stop()
+	}
+	os.Exit(code)
+}
+
+// server returns the package's private server, starting it on first use; a machine
+// without PostgreSQL's binaries fails the test, saying what is missing.
+func server(t testing.TB) *pgServer {
+	t.Helper()
+	serverOnce.Do(func() { theServer, serverErr = startServer() })
+	if serverErr != nil {
+		t.Fatalf("private PostgreSQL with wal_level=logical: %v", serverErr)
+	}
+	return theServer
+}
+
+// pgBin returns the newest installed PostgreSQL's bin directory.
+func pgBin() (string, error) {
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	sort.Slice(dirs, func(i, j int) bool {
+		vi, _ := strconv.Atoi(filepath.Base(filepath.Dir(dirs[i])))
+		vj, _ := strconv.Atoi(filepath.Base(filepath.Dir(dirs[j])))
+		return vi < vj
+	})
+	for i := len(dirs) - 1; i >= 0; i-- {
+		if _, err := os.Stat(filepath.Join(dirs[i], "initdb")); err == nil {
+			return dirs[i], nil
+		}
+	}
+	return "", fmt.Errorf("no initdb in /usr/lib/postgresql/*/bin: install the PostgreSQL server package")
+}
+
+func startServer() (*pgServer, error) {
+	bin, err := pgBin()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "outboxpglog-")
+	if err != nil {
+		return nil, err
+	}
+	s := &pgServer{dir: dir}
+	fail := func(err error) (*pgServer, error) {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			return fail(fmt.Errorf("running as root needs a postgres user to run the server as: %w", err))
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		s.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+		if err := os.Chown(dir, uid, gid); err != nil {
+			return fail(err)
+		}
+	}
+	data := filepath.Join(dir, "data")
+	initdb := exec.Command(filepath.Join(bin, "initdb"), "-D", data, "-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-sync")
+	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
+	if out, err := initdb.CombinedOutput(); err != nil {
+		return fail(fmt.Errorf("initdb: %v: %s", err, out))
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return fail(err)
+	}
+	s.port = l.Addr().(*net.TCPAddr).Port
+	_ = l.Close()
+	cmd := exec.Command(filepath.Join(bin, "postgres"), "-D", data, "-p", strconv.Itoa(s.port), "-k", dir,
+		"-c", "listen_addresses=127.0.0.1", "-c", "wal_level=logical", "-c", "max_replication_slots=20",
+		"-c", "max_wal_senders=20", "-c", "max_connections=100", "-c", "shared_buffers=32MB",
+		// fsync off for speed; synchronous_commit stays on: the server decodes only WAL
+		// that is flushed, so a lazy commit would reach the reader up to wal_writer_delay late.
+		"-c", "fsync=off", "-c", "logging_collector=off")
+	logf, err := os.Create(filepath.Join(dir, "server.log"))
+	if err != nil {
+		return fail(err)
+	}
+	defer logf.Close()
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred, Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return fail(err)
+	}
+	s.cmd, s.exited = cmd, make(chan struct{})
+	go func() { _ = cmd.Wait(); close(s.exited) }()
+	db, err := sql.Open("pgx", s.dsn("postgres"))
+	if err != nil {
+		s.stop()
+		return nil, err
+	}
+	defer db.Close()
+	for deadline := time.Now().Add(60 * time.Second); ; {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		err = db.PingContext(ctx)
+		cancel()
+		if err == nil {
+			return s, nil
+		}
+		select {
+		case <-s.exited:
+			log, _ := os.ReadFile(filepath.Join(dir, "server.log"))
+			s.stop()
+			return nil, fmt.Errorf("postgres exited during start: %s", log)
+		default:
+		}
+		if time.Now().After(deadline) {
+			s.stop()
+			return nil, fmt.Errorf("postgres not ready after 60s: %w", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// stop shuts the server down (fast mode) and removes its directory.
+func (s *pgServer) stop() {
+	_ = s.cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case <-s.exited:
+	case <-time.After(30 * time.Second):
+		_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+		<-s.exited
+	}
+	_ = os.RemoveAll(s.dir)
+}
+
+func (s *pgServer) dsn(db string) string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable&connect_timeout=5", s.port, db)
+}
+
+// database creates a database for one test and returns its DSN; the test's cleanup drops
+// it and the replication slots in it.
+func (s *pgServer) database(t testing.TB) string {
+	t.Helper()
+	name := fmt.Sprintf("t_%d", time.Now().UnixNano())
+	adm, err := sql.Open("pgx", s.dsn("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer adm.Close()
+	if _, err := adm.Exec("CREATE DATABASE " + name); err != nil {
+		t.Fatalf("create database: %v", err)
+	}
+	t.Cleanup(func() {
+		adm, err := sql.Open("pgx", s.dsn("postgres"))
+		if err != nil {
+			return
+		}
+		defer adm.Close()
+		_, _ = adm.Exec(`SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1 AND NOT active`, name)
+		if _, err := adm.Exec("DROP DATABASE " + name + " WITH (FORCE)"); err != nil {
+			t.Errorf("drop database %s: %v", name, err)
+		}
+	})
+	return s.dsn(name)
+}
