@@ -31,6 +31,8 @@ type Publisher struct {
 	// kill, set by tests, ends a session at once at the named point, as a crash there
 	// would: nothing settled or confirmed after it.
 	kill func(point string) bool
+	// statuses counts the standby status updates sent, for tests to wait on.
+	statuses atomic.Int64
 }
 
 // New returns a Publisher of store's rows to tr. It checks the options only; Run connects.
@@ -328,6 +330,7 @@ func (s *session) sendStatus(ctx context.Context) error {
 		return fmt.Errorf("outboxpglog: standby status: %w", err)
 	}
 	s.p.stats.confirmed.Store(uint64(pos))
+	s.p.statuses.Add(1)
 	return nil
 }
 

@@ -291,7 +291,14 @@ func TestResumesAfterKill(t *testing.T) {
 			first.kill = func(at string) bool {
 				hit := false
 				if at == point && len(b.tr.deliveries()) > 0 {
-					kills.Do(func() { hit = true; close(killed) })
+					kills.Do(func() {
+						// Let the server hear of whatever position is confirmed at
+						// this point before the crash: it must not pass what is unsettled.
+						n := first.statuses.Load()
+						b.wait(t, "two status updates", func() bool { return first.statuses.Load() >= n+2 })
+						hit = true
+						close(killed)
+					})
 				}
 				return hit
 			}
