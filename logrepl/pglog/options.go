@@ -30,6 +30,18 @@ type Options struct {
 	// Publisher creates it (FOR TABLE ... WITH (publish = 'insert')) on the Store's pool
 	// when it is missing, which needs the table's owner; an existing one is used as it is.
 	Publication string
+	// Ordered delivers the events of each partition key in order, as a polling
+	// Publisher with PublisherOptions.Ordered does, and must be set alike on both: a row
+	// is published only while no earlier row of its key is pending, processing or (unless
+	// OrderedSkipDead) dead, and a batch holds at most one row of a key per Publish call,
+	// the next only once the one before was delivered. A row that may not go yet is handed
+	// back to polling (pending at once, its attempt given back), whose ordered claim
+	// delivers it after the rows before it. It reads the table once per batch with keyed
+	// rows: create the table with the ordered migration set (migrations.Options.Ordered),
+	// whose index serves that read.
+	Ordered bool
+	// OrderedSkipDead, with Ordered, stops a dead row from holding back its key.
+	OrderedSkipDead bool
 	// BatchSize bounds the messages of one Publish call and one settle. Default 100, at
 	// most outbox.MaxBatch.
 	BatchSize int
@@ -112,6 +124,8 @@ func (o Options) validate() error {
 		return bad("StatusInterval must be at least 10ms, got %s", o.StatusInterval)
 	case o.HeartbeatInterval > 0 && o.HeartbeatInterval < 10*time.Millisecond:
 		return bad("HeartbeatInterval must be negative (off) or at least 10ms, got %s", o.HeartbeatInterval)
+	case o.OrderedSkipDead && !o.Ordered:
+		return bad("OrderedSkipDead applies to ordered publishers only; set Ordered too")
 	case o.RetryDelay < 0:
 		return bad("RetryDelay is negative (%s)", o.RetryDelay)
 	case o.RetryPolicy.BaseDelay < 0 || o.RetryPolicy.MaxDelay < o.RetryPolicy.BaseDelay || o.RetryPolicy.MaxAttempts < 1:
