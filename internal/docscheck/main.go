@@ -437,6 +437,7 @@ func newNames(root string) *names {
 			"conformance": "conformance",
 			"outboxui":    "outboxui",
 			"cloudevents": "cloudevents",
+			"outboxpglog": "logrepl/pglog",
 			"amqp":        "transport/amqp",
 			"webhook":     "transport/webhook",
 		},
