@@ -33,6 +33,9 @@ type Publisher struct {
 	kill func(point string) bool
 	// statuses counts the standby status updates sent, for tests to wait on.
 	statuses atomic.Int64
+	// hadSlot is set once the Publisher read its slot: a missing slot after that was
+	// dropped. lostReported keeps a loss reported once until the slot is created again.
+	hadSlot, lostReported atomic.Bool
 }
 
 // New returns a Publisher of store's rows to tr. It checks the options only; Run connects.
@@ -83,12 +86,14 @@ func (p *Publisher) Run(ctx context.Context) error {
 		case errors.As(err, &se), errors.Is(err, errKilled):
 			return err
 		case isCode(err, "55006"): // object_in_use: another reader has the slot
+			p.stats.standby.Store(true)
 			if !standing {
 				p.log.Info("outboxpglog: another reader holds the slot; standing by", "slot", p.o.Slot)
 				standing = true
 			}
 		default:
 			standing = false
+			p.stats.standby.Store(false)
 			p.log.Warn("outboxpglog: session ended; reconnecting", "slot", p.o.Slot, "err", err, "retry_in", p.o.RetryDelay)
 		}
 		select {
@@ -124,6 +129,9 @@ func (p *Publisher) connect(ctx context.Context) (*pgconn.PgConn, error) {
 
 // slotLost reports, once per loss, that the slot is gone and polling recovers its rows.
 func (p *Publisher) slotLost(why string) {
+	if p.lostReported.Swap(true) {
+		return
+	}
 	p.stats.slotResets.Add(1)
 	p.log.Error("outboxpglog: replication slot lost; rows committed meanwhile are delivered by polling once their leases run out, and the slot is created again",
 		"slot", p.o.Slot, "why", why)
@@ -184,6 +192,8 @@ func (p *Publisher) session(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("outboxpglog: start replication: %w", err)
 	}
+	p.hadSlot.Store(true)
+	p.stats.standby.Store(false)
 	p.stats.reading.Store(true)
 	defer p.stats.reading.Store(false)
 	p.log.Info("outboxpglog: reading slot", "slot", p.o.Slot, "publication", p.o.Publication)

@@ -32,28 +32,38 @@ type pgServer struct {
 }
 
 var (
-	serverOnce sync.Once
-	theServer  *pgServer
-	serverErr  error
+	serversMu sync.Mutex
+	servers   = map[string]*pgServer{} // by wal_level
 )
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if theServer != nil {
-		theServer.stop()
+	serversMu.Lock()
+	for _, s := range servers {
+		s.stop()
 	}
+	serversMu.Unlock()
 	os.Exit(code)
 }
 
-// server returns the package's private server, starting it on first use; a machine
-// without PostgreSQL's binaries fails the test, saying what is missing.
-func server(t testing.TB) *pgServer {
+// server returns the package's private server with wal_level=logical, starting it on
+// first use; a machine without PostgreSQL's binaries fails the test, saying what is missing.
+func server(t testing.TB) *pgServer { return serverWith(t, "logical") }
+
+// serverWith returns the package's private server with the given wal_level.
+func serverWith(t testing.TB, walLevel string) *pgServer {
 	t.Helper()
-	serverOnce.Do(func() { theServer, serverErr = startServer() })
-	if serverErr != nil {
-		t.Fatalf("private PostgreSQL with wal_level=logical: %v", serverErr)
+	serversMu.Lock()
+	defer serversMu.Unlock()
+	if s, ok := servers[walLevel]; ok {
+		return s
 	}
-	return theServer
+	s, err := startServer(walLevel)
+	if err != nil {
+		t.Fatalf("private PostgreSQL with wal_level=%s: %v", walLevel, err)
+	}
+	servers[walLevel] = s
+	return s
 }
 
 // pgBin returns the newest installed PostgreSQL's bin directory.
@@ -72,7 +82,7 @@ func pgBin() (string, error) {
 	return "", fmt.Errorf("no initdb in /usr/lib/postgresql/*/bin: install the PostgreSQL server package")
 }
 
-func startServer() (*pgServer, error) {
+func startServer(walLevel string) (*pgServer, error) {
 	bin, err := pgBin()
 	if err != nil {
 		return nil, err
@@ -111,7 +121,7 @@ func startServer() (*pgServer, error) {
 	s.port = l.Addr().(*net.TCPAddr).Port
 	_ = l.Close()
 	cmd := exec.Command(filepath.Join(bin, "postgres"), "-D", data, "-p", strconv.Itoa(s.port), "-k", dir,
-		"-c", "listen_addresses=127.0.0.1", "-c", "wal_level=logical", "-c", "max_replication_slots=20",
+		"-c", "listen_addresses=127.0.0.1", "-c", "wal_level="+walLevel, "-c", "max_replication_slots=20",
 		"-c", "max_wal_senders=20", "-c", "max_connections=100", "-c", "shared_buffers=32MB",
 		// fsync off for speed; synchronous_commit stays on: the server decodes only WAL
 		// that is flushed, so a lazy commit would reach the reader up to wal_writer_delay late.
@@ -191,6 +201,14 @@ func (s *pgServer) database(t testing.TB) string {
 			return
 		}
 		defer adm.Close()
+		// A reader's walsender outlives its client's close by a moment, and keeps its
+		// slot active until it exits.
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			var active int
+			if err := adm.QueryRow(`SELECT count(*) FROM pg_replication_slots WHERE database = $1 AND active`, name).Scan(&active); err != nil || active == 0 {
+				break
+			}
+		}
 		_, _ = adm.Exec(`SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1 AND NOT active`, name)
 		if _, err := adm.Exec("DROP DATABASE " + name + " WITH (FORCE)"); err != nil {
 			t.Errorf("drop database %s: %v", name, err)

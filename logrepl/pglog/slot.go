@@ -120,17 +120,21 @@ func (p *Publisher) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
 	if st.exists {
 		return nil
 	}
+	if p.hadSlot.Load() {
+		p.slotLost("dropped")
+	}
 	_, err = pglogrepl.CreateReplicationSlot(ctx, conn, p.o.Slot, "pgoutput",
 		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "NOEXPORT_SNAPSHOT"})
 	var pe *pgconn.PgError
 	switch {
 	case err == nil:
 		p.log.Info("outboxpglog: created replication slot", "slot", p.o.Slot)
-		return nil
-	case errors.As(err, &pe) && pe.Code == "42710":
-		return nil
+	case errors.As(err, &pe) && pe.Code == "42710": // another replica created it first
+	default:
+		return fmt.Errorf("outboxpglog: create slot: %w", err)
 	}
-	return fmt.Errorf("outboxpglog: create slot: %w", err)
+	p.lostReported.Store(false)
+	return nil
 }
 
 // readLag reads how far the slot is behind the server's WAL, into the stats.

@@ -14,8 +14,9 @@ type Stats struct {
 	// Delivered, Retried and Dead count the outcomes the Publisher settled; LeaseLost the
 	// rows whose insert lease had run out, which polling owned by then.
 	Delivered, Retried, Dead, LeaseLost int64
-	// Reading is whether the Publisher holds its slot now (a standby does not).
-	Reading bool
+	// Reading is whether the Publisher holds its slot now. Standby is whether it waits
+	// because another reader holds it.
+	Reading, Standby bool
 	// ConfirmedLSN is the last position confirmed to the server: every outcome before it
 	// is committed.
 	ConfirmedLSN uint64
@@ -37,7 +38,7 @@ type Stats struct {
 
 type stats struct {
 	delivered, retried, dead, leaseLost atomic.Int64
-	reading                             atomic.Bool
+	reading, standby                    atomic.Bool
 	confirmed                           atomic.Uint64
 	lagBytes, retainedBytes             atomic.Int64
 	walStatus                           atomic.Pointer[string]
@@ -73,7 +74,7 @@ func (s *stats) count(outcomes []outbox.Outcome, lost *outbox.LeaseLostError) {
 func (p *Publisher) Stats() Stats {
 	st := Stats{
 		Delivered: p.stats.delivered.Load(), Retried: p.stats.retried.Load(), Dead: p.stats.dead.Load(),
-		LeaseLost: p.stats.leaseLost.Load(), Reading: p.stats.reading.Load(), ConfirmedLSN: p.stats.confirmed.Load(),
+		LeaseLost: p.stats.leaseLost.Load(), Reading: p.stats.reading.Load(), Standby: p.stats.standby.Load(), ConfirmedLSN: p.stats.confirmed.Load(),
 		SlotLagBytes: p.stats.lagBytes.Load(), RetainedWALBytes: p.stats.retainedBytes.Load(),
 		SlotResets: p.stats.slotResets.Load(), CommitToPublish: time.Duration(p.stats.commitToPublish.Load()),
 	}
