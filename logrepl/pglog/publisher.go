@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -31,8 +32,9 @@ type Publisher struct {
 	// kill, set by tests, ends a session at once at the named point, as a crash there
 	// would: nothing settled or confirmed after it.
 	kill func(point string) bool
-	// statuses counts the standby status updates sent, for tests to wait on.
-	statuses atomic.Int64
+	// statuses counts the standby status updates sent, and unseenRetries the settles
+	// retried for rows not yet visible, for tests to wait on.
+	statuses, unseenRetries atomic.Int64
 	// hadSlot is set once the Publisher read its slot: a missing slot after that was
 	// dropped. lostReported keeps a loss reported once until the slot is created again.
 	hadSlot, lostReported atomic.Bool
@@ -318,6 +320,7 @@ func (s *session) read(ctx context.Context) error {
 			case *pglogrepl.CommitMessage:
 				inTx = false
 				cur.end, cur.commit = m.TransactionEndLSN, m.CommitTime
+				s.p.log.Debug("outboxpglog: commit", "end", cur.end, "rows", len(cur.rows))
 				if err := push(cur); err != nil {
 					return err
 				}
@@ -370,6 +373,7 @@ func (s *session) deliver(ctx context.Context) error {
 			}
 		}
 		if len(rows) > 0 {
+			p.log.Debug("outboxpglog: batch", "rows", len(rows), "end", end)
 			if err := p.publishAndSettle(ctx, rows, first); err != nil {
 				return err
 			}
@@ -470,8 +474,53 @@ func (p *Publisher) publish(ctx context.Context, ds []outbox.Delivery) (errs []e
 
 // settle commits outcomes, retrying while the database is unreachable: a position is
 // confirmed only after it. A lost lease is an outcome too: polling took the row over
-// after its lease ran out, and owns it now.
+// after its lease ran out, and owns it now. But the server sends a transaction's commit
+// as soon as its WAL is flushed, a moment before other sessions can see its rows, so a
+// row that the settle does not find yet is settled again once it is visible.
 func (p *Publisher) settle(ctx context.Context, outcomes []outbox.Outcome) error {
+	todo := outcomes
+	var lost []uuid.UUID
+	giveUp := time.Now().Add(unseenPatience)
+	for pause := time.Millisecond; ; pause = min(2*pause, 100*time.Millisecond) {
+		missed, err := p.complete(ctx, todo)
+		if err != nil {
+			return err
+		}
+		if len(missed) == 0 {
+			break
+		}
+		unseen, err := p.unseen(ctx, todo, missed)
+		if err != nil {
+			return err
+		}
+		if len(unseen) == 0 || time.Now().After(giveUp) {
+			lost = append(lost, missed...) // rows gone for good count as lost too
+			break
+		}
+		for _, id := range missed {
+			if !slices.Contains(unseen, id) {
+				lost = append(lost, id)
+			}
+		}
+		todo = slices.DeleteFunc(slices.Clone(todo), func(o outbox.Outcome) bool { return !slices.Contains(unseen, o.ID) })
+		p.unseenRetries.Add(1)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(pause):
+		}
+	}
+	p.stats.count(outcomes, lost)
+	return nil
+}
+
+// unseenPatience bounds how long settle waits for a row it read in the log to become
+// visible; a row still missing then was removed, and counts as lost.
+const unseenPatience = 10 * time.Second
+
+// complete runs Store.Complete until it commits, retrying while the database is
+// unreachable, and returns the ids whose lease it found lost.
+func (p *Publisher) complete(ctx context.Context, outcomes []outbox.Outcome) ([]uuid.UUID, error) {
 	backoff := 50 * time.Millisecond
 	for {
 		// One try even after ctx ended, so that a shutdown settles what it published.
@@ -479,21 +528,64 @@ func (p *Publisher) settle(ctx context.Context, outcomes []outbox.Outcome) error
 		err := p.store.Complete(sctx, outcomes...)
 		cancel()
 		var lost *outbox.LeaseLostError
-		if err == nil || errors.As(err, &lost) {
-			p.stats.count(outcomes, lost)
-			return nil
-		}
-		if ctx.Err() != nil || errors.Is(err, outbox.ErrInvalid) {
-			return err
+		switch {
+		case err == nil:
+			return nil, nil
+		case errors.As(err, &lost):
+			return lost.IDs, nil
+		case ctx.Err() != nil || errors.Is(err, outbox.ErrInvalid):
+			return nil, err
 		}
 		p.log.Warn("outboxpglog: settle failed; retrying", "err", err, "retry_in", backoff)
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return nil, ctx.Err()
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, 5*time.Second)
 	}
+}
+
+// unseen returns those of the missed rows that a settle may not have seen yet: no row has
+// the id, as this session sees it, or the row is still processing under the outcome's
+// lease (its settle ran before the row was visible). The others were taken over.
+func (p *Publisher) unseen(ctx context.Context, outcomes []outbox.Outcome, ids []uuid.UUID) ([]uuid.UUID, error) {
+	t := p.store.Table()
+	tbl := quoteIdent(t.Name())
+	if t.Schema() != "" {
+		tbl = quoteIdent(t.Schema()) + "." + tbl
+	}
+	want := make([]string, len(ids))
+	for i, id := range ids {
+		want[i] = id.String()
+	}
+	rows, err := p.store.DB().QueryContext(ctx, `SELECT id::text, status, coalesce(lease_token::text, '') FROM `+tbl+` WHERE id = ANY($1::uuid[])`, want)
+	if err != nil {
+		return nil, fmt.Errorf("outboxpglog: read settled rows: %w", err)
+	}
+	defer rows.Close()
+	token := map[string]string{}
+	for _, o := range outcomes {
+		token[o.ID.String()] = o.Token.String()
+	}
+	taken := map[string]bool{}
+	for rows.Next() {
+		var id, status, tok string
+		if err := rows.Scan(&id, &status, &tok); err != nil {
+			return nil, err
+		}
+		taken[id] = status != string(outbox.StatusProcessing) || tok != token[id]
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	var out []uuid.UUID
+	for _, id := range ids {
+		if !taken[id.String()] {
+			out = append(out, id)
+		}
+	}
+	return out, nil
 }
 
 // heartbeat writes a message to the log and reads the slot's lag, every

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -72,9 +73,15 @@ type bundle struct {
 
 func setup(t *testing.T, logLease time.Duration, ordered ...bool) *bundle {
 	t.Helper()
+	return setupOn(t, server(t), logLease, ordered...)
+}
+
+// setupOn is setup on a server of the test's choice.
+func setupOn(t *testing.T, srv *pgServer, logLease time.Duration, ordered ...bool) *bundle {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
 	t.Cleanup(cancel)
-	dsn := server(t).database(t)
+	dsn := srv.database(t)
 	db, err := sql.Open("pgx", dsn)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
@@ -86,6 +93,15 @@ func setup(t *testing.T, logLease time.Duration, ordered ...bool) *bundle {
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
+// testLog writes a publisher's log to the test's, shown when it fails.
+type testLog struct{ t *testing.T }
+
+func (w testLog) Write(b []byte) (int, error) {
+	w.t.Helper()
+	w.t.Log(strings.TrimSpace(string(b)))
+	return len(b), nil
+}
+
 // publisher returns a log Publisher of the bundle's store.
 func (b *bundle) publisher(t *testing.T, o Options) *Publisher {
 	t.Helper()
@@ -94,7 +110,7 @@ func (b *bundle) publisher(t *testing.T, o Options) *Publisher {
 		o.Namespace = "orders"
 	}
 	if o.Logger == nil {
-		o.Logger = quiet
+		o.Logger = slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	if o.RetryDelay == 0 {
 		o.RetryDelay = 50 * time.Millisecond
@@ -141,11 +157,17 @@ func msg(i int) outbox.Message {
 // enqueue commits one transaction per message and returns the ids in commit order.
 func (b *bundle) enqueue(t *testing.T, msgs ...outbox.Message) []uuid.UUID {
 	t.Helper()
+	return b.enqueueOn(t, b.store, msgs...)
+}
+
+// enqueueOn is enqueue through another Store of the bundle's table.
+func (b *bundle) enqueueOn(t *testing.T, store *outbox.Store, msgs ...outbox.Message) []uuid.UUID {
+	t.Helper()
 	ids := make([]uuid.UUID, len(msgs))
 	for i, m := range msgs {
 		tx, err := b.db.BeginTx(b.ctx, nil)
 		require.NoError(t, err)
-		res, err := b.store.Enqueue(b.ctx, tx, m)
+		res, err := store.Enqueue(b.ctx, tx, m)
 		require.NoError(t, err)
 		require.NoError(t, tx.Commit())
 		ids[i] = res.ID
@@ -159,6 +181,17 @@ func msgs(from, n int) []outbox.Message {
 		out[i] = msg(from + i)
 	}
 	return out
+}
+
+// storeWith returns another Store of the bundle's table, whose rows are leased to the
+// log's reader for lease: a short one for rows that polling must take over, while the
+// bundle's store keeps the rows the log delivers out of polling's reach however slow
+// the machine.
+func (b *bundle) storeWith(t *testing.T, lease time.Duration) *outbox.Store {
+	t.Helper()
+	s, err := outbox.New(b.db, outbox.Postgres(), outbox.Options{LogLease: lease, DisableNotify: true})
+	require.NoError(t, err)
+	return s
 }
 
 // status returns each row's status by id.
@@ -189,6 +222,28 @@ func (b *bundle) allDelivered(t *testing.T, ids []uuid.UUID) bool {
 	return true
 }
 
+// waitDelivered waits until every row of ids is delivered, and on timeout names those
+// that are not, as the table has them.
+func (b *bundle) waitDelivered(t *testing.T, what string, ids []uuid.UUID) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !b.allDelivered(t, ids) {
+		if time.Now().After(deadline) {
+			st := b.status(t)
+			for _, id := range ids {
+				if st[id] != outbox.StatusDelivered {
+					r, err := b.store.Get(b.ctx, id)
+					require.NoError(t, err)
+					t.Logf("row %s: %s, attempts %d, locked_by %q until %s, next attempt %s, last error %q, created %s",
+						id, r.Status, r.Attempts, r.LockedBy, r.LockedUntil, r.NextAttemptAt, r.LastError, r.CreatedAt)
+				}
+			}
+			t.Fatalf("timed out waiting until %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 func deliveredIDs(ds []outbox.Delivery) []uuid.UUID {
 	out := make([]uuid.UUID, len(ds))
 	for i, d := range ds {
@@ -215,13 +270,15 @@ func TestDeliversInCommitOrder(t *testing.T) {
 	late := b.enqueue(t, delayed)[0]
 
 	ids := b.enqueue(t, msgs(0, 40)...)
-	b.wait(t, "every row is delivered", func() bool { return b.allDelivered(t, ids) })
+	b.waitDelivered(t, "every row is delivered", ids)
 	require.Equal(t, ids, deliveredIDs(b.tr.deliveries()), "in commit order, each once, nothing else")
 	for i, d := range b.tr.deliveries() {
 		require.JSONEq(t, fmt.Sprintf(`{"n":%d}`, i), string(d.Payload))
 		require.Equal(t, 1, d.Attempt)
 	}
 	require.Equal(t, outbox.StatusPending, b.status(t)[late], "a delayed row is left to polling")
+	// A settle's commit is seen before its publisher counts it.
+	b.wait(t, "the publisher counts its settles", func() bool { return p.Stats().Delivered == int64(len(ids)) })
 	st := p.Stats()
 	require.Equal(t, int64(len(ids)), st.Delivered)
 	require.Zero(t, st.LeaseLost+st.Retried+st.Dead)
@@ -266,7 +323,7 @@ func TestFailureGoesToRetryPath(t *testing.T) {
 	ctx, cancel := context.WithCancel(b.ctx)
 	done := make(chan error, 1)
 	go func() { done <- poller.Run(ctx) }()
-	b.wait(t, "polling delivers the failed row", func() bool { return b.allDelivered(t, all) })
+	b.waitDelivered(t, "polling delivers the failed row", all)
 	cancel()
 	require.NoError(t, <-done)
 	require.Equal(t, int64(1), poller.Stats().Delivered, "polling delivered only the failed row")
@@ -321,13 +378,20 @@ func TestResumesAfterKill(t *testing.T) {
 
 			second := b.publisher(t, Options{Slot: slot})
 			b.start(t, second)
-			b.wait(t, "every row is delivered", func() bool { return b.allDelivered(t, ids) })
+			b.waitDelivered(t, "every row is delivered", ids)
 			seen := map[uuid.UUID]int{}
 			for _, id := range deliveredIDs(b.tr.deliveries()) {
 				seen[id]++
 			}
 			for _, id := range ids {
 				require.GreaterOrEqual(t, seen[id], 1, "row %s delivered", id)
+			}
+			if point == "confirm" { // every row was delivered before the kill: wait for the replay
+				b.wait(t, "the second reads the settled rows again", func() bool {
+					return second.Stats().LeaseLost >= first.Stats().Delivered
+				})
+			} else {
+				b.wait(t, "the second counts its settles", func() bool { return second.Stats().Delivered >= int64(len(ids)) })
 			}
 			st := second.Stats()
 			if point == "published" {
@@ -345,7 +409,7 @@ func TestResumesAfterKill(t *testing.T) {
 // takes its rows over when their leases run out.
 func TestSharesTableWithPolling(t *testing.T) {
 	leakCheck(t)
-	b := setup(t, outbox.MinLogLease)
+	b := setup(t, time.Minute)
 	lp := b.publisher(t, Options{Slot: "shared_slot"})
 	stopLog := b.start(t, lp)
 	poller, err := outbox.NewPublisher(b.store, b.tr, outbox.PublisherOptions{Scope: outbox.Scope{Namespace: "orders"}, PollInterval: 20 * time.Millisecond, Lease: time.Minute, Logger: quiet})
@@ -368,7 +432,7 @@ func TestSharesTableWithPolling(t *testing.T) {
 		require.NoError(t, tx.Commit())
 		ids = append(ids, res.ID)
 	}
-	b.wait(t, "every row is delivered", func() bool { return b.allDelivered(t, ids) })
+	b.waitDelivered(t, "every row is delivered", ids)
 	b.wait(t, "both publishers counted their settles", func() bool {
 		return lp.Stats().Delivered+poller.Stats().Delivered == int64(len(ids))
 	})
@@ -379,11 +443,11 @@ func TestSharesTableWithPolling(t *testing.T) {
 
 	// The log publisher stops; its rows wait out their lease and polling delivers them.
 	require.NoError(t, stopLog())
-	orphans := b.enqueue(t, msgs(200, 10)...)
+	orphans := b.enqueueOn(t, b.storeWith(t, outbox.MinLogLease), msgs(200, 10)...)
 	for _, id := range orphans {
 		require.Equal(t, outbox.StatusProcessing, b.status(t)[id], "leased to the stopped log publisher")
 	}
-	b.wait(t, "polling takes the orphans over", func() bool { return b.allDelivered(t, orphans) })
+	b.waitDelivered(t, "polling takes the orphans over", orphans)
 	for _, id := range orphans {
 		r, err := b.store.Get(b.ctx, id)
 		require.NoError(t, err)
@@ -455,7 +519,7 @@ func TestOrderedHandsBackBehindAFailure(t *testing.T) {
 	ctx, cancel := context.WithCancel(b.ctx)
 	done := make(chan error, 1)
 	go func() { done <- poller.Run(ctx) }()
-	b.wait(t, "every row is delivered", func() bool { return b.allDelivered(t, ids) })
+	b.waitDelivered(t, "every row is delivered", ids)
 	cancel()
 	require.NoError(t, <-done)
 
@@ -471,4 +535,28 @@ func TestOrderedHandsBackBehindAFailure(t *testing.T) {
 	}
 	require.Equal(t, []string{`{"n":0}`, `{"n":2}`, `{"n":4}`}, firsts["a"])
 	require.Equal(t, []string{`{"n":1}`, `{"n":3}`, `{"n":5}`}, firsts["b"])
+}
+
+// TestSettleWaitsForVisibility: the server sends a commit once its WAL is flushed, a moment
+// before other sessions see the rows; a settle that does not find a row yet, while it is
+// still leased to the log, waits for it instead of counting the row as taken over.
+func TestSettleWaitsForVisibility(t *testing.T) {
+	leakCheck(t)
+	b := setup(t, time.Minute)
+	p := b.publisher(t, Options{})
+	tx, err := b.db.BeginTx(b.ctx, nil)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback() }()
+	res, err := b.store.Enqueue(b.ctx, tx, msg(1))
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		done <- p.settle(b.ctx, []outbox.Outcome{{Lease: outbox.LogLeaseOf(res.ID), Status: outbox.StatusDelivered}})
+	}()
+	b.wait(t, "the settle misses the invisible row", func() bool { return p.unseenRetries.Load() > 0 })
+	require.NoError(t, tx.Commit())
+	require.NoError(t, <-done)
+	require.Equal(t, int64(1), p.Stats().Delivered)
+	require.Zero(t, p.Stats().LeaseLost)
+	require.Equal(t, outbox.StatusDelivered, b.status(t)[res.ID])
 }

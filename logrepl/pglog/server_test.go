@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -33,7 +34,7 @@ type pgServer struct {
 
 var (
 	serversMu sync.Mutex
-	servers   = map[string]*pgServer{} // by wal_level
+	servers   = map[string]*pgServer{} // by settings
 )
 
 func TestMain(m *testing.M) {
@@ -48,21 +49,24 @@ func TestMain(m *testing.M) {
 
 // server returns the package's private server with wal_level=logical, starting it on
 // first use; a machine without PostgreSQL's binaries fails the test, saying what is missing.
-func server(t testing.TB) *pgServer { return serverWith(t, "logical") }
+func server(t testing.TB) *pgServer { return serverWith(t, "wal_level=logical") }
 
-// serverWith returns the package's private server with the given wal_level.
-func serverWith(t testing.TB, walLevel string) *pgServer {
+// serverWith returns the package's private server with the given settings (name=value
+// pairs for postgres -c), starting it on first use. A test that needs a setting that would
+// disturb others gets a server of its own this way.
+func serverWith(t testing.TB, settings ...string) *pgServer {
 	t.Helper()
+	key := strings.Join(settings, " ")
 	serversMu.Lock()
 	defer serversMu.Unlock()
-	if s, ok := servers[walLevel]; ok {
+	if s, ok := servers[key]; ok {
 		return s
 	}
-	s, err := startServer(walLevel)
+	s, err := startServer(settings)
 	if err != nil {
-		t.Fatalf("private PostgreSQL with wal_level=%s: %v", walLevel, err)
+		t.Fatalf("private PostgreSQL with %s: %v", key, err)
 	}
-	servers[walLevel] = s
+	servers[key] = s
 	return s
 }
 
@@ -82,7 +86,7 @@ func pgBin() (string, error) {
 	return "", fmt.Errorf("no initdb in /usr/lib/postgresql/*/bin: install the PostgreSQL server package")
 }
 
-func startServer(walLevel string) (*pgServer, error) {
+func startServer(settings []string) (*pgServer, error) {
 	bin, err := pgBin()
 	if err != nil {
 		return nil, err
@@ -120,12 +124,16 @@ func startServer(walLevel string) (*pgServer, error) {
 	}
 	s.port = l.Addr().(*net.TCPAddr).Port
 	_ = l.Close()
-	cmd := exec.Command(filepath.Join(bin, "postgres"), "-D", data, "-p", strconv.Itoa(s.port), "-k", dir,
-		"-c", "listen_addresses=127.0.0.1", "-c", "wal_level="+walLevel, "-c", "max_replication_slots=20",
+	args := []string{"-D", data, "-p", strconv.Itoa(s.port), "-k", dir,
+		"-c", "listen_addresses=127.0.0.1", "-c", "max_replication_slots=20",
 		"-c", "max_wal_senders=20", "-c", "max_connections=100", "-c", "shared_buffers=32MB",
 		// fsync off for speed; synchronous_commit stays on: the server decodes only WAL
 		// that is flushed, so a lazy commit would reach the reader up to wal_writer_delay late.
-		"-c", "fsync=off", "-c", "logging_collector=off")
+		"-c", "fsync=off", "-c", "logging_collector=off"}
+	for _, kv := range settings {
+		args = append(args, "-c", kv)
+	}
+	cmd := exec.Command(filepath.Join(bin, "postgres"), args...)
 	logf, err := os.Create(filepath.Join(dir, "server.log"))
 	if err != nil {
 		return fail(err)

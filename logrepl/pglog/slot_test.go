@@ -43,23 +43,27 @@ func (b *bundle) slot(t *testing.T, name string) (confirmed, walStatus string) {
 // delivered by polling when their leases run out, the rows after it by the log, none by both.
 func TestSlotDroppedRecoveredByPolling(t *testing.T) {
 	leakCheck(t)
-	b := setup(t, outbox.MinLogLease)
+	b := setup(t, time.Minute)
 	pp := b.poll(t)
 	lp := b.publisher(t, Options{Slot: "dropped_slot"})
 	stop := b.start(t, lp)
 	before := b.enqueue(t, msgs(0, 5)...)
-	b.wait(t, "the log delivers the first rows", func() bool { return b.allDelivered(t, before) })
+	b.waitDelivered(t, "the log delivers the first rows", before)
 	require.NoError(t, stop())
 
+	b.wait(t, "the stopped reader's walsender lets the slot go", func() bool {
+		var active bool
+		return b.db.QueryRowContext(b.ctx, `SELECT active FROM pg_replication_slots WHERE slot_name = 'dropped_slot'`).Scan(&active) == nil && !active
+	})
 	_, err := b.db.ExecContext(b.ctx, `SELECT pg_drop_replication_slot('dropped_slot')`)
 	require.NoError(t, err)
-	gap := b.enqueue(t, msgs(10, 5)...)
+	gap := b.enqueueOn(t, b.storeWith(t, outbox.MinLogLease), msgs(10, 5)...)
 	b.start(t, lp)
 	require.Equal(t, int64(1), lp.Stats().SlotResets, "the loss is reported once")
 	after := b.enqueue(t, msgs(20, 5)...)
 
 	all := append(append(append([]uuid.UUID(nil), before...), gap...), after...)
-	b.wait(t, "every row is delivered", func() bool { return b.allDelivered(t, all) })
+	b.waitDelivered(t, "every row is delivered", all)
 	b.wait(t, "both publishers counted their settles", func() bool {
 		return lp.Stats().Delivered+pp.Stats().Delivered == int64(len(all))
 	})
@@ -73,8 +77,10 @@ func TestSlotDroppedRecoveredByPolling(t *testing.T) {
 // publisher was stopped (wal_status lost) is reported, dropped and created again, and
 // polling delivers the rows it missed.
 func TestSlotInvalidatedRecovered(t *testing.T) {
+	// A server of its own: a slot of another test would be invalidated as well.
+	keep := serverWith(t, "wal_level=logical", "max_slot_wal_keep_size=1MB")
 	leakCheck(t)
-	b := setup(t, outbox.MinLogLease)
+	b := setupOn(t, keep, time.Minute)
 	pp := b.poll(t)
 	lp := b.publisher(t, Options{Slot: "lost_slot"})
 	stop := b.start(t, lp)
@@ -85,13 +91,7 @@ func TestSlotInvalidatedRecovered(t *testing.T) {
 		_, err := b.db.ExecContext(b.ctx, q)
 		require.NoError(t, err, q)
 	}
-	exec(`ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'`)
-	t.Cleanup(func() {
-		_, _ = b.db.ExecContext(context.Background(), `ALTER SYSTEM RESET max_slot_wal_keep_size`)
-		_, _ = b.db.ExecContext(context.Background(), `SELECT pg_reload_conf()`)
-	})
-	exec(`SELECT pg_reload_conf()`)
-	gap := b.enqueue(t, msgs(0, 5)...)
+	gap := b.enqueueOn(t, b.storeWith(t, outbox.MinLogLease), msgs(0, 5)...)
 	exec(`CREATE TABLE filler (x text)`)
 	b.wait(t, "the slot is invalidated", func() bool {
 		exec(`INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 100)`)
@@ -129,13 +129,13 @@ func TestStandbyTakesOver(t *testing.T) {
 	b.wait(t, "the second stands by", func() bool { return second.Stats().Standby })
 
 	one := b.enqueue(t, msgs(0, 5)...)
-	b.wait(t, "the first delivers", func() bool { return b.allDelivered(t, one) })
+	b.waitDelivered(t, "the first delivers", one)
 	require.False(t, second.Stats().Reading)
 	require.NoError(t, stopFirst())
 
 	b.wait(t, "the second takes over", func() bool { return second.Stats().Reading })
 	two := b.enqueue(t, msgs(10, 5)...)
-	b.wait(t, "the second delivers", func() bool { return b.allDelivered(t, two) })
+	b.wait(t, "the second delivers", func() bool { return b.allDelivered(t, two) && second.Stats().Delivered == 5 })
 	require.Equal(t, int64(5), first.Stats().Delivered)
 	require.Equal(t, int64(5), second.Stats().Delivered)
 	require.False(t, second.Stats().Standby)
@@ -171,7 +171,7 @@ func TestIdleTableDoesNotHoldWAL(t *testing.T) {
 // TestSetupErrors: a server without wal_level=logical is a *SetupError that Run returns
 // at once, naming the fix; bad options are refused by New.
 func TestSetupErrors(t *testing.T) {
-	replica := serverWith(t, "replica") // before leakCheck: it lives as long as the package's tests
+	replica := serverWith(t, "wal_level=replica") // before leakCheck: it lives as long as the package's tests
 	leakCheck(t)
 	dsn := replica.database(t)
 	db, err := sql.Open("pgx", dsn)

@@ -48,13 +48,12 @@ type stats struct {
 
 func (s *stats) setWALStatus(v string) { s.walStatus.Store(&v) }
 
-// count adds settled outcomes, those in lost excepted, which count as lost leases.
-func (s *stats) count(outcomes []outbox.Outcome, lost *outbox.LeaseLostError) {
+// count adds settled outcomes, those of the rows in lost excepted, which count as lost
+// leases.
+func (s *stats) count(outcomes []outbox.Outcome, lost []uuid.UUID) {
 	gone := map[uuid.UUID]bool{}
-	if lost != nil {
-		for _, id := range lost.IDs {
-			gone[id] = true
-		}
+	for _, id := range lost {
+		gone[id] = true
 	}
 	for _, o := range outcomes {
 		switch {
