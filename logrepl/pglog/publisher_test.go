@@ -560,3 +560,43 @@ func TestSettleWaitsForVisibility(t *testing.T) {
 	require.Zero(t, p.Stats().LeaseLost)
 	require.Equal(t, outbox.StatusDelivered, b.status(t)[res.ID])
 }
+
+// TestOneWritePerEvent counts, with a trigger, the UPDATEs of outbox rows beyond their
+// INSERT: one per event delivered from the log (its settle), two per event polled (the
+// claim and the settle).
+func TestOneWritePerEvent(t *testing.T) {
+	leakCheck(t)
+	b := setup(t, time.Minute)
+	for _, q := range []string{
+		`CREATE TABLE row_updates (n bigint NOT NULL)`,
+		`INSERT INTO row_updates VALUES (0)`,
+		`CREATE FUNCTION count_update() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN UPDATE row_updates SET n = n + 1; RETURN NEW; END $$`,
+		`CREATE TRIGGER count_update AFTER UPDATE ON outbox_events FOR EACH ROW EXECUTE FUNCTION count_update()`,
+	} {
+		_, err := b.db.ExecContext(b.ctx, q)
+		require.NoError(t, err, q)
+	}
+	updates := func() int64 {
+		var n int64
+		require.NoError(t, b.db.QueryRowContext(b.ctx, `SELECT n FROM row_updates`).Scan(&n))
+		return n
+	}
+	const n = 50
+	lp := b.publisher(t, Options{Slot: "writes_slot"})
+	stop := b.start(t, lp)
+	logged := b.enqueue(t, msgs(0, n)...)
+	b.waitDelivered(t, "the log delivers", logged)
+	b.wait(t, "the log publisher counts its settles", func() bool { return lp.Stats().Delivered == n })
+	require.NoError(t, stop())
+	fromLog := updates()
+
+	plain := b.storeWith(t, 0)
+	polled := b.enqueueOn(t, plain, msgs(100, n)...)
+	pp := b.poll(t)
+	b.waitDelivered(t, "polling delivers", polled)
+	b.wait(t, "the poller counts its settles", func() bool { return pp.Stats().Delivered == n })
+	fromPolling := updates() - fromLog
+	t.Logf("row UPDATEs per event beyond the INSERT: log %.2f, polling %.2f", float64(fromLog)/n, float64(fromPolling)/n)
+	require.Equal(t, int64(n), fromLog, "one settle per event from the log")
+	require.Equal(t, int64(2*n), fromPolling, "a claim and a settle per polled event")
+}
