@@ -38,6 +38,13 @@ type Publisher struct {
 	// hadSlot is set once the Publisher read its slot: a missing slot after that was
 	// dropped. lostReported keeps a loss reported once until the slot is created again.
 	hadSlot, lostReported atomic.Bool
+	// settled is the end of the last transaction whose outcomes this Publisher committed,
+	// across its sessions: a server that restarts may send them again (before PostgreSQL 17
+	// it keeps a slot's position as of its last checkpoint), and they need no second publish.
+	settled atomic.Uint64
+	// history names the server's WAL history (system id and timeline) that settled is a
+	// position in; after a failover positions start over, and so does settled.
+	history atomic.Pointer[string]
 }
 
 // New returns a Publisher of store's rows to tr. It checks the options only; Run connects.
@@ -181,6 +188,14 @@ func (p *Publisher) session(ctx context.Context) error {
 		}
 		_ = conn.Close(context.WithoutCancel(ctx))
 	}()
+	sys, err := pglogrepl.IdentifySystem(ctx, conn)
+	if err != nil {
+		return fmt.Errorf("outboxpglog: identify system: %w", err)
+	}
+	if h := fmt.Sprintf("%s/%d", sys.SystemID, sys.Timeline); p.history.Load() == nil || *p.history.Load() != h {
+		p.history.Store(&h)
+		p.settled.Store(0)
+	}
 	if err := p.ensureSlot(ctx, conn); err != nil {
 		return err
 	}
@@ -359,15 +374,25 @@ func (s *session) deliver(ctx context.Context) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		rows, end, first := it.rows, it.end, it.commit
+		var rows []outbox.Record
+		var first time.Time
+		end := it.end
+		take := func(it item) {
+			if uint64(it.end) <= p.settled.Load() {
+				return // settled by this Publisher before a reconnect
+			}
+			rows = append(rows, it.rows...)
+			if first.IsZero() {
+				first = it.commit
+			}
+		}
+		take(it)
 	drain:
 		for len(rows) < p.o.BatchSize {
 			select {
 			case it := <-s.items:
-				rows, end = append(rows, it.rows...), it.end
-				if first.IsZero() {
-					first = it.commit
-				}
+				take(it)
+				end = it.end
 			default:
 				break drain
 			}
@@ -383,6 +408,9 @@ func (s *session) deliver(ctx context.Context) error {
 		}
 		if uint64(end) > s.confirmed.Load() {
 			s.confirmed.Store(uint64(end))
+		}
+		if uint64(end) > p.settled.Load() {
+			p.settled.Store(uint64(end))
 		}
 	}
 }

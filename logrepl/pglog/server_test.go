@@ -28,6 +28,8 @@ type pgServer struct {
 	dir    string
 	port   int
 	cred   *syscall.Credential // PostgreSQL refuses to run as root
+	bin    string
+	args   []string
 	cmd    *exec.Cmd
 	exited chan struct{}
 }
@@ -133,23 +135,32 @@ func startServer(settings []string) (*pgServer, error) {
 	for _, kv := range settings {
 		args = append(args, "-c", kv)
 	}
-	cmd := exec.Command(filepath.Join(bin, "postgres"), args...)
-	logf, err := os.Create(filepath.Join(dir, "server.log"))
-	if err != nil {
+	s.bin, s.args = bin, args
+	if err := s.start(); err != nil {
+		s.stop()
 		return fail(err)
+	}
+	return s, nil
+}
+
+// start starts the server and waits until it answers.
+func (s *pgServer) start() error {
+	cmd := exec.Command(filepath.Join(s.bin, "postgres"), s.args...)
+	logf, err := os.OpenFile(filepath.Join(s.dir, "server.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
 	}
 	defer logf.Close()
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred, Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	if err := cmd.Start(); err != nil {
-		return fail(err)
+		return err
 	}
 	s.cmd, s.exited = cmd, make(chan struct{})
 	go func() { _ = cmd.Wait(); close(s.exited) }()
 	db, err := sql.Open("pgx", s.dsn("postgres"))
 	if err != nil {
-		s.stop()
-		return nil, err
+		return err
 	}
 	defer db.Close()
 	for deadline := time.Now().Add(60 * time.Second); ; {
@@ -157,32 +168,56 @@ func startServer(settings []string) (*pgServer, error) {
 		err = db.PingContext(ctx)
 		cancel()
 		if err == nil {
-			return s, nil
+			return nil
 		}
 		select {
 		case <-s.exited:
-			log, _ := os.ReadFile(filepath.Join(dir, "server.log"))
-			s.stop()
-			return nil, fmt.Errorf("postgres exited during start: %s", log)
+			log, _ := os.ReadFile(filepath.Join(s.dir, "server.log"))
+			return fmt.Errorf("postgres exited during start: %s", log)
 		default:
 		}
 		if time.Now().After(deadline) {
-			s.stop()
-			return nil, fmt.Errorf("postgres not ready after 60s: %w", err)
+			return fmt.Errorf("postgres not ready after 60s: %w", err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 }
 
-// stop shuts the server down (fast mode) and removes its directory.
-func (s *pgServer) stop() {
-	_ = s.cmd.Process.Signal(syscall.SIGINT)
+// restart stops the server, cleanly (a fast shutdown) or as a crash would (an immediate
+// shutdown, recovered from the WAL at the start), and starts it again on the same port.
+func (s *pgServer) restart(t testing.TB, crash bool) {
+	t.Helper()
+	sig := syscall.SIGINT
+	if crash {
+		sig = syscall.SIGQUIT
+	}
+	s.halt(sig)
+	if err := s.start(); err != nil {
+		t.Fatalf("restart: %v", err)
+	}
+}
+
+// halt signals the server and waits until it and its backends are gone.
+func (s *pgServer) halt(sig syscall.Signal) {
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Signal(sig)
 	select {
 	case <-s.exited:
 	case <-time.After(30 * time.Second):
 		_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
 		<-s.exited
 	}
+	for deadline := time.Now().Add(30 * time.Second); syscall.Kill(-s.cmd.Process.Pid, 0) == nil && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	s.cmd = nil
+}
+
+// stop shuts the server down (fast mode) and removes its directory.
+func (s *pgServer) stop() {
+	s.halt(syscall.SIGINT)
 	_ = os.RemoveAll(s.dir)
 }
 

@@ -134,6 +134,7 @@ func (p *Publisher) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
 		return fmt.Errorf("outboxpglog: create slot: %w", err)
 	}
 	p.lostReported.Store(false)
+	p.settled.Store(0) // a new slot's positions owe nothing to the old one's
 	return nil
 }
 
