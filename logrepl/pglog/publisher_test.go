@@ -600,3 +600,7 @@ func TestOneWritePerEvent(t *testing.T) {
 	require.Equal(t, int64(n), fromLog, "one settle per event from the log")
 	require.Equal(t, int64(2*n), fromPolling, "a claim and a settle per polled event")
 }
+
+func migrateUp(ctx context.Context, db *sql.DB) error {
+	return migrations.Up(ctx, db, "postgres", migrations.Options{})
+}
