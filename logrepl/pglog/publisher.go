@@ -38,6 +38,8 @@ type Publisher struct {
 	// hadSlot is set once the Publisher read its slot: a missing slot after that was
 	// dropped. lostReported keeps a loss reported once until the slot is created again.
 	hadSlot, lostReported atomic.Bool
+	// unreservedWarned keeps the warning that the slot is about to be lost to one per episode.
+	unreservedWarned atomic.Bool
 	// settled is the end of the last transaction whose outcomes this Publisher committed,
 	// across its sessions: a server that restarts may send them again (before PostgreSQL 17
 	// it keeps a slot's position as of its last checkpoint), and they need no second publish.

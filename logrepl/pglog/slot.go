@@ -154,6 +154,12 @@ func (p *Publisher) readLag(ctx context.Context) error {
 	p.stats.lagBytes.Store(lag.Int64)
 	p.stats.retainedBytes.Store(retained.Int64)
 	p.stats.setWALStatus(status.String)
+	if status.String == "unreserved" && !p.unreservedWarned.Swap(true) {
+		p.log.Error("outboxpglog: the slot holds more WAL than max_slot_wal_keep_size allows and will be invalidated at the next checkpoint unless it catches up",
+			"slot", p.o.Slot, "lag_bytes", lag.Int64, "retained_bytes", retained.Int64)
+	} else if status.String != "unreserved" {
+		p.unreservedWarned.Store(false)
+	}
 	if status.String == "lost" {
 		return fmt.Errorf("%w: slot %s was invalidated (max_slot_wal_keep_size)", ErrSlotLost, p.o.Slot)
 	}

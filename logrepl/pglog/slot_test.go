@@ -26,7 +26,7 @@ func (b *bundle) poll(t *testing.T) *outbox.Publisher {
 	return pp
 }
 
-// slotLSN returns the slot's confirmed position and wal_status.
+// slot returns the slot's confirmed position and wal_status.
 func (b *bundle) slot(t *testing.T, name string) (confirmed, walStatus string) {
 	t.Helper()
 	var c, w sql.NullString
@@ -242,4 +242,25 @@ func TestServerRestart(t *testing.T) {
 	// so the server sends the rows after it again: the publisher knows it settled them.
 	require.Zero(t, st.LeaseLost, "nothing settled twice")
 	require.ElementsMatch(t, all, deliveredIDs(b.tr.deliveries()), "each row published once")
+}
+
+// TestDropSlot: DropSlot removes the slot and the publication, and is no error when they
+// are gone already.
+func TestDropSlot(t *testing.T) {
+	leakCheck(t)
+	b := setup(t, time.Minute)
+	lp := b.publisher(t, Options{Slot: "drop_me"})
+	stop := b.start(t, lp)
+	require.NoError(t, stop())
+	b.wait(t, "the stopped reader's walsender lets the slot go", func() bool {
+		var active bool
+		return b.db.QueryRowContext(b.ctx, `SELECT active FROM pg_replication_slots WHERE slot_name = 'drop_me'`).Scan(&active) == nil && !active
+	})
+	require.NoError(t, lp.DropSlot(b.ctx))
+	c, _ := b.slot(t, "drop_me")
+	require.Empty(t, c, "the slot is gone")
+	var pubs int
+	require.NoError(t, b.db.QueryRowContext(b.ctx, `SELECT count(*) FROM pg_publication WHERE pubname = 'drop_me'`).Scan(&pubs))
+	require.Zero(t, pubs, "the publication is gone")
+	require.NoError(t, lp.DropSlot(b.ctx), "dropping again is no error")
 }
