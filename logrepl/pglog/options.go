@@ -57,6 +57,10 @@ type Options struct {
 	// whose table is idle in a busy database still advances and does not hold WAL back.
 	// Default 30s; negative turns it off.
 	HeartbeatInterval time.Duration
+	// ShutdownTimeout is how long a batch being published may go on once Run's context is
+	// cancelled, so that a shutdown settles it rather than failing it; then the
+	// transport's context is cancelled. Default outbox.DefaultShutdownTimeout.
+	ShutdownTimeout time.Duration
 	// RetryDelay is the pause before the Publisher connects again after a lost
 	// connection, or while another reader holds the slot (it stands by). Default 1s.
 	RetryDelay time.Duration
@@ -96,6 +100,9 @@ func (o Options) withDefaults(store *outbox.Store) Options {
 	if o.HeartbeatInterval == 0 {
 		o.HeartbeatInterval = 30 * time.Second
 	}
+	if o.ShutdownTimeout == 0 {
+		o.ShutdownTimeout = outbox.DefaultShutdownTimeout
+	}
 	if o.RetryDelay == 0 {
 		o.RetryDelay = time.Second
 	}
@@ -126,6 +133,8 @@ func (o Options) validate() error {
 		return bad("HeartbeatInterval must be negative (off) or at least 10ms, got %s", o.HeartbeatInterval)
 	case o.OrderedSkipDead && !o.Ordered:
 		return bad("OrderedSkipDead applies to ordered publishers only; set Ordered too")
+	case o.ShutdownTimeout < 0:
+		return bad("ShutdownTimeout is negative (%s)", o.ShutdownTimeout)
 	case o.RetryDelay < 0:
 		return bad("RetryDelay is negative (%s)", o.RetryDelay)
 	case o.RetryPolicy.BaseDelay < 0 || o.RetryPolicy.MaxDelay < o.RetryPolicy.BaseDelay || o.RetryPolicy.MaxAttempts < 1:

@@ -181,9 +181,9 @@ func (p *Publisher) session(ctx context.Context) error {
 		return err
 	}
 	s := &session{p: p, conn: conn, dec: newDecoder(p.store.Table(), p.o.Scope), items: make(chan item, 64)}
-	killed := false
+	killed, streaming := false, false
 	defer func() {
-		if !killed { // a crash sends nothing more; a shutdown confirms what it settled
+		if streaming && !killed { // a crash sends nothing more; a shutdown confirms what it settled
 			fctx, fcancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 			_ = s.sendStatus(fctx)
 			fcancel()
@@ -211,6 +211,7 @@ func (p *Publisher) session(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("outboxpglog: start replication: %w", err)
 	}
+	streaming = true
 	p.hadSlot.Store(true)
 	p.stats.standby.Store(false)
 	p.stats.reading.Store(true)
@@ -418,9 +419,24 @@ func (s *session) deliver(ctx context.Context) error {
 }
 
 // publishAndSettle hands rows to the transport in batches and settles each batch's
-// outcomes in one statement under the rows' insert leases.
+// outcomes in one statement under the rows' insert leases. The transport's context ends
+// ShutdownTimeout after ctx, so that a shutdown lets the batch in flight finish.
 func (p *Publisher) publishAndSettle(ctx context.Context, rows []outbox.Record, committed time.Time) error {
+	pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	context.AfterFunc(ctx, func() {
+		t := time.NewTimer(p.o.ShutdownTimeout)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancel()
+		case <-pctx.Done():
+		}
+	})
 	for chunk := range slices.Chunk(rows, p.o.BatchSize) {
+		if err := ctx.Err(); err != nil {
+			return err // shutting down: the rest stay leased, and are read again or polled
+		}
 		outcomes := make([]outbox.Outcome, len(chunk))
 		deliveries := make([]outbox.Delivery, 0, len(chunk))
 		index := make([]int, 0, len(chunk))
@@ -441,11 +457,11 @@ func (p *Publisher) publishAndSettle(ctx context.Context, rows []outbox.Record, 
 			p.stats.commitToPublish.Store(int64(time.Since(committed)))
 		}
 		if p.o.Ordered {
-			if err := p.publishOrdered(ctx, chunk, deliveries, index, outcomes); err != nil {
+			if err := p.publishOrdered(pctx, chunk, deliveries, index, outcomes); err != nil {
 				return err
 			}
 		} else {
-			p.publishInto(ctx, chunk, deliveries, index, outcomes)
+			p.publishInto(pctx, chunk, deliveries, index, outcomes)
 		}
 		if p.kill != nil && p.kill("published") {
 			return errKilled

@@ -604,3 +604,43 @@ func TestOneWritePerEvent(t *testing.T) {
 func migrateUp(ctx context.Context, db *sql.DB) error {
 	return migrations.Up(ctx, db, "postgres", migrations.Options{})
 }
+
+// gate is a transport that holds each batch until released, or until its context ends.
+type gate struct {
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (g *gate) Publish(ctx context.Context, batch []outbox.Delivery) []error {
+	g.entered <- struct{}{}
+	errs := make([]error, len(batch))
+	select {
+	case <-g.release:
+	case <-ctx.Done():
+		for i := range errs {
+			errs[i] = ctx.Err()
+		}
+	}
+	return errs
+}
+
+// TestShutdownFinishesBatch: a shutdown lets the batch being published finish and settles
+// it delivered, rather than failing it.
+func TestShutdownFinishesBatch(t *testing.T) {
+	leakCheck(t)
+	b := setup(t, time.Minute)
+	g := &gate{entered: make(chan struct{}, 1), release: make(chan struct{})}
+	p, err := New(b.store, g, Options{ConnString: b.dsn, Scope: outbox.Scope{Namespace: "orders"}, Slot: "shutdown_slot", Logger: quiet})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(b.ctx)
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	b.wait(t, "the publisher reads its slot", func() bool { return p.Stats().Reading })
+	id := b.enqueue(t, msg(1))[0]
+	<-g.entered
+	cancel()
+	close(g.release)
+	require.NoError(t, <-done)
+	require.Equal(t, outbox.StatusDelivered, b.status(t)[id])
+	require.Equal(t, int64(1), p.Stats().Delivered)
+}
