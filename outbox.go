@@ -407,7 +407,8 @@ func (s *Store) enqueue(ctx context.Context, w writeTarget, msgs []Message, firs
 	for i, ok := range inserted {
 		if ok {
 			res[i].ID = rows[i].ID
-			if !slices.Contains(woken, rows[i].Namespace) {
+			// A row leased to the log's reader gives polling publishers nothing to claim.
+			if rows[i].Lease.Duration == 0 && !slices.Contains(woken, rows[i].Namespace) {
 				woken = append(woken, rows[i].Namespace)
 			}
 		} else {
