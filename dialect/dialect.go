@@ -45,7 +45,8 @@ type Runner interface {
 //  2. Time: use one clock for every worker, the database's where it has one. Never trust the
 //     client's clock or session time zone for leases and schedules.
 //  3. Insert writes rows with status pending, attempts 0, no lease and next_attempt_at =
-//     now + Row.Delay, on q. The engine always passes a transaction (the caller's outbox.Tx,
+//     now + Row.Delay, on q (a row with [Row.Lease] set, which only a built-in dialect is
+//     given, is written leased instead). The engine always passes a transaction (the caller's outbox.Tx,
 //     or its own for Store.EnqueueStandalone), so several statements are atomic. Insert
 //     never commits, never rolls back and never aborts the transaction on a dedupe
 //     conflict: a conflicting row is skipped and reported as not inserted. Any other error
