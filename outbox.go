@@ -80,6 +80,17 @@ type Options struct {
 	// Hooks watch the store's enqueues (and may add headers, such as a trace context).
 	// Default none. See [StoreHooks].
 	Hooks StoreHooks
+	// LogLease, when positive, hands each message enqueued without a delay to a publisher
+	// that reads the database's log (package logrepl/pglog for PostgreSQL) instead of to
+	// polling: the row is inserted already leased to [LogWorkerID] for LogLease, under the
+	// token [LogLeaseToken] derives from its id. Polling publishers pass over it while the
+	// lease lives, and reclaim it as any expired lease once it ran out, so a log publisher
+	// that is down or behind by more than LogLease is replaced by polling with nothing lost.
+	// Delayed messages are inserted pending and polled, as without it. Default 0: off. At
+	// least [MinLogLease]; keep it well above the log publisher's lag (a minute is a good
+	// start). Only the PostgreSQL dialect can; others refuse it at New with an error
+	// matching errors.ErrUnsupported.
+	LogLease time.Duration
 }
 
 // Store is the outbox on one database. It is safe for concurrent use; make one per pool and
@@ -105,6 +116,7 @@ type Store struct {
 	listenDB   *sql.DB          // the listener's pool: Options.ListenDB, or nil for db
 	signalled  signalLimiter
 	hooks      StoreHooks
+	logLease   time.Duration // Options.LogLease
 	// orderedReady records that the dialect's CheckOrdered passed (checkOrdered).
 	orderedReady atomic.Bool
 	// first is the verdict of the check at the first enqueue (checkFirstUse).
@@ -148,7 +160,10 @@ func New(db *sql.DB, d Dialect, opts Options) (*Store, error) {
 	if b, ok := d.(sqlkit.PoolBinder); ok {
 		d = b.BindPool(db) // per-pool state, such as prepared statements, lives with the Store
 	}
-	s := &Store{db: db, dialect: d, table: t, maxPayload: maxPayload, hooks: opts.Hooks, listenDB: opts.ListenDB}
+	if err := checkLogLease(d, opts.LogLease); err != nil {
+		return nil, err
+	}
+	s := &Store{db: db, dialect: d, table: t, maxPayload: maxPayload, hooks: opts.Hooks, listenDB: opts.ListenDB, logLease: opts.LogLease}
 	if n, ok := d.(dialect.Notifier); ok && !opts.DisableNotify {
 		s.notifier = n
 	}
@@ -375,6 +390,9 @@ func (s *Store) enqueue(ctx context.Context, w writeTarget, msgs []Message, firs
 			DedupeKey: m.DedupeKey, PartitionKey: m.PartitionKey, Headers: m.Headers,
 			Payload: m.Payload, PayloadHash: sum[:], Delay: m.Delay,
 		}
+		if s.logLease > 0 && m.Delay == 0 {
+			rows[i].Lease = s.insertLease(id)
+		}
 	}
 	if w.q != nil {
 		if err := s.checkFirstUse(ctx, w.q); err != nil {
@@ -400,7 +418,8 @@ func (s *Store) enqueue(ctx context.Context, w writeTarget, msgs []Message, firs
 	for i, ok := range inserted {
 		if ok {
 			res[i].ID = rows[i].ID
-			if !slices.Contains(woken, rows[i].Namespace) {
+			// A row leased to the log's reader gives polling publishers nothing to claim.
+			if rows[i].Lease.Duration == 0 && !slices.Contains(woken, rows[i].Namespace) {
 				woken = append(woken, rows[i].Namespace)
 			}
 		} else {

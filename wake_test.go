@@ -222,6 +222,10 @@ func TestPostgresSignalFollowsTheTransaction(t *testing.T) {
 	_, ok = next()
 	require.False(t, ok, "DisableNotify sends nothing")
 
+	enqueue(fresh(outbox.Options{LogLease: time.Minute}), true, "a")
+	_, ok = next()
+	require.False(t, ok, "a row leased to the log's reader gives polling nothing to claim: no signal")
+
 	// The limiter: a burst of transactions on one Store sends one signal, and a later one
 	// another.
 	s := fresh(outbox.Options{})

@@ -17,9 +17,10 @@
 //  1. Enqueue ([dialect.Dialect] rule 3): a rolled-back transaction leaves no row, a
 //     committed one exactly one with the fields as given and the payload byte for byte;
 //     every combination of the optional fields, alone and in mixed batches; batches;
-//     delayed delivery; Store.EnqueueStandalone; Get of a missing id. Tests:
+//     delayed delivery; Store.EnqueueStandalone; Get of a missing id; rows inserted
+//     leased to a log reader (outbox.Options.LogLease), where the dialect can. Tests:
 //     RollbackLeavesNoRow, CommitLeavesExactlyOne, PayloadByteExact, Batch,
-//     OptionalFieldCombinations, DelayedDelivery, Standalone, GetNotFound.
+//     OptionalFieldCombinations, DelayedDelivery, Standalone, GetNotFound, InsertLeased.
 //  2. Validation: bad input returns an error matching [outbox.ErrInvalid] and writes
 //     nothing. Tests: BadMessages, BadBatchWritesNothing, BadTableName, BadOptions.
 //  3. Dedupe: one row per (namespace, topic, dedupe key), also under racing producers whose

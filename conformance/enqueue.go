@@ -27,6 +27,7 @@ var enqueueTests = []test{
 	{"DelayedDelivery", testDelayedDelivery},
 	{"Standalone", testEnqueueStandalone},
 	{"GetNotFound", testGetNotFound},
+	{"InsertLeased", testInsertLeased},
 }
 
 func testRollbackLeavesNoRow(t *testing.T, h Harness) {
@@ -261,6 +262,71 @@ func testEnqueueStandalone(t *testing.T, h Harness) {
 	require.NoError(t, err)
 	require.NoError(t, tx.Rollback())
 	require.Equal(t, 2, e.count(t), "a rolled-back connection transaction leaves no row")
+}
+
+// testInsertLeased: a Store with Options.LogLease inserts rows due at once already leased
+// to the log's reader, by the one-row and the batch statement alike, which claims pass over
+// until the lease expires; the reader settles them under LogLeaseOf, and a row that polling
+// took over refuses the reader's outcome. A dialect that cannot refuses the option at New.
+func testInsertLeased(t *testing.T, h Harness) {
+	e := setup(t, h)
+	for _, bad := range []time.Duration{-time.Second, outbox.MinLogLease / 2} {
+		_, err := outbox.New(e.db, h.Dialect, outbox.Options{LogLease: bad})
+		require.ErrorIs(t, err, outbox.ErrInvalid, "LogLease %s", bad)
+	}
+	const lease = outbox.MinLogLease
+	s, err := outbox.New(e.db, h.Dialect, outbox.Options{LogLease: lease})
+	if errors.Is(err, errors.ErrUnsupported) {
+		return // the dialect declares it cannot; nothing is inserted leased
+	}
+	require.NoError(t, err)
+	log := &env{ctx: e.ctx, db: e.db, store: s, table: e.table, h: h}
+
+	keyed := msg(1)
+	keyed.DedupeKey, keyed.PartitionKey = "k-1", "p-1"
+	delayed := msg(3)
+	delayed.Delay = time.Hour
+	batch := log.enqueue(t, keyed, msg(2), delayed)
+	single := log.enqueue(t, msg(4))[0].ID
+	require.True(t, log.enqueue(t, keyed)[0].Duplicate, "a dedupe conflict still skips the row")
+	leased := []uuid.UUID{batch[0].ID, batch[1].ID, single}
+
+	for _, id := range leased {
+		r := e.get(t, id)
+		require.Equal(t, outbox.StatusProcessing, r.Status, "row %s", id)
+		require.Equal(t, 1, r.Attempts, "the insert's lease counts as the first claim")
+		require.Equal(t, outbox.LogWorkerID, r.LockedBy)
+		require.Equal(t, outbox.LogLeaseToken(id), r.LeaseToken)
+		require.Equal(t, lease, r.LockedUntil.Sub(r.UpdatedAt), "locked_until = now + LogLease")
+		require.Equal(t, r.CreatedAt, r.UpdatedAt)
+	}
+	r := e.get(t, batch[2].ID)
+	require.Equal(t, outbox.StatusPending, r.Status, "a delayed row is left to polling")
+	require.Zero(t, r.Attempts)
+	require.Empty(t, r.LockedBy)
+	require.Equal(t, uuid.Nil, r.LeaseToken)
+
+	require.Empty(t, e.claim(t, claimOpts(10, time.Minute)), "no claim takes a row under a live insert lease")
+
+	require.NoError(t, e.store.Complete(e.ctx,
+		outbox.Outcome{Lease: outbox.LogLeaseOf(single), Status: outbox.StatusDelivered},
+		outbox.Outcome{Lease: outbox.LogLeaseOf(batch[1].ID), Status: outbox.StatusPending, Error: "broker said no"}))
+	require.Equal(t, outbox.StatusDelivered, e.get(t, single).Status)
+	recs := e.claim(t, claimOpts(10, time.Minute))
+	require.Equal(t, []uuid.UUID{batch[1].ID}, ids(recs), "a failed delivery goes back to polling")
+	require.Equal(t, 2, recs[0].Attempts)
+
+	// Once its lease ran out, polling takes the row over, and the reader's late outcome
+	// is refused rather than applied over the new owner's.
+	deadline := time.Now().Add(10 * lease)
+	for recs = nil; len(recs) == 0 && time.Now().Before(deadline); {
+		recs = e.claim(t, claimOpts(10, time.Minute))
+	}
+	require.Equal(t, []uuid.UUID{batch[0].ID}, ids(recs), "an expired insert lease is reclaimed")
+	require.NotEqual(t, outbox.LogLeaseToken(batch[0].ID), recs[0].LeaseToken)
+	err = e.store.Complete(e.ctx, outbox.Outcome{Lease: outbox.LogLeaseOf(batch[0].ID), Status: outbox.StatusDelivered})
+	require.ErrorIs(t, err, outbox.ErrLeaseLost)
+	require.Equal(t, outbox.StatusProcessing, e.get(t, batch[0].ID).Status)
 }
 
 func testGetNotFound(t *testing.T, h Harness) {

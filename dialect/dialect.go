@@ -46,7 +46,8 @@ type Runner interface {
 //  2. Time: use one clock for every worker, the database's where it has one. Never trust the
 //     client's clock or session time zone for leases and schedules.
 //  3. Insert writes rows with status pending, attempts 0, no lease and next_attempt_at =
-//     now + Row.Delay, on q. The engine always passes a transaction (the caller's outbox.Tx,
+//     now + Row.Delay, on q (a row with [Row.Lease] set, which only a built-in dialect is
+//     given, is written leased instead). The engine always passes a transaction (the caller's outbox.Tx,
 //     or its own for Store.EnqueueStandalone), so several statements are atomic. Insert
 //     never commits, never rolls back and never aborts the transaction on a dedupe
 //     conflict: a conflicting row is skipped and reported as not inserted. Any other error
@@ -169,6 +170,22 @@ type Row struct {
 	PayloadHash  []byte
 	// Delay is added to the database clock's now to give next_attempt_at.
 	Delay time.Duration
+	// Lease, when its Duration is positive, writes the row already claimed, so that a
+	// reader of the database's log can deliver it while no claim may take it: status
+	// processing, attempts 1, locked_by = Lease.WorkerID, lease_token = Lease.Token and
+	// locked_until = now + Lease.Duration, from the same now as created_at. Claims pass over
+	// the row until the lease expires, then reclaim it as any expired lease. The engine sets
+	// it only with Delay zero, and only on a built-in dialect that can (PostgreSQL's, for
+	// outbox.Options.LogLease): a dialect of one's own never sees it set. A built-in dialect
+	// that cannot returns an error matching [errors.ErrUnsupported] for such a row.
+	Lease InsertLease
+}
+
+// InsertLease is the lease a row is inserted under ([Row.Lease]). The zero value is none.
+type InsertLease struct {
+	WorkerID string
+	Token    uuid.UUID
+	Duration time.Duration
 }
 
 // Scope restricts which rows a claim or a sweep may touch. Zero fields match everything.

@@ -437,6 +437,7 @@ func newNames(root string) *names {
 			"conformance": "conformance",
 			"outboxui":    "outboxui",
 			"cloudevents": "cloudevents",
+			"outboxpglog": "logrepl/pglog",
 		},
 		vars: map[string]string{"store": ".Store", "pub": ".Publisher", "in": "inbox.Inbox"},
 	}

@@ -240,6 +240,9 @@ var mysqlInsertHeads, mysqlInsertGroups = func() (heads, groups [sqlkit.ShapeCou
 // are removed before the error is returned, so a caller that commits anyway does not leave
 // a key reserved for an event that was never written.
 func (d Dialect) Insert(ctx context.Context, q dialect.DBTX, t dialect.Table, rows []dialect.Row) ([]bool, error) {
+	if err := sqlkit.CheckInsertLeases(rows); err != nil {
+		return nil, err // until a binlog reader needs it
+	}
 	inserted, err := d.insert(ctx, q, t, rows)
 	return inserted, mysqlConflict(err)
 }

@@ -97,8 +97,10 @@ type Dialect struct {
 
 type pgStatements struct {
 	complete, ack, extend, get string
-	// insertOne and insertMany are rendered for every insert shape (sqlkit.InsertShape).
-	insertOne, insertMany [sqlkit.ShapeCount]string
+	// insertOne and insertMany are rendered for every insert shape (sqlkit.InsertShape);
+	// the leased ones for a chunk in which some row carries dialect.Row.Lease.
+	insertOne, insertMany             [sqlkit.ShapeCount]string
+	insertOneLeased, insertManyLeased [sqlkit.ShapeCount]string
 }
 
 // Batch insert bounds: rows per statement, and payload plus headers bytes per statement
@@ -143,13 +145,16 @@ func renderPgStatements(t dialect.Table) *pgStatements {
 		get: `SELECT ` + sqlkit.SelectList(sqlkit.RecordColumns, "", nil) + ` FROM ` + tbl + ` WHERE id = $1`,
 	}
 	for s := range sqlkit.InsertShape(sqlkit.ShapeCount) {
-		st.insertOne[s], st.insertMany[s] = renderPgInsert(tbl, s)
+		st.insertOne[s], st.insertMany[s] = renderPgInsert(tbl, s, false)
+		st.insertOneLeased[s], st.insertManyLeased[s] = renderPgInsert(tbl, s, true)
 	}
 	return st
 }
 
-// renderPgInsert renders the one-row and the batch INSERT of shape s.
-func renderPgInsert(tbl string, s sqlkit.InsertShape) (one, many string) {
+// renderPgInsert renders the one-row and the batch INSERT of shape s. With leased, they
+// also bind each row's lease (dialect.Row.Lease): the one-row form's row has one, and in
+// the batch form a row whose lease_us is NULL is written pending, as without.
+func renderPgInsert(tbl string, s sqlkit.InsertShape, leased bool) (one, many string) {
 	cols := s.Columns()
 	next, delay := `now()`, `now() + `+pgMicros(`u.delay_us`)
 	var values, selects, arrays, names strings.Builder
@@ -176,9 +181,26 @@ func renderPgInsert(tbl string, s sqlkit.InsertShape) (one, many string) {
 		conflict = pgOnConflict
 	}
 	head := `INSERT INTO ` + tbl + ` ` + s.ColumnList()
-	one = head + ` VALUES (` + values.String() + `'pending', 0, ` + next + `, now(), now())` + conflict
-	many = head + ` SELECT ` + selects.String() + `'pending', 0, ` + delay + `, now(), now()` +
-		` FROM unnest(` + arrays.String() + `) AS u(` + names.String() + `)` + conflict
+	if !leased {
+		one = head + ` VALUES (` + values.String() + `'pending', 0, ` + next + `, now(), now())` + conflict
+		many = head + ` SELECT ` + selects.String() + `'pending', 0, ` + delay + `, now(), now()` +
+			` FROM unnest(` + arrays.String() + `) AS u(` + names.String() + `)` + conflict
+	} else {
+		// The lease's three values follow the shape's (and the delay's) in bind order.
+		n := len(cols) + 1
+		if s&sqlkit.WithDelay != 0 {
+			n++
+		}
+		p := func(i int) string { return `$` + strconv.Itoa(n+i) }
+		head = strings.TrimSuffix(head, `)`) + `, locked_by, lease_token, locked_until)`
+		one = head + ` VALUES (` + values.String() + `'processing', 1, ` + next + `, now(), now(), ` +
+			p(0) + `::text, ` + p(1) + `::uuid, now() + ` + pgMicros(p(2)+`::bigint`) + `)` + conflict
+		many = head + ` SELECT ` + selects.String() +
+			`CASE WHEN u.lease_us IS NULL THEN 'pending' ELSE 'processing' END, CASE WHEN u.lease_us IS NULL THEN 0 ELSE 1 END, ` +
+			delay + `, now(), now(), u.locked_by, u.lease_token, now() + ` + pgMicros(`u.lease_us`) +
+			` FROM unnest(` + arrays.String() + `, ` + p(0) + `::text[], ` + p(1) + `::uuid[], ` + p(2) + `::bigint[])` +
+			` AS u(` + names.String() + `, locked_by, lease_token, lease_us)` + conflict
+	}
 	if conflict != "" {
 		many += ` RETURNING id` // which rows went in: the others were duplicates
 	}
@@ -264,14 +286,19 @@ func (d *Dialect) RenderInsert(t dialect.Table, rows []dialect.Row) ([]sqlkit.In
 		chunk := rows[:pgChunkLen(rows)]
 		rows = rows[len(chunk):]
 		shape := sqlkit.ShapeOf(chunk)
+		leased := pgLeased(chunk)
+		one, many := st.insertOne[shape], st.insertMany[shape]
+		if leased {
+			one, many = st.insertOneLeased[shape], st.insertManyLeased[shape]
+		}
 		var (
 			is  sqlkit.InsertStatement
 			err error
 		)
 		if len(chunk) == 1 {
-			is, err = pgInsertOne(st.insertOne[shape], shape, &chunk[0])
+			is, err = pgInsertOne(one, shape, leased, &chunk[0])
 		} else {
-			is, err = pgInsertMany(st.insertMany[shape], shape, chunk)
+			is, err = pgInsertMany(many, shape, leased, chunk)
 		}
 		if err != nil {
 			return nil, err
@@ -301,7 +328,20 @@ func pgChunkLen(rows []dialect.Row) int {
 	return len(rows)
 }
 
-func pgInsertOne(query string, shape sqlkit.InsertShape, r *dialect.Row) (sqlkit.InsertStatement, error) {
+// pgLeased reports whether some row of rows is inserted leased (dialect.Row.Lease).
+func pgLeased(rows []dialect.Row) bool {
+	for i := range rows {
+		if rows[i].Lease.Duration > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// InsertsLeased implements sqlkit.LeasedInserter.
+func (*Dialect) InsertsLeased() bool { return true }
+
+func pgInsertOne(query string, shape sqlkit.InsertShape, leased bool, r *dialect.Row) (sqlkit.InsertStatement, error) {
 	headers, err := r.Headers.Value()
 	if err != nil {
 		return sqlkit.InsertStatement{}, err
@@ -311,6 +351,9 @@ func pgInsertOne(query string, shape sqlkit.InsertShape, r *dialect.Row) (sqlkit
 	vals := shape.RowValues(make([]any, 0, 10), r, headers, pgUUID, string(r.Payload))
 	if shape&sqlkit.WithDelay != 0 {
 		vals = append(vals, sqlkit.Micros(r.Delay))
+	}
+	if leased {
+		vals = append(vals, r.Lease.WorkerID, r.Lease.Token.String(), sqlkit.Micros(r.Lease.Duration))
 	}
 	result := sqlkit.InsertedAll
 	if r.DedupeKey != "" {
@@ -322,7 +365,7 @@ func pgInsertOne(query string, shape sqlkit.InsertShape, r *dialect.Row) (sqlkit
 // pgInsertMany binds each column of the shape as one array. unnest returns the elements in
 // order, so of two rows with one dedupe key in a batch the first goes in, as with VALUES
 // lists; the report comes from RETURNING either way, so it is always what the database did.
-func pgInsertMany(query string, shape sqlkit.InsertShape, rows []dialect.Row) (sqlkit.InsertStatement, error) {
+func pgInsertMany(query string, shape sqlkit.InsertShape, leased bool, rows []dialect.Row) (sqlkit.InsertStatement, error) {
 	n := len(rows)
 	ids, namespaces, topics, payloads := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	hashes := make([][]byte, n)
@@ -377,6 +420,19 @@ func pgInsertMany(query string, shape sqlkit.InsertShape, rows []dialect.Row) (s
 	vals = append(vals, payloads, hashes)
 	if delays != nil {
 		vals = append(vals, delays)
+	}
+	if leased {
+		// A row without a lease binds NULLs, which the statement writes as pending.
+		workers, tokens, leases := make([]*string, n), make([]*string, n), make([]*int64, n)
+		for i := range rows {
+			l := rows[i].Lease
+			if l.Duration <= 0 {
+				continue
+			}
+			w, tok, us := l.WorkerID, l.Token.String(), sqlkit.Micros(l.Duration)
+			workers[i], tokens[i], leases[i] = &w, &tok, &us
+		}
+		vals = append(vals, workers, tokens, leases)
 	}
 	is := sqlkit.InsertStatement{Statement: sqlkit.Statement{Query: query, Args: vals}, Rows: n}
 	if shape&sqlkit.WithDedupe != 0 {

@@ -90,6 +90,9 @@ func (Dialect) Name() string { return "sqlite" }
 const sqliteRowsPerInsert = 500
 
 func (d Dialect) Insert(ctx context.Context, q dialect.DBTX, t dialect.Table, rows []dialect.Row) ([]bool, error) {
+	if err := sqlkit.CheckInsertLeases(rows); err != nil {
+		return nil, err // SQLite has no log to read: its rows are always polled
+	}
 	inserted := make([]bool, 0, len(rows))
 	// Go's clock down to its millisecond: the resolution of SQLite's, which the claim
 	// compares next_attempt_at with (sqliteNow truncates the same way), so that a row

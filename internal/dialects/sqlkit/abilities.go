@@ -3,6 +3,7 @@ package sqlkit
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"time"
 
@@ -23,6 +24,27 @@ import (
 type Schemer interface {
 	// SupportsSchema reports whether the dialect honours dialect.Table.Schema.
 	SupportsSchema() bool
+}
+
+// LeasedInserter is the ability to insert a row already leased (dialect.Row.Lease), which a
+// reader of the database's log needs so that no claim takes the rows it delivers. The
+// engine refuses outbox.Options.LogLease, before any statement runs, for a dialect that
+// lacks it. The PostgreSQL dialect implements it; the others refuse a leased row with
+// [CheckInsertLeases].
+type LeasedInserter interface {
+	// InsertsLeased reports whether Insert honours dialect.Row.Lease.
+	InsertsLeased() bool
+}
+
+// CheckInsertLeases returns an error matching errors.ErrUnsupported when a row carries a
+// lease (dialect.Row.Lease), for a dialect that cannot insert one; nil otherwise.
+func CheckInsertLeases(rows []dialect.Row) error {
+	for i := range rows {
+		if rows[i].Lease.Duration != 0 {
+			return fmt.Errorf("dialect: Row.Lease is set and this dialect cannot insert a leased row: %w", errors.ErrUnsupported)
+		}
+	}
+	return nil
 }
 
 // PoolBinder lets a dialect keep state per pool, such as prepared statements. outbox.New

@@ -1,0 +1,109 @@
+package outboxpglog
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/outboxgo/outbox"
+)
+
+// heldBack is the last_error of a row handed back to polling because an earlier row of
+// its key was not delivered yet.
+const heldBack = "held back for ordered delivery: an earlier message of its partition key is not delivered yet"
+
+// publishOrdered publishes the deliveries of chunk (its rows at index) in rounds that hold
+// at most one row per partition key, each key's rows in commit order, and hands back to
+// polling every row of a key whose earlier row is undelivered: in the table (blockedKeys)
+// or in this chunk (failed or held). Rows without a key all go in the first round.
+func (p *Publisher) publishOrdered(ctx context.Context, chunk []outbox.Record, deliveries []outbox.Delivery, index []int, outcomes []outbox.Outcome) error {
+	stopped, err := p.blockedKeys(ctx, chunk, index)
+	if err != nil {
+		return err
+	}
+	remaining := make([]int, len(index)) // positions in deliveries and index
+	for j := range remaining {
+		remaining[j] = j
+	}
+	for len(remaining) > 0 {
+		var round, next []int
+		inRound := map[string]bool{}
+		for _, j := range remaining {
+			r := chunk[index[j]]
+			k := r.PartitionKey
+			switch {
+			case k == "":
+				round = append(round, j)
+			case stopped[k]:
+				outcomes[index[j]] = outbox.Outcome{Lease: outbox.Lease{ID: r.ID, Token: r.LeaseToken},
+					Status: outbox.StatusPending, Error: heldBack, RefundAttempt: true}
+			case inRound[k]:
+				next = append(next, j)
+			default:
+				inRound[k] = true
+				round = append(round, j)
+			}
+		}
+		ds, ix := make([]outbox.Delivery, len(round)), make([]int, len(round))
+		for n, j := range round {
+			ds[n], ix[n] = deliveries[j], index[j]
+		}
+		ok := p.publishInto(ctx, chunk, ds, ix, outcomes)
+		for n, i := range ix {
+			if k := chunk[i].PartitionKey; k != "" && !ok[n] {
+				stopped[k] = true
+			}
+		}
+		remaining = next
+	}
+	return nil
+}
+
+// blockedKeys returns the partition keys of chunk's rows at index that have an earlier row
+// (by created_at, id) in the table that is not delivered: pending, processing or, unless
+// OrderedSkipDead, dead. Each key is checked from its first row in commit order.
+func (p *Publisher) blockedKeys(ctx context.Context, chunk []outbox.Record, index []int) (map[string]bool, error) {
+	var (
+		keys    []string
+		created []time.Time
+		ids     []string
+	)
+	seen := map[string]bool{}
+	for _, i := range index {
+		r := chunk[i]
+		if r.PartitionKey == "" || seen[r.PartitionKey] {
+			continue
+		}
+		seen[r.PartitionKey] = true
+		keys, created, ids = append(keys, r.PartitionKey), append(created, r.CreatedAt), append(ids, r.ID.String())
+	}
+	blocked := map[string]bool{}
+	if len(keys) == 0 {
+		return blocked, nil
+	}
+	statuses := `'pending', 'processing', 'dead'`
+	if p.o.OrderedSkipDead {
+		statuses = `'pending', 'processing'`
+	}
+	t := p.store.Table()
+	tbl := quoteIdent(t.Name())
+	if t.Schema() != "" {
+		tbl = quoteIdent(t.Schema()) + "." + tbl
+	}
+	rows, err := p.store.DB().QueryContext(ctx, `SELECT u.key FROM unnest($1::text[], $2::timestamptz[], $3::uuid[]) AS u(key, created_at, id)`+
+		` WHERE EXISTS (SELECT 1 FROM `+tbl+` AS t WHERE t.namespace = $4 AND t.partition_key = u.key`+
+		` AND t.status IN (`+statuses+`) AND (t.created_at, t.id) < (u.created_at, u.id))`,
+		keys, created, ids, p.o.Namespace)
+	if err != nil {
+		return nil, fmt.Errorf("outboxpglog: read the heads of partition keys: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var k string
+		if err := rows.Scan(&k); err != nil {
+			return nil, err
+		}
+		blocked[k] = true
+	}
+	return blocked, rows.Err()
+}
