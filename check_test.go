@@ -247,6 +247,8 @@ func TestPublisherLogsFailuresAtWarn(t *testing.T) {
 	require.NoError(t, err)
 	start(t, p)
 	e.waitCounts(t, 20*time.Second, func(m map[outbox.Status]int) bool { return m[outbox.StatusDead] == 5 })
+	// The dead-letter line follows the settle's commit, which the table shows first.
+	testdb.Poll(t, 20*time.Second, "the dead-letter line", func() bool { return strings.Contains(logs.String(), "dead-lettered") })
 	var warn, errLines int
 	for _, l := range strings.Split(logs.String(), "\n") {
 		switch {
