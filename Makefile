@@ -93,7 +93,7 @@ screenshots: ## Drive the web view in headless chromium and write the README's s
 test-faults: ## Database restarts, killed connections, lease reclaim, a PostgreSQL failover, a Galera cluster, a NATS JetStream cluster, and each transport's broker hung at default options (about 3 minutes)
 	OUTBOX_FAULTS=1 $(GO) test -count=1 -v -timeout 15m -skip '^TestSoak$$' ./internal/faults
 	OUTBOX_FAULTS=1 $(GO) test -count=1 -v -timeout 5m -tags natscluster -run '^TestJetStreamCluster$$' ./transport/nats
-	$(GO) test -count=1 -v -timeout 5m -tags acceptance -run '^TestDefaultsOutage$$' ./transport/nats ./transport/kafka ./transport/amqp ./transport/redis ./transport/webhook
+	$(GO) test -count=1 -v -p 5 -timeout 5m -tags acceptance -run '^TestDefaultsOutage$$' ./transport/nats ./transport/kafka ./transport/amqp ./transport/redis ./transport/webhook
 
 SOAK_DURATION ?= 10m
 

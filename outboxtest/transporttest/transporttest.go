@@ -639,9 +639,10 @@ func ProxyOutage(t *testing.T, kind OutageKind, ns string, tr outbox.Transport, 
 }
 
 // DefaultsHold is how long [DefaultsOutage] keeps the broker away: past every transport's
-// default timeout (AMQP's confirmation waits 30 s, a webhook 15 s and a HEAD request 15 s
-// more), so that batches fail while it lasts.
-const DefaultsHold = 45 * time.Second
+// default timeouts taken twice, since a batch cut in the middle fails as retries and the
+// next one as the outage (AMQP's confirmation waits 30 s, a webhook request 15 s and its
+// HEAD check 15 s more), so that the circuit opens while it lasts.
+const DefaultsHold = 70 * time.Second
 
 // DefaultsOutage is [ProxyOutage] for a broker that keeps its connections open and answers
 // nothing for [DefaultsHold], with a Publisher and a transport at their default options (tr
@@ -651,7 +652,7 @@ const DefaultsHold = 45 * time.Second
 func DefaultsOutage(t *testing.T, ns string, tr outbox.Transport, proxy *testproxy.Proxy, logs *Logs, consume func() []Received) {
 	t.Helper()
 	proxyOutage(t, Blackhole, ns, tr, proxy, logs, consume, outbox.PublisherOptions{
-		Scope: outbox.Scope{Namespace: ns}, Logger: slog.New(slog.DiscardHandler),
+		Scope: outbox.Scope{Namespace: ns}, Logger: slog.New(slog.NewTextHandler(t.Output(), nil)),
 	}, DefaultsHold, 120*time.Second)
 }
 
