@@ -132,25 +132,25 @@ func (h *wakeHub) wantsListener() bool {
 // held. The library never takes a pool's last connection: the application, the claims and
 // the settles need one.
 func (h *wakeHub) startListener(s *wakeSub) (refused string) {
-	if s.listenDB != nil && s.listenDB != h.key.db {
-		ctx, stop := context.WithCancel(context.Background())
-		h.stop, h.done = stop, make(chan struct{})
-		go h.listen(ctx, s.notifier, s.listenDB, h.done)
-		return ""
+	db := h.key.db
+	if s.listenDB != nil {
+		db = s.listenDB // a pool of its own: nothing of the Store's pool to budget
 	}
-	held := hubs.held[h.key.db]
-	if max := h.key.db.Stats().MaxOpenConnections; max > 0 && held+1 >= max {
-		h.off = true
-		return fmt.Sprintf("outbox publisher: not listening for wake-ups from other processes: a listener holds "+
-			"one connection of the pool for good, and this pool (db.SetMaxOpenConns(%d)) has %d held by the "+
-			"library's listeners already and needs one for everything else, so rows enqueued elsewhere are found "+
-			"by polling; allow the pool %d connections or more for wake-ups, or set outbox.Options.DisableNotify",
-			max, held, held+2)
+	if db == h.key.db {
+		held := hubs.held[db]
+		if max := db.Stats().MaxOpenConnections; max > 0 && held+1 >= max {
+			h.off = true
+			return fmt.Sprintf("outbox publisher: not listening for wake-ups from other processes: a listener holds "+
+				"one connection of the pool for good, and this pool (db.SetMaxOpenConns(%d)) has %d held by the "+
+				"library's listeners already and needs one for everything else, so rows enqueued elsewhere are found "+
+				"by polling; allow the pool %d connections or more for wake-ups, or set outbox.Options.DisableNotify",
+				max, held, held+2)
+		}
+		hubs.held[db]++
 	}
-	hubs.held[h.key.db]++
 	ctx, stop := context.WithCancel(context.Background())
 	h.stop, h.done = stop, make(chan struct{})
-	go h.listen(ctx, s.notifier, h.key.db, h.done)
+	go h.listen(ctx, s.notifier, db, h.done)
 	return ""
 }
 
