@@ -94,6 +94,22 @@ func PerMessage(fn func(ctx context.Context, d Delivery) error) Transport {
 	})
 }
 
+// TransportKeyOrder is an optional ability of a [Transport]: KeepsKeyOrder reports whether
+// Publish keeps the order of one partition key's messages inside a batch. A transport that
+// keeps it delivers the messages of a batch that share a Namespace and a PartitionKey in their
+// order in the batch, so that a consumer never receives one before those ahead of it, and once
+// one of them fails it delivers none of the key's later messages in that batch, reporting an
+// error for each (the [Publisher] releases them without spending an attempt). Messages of
+// different keys may go in parallel.
+//
+// An ordered Publisher ([PublisherOptions.Ordered]) hands a transport that keeps key order a
+// key's waiting messages together, in sequence, up to the batch size; any other transport
+// receives at most one message per key in a batch. A transport that wraps another (telemetry,
+// middleware) should report what the wrapped one reports.
+type TransportKeyOrder interface {
+	KeepsKeyOrder() bool
+}
+
 // TransportDestination is an optional ability of a [Transport], for telemetry: Destination
 // tells where Publish sends d, in the words of OpenTelemetry's messaging conventions
 // (messaging.destination.name, server.address, server.port). Telemetry adapters call it for
