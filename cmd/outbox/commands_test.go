@@ -20,8 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxgo/outbox"
-	"github.com/outboxgo/outbox/internal/gooseset"
-	"github.com/outboxgo/outbox/internal/testdb"
+	"github.com/outboxgo/outbox/outboxtest/testdb"
 	"github.com/outboxgo/outbox/migrations"
 )
 
@@ -381,7 +380,7 @@ func TestMigrateOrdered(t *testing.T) {
 		ctx := context.Background()
 		orderedVT := outbox.DefaultTable + migrations.OrderedVersionSuffix
 		vtExists := func() bool {
-			ok, err := gooseset.TableExists(ctx, f.db, f.backend, orderedVT)
+			ok, err := tableExists(ctx, f.db, f.backend, orderedVT)
 			require.NoError(t, err)
 			return ok
 		}

@@ -15,7 +15,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outboxgo/outbox"
-	"github.com/outboxgo/outbox/internal/when"
+	"github.com/outboxgo/outbox/cmd/outbox/internal/when"
 )
 
 const deadUsage = `  outbox dead list [--limit N] [--cursor C] [--since T] [--until T] [--payloads]

@@ -9,6 +9,7 @@
 //	outbox [flags] dead discard ID...
 //	outbox [flags] purge --delivered-older-than D --dead-older-than D
 //	outbox [flags] ui [--listen ADDR] [--token T] [--read-only] [--hide-payloads]
+//	outbox [flags] relay --broker URL [--config F] [...]
 //	outbox version | help [command]
 //
 // The database comes from --dsn (or OUTBOX_DSN) and --dialect (or OUTBOX_DIALECT), which is
@@ -139,6 +140,7 @@ func init() {
 		{"dead", "list, show, replay or discard dead letters (list|show|replay|discard)", runDead},
 		{"purge", "delete old delivered and dead rows in short batches", runPurge},
 		{"ui", "serve the web view: overview, dead letters, replay and discard", runUI},
+		{"relay", "deliver the rows of one or many databases to a broker, with health, readiness and metrics", runRelay},
 		{"version", "print the command's version", runVersion},
 		{"help", "show help for the command or one subcommand", runHelp},
 	}

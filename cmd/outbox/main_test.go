@@ -18,7 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/outboxgo/outbox"
-	"github.com/outboxgo/outbox/internal/testdb"
+	"github.com/outboxgo/outbox/outboxtest/testdb"
 )
 
 func TestMain(m *testing.M) {

@@ -8,7 +8,6 @@ import (
 
 	"github.com/pressly/goose/v3"
 
-	"github.com/outboxgo/outbox/internal/gooseset"
 	"github.com/outboxgo/outbox/migrations"
 )
 
@@ -60,7 +59,7 @@ type migrator struct {
 // orderedExists reports whether the ordered set's version table exists: whether the set
 // was ever applied to the table.
 func (m *migrator) orderedExists(ctx context.Context) (bool, error) {
-	ok, err := gooseset.TableExists(ctx, m.cn.db, m.cn.dialect, m.cn.qualify(m.cn.table.Name()+migrations.OrderedVersionSuffix))
+	ok, err := tableExists(ctx, m.cn.db, m.cn.dialect, m.cn.qualify(m.cn.table.Name()+migrations.OrderedVersionSuffix))
 	if err != nil {
 		return false, fmt.Errorf("read the ordered migrations of %s: %v", m.cn.table.Name(), err)
 	}

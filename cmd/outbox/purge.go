@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/outboxgo/outbox"
-	"github.com/outboxgo/outbox/internal/when"
+	"github.com/outboxgo/outbox/cmd/outbox/internal/when"
 )
 
 const purgeUsage = `  outbox purge [--delivered-older-than D] [--dead-older-than D] [--batch-size N]

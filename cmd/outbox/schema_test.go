@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxgo/outbox"
-	"github.com/outboxgo/outbox/internal/testdb"
+	"github.com/outboxgo/outbox/outboxtest/testdb"
 )
 
 // --schema migrates and reads a table in a schema that the connection's search_path does

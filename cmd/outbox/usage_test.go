@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxgo/outbox"
-	"github.com/outboxgo/outbox/internal/testdb"
+	"github.com/outboxgo/outbox/outboxtest/testdb"
 )
 
 // TestUsage covers the commands that need no database, and the JSON error document.
