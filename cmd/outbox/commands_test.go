@@ -20,8 +20,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxgo/outbox"
-	"github.com/outboxgo/outbox/outboxtest/testdb"
 	"github.com/outboxgo/outbox/migrations"
+	"github.com/outboxgo/outbox/outboxtest/testdb"
 )
 
 // TestStats checks stats' JSON document (its exact keys and every count) and its table,

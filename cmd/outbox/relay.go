@@ -267,7 +267,11 @@ func serveRelay(ctx context.Context, c *cli, rc *relayConfig, spec *brokerSpec, 
 			}
 		}()
 	}
-	log.Info("outbox relay: serving", "databases", len(stores), "broker", spec.shown, "listen", rc.Listen)
+	listen := "off"
+	if ln != nil {
+		listen = ln.Addr().String()
+	}
+	log.Info("outbox relay: serving", "databases", len(stores), "broker", spec.shown, "listen", listen)
 
 	<-ctx.Done()
 	log.Info("outbox relay: draining", "deadline", rc.DrainTimeout.String())

@@ -101,8 +101,17 @@ func parseBroker(raw string, extra map[string]string) (*brokerSpec, error) {
 	} else if b.opts["cloudevents_mode"] != "" {
 		return nil, usagef("broker option cloudevents_mode needs cloudevents_source")
 	}
-	if b.scheme == "webhook" && b.opts["secret"] == "" {
-		return nil, usagef("a webhook broker needs its signing secret: broker option secret (whsec_..., best in OUTBOX_BROKER_OPTIONS=secret=... or the config file)")
+	if b.scheme == "webhook" {
+		if b.opts["secret"] == "" {
+			return nil, usagef("a webhook broker needs its signing secret: broker option secret (whsec_..., best in OUTBOX_BROKER_OPTIONS=secret=... or the config file)")
+		}
+		// The webhook transport connects only when it publishes: building it checks the
+		// secret and the URL template.
+		tr, err := outboxwebhook.New(outboxwebhook.Options{URL: u.String(), Secret: b.opts["secret"], AllowHTTP: u.Scheme == "http"})
+		if err != nil {
+			return nil, usagef("webhook: %v", err)
+		}
+		_ = tr.Close()
 	}
 	// Parse every typed option now, so that a bad one is bad input.
 	for _, k := range []string{"ack_timeout", "timeout", "dial_timeout", "confirm_timeout", "reconnect_min", "reconnect_max", "max_retry_after"} {

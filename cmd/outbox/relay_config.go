@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"maps"
 	"net"
-	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -128,14 +127,14 @@ func oneOf(f func(c *relayConfig) *string, allowed ...string) func(*relayConfig,
 var relayKeys = []relayKey{
 	{key: "broker", flag: "broker", env: "OUTBOX_BROKER", help: "where to publish, a URL: nats://, kafka://, amqp://, amqps://, redis://, rediss://, https:// or http:// (a webhook). Required",
 		set: stringKey(func(c *relayConfig) *string { return &c.Broker })},
-	{key: "broker_options", flag: "broker-opt", env: "OUTBOX_BROKER_OPTIONS", help: "the transport's options (see Transports): a [broker_options] table of the file, --broker-opt key=value (repeatable), or name=value&name=value in the variable; they win over the broker URL's query",
+	{key: "broker_options", flag: "broker-opt", env: "OUTBOX_BROKER_OPTIONS", help: "the transport's options (see Transports): a [broker_options] table of the file, --broker-opt name=value (repeatable), or name=value,name=value in the variable; they win over the broker URL's query",
 		set: func(c *relayConfig, v string) error {
-			q, err := url.ParseQuery(v)
-			if err != nil {
-				return fmt.Errorf("%q is not name=value&name=value", v)
-			}
-			for k, vs := range q {
-				c.BrokerOptions[k] = vs[len(vs)-1]
+			for kv := range strings.SplitSeq(v, ",") {
+				name, val, ok := strings.Cut(strings.TrimSpace(kv), "=")
+				if !ok || name == "" {
+					return fmt.Errorf("%q is not name=value,name=value", v)
+				}
+				c.BrokerOptions[name] = val
 			}
 			return nil
 		}},
