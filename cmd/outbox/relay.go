@@ -118,8 +118,10 @@ func (c *cli) planRelay(rc *relayConfig, log *slog.Logger) ([]storePlan, error) 
 		sc := outbox.Scope{Namespace: db.Namespace, Topics: rc.Topics, TenantID: rc.Tenant}
 		po := outbox.PublisherOptions{
 			Scope: sc, BatchSize: rc.BatchSize, PollInterval: rc.PollInterval, Lease: rc.Lease,
-			Retry:       outbox.RetryPolicy{BaseDelay: rc.RetryBase, MaxDelay: rc.RetryMax, MaxAttempts: rc.MaxAttempts},
-			Concurrency: rc.Concurrency, ShutdownTimeout: rc.DrainTimeout, Ordered: rc.Ordered, Logger: log,
+			IdleBackoffMax: max(outbox.DefaultIdleBackoffMax, rc.PollInterval),
+			Retry:          outbox.RetryPolicy{BaseDelay: rc.RetryBase, MaxDelay: rc.RetryMax, MaxAttempts: rc.MaxAttempts},
+			Circuit:        outbox.CircuitOptions{ProbeMin: rc.CircuitProbeMin, ProbeMax: rc.CircuitProbeMax},
+			Concurrency:    rc.Concurrency, ShutdownTimeout: rc.DrainTimeout, Ordered: rc.Ordered, Logger: log,
 		}
 		p := storePlan{name: name, t: t, db: db, opts: po}
 		if db.Delivery == "log" {
@@ -152,15 +154,28 @@ func (c *cli) planRelay(rc *relayConfig, log *slog.Logger) ([]storePlan, error) 
 
 // relayOptionError names the flag of a library option refused.
 func relayOptionError(err error) string {
-	msg := err.Error()
-	for field, flag := range map[string]string{"BatchSize": "batch-size", "PollInterval": "poll-interval", "Lease": "lease",
+	var ve *outbox.ValidationError
+	if !errors.As(err, &ve) {
+		return err.Error()
+	}
+	flag := map[string]string{"BatchSize": "batch-size", "PollInterval": "poll-interval", "Lease": "lease",
 		"MaxAttempts": "max-attempts", "BaseDelay": "retry-base", "MaxDelay": "retry-max", "Concurrency": "concurrency",
-		"MaxInFlight": "max-in-flight", "IdleProbesPerSecond": "idle-probes-per-second", "Namespace": "namespace", "Topics": "topic"} {
-		if strings.Contains(msg, field) {
-			return "--" + flag + ": " + msg
+		"MaxInFlight": "max-in-flight", "IdleProbesPerSecond": "idle-probes-per-second", "Namespace": "namespace",
+		"Topics": "topic", "ShutdownTimeout": "drain-timeout", "Circuit.ProbeMin": "circuit-probe-min", "Circuit.ProbeMax": "circuit-probe-max"}[ve.Field]
+	if flag == "" {
+		return err.Error()
+	}
+	return "--" + flag + " (" + relayKeyOfFlag(flag) + "): " + strings.TrimPrefix(err.Error(), "outbox: ")
+}
+
+// relayKeyOfFlag returns the file key and variable of a flag, for messages.
+func relayKeyOfFlag(flag string) string {
+	for _, k := range relayKeys {
+		if k.flag == flag {
+			return k.key + ", " + k.env
 		}
 	}
-	return msg
+	return ""
 }
 
 // relayStore is a database being served.

@@ -78,6 +78,7 @@ func parseBroker(raw string, extra map[string]string) (*brokerSpec, error) {
 			b.opts[k] = vs[len(vs)-1]
 		}
 		u.RawQuery = ""
+		b.shown = u.Redacted()
 	}
 	maps.Copy(b.opts, extra)
 	known := append(slices.Clone(brokerOptions[b.scheme]), commonBrokerOptions...)

@@ -40,6 +40,8 @@ type relayConfig struct {
 	RetryBase           time.Duration
 	RetryMax            time.Duration
 	Concurrency         int
+	CircuitProbeMin     time.Duration
+	CircuitProbeMax     time.Duration
 	MaxInFlight         int
 	IdleProbesPerSecond float64
 	DrainTimeout        time.Duration
@@ -193,6 +195,10 @@ var relayKeys = []relayKey{
 		set: durationKey(func(c *relayConfig) *time.Duration { return &c.RetryMax })},
 	{key: "concurrency", flag: "concurrency", env: "OUTBOX_CONCURRENCY", def: "1", help: "publish calls in flight per database",
 		set: intKey(func(c *relayConfig) *int { return &c.Concurrency })},
+	{key: "circuit_probe_min", flag: "circuit-probe-min", env: "OUTBOX_CIRCUIT_PROBE_MIN", def: outbox.DefaultProbeMin.String(), help: "after a batch failed as a whole because the broker was unreachable, the pause before the first probe",
+		set: durationKey(func(c *relayConfig) *time.Duration { return &c.CircuitProbeMin })},
+	{key: "circuit_probe_max", flag: "circuit-probe-max", env: "OUTBOX_CIRCUIT_PROBE_MAX", def: outbox.DefaultProbeMax.String(), help: "the longest pause between probes: how long delivery may wait once the broker is back",
+		set: durationKey(func(c *relayConfig) *time.Duration { return &c.CircuitProbeMax })},
 	{key: "max_in_flight", flag: "max-in-flight", env: "OUTBOX_MAX_IN_FLIGHT", def: strconv.Itoa(outbox.DefaultRelayMaxInFlight), help: "claims and batches under way over every database",
 		set: intKey(func(c *relayConfig) *int { return &c.MaxInFlight })},
 	{key: "idle_probes_per_second", flag: "idle-probes-per-second", env: "OUTBOX_IDLE_PROBES_PER_SECOND", def: strconv.Itoa(outbox.DefaultRelayIdleProbesPerSecond), help: "idle claims a second over every database",
