@@ -223,9 +223,9 @@ func TestRelayBadConfiguration(t *testing.T) {
 		{"log delivery on MariaDB", nil, []string{"--broker", broker, "--namespace", "a", "--dsn", my, "--delivery", "log"}, "delivered by polling"},
 		{"unknown broker option", nil, []string{"--broker", broker + "?subjekt=x", "--namespace", "a", "--dsn", pg}, `broker option "subjekt"`},
 		{"webhook without secret", nil, []string{"--broker", "https://hooks.example.com/x", "--namespace", "a", "--dsn", pg}, "signing secret"},
-		{"unknown file key", nil, []string{"--config", file("typo.toml", "broker = \"" + broker + "\"\nnamespace = \"a\"\nbach_size = 10\n")}, `unknown key "bach_size"`},
+		{"unknown file key", nil, []string{"--config", file("typo.toml", "broker = \""+broker+"\"\nnamespace = \"a\"\nbach_size = 10\n")}, `unknown key "bach_size"`},
 		{"file that does not parse", nil, []string{"--config", file("bad.toml", "broker = \n")}, "bad.toml"},
-		{"bad database in file", nil, []string{"--config", file("db.toml", "broker = \"" + broker + "\"\nnamespace = \"a\"\n[[database]]\ndsn = '" + my + "'\ndelivery = \"log\"\n")}, "database 1 of"},
+		{"bad database in file", nil, []string{"--config", file("db.toml", "broker = \""+broker+"\"\nnamespace = \"a\"\n[[database]]\ndsn = '"+my+"'\ndelivery = \"log\"\n")}, "database 1 of"},
 		{"ui beyond loopback without a token", nil, []string{"--broker", broker, "--namespace", "a", "--dsn", pg, "--ui", "--listen", ":0"}, "--ui-token"},
 	} {
 		p := runRelay(t, tc.env, append(append([]string{}, base...), tc.args...)...)
