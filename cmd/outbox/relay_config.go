@@ -141,7 +141,7 @@ var relayKeys = []relayKey{
 			return nil
 		}},
 	{key: "database", flag: "dsn", env: "OUTBOX_DSN", global: true, help: "a database to serve: [[database]] tables in the file (name, dsn, dialect, table, schema, namespace, delivery, replication_dsn, slot); --dsn (repeatable) or the variable replace them"},
-	{key: "dsn_file", flag: "dsn-file", env: "OUTBOX_DSN_FILE", global: true, help: "a file of DSNs, one a line, each a database to serve (blank lines and # comments ignored)"},
+	{key: "dsn_file", flag: "dsn-file", env: "OUTBOX_DSN_FILE", global: true, help: "a file of DSNs, one a line, each a database to serve (blank lines and # comments ignored); not a file key: the file lists [[database]] tables"},
 	{key: "dialect", flag: "dialect", env: "OUTBOX_DIALECT", global: true, help: "postgres, mysql or sqlite, for DSNs whose form does not tell",
 		set: oneOf(func(c *relayConfig) *string { return &c.Dialect }, "", "postgres", "mysql", "sqlite")},
 	{key: "table", flag: "table", env: "OUTBOX_TABLE", def: outbox.DefaultTable, global: true, help: "the outbox table of every database",
@@ -258,14 +258,7 @@ func relayFlags(fs interface {
 // loadRelayConfig merges defaults, the file, the environment and the flags. Every error
 // is a usage error that names the key, variable or flag at fault.
 func (c *cli) loadRelayConfig(cfgPath string, given map[string][]string) (*relayConfig, error) {
-	rc := &relayConfig{BrokerOptions: map[string]string{}}
-	for _, k := range relayKeys {
-		if k.set != nil && k.def != "" {
-			if err := k.set(rc, k.def); err != nil {
-				panic(k.key + ": bad default: " + err.Error())
-			}
-		}
-	}
+	rc := newRelayConfig()
 	if cfgPath == "" {
 		cfgPath = c.env("OUTBOX_CONFIG")
 	}
@@ -315,6 +308,19 @@ func (c *cli) loadRelayConfig(cfgPath string, given map[string][]string) (*relay
 		rc.Databases = dbs
 	}
 	return rc, rc.validate()
+}
+
+// newRelayConfig returns the defaults.
+func newRelayConfig() *relayConfig {
+	rc := &relayConfig{BrokerOptions: map[string]string{}}
+	for _, k := range relayKeys {
+		if k.set != nil && k.def != "" {
+			if err := k.set(rc, k.def); err != nil {
+				panic(k.key + ": bad default: " + err.Error())
+			}
+		}
+	}
+	return rc
 }
 
 // lookupEnv reads a variable through the cli's environment; an empty value counts as
@@ -548,4 +554,24 @@ func cmpOr(a, b string) string {
 func fileExists(path string) bool {
 	_, err := os.Stat(path)
 	return err == nil
+}
+
+// relayReference renders the settings as the Markdown table of docs/relay.md's reference,
+// which a test holds to this list.
+func relayReference() string {
+	var b strings.Builder
+	b.WriteString("| file key | flag | variable | default | meaning |\n|---|---|---|---|---|\n")
+	b.WriteString("| | `--config` | `OUTBOX_CONFIG` | | the TOML file of settings |\n")
+	for _, k := range relayKeys {
+		def := ""
+		if k.def != "" {
+			def = "`" + k.def + "`"
+		}
+		key := "`" + k.key + "`"
+		if k.key == "dsn_file" {
+			key = ""
+		}
+		fmt.Fprintf(&b, "| %s | `--%s` | `%s` | %s | %s |\n", key, k.flag, k.env, def, strings.ReplaceAll(k.help, "|", "\\|"))
+	}
+	return b.String()
 }
