@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -362,14 +361,4 @@ func (r *received) requireExact(t testing.TB, rows []row) {
 			require.Equal(t, sha256.Sum256([]byte(w.payload)), sha256.Sum256([]byte(g)), "payload of %s: got %s", w.id, g)
 		}
 	}
-}
-
-// freePort returns a loopback address that nothing listens on (it listened a moment ago).
-func freePort(t testing.TB) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
-	return addr
 }

@@ -34,10 +34,9 @@ var topics = []string{"order.created", "order.paid"}
 // broker is one transport of the matrix: the URL the relay is given (and its options), and
 // a consumer reading what arrives.
 type brokerUnderTest struct {
-	url  string
-	env  []string
-	args []string
-	got  *received
+	url string
+	env []string
+	got *received
 }
 
 // natsBroker creates a JetStream stream for ns and reads its subjects.

@@ -1,0 +1,157 @@
+package e2e_test
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/migrations"
+	"github.com/outboxgo/outbox/outboxtest/testdb"
+)
+
+// logicalPostgres starts a private PostgreSQL with wal_level = logical (the shared server's
+// is replica) in a temporary directory on a free port, stopped when the test ends, and
+// returns the DSN of its postgres database.
+func logicalPostgres(t *testing.T) string {
+	t.Helper()
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	sort.Slice(dirs, func(i, j int) bool {
+		vi, _ := strconv.Atoi(filepath.Base(filepath.Dir(dirs[i])))
+		vj, _ := strconv.Atoi(filepath.Base(filepath.Dir(dirs[j])))
+		return vi > vj
+	})
+	if len(dirs) == 0 {
+		t.Fatal("no PostgreSQL server binaries in /usr/lib/postgresql/*/bin: install the PostgreSQL server package")
+	}
+	bin := dirs[0]
+	dir, err := os.MkdirTemp("", "outbox-e2e-pg-")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	var cred *syscall.Credential
+	if os.Geteuid() == 0 { // PostgreSQL refuses to run as root
+		u, err := user.Lookup("postgres")
+		require.NoError(t, err, "running as root needs a postgres user to run the server as")
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+		require.NoError(t, os.Chown(dir, uid, gid))
+	}
+	data := filepath.Join(dir, "data")
+	initdb := exec.Command(filepath.Join(bin, "initdb"), "-D", data, "-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-sync")
+	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	out, err := initdb.CombinedOutput()
+	require.NoError(t, err, "initdb: %s", out)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := l.Addr().(*net.TCPAddr).Port
+	require.NoError(t, l.Close())
+	srv := exec.Command(filepath.Join(bin, "postgres"), "-D", data, "-p", strconv.Itoa(port), "-k", dir,
+		"-c", "listen_addresses=127.0.0.1", "-c", "wal_level=logical", "-c", "max_replication_slots=10",
+		"-c", "max_wal_senders=10", "-c", "fsync=off", "-c", "shared_buffers=32MB")
+	srv.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	logf, err := os.Create(filepath.Join(dir, "server.log"))
+	require.NoError(t, err)
+	srv.Stdout, srv.Stderr = logf, logf
+	require.NoError(t, srv.Start())
+	exited := make(chan struct{})
+	go func() { _ = srv.Wait(); _ = logf.Close(); close(exited) }()
+	t.Cleanup(func() {
+		_ = srv.Process.Signal(syscall.SIGINT)
+		select {
+		case <-exited:
+		case <-time.After(30 * time.Second):
+			_ = syscall.Kill(-srv.Process.Pid, syscall.SIGKILL)
+			<-exited
+		}
+	})
+	dsn := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable&connect_timeout=5", port)
+	db, err := sql.Open("pgx", dsn)
+	require.NoError(t, err)
+	defer db.Close()
+	testdb.Poll(t, 60*time.Second, "the private PostgreSQL to answer", func() bool {
+		select {
+		case <-exited:
+			b, _ := os.ReadFile(filepath.Join(dir, "server.log"))
+			t.Fatalf("postgres exited: %s", b)
+		default:
+		}
+		return db.Ping() == nil
+	})
+	return dsn
+}
+
+// TestRelayLogDelivery: with delivery = "log" the relay reads PostgreSQL's log through a
+// replication slot beside polling: rows a Go service enqueued leased to the log reader, and
+// rows written by plain SQL (pending, polling's), all reach the broker; /readyz reports the
+// listener reading its slot, and /metrics the relay's log gauges.
+func TestRelayLogDelivery(t *testing.T) {
+	t.Parallel()
+	dsn := logicalPostgres(t)
+	db, err := sql.Open("pgx", dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	ctx := context.Background()
+	require.NoError(t, migrations.Up(ctx, db, "postgres", migrations.Options{}))
+	d := database{backend: "postgres", db: db, dsn: dsn}
+	ns := newNamespace()
+	br := redisBroker(t, ns, strings.TrimPrefix(testdb.Service(t, "redis", "OUTBOX_REDIS_ADDR", "127.0.0.1:6379"), "redis://"))
+	p := startRelay(t, nil, "--broker", br.url, "--namespace", ns, "--dsn", dsn, "--delivery", "log",
+		"--listen", "127.0.0.1:0", "--poll-interval", "50ms")
+	testdb.Poll(t, 30*time.Second, "the log listener to read its slot", func() bool {
+		_, body := p.get("/readyz")
+		return strings.Contains(body, "reading slot outbox_outbox_events")
+	})
+
+	// A short insert lease: should the log not deliver a row, polling takes it over soon
+	// and the test still proves nothing is lost; the split is logged.
+	store, err := outbox.New(db, outbox.Postgres(), outbox.Options{LogLease: 2 * time.Second})
+	require.NoError(t, err)
+	var fromLog []row
+	for i := range 10 {
+		payload := fmt.Sprintf(`{"via":"log","i":%d}`, i)
+		tx, err := db.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		res, err := store.Enqueue(ctx, tx, outbox.Message{Namespace: ns, Topic: topics[i%2], Payload: json.RawMessage(payload)})
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit())
+		fromLog = append(fromLog, row{id: res.ID.String(), payload: payload})
+	}
+	bySQL := writeRows(t, d, ns, 6)
+	testdb.Poll(t, 30*time.Second, "every row at the broker", func() bool { return br.got.has(fromLog) && br.got.has(bySQL) })
+	br.got.requireExact(t, append(fromLog, bySQL...))
+	testdb.Poll(t, 10*time.Second, "every row delivered", func() bool { return counts(t, d)["delivered"] == 16 })
+	// A row the log delivered was leased at its insert and settled once (attempts 1); one
+	// that polling took over after its lease ran out counts 2.
+	var byLog int
+	ids := make([]any, len(fromLog))
+	for i, r := range fromLog {
+		ids[i] = r.id
+	}
+	require.NoError(t, db.QueryRow(`SELECT count(*) FROM outbox_events WHERE attempts = 1 AND id::text = ANY (ARRAY[$1,$2,$3,$4,$5,$6,$7,$8,$9,$10])`, ids...).Scan(&byLog))
+	t.Logf("%d of %d leased rows delivered from the log, the rest by polling", byLog, len(fromLog))
+
+	code, body := p.get("/readyz")
+	require.Equal(t, 200, code, body)
+	_, metrics := p.get("/metrics")
+	for _, name := range []string{"outbox_relay_log_reading{", "outbox_relay_log_slot_lag_bytes{", "outbox_relay_log_retained_wal_bytes{"} {
+		require.Contains(t, metrics, name)
+	}
+	require.Contains(t, metrics, "outbox_relay_log_reading{")
+	p.signal(syscall.SIGTERM)
+	require.Equal(t, 0, p.exit(30*time.Second))
+}
