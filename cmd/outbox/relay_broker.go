@@ -35,6 +35,7 @@ type brokerSpec struct {
 	shown  string // the URL without its password
 	opts   map[string]string
 	ce     *cloudevents.Options
+	seeds  []string // kafka: every host:port the URL lists
 }
 
 // brokerOptions lists each scheme's options: the reference prints them.
@@ -53,11 +54,21 @@ var commonBrokerOptions = []string{"cloudevents_source", "cloudevents_mode"}
 // the URL's query (every scheme but webhooks, whose query belongs to the receiver) and
 // from broker_options, which win.
 func parseBroker(raw string, extra map[string]string) (*brokerSpec, error) {
+	// kafka://h1:9092,h2:9092 lists several seed brokers, which url.Parse refuses as a host.
+	var seeds []string
+	if rest, ok := strings.CutPrefix(raw, "kafka://"); ok {
+		end := strings.IndexAny(rest, "/?")
+		if end < 0 {
+			end = len(rest)
+		}
+		seeds = strings.Split(rest[:end], ",")
+		raw = "kafka://" + seeds[0] + rest[end:]
+	}
 	u, err := url.Parse(raw)
 	if err != nil || u.Host == "" {
 		return nil, usagef("--broker %q is not a URL such as nats://127.0.0.1:4222", redactURL(raw))
 	}
-	b := &brokerSpec{u: u, shown: u.Redacted(), opts: map[string]string{}}
+	b := &brokerSpec{u: u, shown: u.Redacted(), opts: map[string]string{}, seeds: seeds}
 	switch u.Scheme {
 	case "nats", "tls":
 		b.scheme = "nats"
@@ -79,6 +90,9 @@ func parseBroker(raw string, extra map[string]string) (*brokerSpec, error) {
 		}
 		u.RawQuery = ""
 		b.shown = u.Redacted()
+	}
+	if len(seeds) > 1 {
+		b.shown = "kafka://" + strings.Join(seeds, ",")
 	}
 	maps.Copy(b.opts, extra)
 	known := append(slices.Clone(brokerOptions[b.scheme]), commonBrokerOptions...)
@@ -219,8 +233,7 @@ func (b *brokerSpec) connect(log *slog.Logger) (*broker, error) {
 			return nc.FlushWithContext(ctx)
 		}}, nil
 	case "kafka":
-		seeds := strings.Split(b.u.Host, ",")
-		client, err := outboxkafka.NewClient(seeds, kgo.WithLogger(nil))
+		client, err := outboxkafka.NewClient(b.seeds, kgo.WithLogger(nil))
 		if err != nil {
 			return nil, fmt.Errorf("kafka: %v", err)
 		}
