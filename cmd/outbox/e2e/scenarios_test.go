@@ -282,3 +282,17 @@ func logLine(logs, msg string) map[string]any {
 	}
 	return nil
 }
+
+// TestRelayServesTheWebView: with --ui the web view of every database is under /ui/ on the
+// relay's listen address.
+func TestRelayServesTheWebView(t *testing.T) {
+	t.Parallel()
+	d := newDatabase(t, "sqlite")
+	p := startRelay(t, nil, "--broker", "redis://127.0.0.1:6379", "--namespace", newNamespace(), "--dsn", d.dsn,
+		"--listen", "127.0.0.1:0", "--ui", "--ui-read-only")
+	code, body := p.get("/ui/")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, filepath.Base(strings.TrimSuffix(strings.SplitN(strings.TrimPrefix(d.dsn, "file:"), "?", 2)[0], ".db")))
+	code, _ = p.get("/nothing")
+	require.Equal(t, http.StatusNotFound, code)
+}
