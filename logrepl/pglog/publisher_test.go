@@ -462,7 +462,7 @@ func TestSharesTableWithPolling(t *testing.T) {
 // runs after every other cleanup (which stop the publishers).
 func leakCheck(t *testing.T) {
 	server(t) // its goroutine lives as long as the package's tests
-	opts := []goleak.Option{goleak.IgnoreCurrent(), goleak.IgnoreAnyFunction("github.com/outboxgo/outbox/logrepl/pglog.(*pgServer).start.func1")}
+	opts := []goleak.Option{goleak.IgnoreCurrent(), goleak.IgnoreAnyFunction("github.com/outboxgo/outbox/outboxtest/pgserver.(*Server).start.func1")}
 	t.Cleanup(func() { goleak.VerifyNone(t, opts...) })
 }
 
