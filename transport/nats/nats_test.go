@@ -393,15 +393,12 @@ func TestCloudEvents(t *testing.T) {
 				Type: func(d outbox.Delivery) string { return "com.example." + d.Topic },
 			}})
 			batch := transporttest.Deliveries(transporttest.Messages(ns, 12))
-			// The Go SDK reads structured data as JSON only for application/json and
-			// text/json (not for "+json" types, which the JSON format also calls JSON), so
-			// the structured run sends a type it reads as JSON.
+			// A "+json" type (sent as data_base64 in the structured mode) and a type with a
+			// parameter (sent without the optional space in the binary mode).
 			contentType := "application/vnd.shop+json"
-			if mode == cloudevents.Structured {
-				contentType = "text/json"
-			}
 			batch[1].Headers = outbox.Headers{"content-type": contentType, "x-request-id": "r-1", "Tenant": "acme",
 				"subject": "100% sure, \"quoted\" €"}
+			batch[2].Headers = outbox.Headers{"content-type": "text/plain; charset=utf-8"}
 			require.Empty(t, transporttest.Failures(tr.Publish(context.Background(), batch)))
 
 			byID := map[string]cesdk.Event{}
@@ -430,6 +427,14 @@ func TestCloudEvents(t *testing.T) {
 			require.Equal(t, "acme", odd.Extensions()["tenant"])
 			require.NotContains(t, odd.Extensions(), "x-request-id")
 			require.Equal(t, "application/json", byID[batch[0].ID.String()].DataContentType())
+			text := byID[batch[2].ID.String()]
+			if mode == cloudevents.Binary {
+				require.Equal(t, "text/plain;charset=utf-8", text.DataContentType())
+			} else {
+				require.Equal(t, "text/plain; charset=utf-8", text.DataContentType())
+			}
+			require.Equal(t, string(batch[2].Payload), string(text.Data()))
+			require.Equal(t, string(batch[1].Payload), string(odd.Data()), "a +json payload arrives byte for byte")
 			if mode == cloudevents.Binary {
 				// The binding percent-encodes header values. The SDK's reader (v2.16)
 				// hands them on without the single round of decoding the binding asks
