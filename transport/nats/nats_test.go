@@ -26,6 +26,7 @@ import (
 
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/cloudevents"
+	"github.com/outboxgo/outbox/outboxtest/cloudeventsjs"
 	"github.com/outboxgo/outbox/outboxtest/testdb"
 	"github.com/outboxgo/outbox/outboxtest/testproxy"
 	"github.com/outboxgo/outbox/outboxtest/transporttest"
@@ -446,6 +447,38 @@ func TestCloudEvents(t *testing.T) {
 			} else {
 				require.Equal(t, batch[1].Headers["subject"], odd.Subject())
 			}
+
+			// A JavaScript consumer decodes every event with the JavaScript SDK.
+			c, err := s.OrderedConsumer(context.Background(), jetstream.OrderedConsumerConfig{})
+			require.NoError(t, err)
+			fetched, err := c.Fetch(len(batch), jetstream.FetchMaxWait(2*time.Second))
+			require.NoError(t, err)
+			var raw []cloudeventsjs.Message
+			for m := range fetched.Messages() {
+				h := map[string]string{}
+				for k, v := range m.Headers() {
+					h[k] = v[0]
+				}
+				raw = append(raw, cloudeventsjs.Message{Binding: cloudeventsjs.NATS, Headers: h, Body: m.Data()})
+			}
+			require.NoError(t, fetched.Error())
+			jsByID := map[string]cloudeventsjs.Event{}
+			for _, e := range cloudeventsjs.Decode(t, raw) {
+				require.Empty(t, e.Error)
+				jsByID[e.Attributes["id"]] = e
+			}
+			require.Len(t, jsByID, len(batch))
+			for _, d := range batch {
+				ct := d.Headers["content-type"]
+				switch {
+				case ct == "":
+					ct = "application/json"
+				case mode == cloudevents.Binary:
+					ct = cloudevents.CompactMediaType(ct)
+				}
+				cloudeventsjs.RequireDelivery(t, d, jsByID[d.ID.String()], "https://shop.example/orders", "com.example."+d.Topic, ct)
+			}
+			require.Equal(t, "acme", jsByID[batch[1].ID.String()].Attributes["tenant"])
 
 			// The header that is no attribute name still reaches a plain NATS consumer.
 			for _, g := range consume(t, s) {
