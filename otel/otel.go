@@ -37,6 +37,8 @@ const (
 	// broker's destination the transport sends it to, which the topic maps to (see
 	// [Telemetry.PublisherObserver]).
 	TopicKey = attribute.Key("outbox.topic")
+	// StoreKey names the store of the backlog gauges, when [WatchOptions.Name] is set.
+	StoreKey = attribute.Key("outbox.store")
 	// PublisherKey names the publisher of outbox.circuit.open and outbox.listener.connected.
 	PublisherKey = attribute.Key("outbox.publisher")
 	// AttemptKey is the attempt number on the per-message events of a send span.

@@ -400,3 +400,30 @@ func TestWatchListenerAndLogReader(t *testing.T) {
 	_, ok = sum(t, tm, "outbox.log.slot.lag", slot)
 	require.False(t, ok)
 }
+
+// Two stores watched by one Telemetry, with topics of the same name, report apart under
+// their names.
+func TestWatchStoresByName(t *testing.T) {
+	t.Parallel()
+	tm := newTelemetry(t, outboxotel.Options{})
+	ctx := context.Background()
+	for i, name := range []string{"a", "b"} {
+		e := setup(t, "sqlite", outbox.StoreHooks{})
+		tx, err := e.db.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		for range i + 1 {
+			_, err = e.store.Enqueue(ctx, tx, outbox.Message{Namespace: "shop", Topic: "order.created", Payload: []byte(`{}`)})
+			require.NoError(t, err)
+		}
+		require.NoError(t, tx.Commit())
+		w, err := tm.tel.WatchStore(e.store, outboxotel.WatchOptions{Interval: time.Hour, Name: name})
+		require.NoError(t, err)
+		t.Cleanup(w.Close)
+		w.Refresh(ctx)
+	}
+	for name, want := range map[string]float64{"a": 1, "b": 2} {
+		v, ok := sum(t, tm, "outbox.messages", outboxotel.StoreKey.String(name), outboxotel.StatusKey.String("pending"))
+		require.True(t, ok, name)
+		require.Equal(t, want, v, name)
+	}
+}

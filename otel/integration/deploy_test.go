@@ -107,7 +107,7 @@ func scrape(t *testing.T) exported {
 		return outboxotel.LogReaderStats{Reading: true, SlotLagBytes: 4096, RetainedWALBytes: 1 << 20}
 	})
 	defer stopLog()
-	watcher, err := tel.WatchStore(e.store, outboxotel.WatchOptions{Interval: time.Hour})
+	watcher, err := tel.WatchStore(e.store, outboxotel.WatchOptions{Interval: time.Hour, Name: "orders"})
 	require.NoError(t, err)
 	defer watcher.Close()
 
