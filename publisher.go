@@ -332,7 +332,30 @@ type PublisherStats struct {
 	CircuitOpenedAt time.Time
 	// CircuitOpens counts the times the circuit opened.
 	CircuitOpens int64
+	// Listener is the state of the wake-up listener the running publisher relies on for
+	// rows committed by other processes (see [ListenerState]).
+	Listener ListenerState
 }
+
+// ListenerState is the state of a running publisher's wake-up listener, in
+// [PublisherStats.Listener].
+type ListenerState string
+
+// States of a publisher's wake-up listener.
+const (
+	// ListenerNone: the publisher runs no listener, and polls by design: it is not running,
+	// the store has no [dialect.Notifier] or sets DisableNotify, the driver cannot listen,
+	// or the pool cannot spare the listener a connection (each of the last two is logged
+	// once as a warning).
+	ListenerNone ListenerState = ""
+	// ListenerConnected: the listener is connected; rows committed anywhere wake the
+	// publisher at once.
+	ListenerConnected ListenerState = "connected"
+	// ListenerDown: the listener is wanted and not connected (starting, or reconnecting
+	// after a failure, which is logged as a warning); the publisher polls meanwhile, so
+	// rows committed elsewhere wait up to IdleBackoffMax.
+	ListenerDown ListenerState = "down"
+)
 
 // Publisher is the background worker that delivers committed outbox rows through a
 // [Transport]: it claims batches from a [Store], checks each payload against its hash,
@@ -410,6 +433,7 @@ func (p *Publisher) Stats() PublisherStats {
 	}
 	if r := p.current.Load(); r != nil {
 		st.CircuitOpen, st.CircuitOpenedAt = r.circ.snapshot()
+		st.Listener = r.hub.state()
 	}
 	return st
 }
@@ -476,8 +500,6 @@ func (p *Publisher) Run(ctx context.Context) error {
 	for i := range r.wakers {
 		r.wakers[i] = newWaker()
 	}
-	p.current.Store(r)
-	defer p.current.Store(nil)
 	sub := &wakeSub{namespace: p.opts.Namespace, wake: r.wakeAll, log: p.log}
 	if p.listens() {
 		sub.notifier, sub.listenDB = p.store.notifier, p.store.listenDB
@@ -485,6 +507,8 @@ func (p *Publisher) Run(ctx context.Context) error {
 	hub, unsubscribe := subscribe(p.store.db, p.store.table, sub)
 	r.hub = hub
 	defer unsubscribe()
+	p.current.Store(r) // once r.hub is set, which Stats reads
+	defer p.current.Store(nil)
 
 	var wg sync.WaitGroup
 	for _, w := range r.wakers {

@@ -45,7 +45,8 @@
 //
 // With [Options.CloudEvents], every message is a CloudEvent under the NATS protocol binding
 // (binary mode by default: every attribute, datacontenttype included, as a ce-* header whose
-// value is percent-encoded as the binding requires; structured mode: the event as JSON in
+// value is percent-encoded as the binding requires, the content type without optional
+// spaces so that it needs no encoding; structured mode: the event as JSON in
 // the payload, with Content-Type application/cloudevents+json). The message's own headers
 // that are not attribute names are sent as before, and a message header named Content-Type
 // or starting with "ce-" is refused for good, so that it cannot replace an attribute.
@@ -335,7 +336,9 @@ func (t *Transport) message(d outbox.Delivery) (*nats.Msg, error) {
 			for _, a := range e.Attributes {
 				h[CloudEventsPrefix+a.Name] = []string{cloudevents.PercentEncode(a.Value)}
 			}
-			h[CloudEventsPrefix+"datacontenttype"] = []string{cloudevents.PercentEncode(e.DataContentType)}
+			// Compacted first: "text/plain;charset=utf-8" needs no encoding, so consumers
+			// whose binding does not decode header values read it as it was meant.
+			h[CloudEventsPrefix+"datacontenttype"] = []string{cloudevents.PercentEncode(cloudevents.CompactMediaType(e.DataContentType))}
 		}
 	}
 	for k, v := range own {
