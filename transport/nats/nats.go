@@ -167,7 +167,10 @@ type Transport struct {
 	link link
 }
 
-var _ outbox.Transport = (*Transport)(nil)
+var (
+	_ outbox.Transport         = (*Transport)(nil)
+	_ outbox.TransportKeyOrder = (*Transport)(nil)
+)
 
 // New returns a transport publishing with js. The caller owns js's connection and closes it
 // after the publisher stopped. Connect with reconnection enabled (the nats.go default), so
@@ -202,8 +205,20 @@ func (t *Transport) Destination(d outbox.Delivery) outbox.Destination {
 }
 
 // Publish sends every message of batch without waiting, then waits for each
-// acknowledgement, and returns one outcome per message.
+// acknowledgement, and returns one outcome per message. Messages that share a namespace
+// and a partition key go one after another, each once the one ahead of it was
+// acknowledged, so that a stream never stores one whose predecessor it refused; different
+// keys, and messages without a key, still go together ([Transport.KeepsKeyOrder]).
 func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []error {
+	return inKeyOrder(ctx, batch, nil, t.publish)
+}
+
+// KeepsKeyOrder reports true: Publish keeps the order of a partition key's messages inside
+// a batch ([outbox.TransportKeyOrder]).
+func (t *Transport) KeepsKeyOrder() bool { return true }
+
+// publish sends batch pipelined and waits for every acknowledgement.
+func (t *Transport) publish(ctx context.Context, batch []outbox.Delivery) []error {
 	errs := make([]error, len(batch))
 	futures := make([]jetstream.PubAckFuture, len(batch))
 	var sent bool
