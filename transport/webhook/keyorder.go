@@ -17,7 +17,7 @@ type partKey struct{ ns, pk string }
 func keyRounds(batch []outbox.Delivery, wait func(ahead, d *outbox.Delivery) bool) [][]int {
 	var last map[partKey]int
 	var round []int
-	rounds := 1
+	rounds := 0
 	for i := range batch {
 		d := &batch[i]
 		if d.PartitionKey == "" {
@@ -34,6 +34,7 @@ func keyRounds(batch []outbox.Delivery, wait func(ahead, d *outbox.Delivery) boo
 		}
 		if round == nil {
 			round = make([]int, len(batch))
+			rounds = 1
 		}
 		round[i] = round[j]
 		if wait == nil || wait(&batch[j], d) {
@@ -41,7 +42,7 @@ func keyRounds(batch []outbox.Delivery, wait func(ahead, d *outbox.Delivery) boo
 			rounds = max(rounds, round[i]+1)
 		}
 	}
-	if rounds == 1 {
+	if rounds == 0 {
 		return nil
 	}
 	out := make([][]int, rounds)
@@ -54,7 +55,9 @@ func keyRounds(batch []outbox.Delivery, wait func(ahead, d *outbox.Delivery) boo
 // inKeyOrder publishes batch with publish round by round ([keyRounds]), so that a key's
 // message is sent only once the one ahead of it was delivered, while different keys go
 // together; once a key's message fails, its later messages are not sent and fail with
-// [behind]. A batch in which no key repeats goes to publish as it is.
+// [behind]. A key's messages that share a round must be ones publish stops at the first
+// failure of, and those that failed after it fail with [behind] too, since they are not
+// at fault. A batch in which no key repeats goes to publish as it is.
 func inKeyOrder(ctx context.Context, batch []outbox.Delivery, wait func(ahead, d *outbox.Delivery) bool,
 	publish func(context.Context, []outbox.Delivery) []error) []error {
 	rounds := keyRounds(batch, wait)
@@ -84,8 +87,10 @@ func inKeyOrder(ctx context.Context, batch []outbox.Delivery, wait func(ahead, d
 			}
 			errs[i] = out[n]
 			if k := (partKey{batch[i].Namespace, batch[i].PartitionKey}); k.pk != "" {
-				if _, ok := failed[k]; !ok {
+				if j, ok := failed[k]; !ok {
 					failed[k] = i
+				} else {
+					errs[i] = behind(&batch[i], &batch[j], errs[j])
 				}
 			}
 		}
