@@ -55,3 +55,30 @@ func TestUnknownTransport(t *testing.T) {
 	_, err := run(context.Background(), config{N: 100, Batch: 50, Workers: 1, Rounds: 1, PgDSN: testdb.PostgresDSN(), Transports: []string{"carrier-pigeon"}})
 	require.ErrorContains(t, err, "unknown transport")
 }
+
+// The ordered mode drains a backlog on one key through NATS ordered and unordered, checks
+// that nothing came out of order, and reports their ratio.
+func TestOrderedMode(t *testing.T) {
+	testdb.Postgres(t)
+	cfg := config{
+		N: 2000, Batch: 50, Workers: 2, Rounds: 1, PgDSN: testdb.PostgresDSN(),
+		NatsURL:    testdb.Service(t, "nats", "OUTBOX_NATS_URL", "nats://127.0.0.1:4222"),
+		Transports: []string{"nats"},
+		// A few rows: until ordered claims take a key's rows together, an ordered
+		// Publisher delivers a key's rows about five a second.
+		OrderedN: 10,
+	}
+	rep, err := run(context.Background(), cfg)
+	require.NoError(t, err)
+	ms := rep.metrics()
+	last := ms[len(ms)-1]
+	require.Equal(t, "e2e_nats_ordered_1key_vs_unordered", last.Metric)
+	require.Positive(t, last.Value)
+	var table strings.Builder
+	rep.printTable(&table)
+	require.Contains(t, table.String(), "rows on one key: ordered")
+
+	_, err = run(context.Background(), config{N: 100, Batch: 50, Workers: 1, Rounds: 1, PgDSN: testdb.PostgresDSN(),
+		Transports: []string{"webhook"}, OrderedN: 10})
+	require.ErrorContains(t, err, "add nats")
+}
