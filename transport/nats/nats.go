@@ -109,7 +109,8 @@ type Options struct {
 	Subject func(d outbox.Delivery) string
 
 	// AckTimeout bounds the wait for the acknowledgements of one batch, counted from the
-	// last message sent. Messages unacknowledged then fail and are retried; the stream's
+	// last message sent; a batch that repeats a partition key goes in rounds
+	// ([Transport.Publish]), each bounded so. Messages unacknowledged then fail and are retried; the stream's
 	// duplicate window drops those that were stored after all. When not one message of the
 	// batch was answered, the transport pings the server, waiting AckTimeout again: a
 	// server that does not answer is down, so the batch fails [outbox.Unavailable] and the
