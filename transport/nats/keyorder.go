@@ -55,9 +55,10 @@ func keyRounds(batch []outbox.Delivery, wait func(ahead, d *outbox.Delivery) boo
 // inKeyOrder publishes batch with publish round by round ([keyRounds]), so that a key's
 // message is sent only once the one ahead of it was delivered, while different keys go
 // together; once a key's message fails, its later messages are not sent and fail with
-// [behind]. A key's messages that share a round must be ones publish stops at the first
-// failure of, and those that failed after it fail with [behind] too, since they are not
-// at fault. A batch in which no key repeats goes to publish as it is.
+// [behind] (with ctx's error once ctx is done, as in one call). A key's messages that share
+// a round must be ones publish stops at the first failure of, and those that failed after
+// it fail with [behind] too, since they are not at fault. A batch in which no key repeats
+// goes to publish as it is.
 func inKeyOrder(ctx context.Context, batch []outbox.Delivery, wait func(ahead, d *outbox.Delivery) bool,
 	publish func(context.Context, []outbox.Delivery) []error) []error {
 	rounds := keyRounds(batch, wait)
@@ -70,7 +71,12 @@ func inKeyOrder(ctx context.Context, batch []outbox.Delivery, wait func(ahead, d
 	idx := make([]int, 0, len(rounds[0]))
 	for _, round := range rounds {
 		sub, idx = sub[:0], idx[:0]
+		cerr := ctx.Err()
 		for _, i := range round {
+			if cerr != nil { // what is not sent yet fails with ctx's error, as in one call
+				errs[i] = cerr
+				continue
+			}
 			if j, ok := failed[partKey{batch[i].Namespace, batch[i].PartitionKey}]; ok && batch[i].PartitionKey != "" {
 				errs[i] = behind(&batch[i], &batch[j], errs[j])
 				continue

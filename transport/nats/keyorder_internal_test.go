@@ -75,6 +75,13 @@ func TestKeyRounds(t *testing.T) {
 	require.False(t, outbox.IsPermanent(errs[4]), "%v", errs[4])
 	require.False(t, outbox.IsPermanent(errs[6]), "%v", errs[6])
 
+	// Once ctx is done, what is not sent yet fails with ctx's error.
+	ctx, cancel := context.WithCancel(context.Background())
+	errs = inKeyOrder(ctx, []outbox.Delivery{msg("a", "k"), msg("a", "j"), msg("a", "k")}, nil,
+		func(_ context.Context, b []outbox.Delivery) []error { cancel(); return make([]error, len(b)) })
+	require.NoError(t, errs[0])
+	require.ErrorIs(t, errs[2], context.Canceled)
+
 	// An outage ahead is an outage behind: no attempt spent.
 	down := errors.New("down")
 	errs = inKeyOrder(context.Background(), []outbox.Delivery{msg("a", "k"), msg("a", "k")}, nil,
