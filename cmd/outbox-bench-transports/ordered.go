@@ -18,20 +18,38 @@ import (
 // orderedKey is the one partition key of the ordered mode's backlog.
 const orderedKey = "order-1"
 
-// keyed returns n messages of namespace ns, all of partition key orderedKey.
-func keyed(ns string, n int) []outbox.Message {
+// keyed returns n messages of namespace ns, all of partition key key (none when empty).
+func keyed(ns string, n int, key string) []outbox.Message {
 	msgs := messages(ns, n)
 	for i := range msgs {
-		msgs[i].PartitionKey = orderedKey
+		msgs[i].PartitionKey = key
 	}
 	return msgs
 }
 
-// orderedResult is the ordered mode: a backlog of rows on one partition key drained
-// through the NATS transport by an ordered Publisher and by an unordered one, in
-// alternation, each round's pair giving a ratio.
+// The ordered mode's drains: the backlog on one key by an ordered Publisher and by an
+// unordered one, and the same rows without a key by an unordered one (the transport's
+// fully pipelined path, which a key's rows no longer take even unordered).
+const (
+	drainOrdered   = "ordered"
+	drainUnordered = "unordered"
+	drainUnkeyed   = "unordered, no key"
+)
+
+var drains = []string{drainOrdered, drainUnordered, drainUnkeyed}
+
+// orderedResult is the ordered mode: each drain's rate per round.
 type orderedResult struct {
-	ordered, unordered, ratios []float64
+	rates map[string][]float64
+}
+
+// ratios returns the ordered drain's rate ÷ the other's, per round.
+func (o *orderedResult) ratios(other string) []float64 {
+	out := make([]float64, len(o.rates[drainOrdered]))
+	for i := range out {
+		out[i] = o.rates[drainOrdered][i] / o.rates[other][i]
+	}
+	return out
 }
 
 // keyOrder is a transport's wrapper that counts the messages published and the ones
@@ -71,11 +89,11 @@ func (k *keyOrder) Publish(ctx context.Context, ds []outbox.Delivery) []error {
 	return errs
 }
 
-// burnOrdered preloads n rows of one key in namespace ns and drains them with a Publisher
-// through tr, ordered or not, and returns the rate. A message delivered before an earlier
-// one of its key fails the run.
-func (p *pg) burnOrdered(ctx context.Context, ns string, n, batch, workers int, tr outbox.Transport, ordered bool) (float64, error) {
-	if err := p.preload(ctx, keyed(ns, n)); err != nil {
+// burnOrdered preloads n rows of namespace ns, all of partition key key (none when empty),
+// and drains them with a Publisher through tr, ordered or not, and returns the rate. A
+// message delivered before an earlier one of its key fails the run.
+func (p *pg) burnOrdered(ctx context.Context, ns string, n, batch, workers int, tr outbox.Transport, key string, ordered bool) (float64, error) {
+	if err := p.preload(ctx, keyed(ns, n, key)); err != nil {
 		return 0, fmt.Errorf("preload: %w", err)
 	}
 	ko := &keyOrder{tr: tr, last: map[string]uuid.UUID{}}
@@ -126,37 +144,34 @@ func (p *pg) burnOrdered(ctx context.Context, ns string, n, batch, workers int, 
 }
 
 // runOrdered measures the ordered mode on b (the NATS transport), cfg.OrderedN rows a run,
-// cfg.Rounds rounds, ordered and unordered taking turns to go first. It migrates the
-// table's ordered set first, which ordered Publishers need.
+// cfg.Rounds rounds, the drains taking turns to go first. It migrates the table's ordered
+// set first, which ordered Publishers need.
 func runOrdered(ctx context.Context, db *pg, b *broker, ns string, cfg config) (*orderedResult, error) {
 	if err := migrations.Up(ctx, db.db, "postgres", migrations.Options{Ordered: true}); err != nil {
 		return nil, fmt.Errorf("ordered migrations: %w", err)
 	}
-	res := &orderedResult{}
+	res := &orderedResult{rates: map[string][]float64{}}
 	for round := range cfg.Rounds {
-		order := []bool{true, false}
-		if round%2 == 1 {
-			order = []bool{false, true}
-		}
-		rates := map[bool]float64{}
-		for _, ordered := range order {
+		for k := range drains {
+			drain := drains[(round+k)%len(drains)]
 			if err := b.reset(ctx); err != nil {
 				return nil, fmt.Errorf("reset: %w", err)
 			}
-			rate, err := db.burnOrdered(ctx, ns, cfg.OrderedN, cfg.Batch, cfg.Workers, b.transport, ordered)
+			key := orderedKey
+			if drain == drainUnkeyed {
+				key = ""
+			}
+			rate, err := db.burnOrdered(ctx, ns, cfg.OrderedN, cfg.Batch, cfg.Workers, b.transport, key, drain == drainOrdered)
 			if err != nil {
-				return nil, fmt.Errorf("ordered=%v: %w", ordered, err)
+				return nil, fmt.Errorf("%s: %w", drain, err)
 			}
 			if err := b.check(ctx, int64(cfg.OrderedN)); err != nil {
-				return nil, fmt.Errorf("ordered=%v: %w", ordered, err)
+				return nil, fmt.Errorf("%s: %w", drain, err)
 			}
-			rates[ordered] = rate
+			res.rates[drain] = append(res.rates[drain], rate)
 		}
-		res.ordered = append(res.ordered, rates[true])
-		res.unordered = append(res.unordered, rates[false])
-		res.ratios = append(res.ratios, rates[true]/rates[false])
-		logf("round %d: %s one key, %d rows: ordered %.0f msg/s, unordered %.0f msg/s (%.3f)",
-			round+1, b.name, cfg.OrderedN, rates[true], rates[false], rates[true]/rates[false])
+		logf("round %d: %s, %d rows on one key: ordered %.0f msg/s, unordered %.0f msg/s, unordered without a key %.0f msg/s",
+			round+1, b.name, cfg.OrderedN, res.rates[drainOrdered][round], res.rates[drainUnordered][round], res.rates[drainUnkeyed][round])
 	}
 	return res, nil
 }
