@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"time"
 
 	"github.com/google/uuid"
@@ -72,26 +73,49 @@ func (f TransportFunc) Publish(ctx context.Context, batch []Delivery) []error { 
 // PerMessage returns a [Transport] that calls fn for each message of a batch in turn, in
 // claim order. Once ctx is done, the messages not yet published fail with ctx's error and are
 // retried later. fn's errors follow the rules of [Transport]: nil, an error, [Permanent] or
-// [RetryAfter].
+// [RetryAfter]. It keeps key order ([TransportKeyOrder]): once fn fails a message, the later
+// messages of its namespace and partition key in the batch are not passed to fn and fail
+// with an error that names the one that failed (an outage when that one's was).
 func PerMessage(fn func(ctx context.Context, d Delivery) error) Transport {
-	return TransportFunc(func(ctx context.Context, batch []Delivery) []error {
-		var errs []error
-		for i := range batch {
-			var err error
-			if cerr := ctx.Err(); cerr != nil {
-				err = cerr
-			} else {
-				err = fn(ctx, batch[i])
+	return perMessage(fn)
+}
+
+type perMessage func(ctx context.Context, d Delivery) error
+
+// KeepsKeyOrder reports true: messages go one at a time, and a key stops at its first failure.
+func (perMessage) KeepsKeyOrder() bool { return true }
+
+func (fn perMessage) Publish(ctx context.Context, batch []Delivery) []error {
+	var errs []error
+	var failed map[[2]string]int // a key's first failed message
+	for i := range batch {
+		d := &batch[i]
+		var err error
+		if j, ok := failed[[2]string{d.Namespace, d.PartitionKey}]; ok {
+			err = fmt.Errorf("outbox: message %s not published: message %s of partition key %q failed before it: %v",
+				d.ID, batch[j].ID, d.PartitionKey, errs[j])
+			if IsUnavailable(errs[j]) {
+				err = Unavailable(err)
 			}
-			if err != nil {
-				if errs == nil {
-					errs = make([]error, len(batch))
+		} else if cerr := ctx.Err(); cerr != nil {
+			err = cerr
+		} else {
+			err = fn(ctx, *d)
+		}
+		if err != nil {
+			if errs == nil {
+				errs = make([]error, len(batch))
+			}
+			errs[i] = err
+			if _, ok := failed[[2]string{d.Namespace, d.PartitionKey}]; d.PartitionKey != "" && !ok {
+				if failed == nil {
+					failed = map[[2]string]int{}
 				}
-				errs[i] = err
+				failed[[2]string{d.Namespace, d.PartitionKey}] = i
 			}
 		}
-		return errs
-	})
+	}
+	return errs
 }
 
 // TransportKeyOrder is an optional ability of a [Transport]: KeepsKeyOrder reports whether
