@@ -3,7 +3,6 @@ package outbox
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"time"
 
 	"github.com/google/uuid"
@@ -87,32 +86,31 @@ func (perMessage) KeepsKeyOrder() bool { return true }
 
 func (fn perMessage) Publish(ctx context.Context, batch []Delivery) []error {
 	var errs []error
-	var failed map[[2]string]int // a key's first failed message
+	var failed map[partKey]int // a key's first failed message, unless key order is waived
+	track := !keyOrderWaived(ctx)
 	for i := range batch {
 		d := &batch[i]
+		k := partKey{d.Namespace, d.PartitionKey}
 		var err error
-		if j, ok := failed[[2]string{d.Namespace, d.PartitionKey}]; ok {
-			err = fmt.Errorf("outbox: message %s not published: message %s of partition key %q failed before it: %v",
-				d.ID, batch[j].ID, d.PartitionKey, errs[j])
-			if IsUnavailable(errs[j]) {
-				err = Unavailable(err)
-			}
+		if j, ok := failed[k]; ok {
+			err = behind(d, &batch[j], errs[j])
 		} else if cerr := ctx.Err(); cerr != nil {
 			err = cerr
 		} else {
 			err = fn(ctx, *d)
 		}
-		if err != nil {
-			if errs == nil {
-				errs = make([]error, len(batch))
+		if err == nil {
+			continue
+		}
+		if errs == nil {
+			errs = make([]error, len(batch))
+		}
+		errs[i] = err
+		if _, ok := failed[k]; track && k.pk != "" && !ok {
+			if failed == nil {
+				failed = map[partKey]int{}
 			}
-			errs[i] = err
-			if _, ok := failed[[2]string{d.Namespace, d.PartitionKey}]; d.PartitionKey != "" && !ok {
-				if failed == nil {
-					failed = map[[2]string]int{}
-				}
-				failed[[2]string{d.Namespace, d.PartitionKey}] = i
-			}
+			failed[k] = i
 		}
 	}
 	return errs

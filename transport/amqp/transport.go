@@ -116,7 +116,7 @@ func (t *Transport) Destination(d outbox.Delivery) outbox.Destination {
 func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []error {
 	ctx, cancel := context.WithTimeout(ctx, t.opts.ConfirmTimeout)
 	defer cancel()
-	return inKeyOrder(ctx, batch, nil, t.publish)
+	return outbox.PublishInKeyOrder(ctx, batch, nil, t.publish)
 }
 
 // KeepsKeyOrder reports true: Publish keeps the order of a partition key's messages inside

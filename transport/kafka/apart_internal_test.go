@@ -1,6 +1,7 @@
 package outboxkafka
 
 import (
+	"context"
 	"strings"
 	"testing"
 
@@ -28,7 +29,10 @@ func TestApart(t *testing.T) {
 	require.True(t, tr.apart(&small, &other))
 	require.True(t, tr.apart(&small, &big))
 	require.True(t, tr.apart(&big, &small))
-	require.Equal(t, [][]int{{0}, {1, 2}, {3}, {4}}, keyRounds([]outbox.Delivery{small, other, other, small, big}, tr.apart))
+	var calls []int
+	outbox.PublishInKeyOrder(context.Background(), []outbox.Delivery{small, other, other, small, big}, tr.apart,
+		func(_ context.Context, b []outbox.Delivery) []error { calls = append(calls, len(b)); return nil })
+	require.Equal(t, []int{1, 2, 1, 1}, calls, "rounds {0}, {1, 2}, {3}, {4}")
 	require.True(t, tr.KeepsKeyOrder())
 
 	loose, err := kgo.NewClient(kgo.SeedBrokers("127.0.0.1:1"), kgo.DisableIdempotentWrite())

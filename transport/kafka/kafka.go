@@ -232,7 +232,7 @@ func (t *Transport) Destination(d outbox.Delivery) outbox.Destination {
 // fail, not those after it), wait until the one ahead of them was delivered
 // ([Transport.KeepsKeyOrder]).
 func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []error {
-	return inKeyOrder(ctx, batch, t.apart, t.publish)
+	return outbox.PublishInKeyOrder(ctx, batch, t.apart, t.publish)
 }
 
 // KeepsKeyOrder reports whether Publish keeps the order of a partition key's messages

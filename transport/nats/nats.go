@@ -212,7 +212,7 @@ func (t *Transport) Destination(d outbox.Delivery) outbox.Destination {
 // acknowledged, so that a stream never stores one whose predecessor it refused; different
 // keys, and messages without a key, still go together ([Transport.KeepsKeyOrder]).
 func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []error {
-	return inKeyOrder(ctx, batch, nil, t.publish)
+	return outbox.PublishInKeyOrder(ctx, batch, nil, t.publish)
 }
 
 // KeepsKeyOrder reports true: Publish keeps the order of a partition key's messages inside

@@ -74,7 +74,7 @@ func (t *Transport) System() string { return "webhook" }
 // predecessor failed; different keys, and messages without a key, still go concurrently
 // ([Transport.KeepsKeyOrder]).
 func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []error {
-	return inKeyOrder(ctx, batch, nil, t.publish)
+	return outbox.PublishInKeyOrder(ctx, batch, nil, t.publish)
 }
 
 // KeepsKeyOrder reports true: Publish keeps the order of a partition key's messages inside
