@@ -450,6 +450,16 @@ func pgEligible(a *dialect.Args, p dialect.ClaimParams) string {
 }
 
 func (d *Dialect) claimRows(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.ClaimParams) ([]dialect.Record, error) {
+	if p.Ordered && p.Runs {
+		// The heads and their runs commit together (pgClaimRuns).
+		return pgRetryDeadlock(ctx, func() (recs []dialect.Record, err error) {
+			err = sqlkit.InTx(ctx, db, nil, func(tx *sql.Tx) error {
+				recs, err = pgClaimWithRuns(ctx, tx, t, p)
+				return err
+			})
+			return recs, err
+		})
+	}
 	return pgRetryDeadlock(ctx, func() ([]dialect.Record, error) { return pgClaim(ctx, db, t, p) })
 }
 
@@ -680,7 +690,7 @@ func pgCompleteThenClaimOrdered(ctx context.Context, d *Dialect, db *sql.DB, t d
 		if lost, err = d.Complete(ctx, tx, t, outcomes); err != nil {
 			return err
 		}
-		recs, err = pgClaim(ctx, tx, t, p)
+		recs, err = pgClaimWithRuns(ctx, tx, t, p)
 		return err
 	})
 	if err != nil {

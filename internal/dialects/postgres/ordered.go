@@ -3,6 +3,8 @@ package postgres
 import (
 	"context"
 
+	"github.com/google/uuid"
+
 	"github.com/outboxgo/outbox/dialect"
 	"github.com/outboxgo/outbox/internal/dialects/sqlkit"
 )
@@ -97,4 +99,70 @@ func (*Dialect) BlockedKeys(ctx context.Context, q dialect.DBTX, t dialect.Table
 	a := &dialect.Args{Numbered: true}
 	query := sqlkit.BlockedKeysQuery(pgTable(t), "partition_key", "", a, p, pgUUID)
 	return sqlkit.QueryBlockedKeys(ctx, q, query, a.Values)
+}
+
+// Runs ([dialect.ClaimParams.Runs]) on PostgreSQL: the heads are claimed as above, then one
+// more statement of the same transaction (pgRuns) takes each keyed head's run:
+//
+//	WITH h AS (the claimed keyed heads, numbered in claim order),
+//	f AS (per head, LATERAL: the next $n rows of its key in the order index after the head,
+//	      each with whether it is claimable now: pending, due, below the limit, in scope),
+//	r AS (each key's prefix of claimable rows (bool_and over the key, in order), taken in
+//	      turns across the keys (row_number within the key, then the head), LIMIT $n),
+//	l AS (those rows still claimable, locked FOR UPDATE SKIP LOCKED),
+//	c AS (each key's rows of r up to its first row that l did not lock)
+//	UPDATE ... (pgLeaseUpdate, the heads' lease) WHERE id = ANY(ARRAY(SELECT id FROM c))
+//
+// Each lateral read is one range of the order index, no sort. No other claim can take a
+// row of a run: it follows the head, which this transaction holds (processing in its own
+// view, locked and pending in others' snapshots), so to any other claimer the row is not a
+// head; a replayed earlier row that became its key's new head in the meantime is the only
+// way another claimer reaches the key, and its run stops at our head (in flight in its
+// snapshot, or locked and skipped). A run row that another transaction holds locked (a
+// settle of it in flight) is skipped by the lock, and the key's run ends before it, never
+// after it. Rows locked but cut away stay locked until the commit, unleased.
+func pgRuns(tbl string, a *dialect.Args, p dialect.ClaimParams, heads []uuid.UUID, n int) string {
+	hs := a.Add(pgUUIDArray(len(heads), func(i int) uuid.UUID { return heads[i] }))
+	lim := a.Add(n)
+	mx := a.Add(p.MaxAttempts)
+	ok := `(e.status = 'pending' AND e.next_attempt_at <= now() AND e.attempts < ` + mx + `::bigint` + sqlkit.ScopeSQL(a, p.Scope, "e.", pgUUID) + `)`
+	return `WITH h AS MATERIALIZED (SELECT id, namespace, partition_key, created_at, row_number() OVER (ORDER BY created_at, id) AS hn FROM ` + tbl +
+		` WHERE id = ANY(` + hs + `::uuid[]) AND partition_key IS NOT NULL),` +
+		` f AS MATERIALIZED (SELECT x.id, h.hn, x.created_at, x.ok FROM h CROSS JOIN LATERAL (SELECT e.id, e.created_at, ` + ok + ` AS ok FROM ` + tbl +
+		` e WHERE e.namespace = h.namespace AND e.partition_key = h.partition_key AND ` + sqlkit.OrderedLive(p.OrderedSkipDead) +
+		` AND (e.created_at, e.id) > (h.created_at, h.id) ORDER BY e.created_at, e.id LIMIT ` + lim + `::bigint) x),` +
+		` r AS MATERIALIZED (SELECT q.id, q.hn, q.created_at FROM (SELECT f.id, f.hn, f.created_at, bool_and(f.ok) OVER w AS run, row_number() OVER w AS rn` +
+		` FROM f WINDOW w AS (PARTITION BY f.hn ORDER BY f.created_at, f.id)) q WHERE q.run ORDER BY q.rn, q.hn LIMIT ` + lim + `::bigint),` +
+		` l AS MATERIALIZED (SELECT id FROM ` + tbl + ` WHERE id = ANY(ARRAY(SELECT id FROM r)) AND status = 'pending' AND next_attempt_at <= now()` +
+		` AND attempts < ` + mx + `::bigint FOR UPDATE SKIP LOCKED),` +
+		` c AS MATERIALIZED (SELECT q.id FROM (SELECT r.id, bool_and(l.id IS NOT NULL) OVER (PARTITION BY r.hn ORDER BY r.created_at, r.id) AS held` +
+		` FROM r LEFT JOIN l ON l.id = r.id) q WHERE q.held)`
+}
+
+// pgClaimRuns claims the runs of heads, rows this transaction q has just claimed in order,
+// within what is left of p.Limit: one statement, none when no head has a key or the heads
+// filled the batch.
+func pgClaimRuns(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ClaimParams, heads []dialect.Record) ([]dialect.Record, error) {
+	n := p.Limit - len(heads)
+	var keyed []uuid.UUID
+	for _, h := range heads {
+		if h.PartitionKey != "" {
+			keyed = append(keyed, h.ID)
+		}
+	}
+	if n <= 0 || len(keyed) == 0 {
+		return nil, nil
+	}
+	a := &dialect.Args{Numbered: true}
+	return pgLease(ctx, q, t, p, a, pgRuns(pgTable(t), a, p, keyed, n))
+}
+
+// pgClaimWithRuns claims heads and their runs on tx.
+func pgClaimWithRuns(ctx context.Context, tx dialect.DBTX, t dialect.Table, p dialect.ClaimParams) ([]dialect.Record, error) {
+	recs, err := pgClaim(ctx, tx, t, p)
+	if err != nil || !p.Ordered || !p.Runs {
+		return recs, err
+	}
+	runs, err := pgClaimRuns(ctx, tx, t, p, recs)
+	return append(recs, runs...), err
 }
