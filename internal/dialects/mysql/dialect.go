@@ -591,6 +591,13 @@ func (d Dialect) claim(ctx context.Context, db *sql.DB, t dialect.Table, outcome
 		}
 		recs, now = append(recs, more...), max(now, now2)
 	}
+	if p.Ordered && p.Runs && len(recs) < p.Limit {
+		runs, now3, err := mysqlClaimRuns(ctx, tx, t, p, recs, p.Limit-len(recs))
+		if err != nil {
+			return nil, nil, err
+		}
+		recs, now = append(recs, runs...), max(now, now3)
+	}
 	if len(recs) == 0 {
 		if len(outcomes) == 0 {
 			return nil, nil, nil // the deferred rollback ends the empty transaction
