@@ -592,7 +592,9 @@ func (d Dialect) claim(ctx context.Context, db *sql.DB, t dialect.Table, outcome
 		recs, now = append(recs, more...), max(now, now2)
 	}
 	if p.Ordered && p.Runs && len(recs) < p.Limit {
-		runs, now3, err := mysqlClaimRuns(ctx, tx, t, p, recs, p.Limit-len(recs))
+		// The runs of the heads whose run was not taken yet (mysqlClaimHeads takes those of
+		// the window's): a key with one row here.
+		runs, now3, err := mysqlClaimRuns(ctx, tx, t, p, mysqlLoneKeys(recs), p.Limit-len(recs))
 		if err != nil {
 			return nil, nil, err
 		}

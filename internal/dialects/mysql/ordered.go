@@ -99,6 +99,14 @@ func mysqlClaimHeads(ctx context.Context, tx *sql.Tx, t dialect.Table, p dialect
 		return nil, 0, err
 	}
 	recs, now, err := mysqlLockFirst(ctx, tx, t, p, heads[:min(2*n, len(heads))], n)
+	if err == nil && p.Runs {
+		// The runs of the window's heads, before a visit of the keys that a hot key's run
+		// often makes needless.
+		var runs []dialect.Record
+		var now2 int64
+		runs, now2, err = mysqlClaimRuns(ctx, tx, t, p, recs, n-len(recs))
+		recs, now = append(recs, runs...), max(now, now2)
+	}
 	if err != nil || len(recs) == n || !beyond {
 		return recs, now, err
 	}
@@ -455,4 +463,22 @@ func mysqlClaimRuns(ctx context.Context, tx *sql.Tx, t dialect.Table, p dialect.
 		out = append(out, byID[id])
 	}
 	return out, now, nil
+}
+
+// mysqlLoneKeys returns the records of recs whose key no other record of recs has: heads
+// whose run this claim has not taken. Taking a run twice would lock its rows twice (a
+// transaction's own locks never skip), and return them twice.
+func mysqlLoneKeys(recs []dialect.Record) []dialect.Record {
+	type key struct{ ns, pk string }
+	n := make(map[key]int, len(recs))
+	for _, r := range recs {
+		n[key{r.Namespace, r.PartitionKey}]++
+	}
+	var lone []dialect.Record
+	for _, r := range recs {
+		if n[key{r.Namespace, r.PartitionKey}] == 1 {
+			lone = append(lone, r)
+		}
+	}
+	return lone
 }

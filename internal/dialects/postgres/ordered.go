@@ -58,14 +58,26 @@ func pgClaimOrdered(ctx context.Context, q dialect.DBTX, t dialect.Table, p dial
 		sqlkit.ScopeSQL(a, p.Scope, "w.", pgUUID) + ` ORDER BY w.created_at, w.id OFFSET ` + a.Add(sqlkit.OrderedWindow(p.Limit)) + `::bigint LIMIT 1), 'infinity')`
 	recs, err := pgLease(ctx, q, t, p, a, `WITH c AS MATERIALIZED (SELECT id FROM `+tbl+` WHERE `+pgEligible(a, p)+pgOrdered(tbl, p)+window+
 		` ORDER BY created_at, id LIMIT `+a.Add(p.Limit)+`::bigint FOR UPDATE SKIP LOCKED)`)
-	if err != nil || len(recs) == p.Limit {
+	if recs, err = pgWithRuns(ctx, q, t, p, recs, err); err != nil || len(recs) == p.Limit {
 		return recs, err
 	}
 	rest := p
 	rest.Limit -= len(recs)
 	a = &dialect.Args{Numbered: true}
 	more, err := pgLease(ctx, q, t, rest, a, pgHeadsByKey(tbl, a, rest))
+	more, err = pgWithRuns(ctx, q, t, rest, more, err)
 	return append(recs, more...), err
+}
+
+// pgWithRuns adds to heads, just claimed on q, their runs when p asks for them
+// (pgClaimRuns), in the same transaction; the runs of the heads found in the window come
+// before a visit of the keys, which a hot key's run often makes needless.
+func pgWithRuns(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ClaimParams, heads []dialect.Record, err error) ([]dialect.Record, error) {
+	if err != nil || !p.Ordered || !p.Runs {
+		return heads, err
+	}
+	runs, err := pgClaimRuns(ctx, q, t, p, heads)
+	return append(heads, runs...), err
 }
 
 // pgHeadsByKey renders the WITH clause of a claim that visits the keys of p.Namespace: a
@@ -157,12 +169,3 @@ func pgClaimRuns(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect
 	return pgLease(ctx, q, t, p, a, pgRuns(pgTable(t), a, p, keyed, n))
 }
 
-// pgClaimWithRuns claims heads and their runs on tx.
-func pgClaimWithRuns(ctx context.Context, tx dialect.DBTX, t dialect.Table, p dialect.ClaimParams) ([]dialect.Record, error) {
-	recs, err := pgClaim(ctx, tx, t, p)
-	if err != nil || !p.Ordered || !p.Runs {
-		return recs, err
-	}
-	runs, err := pgClaimRuns(ctx, tx, t, p, recs)
-	return append(recs, runs...), err
-}

@@ -314,15 +314,13 @@ func TestPostgresRunsPlan(t *testing.T) {
 	const keys, perKey, limit = 5, 2000, 100
 	b := setupPostgres(t, "")
 	dialecttest.UpOrdered(b.ctx, t, b.db, "postgres")
-	for k := range keys {
-		for i := 0; i < perKey; i += 1000 {
-			msgs := make([]outbox.Message, 1000)
-			for j := range msgs {
-				msgs[j] = outbox.Message{Namespace: "orders", Topic: "order.changed", PartitionKey: fmt.Sprintf("k%d", k), Payload: json.RawMessage(`{"v":1}`)}
-			}
-			_, err := b.store.EnqueueStandalone(b.ctx, msgs...)
-			require.NoError(t, err)
+	for i := 0; i < keys*perKey; i += 1000 {
+		msgs := make([]outbox.Message, 1000)
+		for j := range msgs {
+			msgs[j] = outbox.Message{Namespace: "orders", Topic: "order.changed", PartitionKey: fmt.Sprintf("k%d", (i+j)%keys), Payload: json.RawMessage(`{"v":1}`)}
 		}
+		_, err := b.store.EnqueueStandalone(b.ctx, msgs...)
+		require.NoError(t, err)
 	}
 	_, err := b.db.ExecContext(b.ctx, `ANALYZE "`+b.table+`"`)
 	require.NoError(t, err)

@@ -502,15 +502,11 @@ func (d Dialect) completeAndClaim(ctx context.Context, db *sql.DB, t dialect.Tab
 			}
 		}
 		if p.Ordered && p.Namespace != "" {
-			recs, err = sqliteLeaseOrdered(ctx, prep, t, p, true)
+			recs, err = sqliteLeaseOrdered(ctx, prep, tx, t, p, true)
 		} else {
 			recs, err = sqliteClaim(ctx, prep, t, p)
+			recs, err = sqliteWithRuns(ctx, tx, t, p, recs, err)
 		}
-		if err != nil || !p.Ordered || !p.Runs {
-			return err
-		}
-		runs, err := sqliteClaimRuns(ctx, tx, t, p, recs, p.Limit-len(recs))
-		recs = append(recs, runs...)
 		return err
 	})
 	if err != nil {

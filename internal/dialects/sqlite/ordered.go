@@ -67,7 +67,7 @@ func (d Dialect) claimOrdered(ctx context.Context, db *sql.DB, t dialect.Table, 
 		return recs, err
 	}
 	err = d.write(ctx, db, func(_, prep dialect.DBTX) error {
-		recs, err = sqliteLeaseOrdered(ctx, prep, t, p, inWindow)
+		recs, err = sqliteLeaseOrdered(ctx, prep, prep, t, p, inWindow)
 		return err
 	})
 	return recs, err
@@ -75,17 +75,32 @@ func (d Dialect) claimOrdered(ctx context.Context, db *sql.DB, t dialect.Table, 
 
 // sqliteLeaseOrdered leases in order on q, which must hold the write lock: from the walk of
 // the claim index when inWindow (a probe found a candidate there), then from the visit of
-// the keys for what the walk left of the batch.
-func sqliteLeaseOrdered(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ClaimParams, inWindow bool) (recs []dialect.Record, err error) {
+// the keys for what the walk left of the batch; with p.Runs, and the runs of each step's
+// heads on raw, the transaction under q.
+func sqliteLeaseOrdered(ctx context.Context, q, raw dialect.DBTX, t dialect.Table, p dialect.ClaimParams, inWindow bool) (recs []dialect.Record, err error) {
 	if inWindow {
-		if recs, err = sqliteLease(ctx, q, t, p, sqliteWalk(t, p)); err != nil || len(recs) == p.Limit {
+		recs, err = sqliteLease(ctx, q, t, p, sqliteWalk(t, p))
+		if recs, err = sqliteWithRuns(ctx, raw, t, p, recs, err); err != nil || len(recs) == p.Limit {
 			return recs, err
 		}
 	}
 	rest := p
 	rest.Limit -= len(recs)
 	more, err := sqliteLease(ctx, q, t, rest, func(a *dialect.Args) string { return sqliteHeadsByKey(t, a, rest) })
+	more, err = sqliteWithRuns(ctx, raw, t, rest, more, err)
 	return append(recs, more...), err
+}
+
+// sqliteWithRuns adds to heads, just leased in the transaction q, their runs when p asks
+// for them (sqliteClaimRuns); the runs of the heads found in the window come before a visit
+// of the keys, which a hot key's run often makes needless. q is never the statement cache:
+// the runs' statements have a text per number of heads and rows.
+func sqliteWithRuns(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ClaimParams, heads []dialect.Record, err error) ([]dialect.Record, error) {
+	if err != nil || !p.Ordered || !p.Runs {
+		return heads, err
+	}
+	runs, err := sqliteClaimRuns(ctx, q, t, p, heads, p.Limit-len(heads))
+	return append(heads, runs...), err
 }
 
 // sqliteWalk renders the candidates of an ordered claim's bounded walk of the claim index.
