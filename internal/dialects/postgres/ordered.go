@@ -168,4 +168,3 @@ func pgClaimRuns(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect
 	a := &dialect.Args{Numbered: true}
 	return pgLease(ctx, q, t, p, a, pgRuns(pgTable(t), a, p, keyed, n))
 }
-
