@@ -132,7 +132,10 @@ func (*Dialect) BlockedKeys(ctx context.Context, q dialect.DBTX, t dialect.Table
 // way another claimer reaches the key, and its run stops at our head (in flight in its
 // snapshot, or locked and skipped). A run row that another transaction holds locked (a
 // settle of it in flight) is skipped by the lock, and the key's run ends before it, never
-// after it. Rows locked but cut away stay locked until the commit, unleased.
+// after it. Rows locked but cut away stay locked until the commit, unleased. The lock's
+// re-check is a CASE, which implies no partial index's predicate: written as status =
+// 'pending' AND ..., on a table the planner held to be small it read the partial claim
+// index whole for the ids (id is its second column) instead of probing the primary key.
 func pgRuns(tbl string, a *dialect.Args, p dialect.ClaimParams, heads []uuid.UUID, n int) string {
 	hs := a.Add(pgUUIDArray(len(heads), func(i int) uuid.UUID { return heads[i] }))
 	lim := a.Add(n)
@@ -145,10 +148,10 @@ func pgRuns(tbl string, a *dialect.Args, p dialect.ClaimParams, heads []uuid.UUI
 		` AND (e.created_at, e.id) > (h.created_at, h.id) ORDER BY e.created_at, e.id LIMIT ` + lim + `::bigint) x),` +
 		` r AS MATERIALIZED (SELECT q.id, q.hn, q.created_at FROM (SELECT f.id, f.hn, f.created_at, bool_and(f.ok) OVER w AS run, row_number() OVER w AS rn` +
 		` FROM f WINDOW w AS (PARTITION BY f.hn ORDER BY f.created_at, f.id)) q WHERE q.run ORDER BY q.rn, q.hn LIMIT ` + lim + `::bigint),` +
-		` l AS MATERIALIZED (SELECT id FROM ` + tbl + ` WHERE id = ANY(ARRAY(SELECT id FROM r)) AND status = 'pending' AND next_attempt_at <= now()` +
-		` AND attempts < ` + mx + `::bigint FOR UPDATE SKIP LOCKED),` +
-		` c AS MATERIALIZED (SELECT q.id FROM (SELECT r.id, bool_and(l.id IS NOT NULL) OVER (PARTITION BY r.hn ORDER BY r.created_at, r.id) AS held` +
-		` FROM r LEFT JOIN l ON l.id = r.id) q WHERE q.held)`
+		` l AS MATERIALIZED (SELECT id FROM ` + tbl + ` WHERE id = ANY(ARRAY(SELECT id FROM r))` +
+		` AND CASE WHEN status = 'pending' THEN next_attempt_at <= now() AND attempts < ` + mx + `::bigint END FOR UPDATE SKIP LOCKED),` +
+		` c AS MATERIALIZED (SELECT q.id FROM (SELECT r.id, bool_and(r.id = ANY(ARRAY(SELECT id FROM l))) OVER (PARTITION BY r.hn ORDER BY r.created_at, r.id) AS held` +
+		` FROM r) q WHERE q.held)`
 }
 
 // pgClaimRuns claims the runs of heads, rows this transaction q has just claimed in order,
