@@ -542,6 +542,14 @@ type ClaimOptions struct {
 	// a dead row no longer holds its key back. By default it does, until it is replayed or
 	// discarded.
 	OrderedSkipDead bool
+	// Runs, with Ordered, claims with each key's head the rows of its key that follow it, in
+	// sequence, while each can be claimed (pending, due, below MaxAttempts, in Scope),
+	// stopping at the first that cannot, within Limit: a key's waiting rows come back
+	// together, in (created_at, id) order. No other claim takes them meanwhile. Deliver them
+	// in that order and stop at a key's first failure: a row after it must go back without
+	// being delivered. A [Publisher] sets it for a [Transport] that keeps key order
+	// ([TransportKeyOrder]). A dialect may ignore it and claim heads only.
+	Runs bool
 }
 
 func (o *ClaimOptions) validate() error {
@@ -550,6 +558,9 @@ func (o *ClaimOptions) validate() error {
 	}
 	if o.OrderedSkipDead && !o.Ordered {
 		return invalid("OrderedSkipDead", "applies to ordered claims only; set Ordered too")
+	}
+	if o.Runs && !o.Ordered {
+		return invalid("Runs", "applies to ordered claims only; set Ordered too")
 	}
 	switch {
 	case o.Limit < 1 || o.Limit > MaxBatch:
@@ -619,6 +630,7 @@ func (s *Store) claimParams(ctx context.Context, o ClaimOptions) (dialect.ClaimP
 	return dialect.ClaimParams{
 		Scope: o.Scope, Limit: o.Limit, Lease: o.Lease, MaxAttempts: o.MaxAttempts,
 		WorkerID: o.WorkerID, Token: uuid.New(), Ordered: o.Ordered, OrderedSkipDead: o.OrderedSkipDead,
+		Runs: o.Runs,
 	}, nil
 }
 

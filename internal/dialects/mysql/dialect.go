@@ -591,6 +591,15 @@ func (d Dialect) claim(ctx context.Context, db *sql.DB, t dialect.Table, outcome
 		}
 		recs, now = append(recs, more...), max(now, now2)
 	}
+	if p.Ordered && p.Runs && len(recs) < p.Limit {
+		// The runs of the heads whose run was not taken yet (mysqlClaimHeads takes those of
+		// the window's): a key with one row here.
+		runs, now3, err := mysqlClaimRuns(ctx, tx, t, p, mysqlLoneKeys(recs), p.Limit-len(recs))
+		if err != nil {
+			return nil, nil, err
+		}
+		recs, now = append(recs, runs...), max(now, now3)
+	}
 	if len(recs) == 0 {
 		if len(outcomes) == 0 {
 			return nil, nil, nil // the deferred rollback ends the empty transaction

@@ -450,6 +450,16 @@ func pgEligible(a *dialect.Args, p dialect.ClaimParams) string {
 }
 
 func (d *Dialect) claimRows(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.ClaimParams) ([]dialect.Record, error) {
+	if p.Ordered && p.Runs {
+		// The heads and their runs commit together (pgClaimRuns).
+		return pgRetryDeadlock(ctx, func() (recs []dialect.Record, err error) {
+			err = sqlkit.InTx(ctx, db, nil, func(tx *sql.Tx) error {
+				recs, err = pgClaim(ctx, tx, t, p)
+				return err
+			})
+			return recs, err
+		})
+	}
 	return pgRetryDeadlock(ctx, func() ([]dialect.Record, error) { return pgClaim(ctx, db, t, p) })
 }
 
@@ -472,7 +482,8 @@ func pgDeadlock(err error) bool {
 	return errors.As(err, &e) && e.SQLState() == "40P01"
 }
 
-// pgClaim claims on q: a *sql.DB (the statement is its own transaction) or a transaction.
+// pgClaim claims on q: a *sql.DB (the statement is its own transaction) or a transaction;
+// with runs (p.Runs), a transaction.
 func pgClaim(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ClaimParams) ([]dialect.Record, error) {
 	if p.Ordered && p.Namespace != "" {
 		return pgClaimOrdered(ctx, q, t, p)
@@ -482,8 +493,9 @@ func pgClaim(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.Cla
 	if !p.Ordered {
 		return pgLease(ctx, q, t, p, a, pgDue(tbl, a, p, ""))
 	}
-	return pgLease(ctx, q, t, p, a, `WITH c AS MATERIALIZED (SELECT id FROM `+tbl+` WHERE `+pgEligible(a, p)+pgOrdered(tbl, p)+
+	recs, err := pgLease(ctx, q, t, p, a, `WITH c AS MATERIALIZED (SELECT id FROM `+tbl+` WHERE `+pgEligible(a, p)+pgOrdered(tbl, p)+
 		` ORDER BY created_at, id LIMIT `+a.Add(p.Limit)+`::bigint FOR UPDATE SKIP LOCKED)`)
+	return pgWithRuns(ctx, q, t, p, recs, err)
 }
 
 // pgDueAt is when a live row can next be claimed: a pending row when it falls due, a row in

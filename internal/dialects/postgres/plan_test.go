@@ -305,3 +305,48 @@ func (n *orderedPlanNode) format(indent string) string {
 	}
 	return s
 }
+
+// TestPostgresRunsPlan: the run claim reads, for each head, one range of the order index
+// after it, bounded by what is left of the batch, and the table by primary key only; it
+// sorts only the rows it read, never the key's backlog.
+func TestPostgresRunsPlan(t *testing.T) {
+	t.Parallel()
+	const keys, perKey, limit = 5, 2000, 100
+	b := setupPostgres(t, "")
+	dialecttest.UpOrdered(b.ctx, t, b.db, "postgres")
+	for i := 0; i < keys*perKey; i += 1000 {
+		msgs := make([]outbox.Message, 1000)
+		for j := range msgs {
+			msgs[j] = outbox.Message{Namespace: "orders", Topic: "order.changed", PartitionKey: fmt.Sprintf("k%d", (i+j)%keys), Payload: json.RawMessage(`{"v":1}`)}
+		}
+		_, err := b.store.EnqueueStandalone(b.ctx, msgs...)
+		require.NoError(t, err)
+	}
+	_, err := b.db.ExecContext(b.ctx, `ANALYZE "`+b.table+`"`)
+	require.NoError(t, err)
+
+	rec, store := recordingStore(t, b)
+	o := dialecttest.OrderedClaimOpts(limit)
+	o.Runs = true
+	recs, err := store.Claim(b.ctx, o)
+	require.NoError(t, err)
+	require.Len(t, recs, limit, "the heads and their runs fill the batch")
+	plan := b.explainAnalyzeLast(t, rec, "the run claim", func(sql string) bool { return strings.HasPrefix(sql, "WITH h AS") })
+	t.Logf("EXPLAIN ANALYZE of the run claim, %d keys of %d rows:\n%s", keys, perKey, plan.format(""))
+	var order *orderedPlanNode
+	plan.walk(func(n *orderedPlanNode) {
+		require.NotEqual(t, "Seq Scan", n.NodeType, "the run claim scans no table")
+		if n.RelationName == b.table && strings.Contains(n.NodeType, "Scan") {
+			require.Contains(t, []string{"Index Scan", "Index Only Scan"}, n.NodeType)
+		}
+		if n.IndexName == b.table+"_order_idx" {
+			order = n
+		}
+		if strings.Contains(n.NodeType, "Sort") {
+			require.LessOrEqual(t, n.ActualRows, float64(keys*limit), "a sort of the rows read, not of the backlog")
+		}
+	})
+	require.NotNil(t, order, "the runs come from the order index")
+	require.Equal(t, keys, order.ActualLoops, "one range per head")
+	require.LessOrEqual(t, order.ActualRows, float64(limit), "each range (rows per loop) bounded by the batch")
+}
