@@ -998,6 +998,9 @@ func (r *run) callTransport(ctx context.Context, batch []Delivery) (errs []error
 			errs = failAll(len(batch), fmt.Errorf("outbox: transport panicked: %v", v))
 		}
 	}()
+	if !p.opts.Ordered {
+		ctx = withoutKeyOrder(ctx) // nothing to hold back: a transport need not sequence a key
+	}
 	errs = p.tr.Publish(ctx, batch)
 	switch len(errs) {
 	case 0:

@@ -296,3 +296,47 @@ func TestOrderedRunsOutage(t *testing.T) {
 		}
 	})
 }
+
+// TestUnorderedPublisherWaivesKeyOrder: an unordered publisher's batches need no key order,
+// so a transport that keeps it through outbox.PublishInKeyOrder sends a batch in one call
+// and a key's failed message holds none of the key's others back.
+func TestUnorderedPublisherWaivesKeyOrder(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, e *pubEnv) {
+		keys, seq := runsEnv(t, e, "waived", map[string]int{"k": 6})
+		var once sync.Once
+		inner := newKeyOrderTransport(false, seq, func(d outbox.Delivery) (err error) {
+			if d.ID == keys["k"][0] {
+				once.Do(func() { err = errors.New("refused once") })
+			}
+			return err
+		})
+		var mu sync.Mutex
+		calls := 0
+		tr := outbox.TransportFunc(func(ctx context.Context, batch []outbox.Delivery) []error {
+			return outbox.PublishInKeyOrder(ctx, batch, nil, func(ctx context.Context, b []outbox.Delivery) []error {
+				mu.Lock()
+				calls++
+				mu.Unlock()
+				return inner.Publish(ctx, b)
+			})
+		})
+		o := fastOptions(t, "waived")
+		o.BatchSize = 20
+		pub, err := outbox.NewPublisher(e.store, tr, o)
+		require.NoError(t, err)
+		start(t, pub)
+		testdb.Poll(t, 30*time.Second, "every message delivered", func() bool { return inner.count() == len(seq) })
+		inner.mu.Lock()
+		defer inner.mu.Unlock()
+		require.Len(t, inner.batches[0], 6, "the key's six rows in one call")
+		mu.Lock()
+		defer mu.Unlock()
+		require.Equal(t, 2, calls, "one call for the batch, one for the retry")
+		for _, id := range keys["k"][1:] {
+			r, err := e.store.Get(context.Background(), id)
+			require.NoError(t, err)
+			require.Equal(t, 1, r.Attempts, "delivered at the first try, not held back")
+		}
+	})
+}

@@ -127,7 +127,9 @@ func (fn perMessage) Publish(ctx context.Context, batch []Delivery) []error {
 // An ordered Publisher ([PublisherOptions.Ordered]) hands a transport that keeps key order a
 // key's waiting messages together, in sequence, up to the batch size; any other transport
 // receives at most one message per key in a batch. A transport that wraps another (telemetry,
-// middleware) should report what the wrapped one reports.
+// middleware) should report what the wrapped one reports. [PublishInKeyOrder] keeps the
+// promise for a transport that publishes a slice of messages at a time; through it, a batch
+// of an unordered Publisher, which needs no key order, goes in one call.
 type TransportKeyOrder interface {
 	KeepsKeyOrder() bool
 }
