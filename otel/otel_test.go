@@ -162,6 +162,56 @@ func TestRetryThenSuccess(t *testing.T) {
 	}
 }
 
+// TestReleasedIsNoFailure: in an ordered publisher's run, the messages behind a failed one
+// are given back untried: no failure event, no attempt counted.
+func TestReleasedIsNoFailure(t *testing.T) {
+	t.Parallel()
+	for _, b := range backends {
+		t.Run(b, func(t *testing.T) {
+			t.Parallel()
+			tm := newTelemetry(t, outboxotel.Options{System: "test"})
+			e := setup(t, b, tm.tel.StoreHooks())
+			require.NoError(t, migrations.Up(context.Background(), e.db, b, migrations.Options{Ordered: true}))
+			ns := "released" + uuid.NewString()[:8]
+			msgs := make([]outbox.Message, 3)
+			for i := range msgs {
+				msgs[i] = outbox.Message{Namespace: ns, Topic: "t", PartitionKey: "k", Payload: []byte(`{}`)}
+			}
+			_, err := e.store.EnqueueStandalone(context.Background(), msgs...)
+			require.NoError(t, err)
+			var mu sync.Mutex
+			tries := 0
+			tr := outbox.PerMessage(func(context.Context, outbox.Delivery) error {
+				mu.Lock()
+				defer mu.Unlock()
+				tries++
+				if tries == 1 {
+					return errors.New("broker said no")
+				}
+				return nil
+			})
+			o := fast(ns)
+			o.Ordered = true
+			o.Observer = tm.tel.PublisherObserver(tr, ns)
+			p, err := outbox.NewPublisher(e.store, tr, o)
+			require.NoError(t, err)
+			stop := run(t, p)
+			testdb.Poll(t, 30*time.Second, "delivered", func() bool { return p.Stats().Delivered == 3 })
+			stop()
+
+			events := 0
+			for _, sp := range tm.spans.Ended() {
+				events += len(sp.Events())
+			}
+			require.Equal(t, 1, events, "one retry scheduled, for the message that failed")
+			retried, _ := sum(t, tm, "outbox.attempts", outboxotel.OutcomeKey.String("retried"))
+			delivered, _ := sum(t, tm, "outbox.attempts", outboxotel.OutcomeKey.String("delivered"))
+			released, _ := sum(t, tm, "outbox.attempts", outboxotel.OutcomeKey.String("released"))
+			require.Equal(t, []float64{1, 3, 0}, []float64{retried, delivered, released})
+		})
+	}
+}
+
 func TestMetrics(t *testing.T) {
 	t.Parallel()
 	for _, b := range backends {
