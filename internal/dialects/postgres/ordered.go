@@ -60,9 +60,13 @@ func pgOrdered(tbl string, p dialect.ClaimParams) string {
 func pgClaimOrdered(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ClaimParams) ([]dialect.Record, error) {
 	tbl := pgTable(t)
 	a := &dialect.Args{Numbered: true}
-	window := ` AND created_at <= COALESCE((SELECT w.created_at FROM ` + tbl + ` w WHERE w.status IN ('pending', 'processing')` +
-		sqlkit.ScopeSQL(a, p.Scope, "w.", pgUUID) + ` ORDER BY w.created_at, w.id OFFSET ` + a.Add(sqlkit.OrderedWindow(p.Limit)) + `::bigint LIMIT 1), 'infinity')`
-	recs, err := pgLease(ctx, q, t, p, a, `WITH c AS MATERIALIZED (SELECT id FROM `+tbl+` WHERE `+pgEligible(a, p)+pgOrdered(tbl, p)+window+
+	// The window ends at the row orderedWindow rows in, by (created_at, id): rows of one
+	// transaction share created_at, and a bound on created_at alone took in all of them.
+	win := `(SELECT w.created_at, w.id FROM ` + tbl + ` w WHERE w.status IN ('pending', 'processing')` +
+		` AND (SELECT true` + sqlkit.ScopeSQL(a, p.Scope, "w.", pgUUID) + `) ORDER BY w.created_at, w.id OFFSET ` +
+		a.Add(sqlkit.OrderedWindow(p.Limit)) + `::bigint LIMIT 1)`
+	window := ` AND (created_at, id) <= (COALESCE((SELECT created_at FROM w), 'infinity'), COALESCE((SELECT id FROM w), 'ffffffff-ffff-ffff-ffff-ffffffffffff'))`
+	recs, err := pgLease(ctx, q, t, p, a, `WITH w AS MATERIALIZED `+win+`, c AS MATERIALIZED (SELECT id FROM `+tbl+` WHERE `+pgEligible(a, p)+pgOrdered(tbl, p)+window+
 		` ORDER BY created_at, id LIMIT `+a.Add(p.Limit)+`::bigint FOR UPDATE SKIP LOCKED)`)
 	if recs, err = pgWithRuns(ctx, q, t, p, recs, err); err != nil || len(recs) == p.Limit {
 		return recs, err

@@ -13,6 +13,7 @@ import (
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/internal/dialects/dialecttest"
 	"github.com/outboxgo/outbox/internal/dialects/postgres"
+	"github.com/outboxgo/outbox/internal/dialects/sqlkit"
 )
 
 // TestPostgresPurgePlan: each purge batch finds its rows through the partial retention
@@ -96,7 +97,7 @@ func TestPostgresOrderedClaimPlan(t *testing.T) {
 	rec, store := recordingStore(t, b)
 	dialecttest.TimeOrderedClaim(b.ctx, t, store)
 	plan := b.explainAnalyzeLast(t, rec, "the ordered claim", func(sql string) bool {
-		return strings.HasPrefix(sql, "WITH c AS") && strings.Contains(sql, "e.partition_key")
+		return strings.HasPrefix(sql, "WITH w AS") && strings.Contains(sql, "e.partition_key")
 	})
 	t.Logf("EXPLAIN ANALYZE of the ordered claim, %d rows:\n%s", rows, plan.format(""))
 
@@ -349,4 +350,59 @@ func TestPostgresRunsPlan(t *testing.T) {
 	require.NotNil(t, order, "the runs come from the order index")
 	require.Equal(t, keys, order.ActualLoops, "one range per head")
 	require.LessOrEqual(t, order.ActualRows, float64(limit), "each range (rows per loop) bounded by the batch")
+}
+
+// TestPostgresHotKeyClaimBounded: an ordered claim with runs, on one key's backlog of
+// 20,000 rows enqueued 1,000 to a transaction (so 1,000 rows share each created_at) on a
+// table never analyzed, reads a bounded part of the claim index, however long the backlog:
+// the walk in index order that the claim's transaction settings leave the planner (a bitmap
+// scan read the whole backlog and sorted it, every claim), stopped by a window bound on
+// (created_at, id) (one on created_at alone took in every row of the transaction).
+func TestPostgresHotKeyClaimBounded(t *testing.T) {
+	t.Parallel()
+	const rows, perTx, limit = 20_000, 1_000, 100
+	b := setupPostgres(t, "")
+	dialecttest.UpOrdered(b.ctx, t, b.db, "postgres")
+	for i := 0; i < rows; i += perTx {
+		msgs := make([]outbox.Message, perTx)
+		for j := range msgs {
+			msgs[j] = outbox.Message{Namespace: "orders", Topic: "order.changed", PartitionKey: "hot", Payload: json.RawMessage(`{"v":1}`)}
+		}
+		_, err := b.store.EnqueueStandalone(b.ctx, msgs...)
+		require.NoError(t, err)
+	}
+	rec, store := recordingStore(t, b)
+	o := dialecttest.OrderedClaimOpts(limit)
+	o.Runs = true
+	for range 3 { // past the first transaction's rows: the window then starts among delivered ones
+		rec.mu.Lock()
+		rec.queries = nil
+		rec.mu.Unlock()
+		recs, err := store.Claim(b.ctx, o)
+		require.NoError(t, err)
+		require.Len(t, recs, limit, "the head and its run fill the batch")
+		leases := make([]outbox.Lease, len(recs))
+		for i, r := range recs {
+			leases[i] = outbox.Lease{ID: r.ID, Token: r.LeaseToken}
+		}
+		require.NoError(t, store.Ack(b.ctx, leases...))
+	}
+	var settings []string
+	rec.mu.Lock()
+	for _, q := range rec.queries {
+		if strings.HasPrefix(q.sql, "SET LOCAL") {
+			settings = append(settings, q.sql)
+		}
+	}
+	rec.mu.Unlock()
+	plan := b.explainAnalyzeLast(t, rec, "the heads claim", func(sql string) bool { return strings.HasPrefix(sql, "WITH w AS") }, settings...)
+	t.Logf("EXPLAIN ANALYZE of the heads claim, one key of %d rows:\n%s", rows, plan.format(""))
+	plan.walk(func(n *orderedPlanNode) {
+		require.NotContains(t, n.NodeType, "Bitmap", "the claim index walked in order")
+		require.NotEqual(t, "Seq Scan", n.NodeType)
+		if n.IndexName == b.table+"_claim_idx" {
+			require.LessOrEqual(t, n.ActualRows*float64(max(n.ActualLoops, 1)), float64(sqlkit.OrderedWindow(limit)+1), "at most the window")
+		}
+	})
+	require.LessOrEqual(t, plan.SharedHit+plan.SharedRead, 2_000, "pages read for a claim of %d rows", limit)
 }
