@@ -1,0 +1,533 @@
+package outboxbinlog
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/migrations"
+)
+
+// recorder is a transport that records what it is handed, in order, and fails the
+// messages fail names.
+type recorder struct {
+	mu   sync.Mutex
+	got  []outbox.Delivery
+	fail func(d outbox.Delivery) error
+}
+
+func (r *recorder) Publish(_ context.Context, batch []outbox.Delivery) []error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	errs := make([]error, len(batch))
+	for i, d := range batch {
+		r.got = append(r.got, d)
+		if r.fail != nil {
+			errs[i] = r.fail(d)
+		}
+	}
+	return errs
+}
+
+func (r *recorder) setFail(f func(outbox.Delivery) error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.fail = f
+}
+
+func (r *recorder) deliveries() []outbox.Delivery {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]outbox.Delivery(nil), r.got...)
+}
+
+// times counts the deliveries of each id.
+func (r *recorder) times() map[uuid.UUID]int {
+	out := map[uuid.UUID]int{}
+	for _, d := range r.deliveries() {
+		out[d.ID]++
+	}
+	return out
+}
+
+// bundle is what a test works with: a fresh database with the outbox table, a Store that
+// inserts rows leased to the log's reader, and a recording transport.
+type bundle struct {
+	ctx   context.Context
+	dsn   string
+	db    *sql.DB
+	store *outbox.Store
+	tr    *recorder
+}
+
+func setup(t *testing.T, logLease time.Duration) *bundle {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	t.Cleanup(cancel)
+	dsn := privateServer(t).database(t)
+	db, err := sql.Open("mysql", dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	require.NoError(t, migrations.Up(ctx, db, "mysql", migrations.Options{}))
+	store, err := outbox.New(db, outbox.MySQL(), outbox.Options{LogLease: logLease, DisableNotify: true})
+	require.NoError(t, err)
+	return &bundle{ctx: ctx, dsn: dsn, db: db, store: store, tr: &recorder{}}
+}
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// testLog writes a publisher's log to the test's, shown when it fails.
+type testLog struct{ t *testing.T }
+
+func (w testLog) Write(b []byte) (int, error) {
+	w.t.Helper()
+	w.t.Log(strings.TrimSpace(string(b)))
+	return len(b), nil
+}
+
+// publisher returns a log Publisher of the bundle's store.
+func (b *bundle) publisher(t *testing.T, o Options) *Publisher {
+	t.Helper()
+	o.ConnString = b.dsn
+	if o.Namespace == "" {
+		o.Namespace = "orders"
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	if o.RetryDelay == 0 {
+		o.RetryDelay = 50 * time.Millisecond
+	}
+	if o.HeartbeatInterval == 0 {
+		o.HeartbeatInterval = 200 * time.Millisecond
+	}
+	p, err := New(b.store, b.tr, o)
+	require.NoError(t, err)
+	return p
+}
+
+// start runs p until the test ends (or stop is called) and waits until it reads the
+// binlog; stop returns Run's error.
+func (b *bundle) start(t *testing.T, p *Publisher) (stop func() error) {
+	t.Helper()
+	stop = b.run(t, p)
+	b.wait(t, "the publisher reads the binlog", func() bool { return p.Stats().Reading })
+	return stop
+}
+
+// run runs p until the test ends (or stop is called), without waiting.
+func (b *bundle) run(t *testing.T, p *Publisher) (stop func() error) {
+	ctx, cancel := context.WithCancel(b.ctx)
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	var once sync.Once
+	var runErr error
+	stop = func() error {
+		once.Do(func() { cancel(); runErr = <-done })
+		return runErr
+	}
+	t.Cleanup(func() { _ = stop() })
+	return stop
+}
+
+// wait polls cond until it holds, failing the test after a deadline.
+func (b *bundle) wait(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func msg(i int) outbox.Message {
+	return outbox.Message{Namespace: "orders", Topic: "order.created", Payload: json.RawMessage(fmt.Sprintf(`{"n":%d}`, i))}
+}
+
+func msgs(from, n int) []outbox.Message {
+	out := make([]outbox.Message, n)
+	for i := range out {
+		out[i] = msg(from + i)
+	}
+	return out
+}
+
+// enqueue commits one transaction per message and returns the ids in commit order.
+func (b *bundle) enqueue(t *testing.T, msgs ...outbox.Message) []uuid.UUID {
+	t.Helper()
+	return b.enqueueOn(t, b.store, msgs...)
+}
+
+func (b *bundle) enqueueOn(t *testing.T, store *outbox.Store, msgs ...outbox.Message) []uuid.UUID {
+	t.Helper()
+	ids := make([]uuid.UUID, len(msgs))
+	for i, m := range msgs {
+		tx, err := b.db.BeginTx(b.ctx, nil)
+		require.NoError(t, err)
+		res, err := store.Enqueue(b.ctx, tx, m)
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit())
+		ids[i] = res.ID
+	}
+	return ids
+}
+
+// storeWith returns another Store of the bundle's table whose rows are leased to the
+// log's reader for lease: a short one for rows that polling must take over.
+func (b *bundle) storeWith(t *testing.T, lease time.Duration) *outbox.Store {
+	t.Helper()
+	s, err := outbox.New(b.db, outbox.MySQL(), outbox.Options{LogLease: lease, DisableNotify: true})
+	require.NoError(t, err)
+	return s
+}
+
+// status returns each row's status by id.
+func (b *bundle) status(t *testing.T) map[uuid.UUID]outbox.Status {
+	t.Helper()
+	rows, err := b.db.QueryContext(b.ctx, `SELECT id, status FROM outbox_events`)
+	require.NoError(t, err)
+	defer rows.Close()
+	out := map[uuid.UUID]outbox.Status{}
+	for rows.Next() {
+		var id []byte
+		var st string
+		require.NoError(t, rows.Scan(&id, &st))
+		out[uuid.UUID(id)] = outbox.Status(st)
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+// waitDelivered waits until every row of ids is delivered, and on timeout names those
+// that are not, as the table has them.
+func (b *bundle) waitDelivered(t *testing.T, what string, ids []uuid.UUID) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		st := b.status(t)
+		var missing []uuid.UUID
+		for _, id := range ids {
+			if st[id] != outbox.StatusDelivered {
+				missing = append(missing, id)
+			}
+		}
+		if len(missing) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			for _, id := range missing[:min(5, len(missing))] {
+				r, err := b.store.Get(b.ctx, id)
+				require.NoError(t, err)
+				t.Logf("row %s: %s, attempts %d, locked_by %q until %s, last error %q", id, r.Status, r.Attempts, r.LockedBy, r.LockedUntil, r.LastError)
+			}
+			t.Fatalf("timed out waiting until %s: %d of %d not delivered", what, len(missing), len(ids))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// storedPosition reads the reader's row of the position table.
+func (b *bundle) storedPosition(t *testing.T, name string) string {
+	t.Helper()
+	var gtid string
+	err := b.db.QueryRowContext(b.ctx, `SELECT gtid FROM outbox_events_binlog_position WHERE reader = ?`, name).Scan(&gtid)
+	if errors.Is(err, sql.ErrNoRows) {
+		return ""
+	}
+	require.NoError(t, err)
+	return gtid
+}
+
+func deliveredIDs(ds []outbox.Delivery) []uuid.UUID {
+	out := make([]uuid.UUID, len(ds))
+	for i, d := range ds {
+		out[i] = d.ID
+	}
+	return out
+}
+
+// poller returns a polling Publisher of the bundle's table.
+func (b *bundle) poller(t *testing.T, lease time.Duration) *outbox.Publisher {
+	t.Helper()
+	p, err := outbox.NewPublisher(b.store, b.tr, outbox.PublisherOptions{Scope: outbox.Scope{Namespace: "orders"},
+		PollInterval: 20 * time.Millisecond, Lease: lease, Logger: quiet,
+		Retry: outbox.RetryPolicy{BaseDelay: time.Millisecond, MaxDelay: time.Millisecond}})
+	require.NoError(t, err)
+	return p
+}
+
+// runPoller runs a polling Publisher until the returned stop is called.
+func (b *bundle) runPoller(t *testing.T, p *outbox.Publisher) (stop func()) {
+	ctx, cancel := context.WithCancel(b.ctx)
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); require.NoError(t, <-done) }) }
+	t.Cleanup(stop)
+	return stop
+}
+
+// TestDeliversInCommitOrder: committed rows reach the transport in commit order, once
+// each, settled delivered, and the position in the table moves past them; a rolled-back
+// row and a delayed row never do.
+func TestDeliversInCommitOrder(t *testing.T) {
+	b := setup(t, time.Minute)
+	p := b.publisher(t, Options{})
+	b.start(t, p)
+
+	tx, err := b.db.BeginTx(b.ctx, nil)
+	require.NoError(t, err)
+	_, err = b.store.Enqueue(b.ctx, tx, msg(-1))
+	require.NoError(t, err)
+	require.NoError(t, tx.Rollback())
+	delayed := msg(-2)
+	delayed.Delay = time.Hour
+	late := b.enqueue(t, delayed)[0]
+
+	before := b.storedPosition(t, p.Name())
+	ids := b.enqueue(t, msgs(0, 40)...)
+	b.waitDelivered(t, "every row is delivered", ids)
+	require.Equal(t, ids, deliveredIDs(b.tr.deliveries()), "in commit order, each once, nothing else")
+	for i, d := range b.tr.deliveries() {
+		require.JSONEq(t, fmt.Sprintf(`{"n":%d}`, i), string(d.Payload))
+		require.Equal(t, 1, d.Attempt)
+		require.Equal(t, "orders", d.Namespace)
+		require.Equal(t, "order.created", d.Topic)
+	}
+	require.Equal(t, outbox.StatusPending, b.status(t)[late], "a delayed row is left to polling")
+	b.wait(t, "the publisher counts its settles", func() bool { return p.Stats().Delivered == int64(len(ids)) })
+	st := p.Stats()
+	require.Zero(t, st.LeaseLost+st.Retried+st.Dead)
+	require.NotEqual(t, before, b.storedPosition(t, p.Name()), "the position moved with the settles")
+	require.Equal(t, st.Position, b.storedPosition(t, p.Name()))
+	t.Logf("position %s, commit to publish of the last batch: %s", st.Position, st.CommitToPublish)
+}
+
+// TestFailureGoesToRetryPath: a delivery the transport fails goes back to pending under
+// the retry policy, and a polling Publisher delivers it; the other rows are not held.
+func TestFailureGoesToRetryPath(t *testing.T) {
+	b := setup(t, time.Minute)
+	bad := make(chan uuid.UUID, 1)
+	var failed sync.Once
+	b.tr.setFail(func(d outbox.Delivery) error {
+		var err error
+		failed.Do(func() { err = errors.New("broker said no"); bad <- d.ID })
+		return err
+	})
+	p := b.publisher(t, Options{RetryPolicy: outbox.RetryPolicy{BaseDelay: time.Millisecond, MaxDelay: time.Millisecond}})
+	b.start(t, p)
+	all := b.enqueue(t, msgs(0, 5)...)
+	id := <-bad
+	b.wait(t, "the log publisher settles all five", func() bool { s := p.Stats(); return s.Delivered+s.Retried == 5 })
+	require.Equal(t, int64(1), p.Stats().Retried)
+	r, err := b.store.Get(b.ctx, id)
+	require.NoError(t, err)
+	require.Equal(t, outbox.StatusPending, r.Status)
+	require.Equal(t, "broker said no", r.LastError)
+
+	poller := b.poller(t, time.Minute)
+	stop := b.runPoller(t, poller)
+	b.waitDelivered(t, "polling delivers the failed row", all)
+	stop()
+	require.Equal(t, int64(1), poller.Stats().Delivered, "polling delivered only the failed row")
+}
+
+// TestResumesAfterKill: a reader killed after publishing and before its settle commits
+// (so before its position is written) loses nothing: the next reader reads the rows again
+// from the stored position, publishes them again (at least once) and settles them.
+func TestResumesAfterKill(t *testing.T) {
+	b := setup(t, time.Minute)
+	p := b.publisher(t, Options{})
+	var armed sync.Once
+	p.kill = func(point string) bool {
+		hit := false
+		if point == "published" {
+			armed.Do(func() { hit = true })
+		}
+		return hit
+	}
+	stop := b.start(t, p)
+	ids := b.enqueue(t, msgs(0, 10)...)
+	b.wait(t, "the reader is killed", func() bool { return !p.running.Load() })
+	require.ErrorIs(t, stop(), errKilled)
+	require.NotEmpty(t, b.tr.deliveries(), "it published before it was killed")
+
+	next := b.publisher(t, Options{})
+	b.start(t, next)
+	b.waitDelivered(t, "the next reader delivers every row", ids)
+	for _, id := range ids {
+		require.Positive(t, b.tr.times()[id], "row %s delivered", id)
+	}
+	require.Zero(t, next.Stats().LeaseLost, "the killed reader settled nothing")
+}
+
+// TestPositionInSettleTransaction: a reader killed right after its settle commits
+// resumes past the rows it settled, publishing none of them again, because the position
+// commits with the outcomes. With the position written in a transaction of its own
+// after the settle (the mistake), the same kill makes the next reader publish them again:
+// the test tells the two apart.
+func TestPositionInSettleTransaction(t *testing.T) {
+	for _, separate := range []bool{false, true} {
+		t.Run(fmt.Sprintf("separate=%t", separate), func(t *testing.T) {
+			b := setup(t, time.Minute)
+			first := b.publisher(t, Options{})
+			b.start(t, first) // stores its starting position
+			ids := []uuid.UUID{}
+			var armed sync.Once
+			first.separatePosition = separate
+			first.kill = func(point string) bool {
+				hit := false
+				if point == "settled" && len(b.tr.deliveries()) > 0 {
+					armed.Do(func() { hit = true })
+				}
+				return hit
+			}
+			ids = append(ids, b.enqueue(t, msgs(0, 5)...)...)
+			b.wait(t, "the reader is killed after a settle", func() bool { return !first.running.Load() })
+			publishedBefore := len(b.tr.deliveries())
+
+			next := b.publisher(t, Options{})
+			b.start(t, next)
+			more := b.enqueue(t, msgs(5, 3)...)
+			b.waitDelivered(t, "every row is delivered", append(ids, more...))
+			twice := 0
+			for _, n := range b.tr.times() {
+				if n > 1 {
+					twice++
+				}
+			}
+			t.Logf("published before the kill: %d, published twice: %d", publishedBefore, twice)
+			if separate {
+				require.Positive(t, twice, "a position written apart from the settle is lost with the crash, and rows are published again")
+			} else {
+				require.Zero(t, twice, "the position committed with the settle: nothing published again")
+			}
+		})
+	}
+}
+
+// TestBinlogPurged: a reader whose stored position is purged from the server (PURGE
+// BINARY LOGS while it is stopped) reports it once, starts again at the server's current
+// position, and the rows of the gap are delivered by polling once their leases run out:
+// nothing lost.
+func TestBinlogPurged(t *testing.T) {
+	b := setup(t, time.Minute)
+	p := b.publisher(t, Options{})
+	stop := b.start(t, p)
+	first := b.enqueue(t, msgs(0, 3)...)
+	b.waitDelivered(t, "the first rows are delivered", first)
+	require.NoError(t, stop())
+
+	short := b.storeWith(t, 2*time.Second)
+	gap := b.enqueueOn(t, short, msgs(3, 4)...)
+	_, err := b.db.ExecContext(b.ctx, `FLUSH BINARY LOGS`)
+	require.NoError(t, err)
+	b.purge(t)
+
+	next := b.publisher(t, Options{})
+	b.start(t, next)
+	b.wait(t, "the purge is reported", func() bool { return next.Stats().Resets == 1 })
+	after := b.enqueue(t, msgs(7, 2)...)
+	b.waitDelivered(t, "rows after the reset are read from the binlog", after)
+	require.Equal(t, int64(1), next.Stats().Resets, "reported once")
+
+	poller := b.poller(t, time.Minute)
+	b.runPoller(t, poller)
+	b.waitDelivered(t, "polling delivers the gap once the leases run out", gap)
+	require.Equal(t, int64(len(gap)), poller.Stats().Delivered, "polling delivered exactly the gap")
+}
+
+// purge purges every binlog file but the newest. A file that a dump thread still reads
+// is kept (with a warning), and the thread of a reader that just stopped may read on
+// until it notices its client is gone: purge again until only the newest is left.
+func (b *bundle) purge(t *testing.T) {
+	t.Helper()
+	logs := func() []string {
+		rows, err := b.db.QueryContext(b.ctx, `SHOW BINARY LOGS`)
+		require.NoError(t, err)
+		defer rows.Close()
+		var names []string
+		for rows.Next() {
+			var name string
+			var size any
+			require.NoError(t, rows.Scan(&name, &size))
+			names = append(names, name)
+		}
+		require.NoError(t, rows.Err())
+		return names
+	}
+	b.wait(t, "the old binlogs are purged", func() bool {
+		names := logs()
+		_, err := b.db.ExecContext(b.ctx, `PURGE BINARY LOGS TO '`+names[len(names)-1]+`'`)
+		require.NoError(t, err)
+		return len(logs()) == 1
+	})
+}
+
+// TestTwoReaders: of two readers with one name, one holds the lock and reads, the other
+// stands by; when the first stops, the other takes over from the stored position.
+func TestTwoReaders(t *testing.T) {
+	b := setup(t, time.Minute)
+	a := b.publisher(t, Options{})
+	stopA := b.start(t, a)
+	c := b.publisher(t, Options{})
+	b.run(t, c)
+	b.wait(t, "the second reader stands by", func() bool { return c.Stats().Standby })
+	require.False(t, c.Stats().Reading)
+
+	first := b.enqueue(t, msgs(0, 5)...)
+	b.waitDelivered(t, "the first reader delivers", first)
+	b.wait(t, "the first reader counts", func() bool { return a.Stats().Delivered == 5 })
+	require.NoError(t, stopA())
+	b.wait(t, "the second reader takes over", func() bool { return c.Stats().Reading })
+	second := b.enqueue(t, msgs(5, 5)...)
+	b.waitDelivered(t, "the second reader delivers", second)
+	b.wait(t, "the second reader counts", func() bool { return c.Stats().Delivered == 5 })
+	for id, n := range b.tr.times() {
+		require.Equal(t, 1, n, "row %s published once", id)
+	}
+}
+
+// TestPollingAndLogOnOneTable: a polling Publisher and a log Publisher on one table never
+// both settle a row: the log publisher settles what it reads under a live insert lease,
+// polling the rows whose leases ran out while the reader was stopped, and the reader's
+// late outcomes for those are refused as lost leases.
+func TestPollingAndLogOnOneTable(t *testing.T) {
+	b := setup(t, time.Minute)
+	p := b.publisher(t, Options{})
+	stop := b.start(t, p)
+	poller := b.poller(t, time.Minute)
+	b.runPoller(t, poller)
+	ids := b.enqueue(t, msgs(0, 30)...)
+	b.waitDelivered(t, "the reader delivers", ids)
+	b.wait(t, "the reader counts", func() bool { return p.Stats().Delivered == 30 })
+	require.Zero(t, poller.Stats().Delivered, "rows under a live insert lease are the reader's")
+	require.NoError(t, stop())
+
+	short := b.storeWith(t, time.Second)
+	late := b.enqueueOn(t, short, msgs(30, 10)...)
+	b.waitDelivered(t, "polling takes the rows whose leases ran out", late)
+	require.Equal(t, int64(10), poller.Stats().Delivered)
+
+	next := b.publisher(t, Options{})
+	b.start(t, next)
+	b.wait(t, "the reader reads them again and is refused", func() bool { return next.Stats().LeaseLost == 10 })
+	require.Zero(t, next.Stats().Delivered, "no row settled by both")
+	var settled int
+	require.NoError(t, b.db.QueryRowContext(b.ctx, `SELECT COUNT(*) FROM outbox_events WHERE status = 'delivered'`).Scan(&settled))
+	require.Equal(t, 40, settled)
+}
