@@ -531,3 +531,67 @@ func TestPollingAndLogOnOneTable(t *testing.T) {
 	require.NoError(t, b.db.QueryRowContext(b.ctx, `SELECT COUNT(*) FROM outbox_events WHERE status = 'delivered'`).Scan(&settled))
 	require.Equal(t, 40, settled)
 }
+
+// TestServerRestart: the reader survives a clean restart of the server and a crash
+// (SIGKILL): it reconnects, resumes from the position committed with its last settle, and
+// every row is delivered, none published twice.
+func TestServerRestart(t *testing.T) {
+	b := setup(t, time.Minute)
+	p := b.publisher(t, Options{})
+	b.start(t, p)
+	var all []uuid.UUID
+	for i, crash := range []bool{false, true} {
+		ids := b.enqueue(t, msgs(10*i, 5)...)
+		b.waitDelivered(t, "rows before the restart are delivered", ids)
+		all = append(all, ids...)
+		b.wait(t, "the reader counts them", func() bool { return p.Stats().Delivered == int64(len(all)) })
+		privateServer(t).restart(t, crash)
+		b.wait(t, "the reader reads again", func() bool { return p.Stats().Reading })
+		ids = b.enqueue(t, msgs(10*i+5, 5)...)
+		b.waitDelivered(t, "rows after the restart are delivered", ids)
+		all = append(all, ids...)
+	}
+	for _, id := range all {
+		require.Equal(t, 1, b.tr.times()[id], "row %s published once", id)
+	}
+}
+
+// TestLargeTransactions: a payload of several megabytes, a transaction of 1,000 rows
+// (published in batches, its position written with the last), and a long transaction
+// that enqueued first and commits last, delivered after the ones that committed before it.
+func TestLargeTransactions(t *testing.T) {
+	b := setup(t, time.Minute)
+	p := b.publisher(t, Options{})
+	b.start(t, p)
+
+	big := msg(0)
+	big.Payload = json.RawMessage(`{"blob":"` + strings.Repeat("x", 6<<20) + `"}`)
+	roomy, err := outbox.New(b.db, outbox.MySQL(), outbox.Options{LogLease: time.Minute, DisableNotify: true, MaxPayloadBytes: 8 << 20})
+	require.NoError(t, err)
+	bigID := b.enqueueOn(t, roomy, big)[0]
+
+	long, err := b.db.BeginTx(b.ctx, nil)
+	require.NoError(t, err)
+	early, err := b.store.Enqueue(b.ctx, long, msg(1))
+	require.NoError(t, err)
+
+	tx, err := b.db.BeginTx(b.ctx, nil)
+	require.NoError(t, err)
+	res, err := b.store.EnqueueBatch(b.ctx, tx, msgs(2, 1000))
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit())
+	batch := make([]uuid.UUID, len(res))
+	for i, r := range res {
+		batch[i] = r.ID
+	}
+	b.waitDelivered(t, "the big row and the 1,000 rows are delivered", append([]uuid.UUID{bigID}, batch...))
+	require.NotContains(t, b.tr.times(), early.ID, "an uncommitted row is not published")
+	require.NoError(t, long.Commit())
+	b.waitDelivered(t, "the long transaction's row is delivered", []uuid.UUID{early.ID})
+
+	got := deliveredIDs(b.tr.deliveries())
+	want := append(append([]uuid.UUID{bigID}, batch...), early.ID)
+	require.Equal(t, want, got, "in commit order, each once")
+	require.Equal(t, len(big.Payload), len(b.tr.deliveries()[0].Payload))
+	require.JSONEq(t, string(big.Payload), string(b.tr.deliveries()[0].Payload))
+}
