@@ -153,7 +153,7 @@ func (p *Publisher) checkServer(ctx context.Context) (server, error) {
 	var version string
 	var logBin int
 	var format string
-	if err := db.QueryRowContext(ctx, `SELECT VERSION(), @@log_bin, @@binlog_format`).Scan(&version, &logBin, &format); err != nil {
+	if err := db.QueryRowContext(ctx, `SELECT VERSION(), @@GLOBAL.log_bin, @@GLOBAL.binlog_format`).Scan(&version, &logBin, &format); err != nil {
 		return server{}, fmt.Errorf("outboxbinlog: read server settings: %w", err)
 	}
 	if logBin != 1 {

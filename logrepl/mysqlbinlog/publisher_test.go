@@ -15,6 +15,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/migrations"
@@ -285,6 +286,7 @@ func (b *bundle) runPoller(t *testing.T, p *outbox.Publisher) (stop func()) {
 // each, settled delivered, and the position in the table moves past them; a rolled-back
 // row and a delayed row never do.
 func TestDeliversInCommitOrder(t *testing.T) {
+	leakCheck(t)
 	b := setup(t, time.Minute)
 	p := b.publisher(t, Options{})
 	b.start(t, p)
@@ -320,6 +322,7 @@ func TestDeliversInCommitOrder(t *testing.T) {
 // TestFailureGoesToRetryPath: a delivery the transport fails goes back to pending under
 // the retry policy, and a polling Publisher delivers it; the other rows are not held.
 func TestFailureGoesToRetryPath(t *testing.T) {
+	leakCheck(t)
 	b := setup(t, time.Minute)
 	bad := make(chan uuid.UUID, 1)
 	var failed sync.Once
@@ -350,6 +353,7 @@ func TestFailureGoesToRetryPath(t *testing.T) {
 // (so before its position is written) loses nothing: the next reader reads the rows again
 // from the stored position, publishes them again (at least once) and settles them.
 func TestResumesAfterKill(t *testing.T) {
+	leakCheck(t)
 	b := setup(t, time.Minute)
 	p := b.publisher(t, Options{})
 	var armed sync.Once
@@ -425,6 +429,7 @@ func TestPositionInSettleTransaction(t *testing.T) {
 // position, and the rows of the gap are delivered by polling once their leases run out:
 // nothing lost.
 func TestBinlogPurged(t *testing.T) {
+	leakCheck(t)
 	b := setup(t, time.Minute)
 	p := b.publisher(t, Options{})
 	stop := b.start(t, p)
@@ -481,6 +486,7 @@ func (b *bundle) purge(t *testing.T) {
 // TestTwoReaders: of two readers with one name, one holds the lock and reads, the other
 // stands by; when the first stops, the other takes over from the stored position.
 func TestTwoReaders(t *testing.T) {
+	leakCheck(t)
 	b := setup(t, time.Minute)
 	a := b.publisher(t, Options{})
 	stopA := b.start(t, a)
@@ -507,6 +513,7 @@ func TestTwoReaders(t *testing.T) {
 // polling the rows whose leases ran out while the reader was stopped, and the reader's
 // late outcomes for those are refused as lost leases.
 func TestPollingAndLogOnOneTable(t *testing.T) {
+	leakCheck(t)
 	b := setup(t, time.Minute)
 	p := b.publisher(t, Options{})
 	stop := b.start(t, p)
@@ -536,6 +543,7 @@ func TestPollingAndLogOnOneTable(t *testing.T) {
 // (SIGKILL): it reconnects, resumes from the position committed with its last settle, and
 // every row is delivered, none published twice.
 func TestServerRestart(t *testing.T) {
+	leakCheck(t)
 	b := setup(t, time.Minute)
 	p := b.publisher(t, Options{})
 	b.start(t, p)
@@ -560,6 +568,7 @@ func TestServerRestart(t *testing.T) {
 // (published in batches, its position written with the last), and a long transaction
 // that enqueued first and commits last, delivered after the ones that committed before it.
 func TestLargeTransactions(t *testing.T) {
+	leakCheck(t)
 	b := setup(t, time.Minute)
 	p := b.publisher(t, Options{})
 	b.start(t, p)
@@ -594,4 +603,66 @@ func TestLargeTransactions(t *testing.T) {
 	require.Equal(t, want, got, "in commit order, each once")
 	require.Equal(t, len(big.Payload), len(b.tr.deliveries()[0].Payload))
 	require.JSONEq(t, string(big.Payload), string(b.tr.deliveries()[0].Payload))
+}
+
+func leakCheck(t *testing.T) {
+	privateServer(t) // its goroutine lives as long as the package's tests
+	opts := []goleak.Option{goleak.IgnoreCurrent(), goleak.IgnoreAnyFunction("github.com/outboxgo/outbox/logrepl/mysqlbinlog.(*myServer).start.func1")}
+	t.Cleanup(func() { goleak.VerifyNone(t, opts...) })
+}
+
+// TestBadOptions: bad options are refused at New with ErrInvalid, and a server whose
+// binlog is not in ROW format is a SetupError from Run, before anything is read.
+func TestBadOptions(t *testing.T) {
+	b := setup(t, time.Minute)
+	for _, o := range []Options{
+		{Scope: outbox.Scope{Namespace: "orders"}},
+		{ConnString: b.dsn},
+		{ConnString: b.dsn, Scope: outbox.Scope{Namespace: "orders"}, Name: "bad-name"},
+		{ConnString: b.dsn, Scope: outbox.Scope{Namespace: "orders"}, BatchSize: outbox.MaxBatch + 1},
+		{ConnString: "not a dsn", Scope: outbox.Scope{Namespace: "orders"}},
+		{ConnString: b.dsn, Scope: outbox.Scope{Namespace: "orders"}, HeartbeatInterval: time.Millisecond},
+	} {
+		_, err := New(b.store, b.tr, o)
+		require.ErrorIs(t, err, ErrInvalid, "%+v", o)
+	}
+	_, err := New(nil, b.tr, Options{})
+	require.ErrorIs(t, err, ErrInvalid)
+	sqlite, err := sql.Open("mysql", b.dsn) // any pool: the dialect is what is refused
+	require.NoError(t, err)
+	defer sqlite.Close()
+	pg, err := outbox.New(sqlite, outbox.Postgres(), outbox.Options{})
+	require.NoError(t, err)
+	_, err = New(pg, b.tr, Options{ConnString: b.dsn, Scope: outbox.Scope{Namespace: "orders"}})
+	require.ErrorIs(t, err, ErrInvalid, "a PostgreSQL store is refused")
+
+	_, err = b.db.ExecContext(b.ctx, `SET GLOBAL binlog_format = 'MIXED'`)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = b.db.ExecContext(context.Background(), `SET GLOBAL binlog_format = 'ROW'`) })
+	p := b.publisher(t, Options{})
+	var se *SetupError
+	require.ErrorAs(t, p.Run(b.ctx), &se)
+	require.Contains(t, se.Error(), "binlog_format is MIXED")
+}
+
+// TestIdleOutboxPositionMoves: while only other tables commit, the reader writes its
+// position every PositionInterval, so a restart reads little again and purges of a busy
+// server do not overtake it.
+func TestIdleOutboxPositionMoves(t *testing.T) {
+	leakCheck(t)
+	b := setup(t, time.Minute)
+	p := b.publisher(t, Options{PositionInterval: 50 * time.Millisecond})
+	b.start(t, p)
+	before := b.storedPosition(t, p.Name())
+	_, err := b.db.ExecContext(b.ctx, `CREATE TABLE other (n INT PRIMARY KEY)`)
+	require.NoError(t, err)
+	for i := range 5 {
+		_, err := b.db.ExecContext(b.ctx, `INSERT INTO other VALUES (?)`, i)
+		require.NoError(t, err)
+	}
+	var now string
+	require.NoError(t, b.db.QueryRowContext(b.ctx, `SELECT @@gtid_binlog_pos`).Scan(&now))
+	b.wait(t, "the stored position reaches the server's", func() bool { return b.storedPosition(t, p.Name()) == now })
+	require.NotEqual(t, before, now)
+	require.Empty(t, b.tr.deliveries())
 }
