@@ -100,39 +100,62 @@ func (p *Publisher) lockName(ctx context.Context) (string, error) {
 	return name, nil
 }
 
-// lock takes the reader lock on a connection of its own, without waiting: false when
+// lock takes the reader lock, without waiting, on a connection of its own made from
+// ConnString (never one of the Store's pool, which may have none to spare): false when
 // another reader holds it. The lock lives as long as the connection.
-func (p *Publisher) lock(ctx context.Context) (*sql.Conn, string, bool, error) {
+func (p *Publisher) lock(ctx context.Context) (*readerLock, bool, error) {
 	name, err := p.lockName(ctx)
 	if err != nil {
-		return nil, "", false, err
+		return nil, false, err
 	}
-	conn, err := p.store.DB().Conn(ctx)
+	cfg, err := mysql.ParseDSN(p.o.ConnString)
 	if err != nil {
-		return nil, "", false, fmt.Errorf("outboxbinlog: lock connection: %w", err)
+		return nil, false, fmt.Errorf("%w: ConnString: %w", ErrInvalid, err)
+	}
+	cfg.DBName = ""
+	connector, err := mysql.NewConnector(cfg)
+	if err != nil {
+		return nil, false, fmt.Errorf("%w: ConnString: %w", ErrInvalid, err)
+	}
+	l := &readerLock{db: sql.OpenDB(connector), name: name}
+	if l.conn, err = l.db.Conn(ctx); err != nil {
+		_ = l.db.Close()
+		return nil, false, fmt.Errorf("outboxbinlog: lock connection: %w", err)
 	}
 	var got sql.NullInt64
-	if err := conn.QueryRowContext(ctx, `SELECT GET_LOCK(?, 0)`, name).Scan(&got); err != nil {
-		_ = conn.Close()
-		return nil, "", false, fmt.Errorf("outboxbinlog: GET_LOCK: %w", err)
+	if err := l.conn.QueryRowContext(ctx, `SELECT GET_LOCK(?, 0)`, name).Scan(&got); err != nil {
+		l.close()
+		return nil, false, fmt.Errorf("outboxbinlog: GET_LOCK: %w", err)
 	}
 	if got.Int64 != 1 {
-		_ = conn.Close()
-		return nil, name, false, nil
+		l.close()
+		return nil, false, nil
 	}
-	return conn, name, true, nil
+	return l, true, nil
 }
 
-// unlock releases the lock and gives its connection back.
-func unlock(conn *sql.Conn, name string) {
-	_, _ = conn.ExecContext(context.Background(), `DO RELEASE_LOCK(?)`, name)
-	_ = conn.Close()
+// readerLock is a held reader lock and its connection.
+type readerLock struct {
+	db   *sql.DB
+	conn *sql.Conn
+	name string
 }
 
-// checkLock returns errLockLost unless conn still holds the lock.
-func checkLock(ctx context.Context, conn *sql.Conn, name string) error {
+// release releases the lock and closes its connection.
+func (l *readerLock) release() {
+	_, _ = l.conn.ExecContext(context.Background(), `DO RELEASE_LOCK(?)`, l.name)
+	l.close()
+}
+
+func (l *readerLock) close() {
+	_ = l.conn.Close()
+	_ = l.db.Close()
+}
+
+// check returns errLockLost unless the lock is still held.
+func (l *readerLock) check(ctx context.Context) error {
 	var mine sql.NullInt64
-	if err := conn.QueryRowContext(ctx, `SELECT IS_USED_LOCK(?) = CONNECTION_ID()`, name).Scan(&mine); err != nil {
+	if err := l.conn.QueryRowContext(ctx, `SELECT IS_USED_LOCK(?) = CONNECTION_ID()`, l.name).Scan(&mine); err != nil {
 		return fmt.Errorf("%w: %w", errLockLost, err)
 	}
 	if mine.Int64 != 1 {

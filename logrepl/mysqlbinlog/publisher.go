@@ -140,14 +140,14 @@ func (p *Publisher) session(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	lockConn, lockName, ok, err := p.lock(ctx)
+	lock, ok, err := p.lock(ctx)
 	if err != nil {
 		return err
 	}
 	if !ok {
 		return errStandby
 	}
-	defer unlock(lockConn, lockName)
+	defer lock.release()
 	s := &session{p: p, owner: uuid.New(), items: make(chan item, 64)}
 	pos, err := p.claimPosition(ctx, srv, s.owner)
 	if err != nil {
@@ -189,7 +189,7 @@ func (p *Publisher) session(ctx context.Context) (err error) {
 	}
 	run(func(ctx context.Context) error { return s.read(ctx, streamer, dec, pos) })
 	run(s.deliver)
-	run(func(ctx context.Context) error { return s.watch(ctx, lockConn, lockName) })
+	run(func(ctx context.Context) error { return s.watch(ctx, lock) })
 	err = <-errc
 	cancel()
 	wg.Wait()
@@ -342,7 +342,7 @@ func isWrite(t replication.EventType) bool {
 }
 
 // watch checks the lock and reads the lag every HeartbeatInterval.
-func (s *session) watch(ctx context.Context, conn *sql.Conn, name string) error {
+func (s *session) watch(ctx context.Context, lock *readerLock) error {
 	t := time.NewTicker(s.p.o.HeartbeatInterval)
 	defer t.Stop()
 	for {
@@ -351,7 +351,7 @@ func (s *session) watch(ctx context.Context, conn *sql.Conn, name string) error 
 			return ctx.Err()
 		case <-t.C:
 		}
-		if err := checkLock(ctx, conn, name); err != nil {
+		if err := lock.check(ctx); err != nil {
 			return err
 		}
 		if err := s.p.readLag(ctx); err != nil && ctx.Err() == nil {

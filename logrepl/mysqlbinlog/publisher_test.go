@@ -666,3 +666,25 @@ func TestIdleOutboxPositionMoves(t *testing.T) {
 	require.NotEqual(t, before, now)
 	require.Empty(t, b.tr.deliveries())
 }
+
+// TestLockLost: a reader whose lock connection is killed stops reading within a heartbeat,
+// takes the lock again, and delivers on from its stored position.
+func TestLockLost(t *testing.T) {
+	leakCheck(t)
+	b := setup(t, time.Minute)
+	p := b.publisher(t, Options{})
+	b.start(t, p)
+	first := b.enqueue(t, msgs(0, 3)...)
+	b.waitDelivered(t, "rows are delivered", first)
+	var holder int64
+	require.NoError(t, b.db.QueryRowContext(b.ctx, `SELECT IS_USED_LOCK(CONCAT('outbox_binlog.', DATABASE(), '.', ?))`, p.Name()).Scan(&holder))
+	_, err := b.db.ExecContext(b.ctx, `KILL ?`, holder)
+	require.NoError(t, err)
+	b.wait(t, "the reader notices", func() bool { return !p.Stats().Reading })
+	b.wait(t, "the reader reads again", func() bool { return p.Stats().Reading })
+	var again int64
+	require.NoError(t, b.db.QueryRowContext(b.ctx, `SELECT IS_USED_LOCK(CONCAT('outbox_binlog.', DATABASE(), '.', ?))`, p.Name()).Scan(&again))
+	require.NotEqual(t, holder, again, "a new connection holds the lock")
+	second := b.enqueue(t, msgs(3, 3)...)
+	b.waitDelivered(t, "rows after are delivered", second)
+}
