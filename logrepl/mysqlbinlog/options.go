@@ -35,6 +35,18 @@ type Options struct {
 	// from Name, above 2^24, so that the standby that takes over from a stopped reader
 	// reuses it.
 	ServerID uint32
+	// Ordered delivers the events of each partition key in order, as a polling
+	// Publisher with PublisherOptions.Ordered does, and must be set alike on both: a row
+	// is published only while no earlier row of its key is pending, processing or (unless
+	// OrderedSkipDead) dead, and a batch holds at most one row of a key per Publish call,
+	// the next only once the one before was delivered. A row that may not go yet is handed
+	// back to polling (pending at once, its attempt given back), whose ordered claim
+	// delivers it after the rows before it. It reads the table once per batch with keyed
+	// rows: create the table with the ordered migration set (migrations.Options.Ordered),
+	// whose order_key column and index serve that read.
+	Ordered bool
+	// OrderedSkipDead, with Ordered, stops a dead row from holding back its key.
+	OrderedSkipDead bool
 	// BatchSize bounds the messages of one Publish call and one settle. Default 100, at
 	// most outbox.MaxBatch.
 	BatchSize int
@@ -112,6 +124,8 @@ func (o Options) validate() error {
 		return bad("PositionInterval must be at least 10ms, got %s", o.PositionInterval)
 	case o.HeartbeatInterval < 100*time.Millisecond:
 		return bad("HeartbeatInterval must be at least 100ms, got %s", o.HeartbeatInterval)
+	case o.OrderedSkipDead && !o.Ordered:
+		return bad("OrderedSkipDead applies to ordered publishers only; set Ordered too")
 	case o.ShutdownTimeout < 0:
 		return bad("ShutdownTimeout is negative (%s)", o.ShutdownTimeout)
 	case o.RetryDelay < 0:

@@ -474,15 +474,12 @@ func (p *Publisher) publishAndSettle(ctx context.Context, owner uuid.UUID, rows 
 		if !committed.IsZero() {
 			p.stats.commitToPublish.Store(int64(time.Since(committed)))
 		}
-		errs := p.publish(pctx, deliveries)
-		for j, i := range index {
-			r := chunk[i]
-			lease := outbox.Lease{ID: r.ID, Token: r.LeaseToken}
-			if errs[j] == nil {
-				outcomes[i] = outbox.Outcome{Lease: lease, Status: outbox.StatusDelivered}
-			} else {
-				outcomes[i] = p.o.RetryPolicy.Outcome(outbox.Failure{Lease: lease, Attempts: r.Attempts, Err: errs[j]})
+		if p.o.Ordered {
+			if err := p.publishOrdered(pctx, chunk, deliveries, index, outcomes); err != nil {
+				return err
 			}
+		} else {
+			p.publishInto(pctx, chunk, deliveries, index, outcomes)
 		}
 		if p.kill != nil && p.kill("published") {
 			return errKilled
@@ -496,6 +493,23 @@ func (p *Publisher) publishAndSettle(ctx context.Context, owner uuid.UUID, rows 
 		}
 	}
 	return nil
+}
+
+// publishInto publishes deliveries, which are the rows of chunk at index, and writes
+// their outcomes into outcomes. It returns whether each was delivered.
+func (p *Publisher) publishInto(ctx context.Context, chunk []outbox.Record, deliveries []outbox.Delivery, index []int, outcomes []outbox.Outcome) []bool {
+	errs := p.publish(ctx, deliveries)
+	ok := make([]bool, len(index))
+	for j, i := range index {
+		r := chunk[i]
+		lease := outbox.Lease{ID: r.ID, Token: r.LeaseToken}
+		if errs[j] == nil {
+			outcomes[i], ok[j] = outbox.Outcome{Lease: lease, Status: outbox.StatusDelivered}, true
+		} else {
+			outcomes[i] = p.o.RetryPolicy.Outcome(outbox.Failure{Lease: lease, Attempts: r.Attempts, Err: errs[j]})
+		}
+	}
+	return ok
 }
 
 // publish calls the transport and returns one outcome per delivery, as a polling

@@ -73,7 +73,7 @@ type bundle struct {
 	tr    *recorder
 }
 
-func setup(t *testing.T, logLease time.Duration) *bundle {
+func setup(t *testing.T, logLease time.Duration, ordered ...bool) *bundle {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	t.Cleanup(cancel)
@@ -81,7 +81,7 @@ func setup(t *testing.T, logLease time.Duration) *bundle {
 	db, err := sql.Open("mysql", dsn)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
-	require.NoError(t, migrations.Up(ctx, db, "mysql", migrations.Options{}))
+	require.NoError(t, migrations.Up(ctx, db, "mysql", migrations.Options{Ordered: len(ordered) > 0 && ordered[0]}))
 	store, err := outbox.New(db, outbox.MySQL(), outbox.Options{LogLease: logLease, DisableNotify: true})
 	require.NoError(t, err)
 	return &bundle{ctx: ctx, dsn: dsn, db: db, store: store, tr: &recorder{}}
@@ -687,4 +687,70 @@ func TestLockLost(t *testing.T) {
 	require.NotEqual(t, holder, again, "a new connection holds the lock")
 	second := b.enqueue(t, msgs(3, 3)...)
 	b.waitDelivered(t, "rows after are delivered", second)
+}
+
+// TestOrderedHandsBackBehindAFailure: with Ordered, a failed row's later row of the same
+// key is not published but handed back to polling, whose ordered claim delivers them
+// after it; the first deliveries of each key are in enqueue order, and other keys go on.
+func TestOrderedHandsBackBehindAFailure(t *testing.T) {
+	leakCheck(t)
+	b := setup(t, time.Minute, true)
+	var once sync.Once
+	b.tr.setFail(func(d outbox.Delivery) error {
+		var err error
+		if d.PartitionKey == "a" && string(d.Payload) == `{"n":2}` {
+			once.Do(func() { err = errors.New("broker said no") })
+		}
+		return err
+	})
+	lp := b.publisher(t, Options{Ordered: true, RetryPolicy: outbox.RetryPolicy{BaseDelay: time.Millisecond, MaxDelay: time.Millisecond}})
+	b.start(t, lp)
+	// Keys a and b interleaved, in one transaction and in more: a's second row fails.
+	var batch []outbox.Message
+	for i := range 6 {
+		m := msg(i)
+		m.PartitionKey = []string{"a", "b"}[i%2]
+		batch = append(batch, m)
+	}
+	tx, err := b.db.BeginTx(b.ctx, nil)
+	require.NoError(t, err)
+	res, err := b.store.EnqueueBatch(b.ctx, tx, batch[:4])
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit())
+	ids := []uuid.UUID{res[0].ID, res[1].ID, res[2].ID, res[3].ID}
+	ids = append(ids, b.enqueue(t, batch[4:]...)...)
+	b.wait(t, "the log publisher settles all six", func() bool {
+		s := lp.Stats()
+		return s.Delivered+s.Retried == 6
+	})
+	require.Equal(t, int64(4), lp.Stats().Delivered, "key b, and a's first row")
+	require.Equal(t, int64(2), lp.Stats().Retried, "a's failed row and the one behind it")
+	r, err := b.store.Get(b.ctx, ids[2])
+	require.NoError(t, err)
+	require.Equal(t, "broker said no", r.LastError)
+	r, err = b.store.Get(b.ctx, ids[4])
+	require.NoError(t, err)
+	require.Equal(t, outbox.StatusPending, r.Status)
+	require.Zero(t, r.Attempts, "handed back, never tried")
+	require.Equal(t, heldBack, r.LastError)
+
+	poller, err := outbox.NewPublisher(b.store, b.tr, outbox.PublisherOptions{Scope: outbox.Scope{Namespace: "orders"},
+		Ordered: true, PollInterval: 20 * time.Millisecond, Lease: time.Minute, Logger: quiet})
+	require.NoError(t, err)
+	stop := b.runPoller(t, poller)
+	b.waitDelivered(t, "every row is delivered", ids)
+	stop()
+
+	// The first successful delivery of each row, per key, is in enqueue order.
+	var firsts = map[string][]string{}
+	failed := true
+	for _, d := range b.tr.deliveries() {
+		if d.PartitionKey == "a" && string(d.Payload) == `{"n":2}` && failed {
+			failed = false // the failed attempt of a's second row
+			continue
+		}
+		firsts[d.PartitionKey] = append(firsts[d.PartitionKey], string(d.Payload))
+	}
+	require.Equal(t, []string{`{"n":0}`, `{"n":2}`, `{"n":4}`}, firsts["a"])
+	require.Equal(t, []string{`{"n":1}`, `{"n":3}`, `{"n":5}`}, firsts["b"])
 }
