@@ -754,3 +754,72 @@ func TestOrderedHandsBackBehindAFailure(t *testing.T) {
 	require.Equal(t, []string{`{"n":0}`, `{"n":2}`, `{"n":4}`}, firsts["a"])
 	require.Equal(t, []string{`{"n":1}`, `{"n":3}`, `{"n":5}`}, firsts["b"])
 }
+
+// TestSettleWaitsForVisibility: a row read from the binlog may not be visible to other
+// sessions yet, or still locked by its inserting transaction; the settle neither counts it
+// as a lost lease nor moves the position past it, but settles it once it is committed.
+func TestSettleWaitsForVisibility(t *testing.T) {
+	leakCheck(t)
+	b := setup(t, time.Minute)
+	p := b.publisher(t, Options{})
+	tx, err := b.db.BeginTx(b.ctx, nil)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback() }()
+	res, err := b.store.Enqueue(b.ctx, tx, msg(1))
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		done <- p.settle(b.ctx, uuid.New(), []outbox.Outcome{{Lease: outbox.LogLeaseOf(res.ID), Status: outbox.StatusDelivered}}, nil)
+	}()
+	b.wait(t, "the settle misses the row or waits for its lock", func() bool {
+		var waiting int // the settle's UPDATE waits for the inserting transaction's row lock
+		require.NoError(t, b.db.QueryRowContext(b.ctx, `SELECT COUNT(*) FROM information_schema.PROCESSLIST`+
+			` WHERE DB = DATABASE() AND COMMAND = 'Query' AND INFO LIKE 'UPDATE %outbox_events%'`).Scan(&waiting))
+		return p.unseenRetries.Load() > 0 || waiting > 0
+	})
+	require.NoError(t, tx.Commit())
+	require.NoError(t, <-done)
+	require.Equal(t, int64(1), p.Stats().Delivered)
+	require.Zero(t, p.Stats().LeaseLost)
+	require.Equal(t, outbox.StatusDelivered, b.status(t)[res.ID])
+}
+
+// TestOneWritePerEvent counts, with a trigger, the UPDATEs of outbox rows beyond their
+// INSERT: one per event delivered from the binlog (its settle), two per event polled (the
+// claim and the settle).
+func TestOneWritePerEvent(t *testing.T) {
+	leakCheck(t)
+	b := setup(t, time.Minute)
+	for _, q := range []string{
+		`CREATE TABLE row_updates (n BIGINT NOT NULL)`,
+		`INSERT INTO row_updates VALUES (0)`,
+		`CREATE TRIGGER count_update AFTER UPDATE ON outbox_events FOR EACH ROW UPDATE row_updates SET n = n + 1`,
+	} {
+		_, err := b.db.ExecContext(b.ctx, q)
+		require.NoError(t, err, q)
+	}
+	updates := func() int64 {
+		var n int64
+		require.NoError(t, b.db.QueryRowContext(b.ctx, `SELECT n FROM row_updates`).Scan(&n))
+		return n
+	}
+	const n = 50
+	lp := b.publisher(t, Options{})
+	stop := b.start(t, lp)
+	logged := b.enqueue(t, msgs(0, n)...)
+	b.waitDelivered(t, "the log delivers", logged)
+	b.wait(t, "the log publisher counts its settles", func() bool { return lp.Stats().Delivered == n })
+	require.NoError(t, stop())
+	fromLog := updates()
+
+	plain := b.storeWith(t, 0)
+	polled := b.enqueueOn(t, plain, msgs(100, n)...)
+	pp := b.poller(t, time.Minute)
+	b.runPoller(t, pp)
+	b.waitDelivered(t, "polling delivers", polled)
+	b.wait(t, "the poller counts its settles", func() bool { return pp.Stats().Delivered == n })
+	fromPolling := updates() - fromLog
+	t.Logf("row UPDATEs per event beyond the INSERT: log %.2f, polling %.2f", float64(fromLog)/n, float64(fromPolling)/n)
+	require.Equal(t, int64(n), fromLog, "one settle per event from the binlog")
+	require.Equal(t, int64(2*n), fromPolling, "a claim and a settle per polled event")
+}
