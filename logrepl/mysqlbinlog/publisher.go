@@ -259,6 +259,9 @@ func (s *session) read(ctx context.Context, streamer *replication.BinlogStreamer
 	var cur item
 	var idle *position
 	lastIdle := time.Now()
+	// inTx is set between a transaction's start (BEGIN, or a MariaDB GTID event that is not
+	// standalone) and its end (XID, or COMMIT): a statement inside it (SAVEPOINT) ends nothing.
+	inTx := false
 	push := func(it item) error {
 		select {
 		case s.items <- it:
@@ -274,6 +277,7 @@ func (s *session) read(ctx context.Context, streamer *replication.BinlogStreamer
 		}
 		p.readFile.Store(&file)
 		p.readPos.Store(pos.pos)
+		inTx = false
 		if len(cur.rows) > 0 {
 			cur.end = pos
 			it := cur
@@ -322,9 +326,14 @@ func (s *session) read(ctx context.Context, streamer *replication.BinlogStreamer
 			if err := end(ev, e.GSet); err != nil {
 				return err
 			}
+		case *replication.MariadbGTIDEvent:
+			inTx = !e.IsStandalone()
 		case *replication.QueryEvent:
-			if q := strings.TrimSpace(string(e.Query)); !strings.EqualFold(q, "BEGIN") {
-				if err := end(ev, e.GSet); err != nil { // COMMIT of a non-transactional table, or DDL
+			switch q := strings.TrimSpace(string(e.Query)); {
+			case strings.EqualFold(q, "BEGIN"):
+				inTx = true
+			case !inTx || strings.EqualFold(q, "COMMIT"): // DDL, or a non-transactional table's commit
+				if err := end(ev, e.GSet); err != nil {
 					return err
 				}
 			}
@@ -400,11 +409,26 @@ func (p *Publisher) readLag(ctx context.Context) error {
 func (s *session) deliver(ctx context.Context) error {
 	p := s.p
 	lastSaved := time.Now()
+	var unsaved *position // the last position alone not written yet
 	for {
 		var it item
+		var due <-chan time.Time
+		stop := func() bool { return false }
+		if unsaved != nil {
+			t := time.NewTimer(time.Until(lastSaved.Add(p.o.PositionInterval)))
+			due, stop = t.C, t.Stop
+		}
 		select {
 		case it = <-s.items:
+			stop()
+		case <-due:
+			if err := p.settle(ctx, s.owner, nil, unsaved); err != nil {
+				return err
+			}
+			unsaved, lastSaved = nil, time.Now()
+			continue
 		case <-ctx.Done():
+			stop()
 			return ctx.Err()
 		}
 		rows, end, first := it.rows, it.end, it.commit
@@ -422,6 +446,7 @@ func (s *session) deliver(ctx context.Context) error {
 		}
 		if len(rows) == 0 {
 			if time.Since(lastSaved) < p.o.PositionInterval {
+				unsaved = &end
 				continue
 			}
 			if err := p.settle(ctx, s.owner, nil, &end); err != nil {
@@ -430,7 +455,7 @@ func (s *session) deliver(ctx context.Context) error {
 		} else if err := p.publishAndSettle(ctx, s.owner, rows, first, end); err != nil {
 			return err
 		}
-		lastSaved = time.Now()
+		unsaved, lastSaved = nil, time.Now()
 	}
 }
 

@@ -823,3 +823,41 @@ func TestOneWritePerEvent(t *testing.T) {
 	require.Equal(t, int64(n), fromLog, "one settle per event from the binlog")
 	require.Equal(t, int64(2*n), fromPolling, "a claim and a settle per polled event")
 }
+
+// TestSavepointEndsNothing: a SAVEPOINT inside a transaction is a statement of its own in
+// the binlog; the transaction's rows are handed over at its commit, all of them, and the
+// position is never written in the middle of it: a reader killed after its first settle
+// leaves none of the transaction's rows behind its stored position unread (polling would
+// deliver them only when their leases ran out).
+func TestSavepointEndsNothing(t *testing.T) {
+	leakCheck(t)
+	b := setup(t, time.Minute)
+	p := b.publisher(t, Options{BatchSize: 1}) // a batch per transaction handed over
+	var armed sync.Once
+	p.kill = func(point string) bool {
+		hit := false
+		if point == "settled" && len(b.tr.deliveries()) > 0 {
+			armed.Do(func() { hit = true })
+		}
+		return hit
+	}
+	b.start(t, p)
+	tx, err := b.db.BeginTx(b.ctx, nil)
+	require.NoError(t, err)
+	first, err := b.store.Enqueue(b.ctx, tx, msg(0))
+	require.NoError(t, err)
+	_, err = tx.ExecContext(b.ctx, `SAVEPOINT s1`)
+	require.NoError(t, err)
+	second, err := b.store.Enqueue(b.ctx, tx, msg(1))
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit())
+	b.wait(t, "the reader is killed after its first settle", func() bool { return !p.running.Load() })
+
+	next := b.publisher(t, Options{})
+	b.start(t, next)
+	b.waitDelivered(t, "both rows are delivered from the binlog", []uuid.UUID{first.ID, second.ID})
+	// The killed reader settled the first row alone (a batch of one), which the next
+	// reads again with the whole transaction: published again, its settle refused.
+	require.Equal(t, []uuid.UUID{first.ID, first.ID, second.ID}, deliveredIDs(b.tr.deliveries()))
+	b.wait(t, "the next reader counts", func() bool { s := next.Stats(); return s.Delivered == 1 && s.LeaseLost == 1 })
+}
