@@ -246,7 +246,10 @@ func (p *Publisher) syncer(srv server) (*replication.BinlogSyncer, error) {
 		// Run reconnects from the stored position; the syncer's own retries would resume
 		// from what it read, past rows not settled yet.
 		DisableRetrySync: true,
-		Logger:           slog.New(slog.DiscardHandler),
+		// MariaDB 11.4+ leaves the events' end offsets zero when the dump goes by GTID;
+		// the file offsets in the position table need them.
+		FillZeroLogPos: srv.flavor == gomysql.MariaDBFlavor,
+		Logger:         slog.New(slog.DiscardHandler),
 	}), nil
 }
 

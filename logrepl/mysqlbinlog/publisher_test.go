@@ -316,6 +316,11 @@ func TestDeliversInCommitOrder(t *testing.T) {
 	require.Zero(t, st.LeaseLost+st.Retried+st.Dead)
 	require.NotEqual(t, before, b.storedPosition(t, p.Name()), "the position moved with the settles")
 	require.Equal(t, st.Position, b.storedPosition(t, p.Name()))
+	var file string
+	var off int64
+	require.NoError(t, b.db.QueryRowContext(b.ctx, `SELECT file, pos FROM outbox_events_binlog_position WHERE reader = ?`, p.Name()).Scan(&file, &off))
+	require.NotEmpty(t, file, "the file and offset are kept beside the GTID set")
+	require.Greater(t, off, int64(4))
 	t.Logf("position %s, commit to publish of the last batch: %s", st.Position, st.CommitToPublish)
 }
 
