@@ -866,3 +866,26 @@ func TestSavepointEndsNothing(t *testing.T) {
 	require.Equal(t, []uuid.UUID{first.ID, first.ID, second.ID}, deliveredIDs(b.tr.deliveries()))
 	b.wait(t, "the next reader counts", func() bool { s := next.Stats(); return s.Delivered == 1 && s.LeaseLost == 1 })
 }
+
+// TestFencedSettleWritesNothing: a reader whose row in the position table was taken over
+// (another owner: a reader that got the lock after this one lost it) commits nothing, no
+// outcome and no position: its settle rolls back and its session ends. Taking the lock
+// again, it reads the rows again from the stored position and settles them then.
+func TestFencedSettleWritesNothing(t *testing.T) {
+	leakCheck(t)
+	b := setup(t, time.Minute)
+	p := b.publisher(t, Options{})
+	b.start(t, p)
+	_, err := b.db.ExecContext(b.ctx, `UPDATE outbox_events_binlog_position SET owner = ? WHERE reader = ?`, uuid.NewString(), p.Name())
+	require.NoError(t, err)
+	ids := b.enqueue(t, msgs(0, 3)...)
+	b.waitDelivered(t, "the rows are delivered by the next session", ids)
+	// The fenced session's batch was published, its settle rolled back, and published
+	// again by the next session, which settled it: no outcome was applied twice.
+	require.Equal(t, 2, b.tr.times()[ids[0]])
+	for _, id := range ids {
+		require.Positive(t, b.tr.times()[id])
+	}
+	b.wait(t, "the reader counts", func() bool { return p.Stats().Delivered == 3 })
+	require.Zero(t, p.Stats().LeaseLost, "the fenced settle applied no outcome")
+}
