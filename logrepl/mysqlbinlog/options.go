@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"regexp"
 	"time"
@@ -32,8 +31,8 @@ type Options struct {
 	Name string
 	// ServerID is the replica id the binlog connection registers with; it must differ
 	// from the server's own server_id and from every replica's. Default a number derived
-	// from Name, above 2^24, so that the standby that takes over from a stopped reader
-	// reuses it.
+	// from the database and Name, above 2^24, so that the standby that takes over from a
+	// stopped reader reuses it and readers of other databases on the server do not.
 	ServerID uint32
 	// Ordered delivers the events of each partition key in order, as a polling
 	// Publisher with PublisherOptions.Ordered does, and must be set alike on both: a row
@@ -84,11 +83,6 @@ func (o Options) withDefaults(store *outbox.Store) Options {
 		if len(o.Name) > 48 {
 			o.Name = o.Name[:48]
 		}
-	}
-	if o.ServerID == 0 {
-		h := fnv.New32a()
-		_, _ = h.Write([]byte(o.Name))
-		o.ServerID = 1<<24 + h.Sum32()%(1<<30)
 	}
 	if o.BatchSize == 0 {
 		o.BatchSize = 100

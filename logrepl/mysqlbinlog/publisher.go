@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"net"
 	"slices"
@@ -43,8 +44,9 @@ type Publisher struct {
 	// readFile and readPos are where the reader is in the binlog, for the lag.
 	readFile atomic.Pointer[string]
 	readPos  atomic.Uint32
-	// unseenRetries counts the settles retried for rows not yet visible, for tests.
-	unseenRetries atomic.Int64
+	// unseenRetries counts the settles retried for rows not yet visible, and sessions the
+	// sessions that started reading, for tests.
+	unseenRetries, sessions atomic.Int64
 }
 
 // New returns a Publisher of store's rows to tr. It checks the options only; Run connects.
@@ -158,7 +160,7 @@ func (p *Publisher) session(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	syncer, err := p.syncer(srv)
+	syncer, err := p.syncer(srv, serverID(p.o.ServerID, lock.name))
 	if err != nil {
 		return err
 	}
@@ -178,8 +180,9 @@ func (p *Publisher) session(ctx context.Context) (err error) {
 	}
 	p.stats.standby.Store(false)
 	p.stats.reading.Store(true)
+	p.sessions.Add(1)
 	defer p.stats.reading.Store(false)
-	p.log.Info("outboxbinlog: reading the binlog", "reader", p.o.Name, "position", pos.String(), "server_id", p.o.ServerID)
+	p.log.Info("outboxbinlog: reading the binlog", "reader", p.o.Name, "position", pos.String())
 
 	errc := make(chan error, 3)
 	var wg sync.WaitGroup
@@ -225,8 +228,19 @@ func (p *Publisher) setPosition(pos position) {
 	p.readPos.Store(pos.pos)
 }
 
+// serverID returns id, or when it is 0 one derived from the lock's name (the database and
+// the reader's name), above 2^24 where replicas' ids seldom are.
+func serverID(id uint32, lockName string) uint32 {
+	if id != 0 {
+		return id
+	}
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(lockName))
+	return 1<<24 + h.Sum32()%(1<<30)
+}
+
 // syncer makes the binlog connection's syncer from ConnString.
-func (p *Publisher) syncer(srv server) (*replication.BinlogSyncer, error) {
+func (p *Publisher) syncer(srv server, id uint32) (*replication.BinlogSyncer, error) {
 	cfg, err := mysql.ParseDSN(p.o.ConnString)
 	if err != nil {
 		return nil, fmt.Errorf("%w: ConnString: %w", ErrInvalid, err)
@@ -240,7 +254,7 @@ func (p *Publisher) syncer(srv server) (*replication.BinlogSyncer, error) {
 		return nil, fmt.Errorf("%w: ConnString: port %q", ErrInvalid, port)
 	}
 	return replication.NewBinlogSyncer(replication.BinlogSyncerConfig{
-		ServerID: p.o.ServerID, Flavor: srv.flavor, Host: host, Port: uint16(n),
+		ServerID: id, Flavor: srv.flavor, Host: host, Port: uint16(n),
 		User: cfg.User, Password: cfg.Passwd, TLSConfig: cfg.TLS,
 		HeartbeatPeriod: p.o.HeartbeatInterval, ReadTimeout: 3 * p.o.HeartbeatInterval,
 		// Run reconnects from the stored position; the syncer's own retries would resume

@@ -889,3 +889,22 @@ func TestFencedSettleWritesNothing(t *testing.T) {
 	b.wait(t, "the reader counts", func() bool { return p.Stats().Delivered == 3 })
 	require.Zero(t, p.Stats().LeaseLost, "the fenced settle applied no outcome")
 }
+
+// TestReadersOfTwoDatabases: readers of the same table name in two databases of one server
+// register with different server ids by default, so neither's binlog connection makes the
+// server drop the other's: both read on in their first session.
+func TestReadersOfTwoDatabases(t *testing.T) {
+	leakCheck(t)
+	one, two := setup(t, time.Minute), setup(t, time.Minute)
+	p1, p2 := one.publisher(t, Options{}), two.publisher(t, Options{})
+	require.Equal(t, p1.Name(), p2.Name())
+	one.start(t, p1)
+	two.start(t, p2)
+	for round := range 3 {
+		a, b := one.enqueue(t, msgs(2*round, 2)...), two.enqueue(t, msgs(2*round, 2)...)
+		one.waitDelivered(t, "the first database's rows are delivered", a)
+		two.waitDelivered(t, "the second database's rows are delivered", b)
+	}
+	require.Equal(t, int64(1), p1.sessions.Load(), "the first reader was never cut off")
+	require.Equal(t, int64(1), p2.sessions.Load(), "the second reader was never cut off")
+}
