@@ -175,8 +175,8 @@ type Row struct {
 	// processing, attempts 1, locked_by = Lease.WorkerID, lease_token = Lease.Token and
 	// locked_until = now + Lease.Duration, from the same now as created_at. Claims pass over
 	// the row until the lease expires, then reclaim it as any expired lease. The engine sets
-	// it only with Delay zero, and only on a built-in dialect that can (PostgreSQL's, for
-	// outbox.Options.LogLease): a dialect of one's own never sees it set. A built-in dialect
+	// it only with Delay zero, and only on a built-in dialect that can (PostgreSQL's and MySQL's,
+	// for outbox.Options.LogLease): a dialect of one's own never sees it set. A built-in dialect
 	// that cannot returns an error matching [errors.ErrUnsupported] for such a row.
 	Lease InsertLease
 }
