@@ -1,8 +1,6 @@
 package mysql
 
 import (
-	"bytes"
-	"cmp"
 	"context"
 	"database/sql"
 	"slices"
@@ -403,52 +401,36 @@ func mysqlClaimRuns(ctx context.Context, tx *sql.Tx, t dialect.Table, p dialect.
 	if n <= 0 || len(keyed) == 0 {
 		return nil, 0, nil
 	}
-	tbl := mysqlTable(t)
-	order := tbl + ` e FORCE INDEX (` + sqlkit.QuoteIdent(t.Index("order"), '`') + `)`
-	a := &dialect.Args{}
-	var b strings.Builder
-	for i, h := range keyed {
-		if i > 0 {
-			b.WriteString(` UNION ALL `)
+	order := mysqlTable(t) + ` e FORCE INDEX (` + sqlkit.QuoteIdent(t.Index("order"), '`') + `)`
+	read := func(from []sqlkit.RunHead, keys []int, limit int) ([]sqlkit.RunRow, error) {
+		a := &dialect.Args{}
+		var b strings.Builder
+		for i, h := range from {
+			if i > 0 {
+				b.WriteString(` UNION ALL `)
+			}
+			b.WriteString(`(SELECT ` + strconv.Itoa(keys[i]) + `, e.id, e.status = 'pending' AND e.next_attempt_at <= UTC_TIMESTAMP(6) AND e.attempts < ` + a.Add(p.MaxAttempts) +
+				sqlkit.ScopeSQL(a, p.Scope, "e.", sqlkit.UUIDBytes) + `, ` + mysqlMicros(`e.created_at`) + ` FROM ` + order +
+				` WHERE e.namespace = ` + a.Add(h.Namespace) + ` AND e.order_key = ` + a.Add(h.PartitionKey) + mysqlSkipDead(p.OrderedSkipDead) +
+				` AND (e.created_at > ` + mysqlFromMicros(a.Add(h.At)) + ` OR (e.created_at = ` + mysqlFromMicros(a.Add(h.At)) + ` AND e.id > ` + a.Add(sqlkit.UUIDBytes(h.ID)) + `))` +
+				` ORDER BY e.created_at, e.id LIMIT ` + a.Add(limit) + `)`)
 		}
-		at := h.CreatedAt.UnixMicro()
-		b.WriteString(`(SELECT ` + strconv.Itoa(i) + `, e.id, e.status = 'pending' AND e.next_attempt_at <= UTC_TIMESTAMP(6) AND e.attempts < ` + a.Add(p.MaxAttempts) +
-			sqlkit.ScopeSQL(a, p.Scope, "e.", sqlkit.UUIDBytes) + `, ` + mysqlMicros(`e.created_at`) + ` FROM ` + order +
-			` WHERE e.namespace = ` + a.Add(h.Namespace) + ` AND e.order_key = ` + a.Add(h.PartitionKey) + mysqlSkipDead(p.OrderedSkipDead) +
-			` AND (e.created_at > ` + mysqlFromMicros(a.Add(at)) + ` OR (e.created_at = ` + mysqlFromMicros(a.Add(at)) + ` AND e.id > ` + a.Add(sqlkit.UUIDBytes(h.ID)) + `))` +
-			` ORDER BY e.created_at, e.id LIMIT ` + a.Add(n) + `)`)
+		rows, err := sqlkit.QueryAll(ctx, tx, b.String(), a.Values, func(s sqlkit.RowScanner) (sqlkit.RunRow, error) {
+			var (
+				r  sqlkit.RunRow
+				ok sql.NullBool
+			)
+			err := s.Scan(&r.Key, &r.ID, &ok, &r.At)
+			r.OK = ok.Bool
+			return r, err
+		})
+		sqlkit.SortRuns(rows)
+		return rows, err
 	}
-	type follower struct {
-		sqlkit.RunRow
-		at int64
-	}
-	rows, err := sqlkit.QueryAll(ctx, tx, b.String(), a.Values, func(s sqlkit.RowScanner) (follower, error) {
-		var (
-			f  follower
-			ok sql.NullBool
-		)
-		err := s.Scan(&f.Key, &f.ID, &ok, &f.at)
-		f.OK = ok.Bool
-		return f, err
-	})
+	runs, err := sqlkit.ReadRuns(sqlkit.RunHeads(keyed), n, read)
 	if err != nil {
 		return nil, 0, err
 	}
-	// UNION ALL keeps no order of its own: each key's rows in sequence, as read.
-	slices.SortFunc(rows, func(x, y follower) int {
-		if c := cmp.Compare(x.Key, y.Key); c != 0 {
-			return c
-		}
-		if c := cmp.Compare(x.at, y.at); c != 0 {
-			return c
-		}
-		return bytes.Compare(x.ID[:], y.ID[:])
-	})
-	cands := make([]sqlkit.RunRow, len(rows))
-	for i, r := range rows {
-		cands[i] = r.RunRow
-	}
-	runs := sqlkit.RunTake(cands, len(keyed), n)
 	ids := slices.Concat(runs...)
 	locked, now, err := mysqlLock(ctx, tx, t, p, mysqlDue, ids, 0)
 	if err != nil {

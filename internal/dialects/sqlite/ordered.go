@@ -1,8 +1,6 @@
 package sqlite
 
 import (
-	"bytes"
-	"cmp"
 	"context"
 	"database/sql"
 	"slices"
@@ -164,46 +162,31 @@ func sqliteClaimRuns(ctx context.Context, q dialect.DBTX, t dialect.Table, p dia
 	}
 	tbl := sqlkit.QuoteIdent(t.Name(), '"')
 	order := tbl + ` e INDEXED BY ` + sqlkit.QuoteIdent(t.Index("order"), '"')
-	a := &dialect.Args{}
-	var b strings.Builder
-	for i, h := range keyed {
-		if i > 0 {
-			b.WriteString(` UNION ALL `)
+	read := func(from []sqlkit.RunHead, keys []int, limit int) ([]sqlkit.RunRow, error) {
+		a := &dialect.Args{}
+		var b strings.Builder
+		for i, h := range from {
+			if i > 0 {
+				b.WriteString(` UNION ALL `)
+			}
+			b.WriteString(`SELECT * FROM (SELECT ` + strconv.Itoa(keys[i]) + `, e.id, e.status = 'pending' AND e.next_attempt_at <= ` + sqliteNow +
+				` AND e.attempts < ` + a.Add(p.MaxAttempts) + sqlkit.ScopeSQL(a, p.Scope, "e.", sqlkit.UUIDBytes) + `, e.created_at FROM ` + order +
+				` WHERE e.namespace = ` + a.Add(h.Namespace) + ` AND e.partition_key = ` + a.Add(h.PartitionKey) + ` AND ` + sqlkit.OrderedLive(p.OrderedSkipDead) +
+				` AND (e.created_at > ` + a.Add(h.At) + ` OR (e.created_at = ` + a.Add(h.At) + ` AND e.id > ` + a.Add(sqlkit.UUIDBytes(h.ID)) + `))` +
+				` ORDER BY e.created_at, e.id LIMIT ` + a.Add(limit) + `)`)
 		}
-		at := h.CreatedAt.UnixMicro()
-		b.WriteString(`SELECT * FROM (SELECT ` + strconv.Itoa(i) + `, e.id, e.status = 'pending' AND e.next_attempt_at <= ` + sqliteNow +
-			` AND e.attempts < ` + a.Add(p.MaxAttempts) + sqlkit.ScopeSQL(a, p.Scope, "e.", sqlkit.UUIDBytes) + `, e.created_at FROM ` + order +
-			` WHERE e.namespace = ` + a.Add(h.Namespace) + ` AND e.partition_key = ` + a.Add(h.PartitionKey) + ` AND ` + sqlkit.OrderedLive(p.OrderedSkipDead) +
-			` AND (e.created_at > ` + a.Add(at) + ` OR (e.created_at = ` + a.Add(at) + ` AND e.id > ` + a.Add(sqlkit.UUIDBytes(h.ID)) + `))` +
-			` ORDER BY e.created_at, e.id LIMIT ` + a.Add(n) + `)`)
+		rows, err := sqlkit.QueryAll(ctx, q, b.String(), a.Values, func(s sqlkit.RowScanner) (sqlkit.RunRow, error) {
+			var r sqlkit.RunRow
+			err := s.Scan(&r.Key, &r.ID, &r.OK, &r.At)
+			return r, err
+		})
+		sqlkit.SortRuns(rows)
+		return rows, err
 	}
-	type follower struct {
-		sqlkit.RunRow
-		at int64
-	}
-	rows, err := sqlkit.QueryAll(ctx, q, b.String(), a.Values, func(s sqlkit.RowScanner) (follower, error) {
-		var f follower
-		err := s.Scan(&f.Key, &f.ID, &f.OK, &f.at)
-		return f, err
-	})
+	runs, err := sqlkit.ReadRuns(sqlkit.RunHeads(keyed), n, read)
 	if err != nil {
 		return nil, err
 	}
-	// UNION ALL keeps no order of its own: each key's rows in sequence, as read.
-	slices.SortFunc(rows, func(x, y follower) int {
-		if c := cmp.Compare(x.Key, y.Key); c != 0 {
-			return c
-		}
-		if c := cmp.Compare(x.at, y.at); c != 0 {
-			return c
-		}
-		return bytes.Compare(x.ID[:], y.ID[:])
-	})
-	cands := make([]sqlkit.RunRow, len(rows))
-	for i, r := range rows {
-		cands[i] = r.RunRow
-	}
-	runs := sqlkit.RunTake(cands, len(keyed), n)
 	ids := slices.Concat(runs...)
 	if len(ids) == 0 {
 		return nil, nil
