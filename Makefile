@@ -12,7 +12,7 @@ STATICCHECK_VERSION := v0.8.2
 # view's browser test), each with its own go.mod so the core never pulls
 # in a broker client or a browser driver. go.work
 # ties them together for development.
-MODULES := . cmd/outbox cmd/outbox-bench cmd/outbox-bench-transports deploy examples/bun examples/customdialect examples/ent examples/gorm examples/libpq examples/pgx examples/sqlc examples/sqlcpgx examples/sqlx logrepl/pglog otel otel/integration outboxtest pgxv5 outboxui/browsertest transport/amqp transport/kafka transport/nats transport/redis transport/webhook
+MODULES := . cmd/outbox cmd/outbox-bench cmd/outbox-bench-transports deploy examples/bun examples/customdialect examples/ent examples/gorm examples/libpq examples/pgx examples/sqlc examples/sqlcpgx examples/sqlx logrepl/mysqlbinlog logrepl/pglog otel otel/integration outboxtest pgxv5 outboxui/browsertest transport/amqp transport/kafka transport/nats transport/redis transport/webhook
 # The packages of every module, for one go test over all of them: go.work makes the nested
 # modules' packages resolvable from here, and one invocation lets go test run the test binaries
 # of different modules side by side instead of one module after another.

@@ -46,7 +46,7 @@ func ExamplePublisher() {
 		log.Fatal(err)
 	}
 	for _, topic := range []string{"order.created", "order.paid", "order.shipped"} {
-		msg := outbox.Message{Namespace: "shop", Topic: topic, PartitionKey: "order-1", Payload: []byte(`{"order":1}`)}
+		msg := outbox.Message{Namespace: "shop", Topic: topic, Payload: []byte(`{"order":1}`)}
 		if _, err := store.Enqueue(ctx, tx, msg); err != nil {
 			log.Fatal(err)
 		}

@@ -138,6 +138,11 @@ const (
 	// AttemptDead: the message was dead-lettered (a [Permanent] error, the attempt limit, a
 	// failed integrity check, or the sweep).
 	AttemptDead AttemptOutcome = "dead"
+	// AttemptReleased: the message came in a partition key's run
+	// ([ClaimOptions.Runs]) behind a message of its key that was not delivered, so it was
+	// not delivered either (or not published at all); it goes back to pending without
+	// spending an attempt, to follow that message. It is not a failure.
+	AttemptReleased AttemptOutcome = "released"
 )
 
 // AttemptResult is the outcome of one attempt of one message.
@@ -276,6 +281,9 @@ func (r *run) endPublishAbandoned(ctx context.Context, batch []Delivery) {
 // attemptResult classifies one settlement for observers. This is the one place that says
 // which outcome an attempt had.
 func attemptResult(it *settlement) AttemptResult {
+	if it.released {
+		return AttemptResult{Outcome: AttemptReleased}
+	}
 	switch it.out.Status {
 	case StatusDelivered:
 		return AttemptResult{Outcome: AttemptDelivered}

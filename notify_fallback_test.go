@@ -59,6 +59,9 @@ func TestSQLiteListenerFileRemovedFallsBackToPolling(t *testing.T) {
 	require.NoError(t, err)
 	start(t, p)
 	testdb.Poll(t, wakeWithin, "the listener to hold a connection", func() bool { return db.Stats().InUse >= 1 })
+	testdb.Poll(t, wakeWithin, "Stats to say the listener is connected", func() bool {
+		return p.Stats().Listener == outbox.ListenerConnected
+	})
 	id := commitOne(t, db, store, "n")
 	testdb.Poll(t, wakeWithin, "a delivery before the removal", func() bool { return len(rec.seen(id)) > 0 })
 
@@ -70,6 +73,7 @@ func TestSQLiteListenerFileRemovedFallsBackToPolling(t *testing.T) {
 	testdb.Poll(t, wakeWithin, "a delivery by polling", func() bool { return len(rec.seen(id)) > 0 })
 	require.Equal(t, 1, logs.count("WARN "+listenerStopped), "the outage is logged once, as a warning")
 	require.Zero(t, logs.count("INFO "+listenerBack))
+	require.Equal(t, outbox.ListenerDown, p.Stats().Listener, "the listener is wanted and cannot come back")
 }
 
 // When MySQL kills the listener's connection, the publisher says so once, polls, and
@@ -110,6 +114,23 @@ func TestMySQLListenerKilledFallsBackToPolling(t *testing.T) {
 	testdb.Poll(t, wakeWithin, "a delivery after the kill", func() bool { return len(rec.seen(id)) > 0 })
 	testdb.Poll(t, wakeWithin, "the listener to be back", func() bool { return logs.count("INFO "+listenerBack) == 1 })
 	require.Equal(t, 1, logs.count("WARN "+listenerStopped), "the outage is logged once, as a warning")
+	testdb.Poll(t, wakeWithin, "Stats to say the listener is connected", func() bool {
+		return p.Stats().Listener == outbox.ListenerConnected
+	})
+
+	// A publisher that polls by design (on a pool of its own: publishers of one pool and
+	// table share one listener) has no listener to be down.
+	polling := fastOptions(t, "m")
+	polling.Logger = testLogger(t)
+	quiet, err := outbox.New(e.openPool(t), outbox.MySQL(), outbox.Options{DisableNotify: true})
+	require.NoError(t, err)
+	q, err := outbox.NewPublisher(quiet, rec.transport("q"), polling)
+	require.NoError(t, err)
+	start(t, q)
+	id = commitOne(t, e.db, e.store, "m")
+	testdb.Poll(t, wakeWithin, "a delivery", func() bool { return len(rec.seen(id)) > 0 })
+	require.Equal(t, outbox.ListenerNone, q.Stats().Listener)
+	require.Equal(t, outbox.ListenerNone, outbox.PublisherStats{}.Listener)
 }
 
 // readyNotifier is a dialect with a Notifier that reports when its listener is first

@@ -81,15 +81,16 @@ type Options struct {
 	// Default none. See [StoreHooks].
 	Hooks StoreHooks
 	// LogLease, when positive, hands each message enqueued without a delay to a publisher
-	// that reads the database's log (package logrepl/pglog for PostgreSQL) instead of to
+	// that reads the database's log (module logrepl/pglog for PostgreSQL, logrepl/mysqlbinlog
+	// for MySQL and MariaDB) instead of to
 	// polling: the row is inserted already leased to [LogWorkerID] for LogLease, under the
 	// token [LogLeaseToken] derives from its id. Polling publishers pass over it while the
 	// lease lives, and reclaim it as any expired lease once it ran out, so a log publisher
 	// that is down or behind by more than LogLease is replaced by polling with nothing lost.
 	// Delayed messages are inserted pending and polled, as without it. Default 0: off. At
 	// least [MinLogLease]; keep it well above the log publisher's lag (a minute is a good
-	// start). Only the PostgreSQL dialect can; others refuse it at New with an error
-	// matching errors.ErrUnsupported.
+	// start). The PostgreSQL and MySQL dialects can; others (SQLite, which has no log to
+	// read) refuse it at New with an error matching errors.ErrUnsupported.
 	LogLease time.Duration
 }
 
@@ -542,6 +543,14 @@ type ClaimOptions struct {
 	// a dead row no longer holds its key back. By default it does, until it is replayed or
 	// discarded.
 	OrderedSkipDead bool
+	// Runs, with Ordered, claims with each key's head the rows of its key that follow it, in
+	// sequence, while each can be claimed (pending, due, below MaxAttempts, in Scope),
+	// stopping at the first that cannot, within Limit: a key's waiting rows come back
+	// together, in (created_at, id) order. No other claim takes them meanwhile. Deliver them
+	// in that order and stop at a key's first failure: a row after it must go back without
+	// being delivered. A [Publisher] sets it for a [Transport] that keeps key order
+	// ([TransportKeyOrder]). A dialect may ignore it and claim heads only.
+	Runs bool
 }
 
 func (o *ClaimOptions) validate() error {
@@ -550,6 +559,9 @@ func (o *ClaimOptions) validate() error {
 	}
 	if o.OrderedSkipDead && !o.Ordered {
 		return invalid("OrderedSkipDead", "applies to ordered claims only; set Ordered too")
+	}
+	if o.Runs && !o.Ordered {
+		return invalid("Runs", "applies to ordered claims only; set Ordered too")
 	}
 	switch {
 	case o.Limit < 1 || o.Limit > MaxBatch:
@@ -619,6 +631,7 @@ func (s *Store) claimParams(ctx context.Context, o ClaimOptions) (dialect.ClaimP
 	return dialect.ClaimParams{
 		Scope: o.Scope, Limit: o.Limit, Lease: o.Lease, MaxAttempts: o.MaxAttempts,
 		WorkerID: o.WorkerID, Token: uuid.New(), Ordered: o.Ordered, OrderedSkipDead: o.OrderedSkipDead,
+		Runs: o.Runs,
 	}, nil
 }
 
@@ -671,6 +684,32 @@ func (s *Store) Complete(ctx context.Context, outcomes ...Outcome) error {
 	var lost []uuid.UUID
 	for chunk := range slices.Chunk(outcomes, MaxBatch) {
 		l, err := s.dialect.Complete(ctx, s.db, s.table, chunk)
+		if err != nil {
+			return s.sqlError("complete", err)
+		}
+		lost = append(lost, l...)
+	}
+	if len(lost) > 0 {
+		return &LeaseLostError{IDs: lost}
+	}
+	return nil
+}
+
+// CompleteTx applies outcomes as [Store.Complete] does, on tx, the caller's transaction,
+// which it never commits or rolls back: a reader of the database's log commits its
+// position in the same transaction as the outcomes it covers, so that a crash can never
+// separate them. On MySQL a deadlock is not retried here; roll back and try again.
+func (s *Store) CompleteTx(ctx context.Context, tx Tx, outcomes ...Outcome) error {
+	if tx == nil {
+		return invalid("tx", "is nil")
+	}
+	outcomes, err := checkOutcomes(outcomes)
+	if err != nil {
+		return err
+	}
+	var lost []uuid.UUID
+	for chunk := range slices.Chunk(outcomes, MaxBatch) {
+		l, err := s.dialect.Complete(ctx, tx, s.table, chunk)
 		if err != nil {
 			return s.sqlError("complete", err)
 		}

@@ -194,6 +194,11 @@ type PublisherOptions struct {
 	// the key back too, until an operator replays or discards it ([Store.BlockedKeys] lists
 	// such keys); set OrderedSkipDead to pass over dead rows instead. Every publisher that
 	// serves the same rows must set it alike: an unordered publisher ignores the order.
+	// With a transport that keeps key order ([TransportKeyOrder]), a claim takes a key's
+	// waiting rows together, in sequence, up to BatchSize ([ClaimOptions.Runs]), and when
+	// one of them is not delivered the ones after it in the batch go back to pending
+	// without spending an attempt, to follow it; with any other transport a batch holds at
+	// most one row per key.
 	// An ordered publisher settles a full batch's outcomes with its next claim, which it makes
 	// only once the batch is published, not during its publish (see [Publisher.Run]).
 	// It needs a dialect that implements [dialect.OrderedClaimer]; [NewPublisher] refuses another
@@ -332,7 +337,30 @@ type PublisherStats struct {
 	CircuitOpenedAt time.Time
 	// CircuitOpens counts the times the circuit opened.
 	CircuitOpens int64
+	// Listener is the state of the wake-up listener the running publisher relies on for
+	// rows committed by other processes (see [ListenerState]).
+	Listener ListenerState
 }
+
+// ListenerState is the state of a running publisher's wake-up listener, in
+// [PublisherStats.Listener].
+type ListenerState string
+
+// States of a publisher's wake-up listener.
+const (
+	// ListenerNone: the publisher runs no listener, and polls by design: it is not running,
+	// the store has no [dialect.Notifier] or sets DisableNotify, the driver cannot listen,
+	// or the pool cannot spare the listener a connection (each of the last two is logged
+	// once as a warning).
+	ListenerNone ListenerState = ""
+	// ListenerConnected: the listener is connected; rows committed anywhere wake the
+	// publisher at once.
+	ListenerConnected ListenerState = "connected"
+	// ListenerDown: the listener is wanted and not connected (starting, or reconnecting
+	// after a failure, which is logged as a warning); the publisher polls meanwhile, so
+	// rows committed elsewhere wait up to IdleBackoffMax.
+	ListenerDown ListenerState = "down"
+)
 
 // Publisher is the background worker that delivers committed outbox rows through a
 // [Transport]: it claims batches from a [Store], checks each payload against its hash,
@@ -354,6 +382,10 @@ type Publisher struct {
 
 	claimed, delivered, retried, dead, leaseLost, errs atomic.Int64
 	unavailable, circuitOpens                          atomic.Int64
+
+	// runs: the publisher is ordered and its transport keeps key order, so it claims each
+	// key's waiting rows together ([ClaimOptions.Runs]).
+	runs bool
 
 	// slots, when set, schedule this publisher's claims among the stores of a [Relay]
 	// (relay_slots.go); nil for a publisher of its own.
@@ -384,10 +416,12 @@ func NewPublisher(store *Store, tr Transport, opts PublisherOptions) (*Publisher
 			return nil, err
 		}
 	}
+	ko, keepsOrder := tr.(TransportKeyOrder)
 	return &Publisher{
 		store: store,
 		tr:    tr,
 		opts:  opts,
+		runs:  opts.Ordered && keepsOrder && ko.KeepsKeyOrder(),
 		obs:   newObserver(opts.Observer),
 		log:   opts.Logger.With("component", "outbox.publisher", "worker_id", opts.WorkerID, "namespace", opts.Namespace),
 	}, nil
@@ -410,6 +444,7 @@ func (p *Publisher) Stats() PublisherStats {
 	}
 	if r := p.current.Load(); r != nil {
 		st.CircuitOpen, st.CircuitOpenedAt = r.circ.snapshot()
+		st.Listener = r.hub.state()
 	}
 	return st
 }
@@ -476,8 +511,6 @@ func (p *Publisher) Run(ctx context.Context) error {
 	for i := range r.wakers {
 		r.wakers[i] = newWaker()
 	}
-	p.current.Store(r)
-	defer p.current.Store(nil)
 	sub := &wakeSub{namespace: p.opts.Namespace, wake: r.wakeAll, log: p.log}
 	if p.listens() {
 		sub.notifier, sub.listenDB = p.store.notifier, p.store.listenDB
@@ -485,6 +518,8 @@ func (p *Publisher) Run(ctx context.Context) error {
 	hub, unsubscribe := subscribe(p.store.db, p.store.table, sub)
 	r.hub = hub
 	defer unsubscribe()
+	p.current.Store(r) // once r.hub is set, which Stats reads
+	defer p.current.Store(nil)
 
 	var wg sync.WaitGroup
 	for _, w := range r.wakers {
@@ -718,6 +753,27 @@ type settlement struct {
 	out Outcome
 	// cause is the error behind a retry or dead outcome, for the hook.
 	cause error
+	// released: the row came in a key's run behind a row of its key that was not
+	// delivered, and goes back to pending untried (release).
+	released bool
+}
+
+// keyRef names a partition key: its namespace and key.
+type keyRef struct{ namespace, key string }
+
+// runKey returns rec's key when rec may be part of a run.
+func (p *Publisher) runKey(rec *Record) (keyRef, bool) {
+	return keyRef{rec.Namespace, rec.PartitionKey}, p.runs && rec.PartitionKey != ""
+}
+
+// release puts a row of a run back untried: an earlier row of its key, behind, was not
+// delivered, so delivering this one now would break the key's order. It spends no attempt
+// and waits no delay (the row behind it holds the key until it is delivered), and it is not
+// a failure: no retry, no circuit, no dead letter.
+func release(it *settlement, behind uuid.UUID) {
+	it.out = Outcome{Lease: it.rec.Lease(), Status: StatusPending, RefundAttempt: true,
+		Error: "not published: waited behind row " + behind.String() + " of its key, which was not delivered"}
+	it.cause, it.released = nil, true
 }
 
 // publishBatch publishes one claimed batch and returns its outcomes, or nil when the
@@ -730,17 +786,34 @@ func (r *run) publishBatch(recs []Record, lost map[uuid.UUID]bool) *outcomes {
 	batch := make([]Delivery, 0, len(recs))
 	idx := make([]int, 0, len(recs)) // batch position -> items position
 	leases := make([]Lease, 0, len(recs))
+	// blocked holds, for each key of a run whose row was not delivered, that row: the
+	// rows of the key after it in the batch are released.
+	var blocked map[keyRef]uuid.UUID
+	if p.runs {
+		blocked = map[keyRef]uuid.UUID{}
+	}
 	for i := range recs {
 		rec := &recs[i]
 		items[i].rec = rec
+		key, inRun := p.runKey(rec)
 		if lost[rec.ID] {
 			items[i].out.Lease = rec.Lease()
+			if inRun {
+				blocked[key] = cmp.Or(blocked[key], rec.ID)
+			}
 			continue
 		}
 		leases = append(leases, rec.Lease())
+		if behind, ok := blocked[key]; inRun && ok {
+			release(&items[i], behind)
+			continue
+		}
 		if err := rec.Integrity(); err != nil {
 			items[i].out = Outcome{Lease: rec.Lease(), Status: StatusDead, Error: err.Error() + "; not published"}
 			items[i].cause = err
+			if inRun {
+				blocked[key] = rec.ID
+			}
 			continue
 		}
 		batch = append(batch, deliveryOf(*rec))
@@ -761,6 +834,16 @@ func (r *run) publishBatch(recs []Record, lost map[uuid.UUID]bool) *outcomes {
 		for j, err := range results {
 			i := idx[j]
 			rec := items[i].rec
+			if key, inRun := p.runKey(rec); inRun {
+				if behind, ok := blocked[key]; ok {
+					release(&items[i], behind) // whatever the transport reported for it
+					b.published--
+					continue
+				}
+				if err != nil || lost[rec.ID] {
+					blocked[key] = rec.ID
+				}
+			}
 			if err == nil {
 				items[i].out = Outcome{Lease: rec.Lease(), Status: StatusDelivered}
 				continue
@@ -915,6 +998,9 @@ func (r *run) callTransport(ctx context.Context, batch []Delivery) (errs []error
 			errs = failAll(len(batch), fmt.Errorf("outbox: transport panicked: %v", v))
 		}
 	}()
+	if !p.opts.Ordered {
+		ctx = withoutKeyOrder(ctx) // nothing to hold back: a transport need not sequence a key
+	}
 	errs = p.tr.Publish(ctx, batch)
 	switch len(errs) {
 	case 0:
@@ -1052,7 +1138,7 @@ func (r *run) report(b *outcomes) {
 	var dead []DeadLetter
 	for i := range b.items {
 		it := &b.items[i]
-		if b.lost[it.out.ID] {
+		if b.lost[it.out.ID] || it.released {
 			continue
 		}
 		switch it.out.Status {

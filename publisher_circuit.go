@@ -145,13 +145,14 @@ func (r *run) chargeUnavailable(b *outcomes) {
 	}
 	delivered := slices.ContainsFunc(b.items, func(it settlement) bool { return it.out.Status == StatusDelivered })
 	if !delivered && (b.unavailable == 0 || !r.circ.closed() || slices.ContainsFunc(b.items, func(it settlement) bool {
-		return it.out.RefundAttempt && (IsUnreachable(it.cause) || !r.refused.has(it.out.ID))
+		return it.out.RefundAttempt && !it.released && (IsUnreachable(it.cause) || !r.refused.has(it.out.ID))
 	})) {
 		return
 	}
 	for i := range b.items {
 		it := &b.items[i]
 		switch {
+		case it.released: // untried: nothing refused it
 		case it.out.Status == StatusDelivered:
 			r.refused.forget(it.out.ID)
 		case !it.out.RefundAttempt, IsUnreachable(it.cause):

@@ -50,7 +50,7 @@ func (r *run) claimLoop(w waker) {
 	l := &loop{
 		r: r,
 		o: ClaimOptions{Scope: p.opts.Scope, Limit: p.opts.BatchSize, Lease: p.opts.Lease, MaxAttempts: p.opts.Retry.MaxAttempts,
-			WorkerID: p.opts.WorkerID, Ordered: p.opts.Ordered, OrderedSkipDead: p.opts.OrderedSkipDead},
+			WorkerID: p.opts.WorkerID, Ordered: p.opts.Ordered, OrderedSkipDead: p.opts.OrderedSkipDead, Runs: p.runs},
 		adm:        adm,
 		settler:    &settler{r: r, adm: adm, withClaim: withClaim},
 		pace:       pacer{r: r, w: w, idleDelay: p.opts.PollInterval, errDelay: p.opts.PollInterval, chase: len(chaseDelays)},
@@ -171,7 +171,7 @@ func (l *loop) publish(b batch) (ahead batch, ok bool) {
 func (l *loop) freed(out *outcomes) bool {
 	for i := range out.items {
 		o := &out.items[i].out
-		if out.lost[o.ID] {
+		if out.lost[o.ID] || out.items[i].released { // a released row follows its key's failed one
 			continue
 		}
 		switch {
@@ -302,7 +302,7 @@ func (d *retryDue) note(out *outcomes) {
 	now := time.Now()
 	for i := range out.items {
 		o := &out.items[i].out
-		if o.Status != StatusPending || out.lost[o.ID] {
+		if o.Status != StatusPending || out.lost[o.ID] || out.items[i].released {
 			continue
 		}
 		at := now.Add(o.Delay)

@@ -239,6 +239,10 @@ func TestRelayAddRemove(t *testing.T) {
 		}
 	}
 	require.Empty(t, rec.twoOwners())
+	// Each store's figures tell its wake-up listener's state: PostgreSQL's LISTEN is connected.
+	testdb.Poll(t, 10*time.Second, "the PostgreSQL store's listener connected", func() bool {
+		return relay.Stats().Stores[stores[4].name].Listener == outbox.ListenerConnected
+	})
 }
 
 // TestRelayAPI: the relay's errors, and no goroutine outlives Run. Not parallel: goleak

@@ -72,26 +72,48 @@ func (f TransportFunc) Publish(ctx context.Context, batch []Delivery) []error { 
 // PerMessage returns a [Transport] that calls fn for each message of a batch in turn, in
 // claim order. Once ctx is done, the messages not yet published fail with ctx's error and are
 // retried later. fn's errors follow the rules of [Transport]: nil, an error, [Permanent] or
-// [RetryAfter].
+// [RetryAfter]. It keeps key order ([TransportKeyOrder]): once fn fails a message, the later
+// messages of its namespace and partition key in the batch are not passed to fn and fail
+// with an error that names the one that failed (an outage when that one's was).
 func PerMessage(fn func(ctx context.Context, d Delivery) error) Transport {
-	return TransportFunc(func(ctx context.Context, batch []Delivery) []error {
-		var errs []error
-		for i := range batch {
-			var err error
-			if cerr := ctx.Err(); cerr != nil {
-				err = cerr
-			} else {
-				err = fn(ctx, batch[i])
-			}
-			if err != nil {
-				if errs == nil {
-					errs = make([]error, len(batch))
-				}
-				errs[i] = err
-			}
+	return perMessage(fn)
+}
+
+type perMessage func(ctx context.Context, d Delivery) error
+
+// KeepsKeyOrder reports true: messages go one at a time, and a key stops at its first failure.
+func (perMessage) KeepsKeyOrder() bool { return true }
+
+func (fn perMessage) Publish(ctx context.Context, batch []Delivery) []error {
+	var errs []error
+	var failed map[partKey]int // a key's first failed message, unless key order is waived
+	track := !keyOrderWaived(ctx)
+	for i := range batch {
+		d := &batch[i]
+		k := partKey{d.Namespace, d.PartitionKey}
+		var err error
+		if j, ok := failed[k]; ok {
+			err = behind(d, &batch[j], errs[j])
+		} else if cerr := ctx.Err(); cerr != nil {
+			err = cerr
+		} else {
+			err = fn(ctx, *d)
 		}
-		return errs
-	})
+		if err == nil {
+			continue
+		}
+		if errs == nil {
+			errs = make([]error, len(batch))
+		}
+		errs[i] = err
+		if _, ok := failed[k]; track && k.pk != "" && !ok {
+			if failed == nil {
+				failed = map[partKey]int{}
+			}
+			failed[k] = i
+		}
+	}
+	return errs
 }
 
 // TransportKeyOrder is an optional ability of a [Transport]: KeepsKeyOrder reports whether
@@ -105,7 +127,9 @@ func PerMessage(fn func(ctx context.Context, d Delivery) error) Transport {
 // An ordered Publisher ([PublisherOptions.Ordered]) hands a transport that keeps key order a
 // key's waiting messages together, in sequence, up to the batch size; any other transport
 // receives at most one message per key in a batch. A transport that wraps another (telemetry,
-// middleware) should report what the wrapped one reports.
+// middleware) should report what the wrapped one reports. [PublishInKeyOrder] keeps the
+// promise for a transport that publishes a slice of messages at a time; through it, a batch
+// of an unordered Publisher, which needs no key order, goes in one call.
 type TransportKeyOrder interface {
 	KeepsKeyOrder() bool
 }

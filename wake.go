@@ -224,6 +224,20 @@ func (h *wakeHub) listen(ctx context.Context, n dialect.Notifier, db *sql.DB, do
 	}
 }
 
+// state is the listener's state as its subscribers see it: connected, running and not
+// connected, or not running.
+func (h *wakeHub) state() ListenerState {
+	if h.listening.Load() {
+		return ListenerConnected
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.stop != nil && !h.off { // off: it could not listen and returned for good
+		return ListenerDown
+	}
+	return ListenerNone
+}
+
 // signal wakes the subscribers that serve namespace.
 func (h *wakeHub) signal(namespace string) {
 	h.mu.Lock()

@@ -2,6 +2,7 @@ package cloudevents
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"mime"
@@ -191,13 +192,18 @@ func (e Event) Attribute(name string) (string, bool) {
 	return "", false
 }
 
-// JSON returns the event in the CloudEvents JSON format, with data as the payload: the
-// JSON value itself when DataContentType is a JSON media type (application/json, text/json
-// or any "+json" type), else the payload's text as a JSON string, so that a consumer's
-// data is the payload byte for byte either way.
+// JSON returns the event in the CloudEvents JSON format, with the payload as data, so that
+// a consumer's data is the payload byte for byte whatever SDK decodes it:
+//
+//   - application/json and text/json (parameters aside): the JSON value itself, in data;
+//   - any other JSON media type ("+json", such as application/vnd.shop+json): the payload's
+//     bytes in data_base64, which the JSON format allows for any data it treats as binary;
+//     its data member would have to be the JSON value, which released SDKs that know only
+//     application/json and text/json as JSON refuse to decode;
+//   - anything else: the payload's text as a JSON string, in data.
 func (e Event) JSON(payload []byte) ([]byte, error) {
 	var b bytes.Buffer
-	b.Grow(len(payload) + 256)
+	b.Grow(len(payload)*4/3 + 256)
 	b.WriteByte('{')
 	field := func(name string, value []byte) {
 		if b.Len() > 1 {
@@ -219,9 +225,14 @@ func (e Event) JSON(payload []byte) ([]byte, error) {
 	field("datacontenttype", ct)
 	// utf8.Valid && json.Valid is the check the root package's unexported fast checker
 	// makes on Enqueue; only the structured mode pays it here, once per message.
-	switch {
-	case jsonMediaType(e.DataContentType) && utf8.Valid(payload) && json.Valid(payload):
+	switch plain, isJSON := jsonMediaType(e.DataContentType); {
+	case isJSON && plain && utf8.Valid(payload) && json.Valid(payload):
 		field("data", payload)
+	case isJSON:
+		v := make([]byte, 0, base64.StdEncoding.EncodedLen(len(payload))+2)
+		v = append(v, '"')
+		v = base64.StdEncoding.AppendEncode(v, payload)
+		field("data_base64", append(v, '"'))
 	default:
 		v, err := json.Marshal(string(payload))
 		if err != nil {
@@ -231,6 +242,39 @@ func (e Event) JSON(payload []byte) ([]byte, error) {
 	}
 	b.WriteByte('}')
 	return b.Bytes(), nil
+}
+
+// CompactMediaType returns a content type without the optional whitespace around the
+// semicolons and equals signs of its parameters ("text/plain; charset=utf-8" becomes
+// "text/plain;charset=utf-8"), the same media type to any parser. A header value that
+// needs no percent-encoding then reaches consumers whose binding does not decode it
+// unchanged. Quoted parameter values are kept as they are.
+func CompactMediaType(ct string) string {
+	if !strings.ContainsAny(ct, " \t") {
+		return ct
+	}
+	var b strings.Builder
+	b.Grow(len(ct))
+	quoted := false
+	for i := 0; i < len(ct); i++ {
+		c := ct[i]
+		switch {
+		case quoted:
+			if c == '\\' && i+1 < len(ct) {
+				b.WriteByte(c)
+				i++
+				c = ct[i]
+			} else if c == '"' {
+				quoted = false
+			}
+		case c == '"':
+			quoted = true
+		case c == ' ' || c == '\t':
+			continue
+		}
+		b.WriteByte(c)
+	}
+	return b.String()
 }
 
 // PercentEncode encodes an attribute value for a header, as the HTTP and NATS protocol
@@ -267,11 +311,16 @@ func invalid(field, format string, args ...any) *outbox.ValidationError {
 }
 
 // jsonMediaType reports whether a content type declares JSON data, as the CloudEvents JSON
-// format defines it.
-func jsonMediaType(ct string) bool {
+// format defines it (*/json or */*+json), and whether it is one of the two types that every
+// SDK reads as JSON (application/json, text/json).
+func jsonMediaType(ct string) (plain, isJSON bool) {
 	mt, _, err := mime.ParseMediaType(ct)
 	if err != nil {
-		return false
+		return false, false
 	}
-	return mt == "application/json" || mt == "text/json" || strings.HasSuffix(mt, "+json")
+	if mt == "application/json" || mt == "text/json" {
+		return true, true
+	}
+	_, sub, _ := strings.Cut(mt, "/")
+	return false, sub == "json" || strings.HasSuffix(sub, "+json")
 }

@@ -84,18 +84,21 @@ func TestValidName(t *testing.T) {
 }
 
 // The structured form is a JSON object with every attribute and the payload as data: the
-// JSON value itself for a JSON content type, the payload's text as a string otherwise.
+// JSON value itself for application/json and text/json, the payload's bytes in data_base64
+// for other JSON types, the payload's text as a string otherwise.
 func TestEventJSON(t *testing.T) {
 	t.Parallel()
 	d := outbox.Delivery{ID: uuid.New(), Topic: "t", PartitionKey: "k", CreatedAt: time.Unix(1, 0), Headers: outbox.Headers{"traceparent": "tp"}}
 	c := &cloudevents.Options{Source: "/s", Mode: cloudevents.Structured}
 	for _, tc := range []struct {
 		contentType, payload string
+		member               string
 		data                 any
 	}{
-		{"", `{"n":1,"s":"<é>"}`, map[string]any{"n": 1.0, "s": "<é>"}},
-		{"application/vnd.x+json; charset=utf-8", `[1,2]`, []any{1.0, 2.0}},
-		{"text/plain", `"quoted"`, `"quoted"`},
+		{"", `{"n":1,"s":"<é>"}`, "data", map[string]any{"n": 1.0, "s": "<é>"}},
+		{"text/json; charset=utf-8", `[1,2]`, "data", []any{1.0, 2.0}},
+		{"application/vnd.x+json; charset=utf-8", `[1, 2]`, "data_base64", "WzEsIDJd"},
+		{"text/plain", `"quoted"`, "data", `"quoted"`},
 	} {
 		if tc.contentType != "" {
 			d.Headers["content-type"] = tc.contentType
@@ -112,7 +115,20 @@ func TestEventJSON(t *testing.T) {
 		}
 		require.Equal(t, map[string]any{
 			"id": d.ID.String(), "source": "/s", "specversion": "1.0", "type": "t", "time": "1970-01-01T00:00:01Z",
-			"partitionkey": "k", "traceparent": "tp", "datacontenttype": wantCT, "data": tc.data,
+			"partitionkey": "k", "traceparent": "tp", "datacontenttype": wantCT, tc.member: tc.data,
 		}, got)
+	}
+}
+
+// Optional whitespace goes; quoted values stay as they are.
+func TestCompactMediaType(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"application/json":                     "application/json",
+		"text/plain; charset=utf-8":            "text/plain;charset=utf-8",
+		"text/plain ;\tcharset = utf-8":        "text/plain;charset=utf-8",
+		`multipart/x; boundary="a b\" c"; q=1`: `multipart/x;boundary="a b\" c";q=1`,
+	} {
+		require.Equal(t, want, cloudevents.CompactMediaType(in), in)
 	}
 }

@@ -89,8 +89,14 @@
 //     a time; on a table made by [Harness.Up] without [Harness.UpOrdered], ordered claims,
 //     BlockedKeys and ordered publishers fail with an [outbox.CheckError] (with the
 //     built-in migrations: one that says to apply the ordered set), and work once UpOrdered
-//     ran. Tests: HeadOnly, RetryHoldsKey, DeadHeadBlocks, SkipDead, HeadsBeyondBacklog,
-//     Publishers, NeedsOrderedMigrations.
+//     ran. With [outbox.ClaimOptions.Runs] (skipped for a dialect that claims heads only),
+//     a key's waiting rows come back with its head, in sequence, within Limit across the
+//     keys, stopping at a row in flight, a dead row (passed over with OrderedSkipDead) and
+//     a row not due; concurrent claimers never hold rows of one key at once; settling a
+//     run and claiming in one call returns the key's next run. Tests: HeadOnly,
+//     RetryHoldsKey, DeadHeadBlocks, SkipDead, HeadsBeyondBacklog, Publishers,
+//     NeedsOrderedMigrations, RunsInSequence, RunsLimit, RunsStopAtInFlight, RunsStopAtDead,
+//     RunsStopAtNotDue, RunsConcurrent, RunsSettleAndClaim.
 //  13. SettleClaimer ([dialect.SettleClaimer]): outcomes recorded and the next rows
 //     claimed in one call, lost leases reported, settled rows never claimed again by the
 //     same call, an ordered claim seeing the keys the outcomes released, the attempt an

@@ -29,6 +29,13 @@ var orderedTests = []test{
 	{"HeadsBeyondBacklog", testOrderedHeadsBeyondBacklog},
 	{"Publishers", testOrderedPublishers},
 	{"NeedsOrderedMigrations", testOrderedNeedsMigrations},
+	{"RunsInSequence", testRunsInSequence},
+	{"RunsLimit", testRunsLimit},
+	{"RunsStopAtInFlight", testRunsStopAtInFlight},
+	{"RunsStopAtDead", testRunsStopAtDead},
+	{"RunsStopAtNotDue", testRunsStopAtNotDue},
+	{"RunsConcurrent", testRunsConcurrent},
+	{"RunsSettleAndClaim", testRunsSettleAndClaim},
 }
 
 // orderedSetup is setup for the ordered section: it skips when the dialect cannot claim in

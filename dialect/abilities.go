@@ -362,6 +362,13 @@ type Notifier interface {
 //  4. BlockedKeys lists the keys whose head is dead while rows wait behind it.
 //  5. CheckOrdered refuses, with a [*CheckError] that says what to run, a table that lacks
 //     what ordered claims need (the conformance suite's Harness.UpOrdered adds it).
+//  6. Optional: given p.Runs too, Claim (and CompleteAndClaim, after its settle) takes with
+//     each head it claims the key's run ([ClaimParams.Runs]), and returns every key's rows in
+//     sequence (the records in (created_at, id) order, rule 4 of [Dialect], list them so).
+//     No other claim may take a row of a run while the run is claimed: others take heads
+//     only, the head is held, and a row of the run another transaction holds locked ends
+//     the run there. A dialect that ignores Runs claims heads only, which is correct; the
+//     conformance suite's OrderedClaimer/Runs tests then check nothing beyond rule 1.
 type OrderedClaimer interface {
 	// BlockedKeys lists up to p.Limit partition keys in p.Scope whose head is dead while
 	// rows wait behind it, oldest head first.

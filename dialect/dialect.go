@@ -175,8 +175,8 @@ type Row struct {
 	// processing, attempts 1, locked_by = Lease.WorkerID, lease_token = Lease.Token and
 	// locked_until = now + Lease.Duration, from the same now as created_at. Claims pass over
 	// the row until the lease expires, then reclaim it as any expired lease. The engine sets
-	// it only with Delay zero, and only on a built-in dialect that can (PostgreSQL's, for
-	// outbox.Options.LogLease): a dialect of one's own never sees it set. A built-in dialect
+	// it only with Delay zero, and only on a built-in dialect that can (PostgreSQL's and MySQL's,
+	// for outbox.Options.LogLease): a dialect of one's own never sees it set. A built-in dialect
 	// that cannot returns an error matching [errors.ErrUnsupported] for such a row.
 	Lease InsertLease
 }
@@ -214,6 +214,17 @@ type ClaimParams struct {
 	Ordered bool
 	// OrderedSkipDead, with Ordered, lets a dead row stop holding back the rows after it.
 	OrderedSkipDead bool
+	// Runs, with Ordered, asks the claimer that takes a key's head to take the key's
+	// following rows too, its run: in (created_at, id) order, in the same transaction, each
+	// while it is pending, due (next_attempt_at <= now), below MaxAttempts and in Scope,
+	// stopping at the first row of the key that is not (a row in flight, a dead row unless
+	// OrderedSkipDead passes over it, a row not due yet, a row another transaction holds
+	// locked: a run never skips a row and takes one after it), all within Limit for the
+	// whole batch. The run's rows are leased as the head is (same token, worker, lease and
+	// attempts+1). Other claimers still take only heads, so no two claims split a key. A
+	// dialect may ignore Runs ([ClaimParams.Unsupported] does) and claim heads only, which
+	// stays correct: the engine sets it only as a request ([OrderedClaimer] rule 6).
+	Runs bool
 }
 
 // Lease names one claimed row and the token of the claim that holds it.

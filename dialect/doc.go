@@ -24,7 +24,8 @@
 //   - [Admin]: optional. Stats, dead letters (list, group, replay, discard), activity,
 //     the lookup by dedupe key and purging old rows.
 //   - [Notifier]: optional. Wake-ups across processes.
-//   - [OrderedClaimer]: optional. Claims in order per partition key.
+//   - [OrderedClaimer]: optional. Claims in order per partition key, and optionally a
+//     key's waiting rows together ([ClaimParams.Runs]).
 //   - [SettleClaimer]: optional. A batch's outcomes settled in the transaction that claims
 //     the next batch.
 //

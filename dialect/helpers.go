@@ -182,13 +182,15 @@ func SortClaimed(recs []Record) {
 	})
 }
 
-// claimBase are the fields of [ClaimParams] that every [Dialect] handles.
-var claimBase = []string{"Scope", "Limit", "Lease", "MaxAttempts", "WorkerID", "Token"}
+// claimBase are the fields of [ClaimParams] that every [Dialect] handles; Runs is a
+// request that a dialect handles by ignoring it (heads only).
+var claimBase = []string{"Scope", "Limit", "Lease", "MaxAttempts", "WorkerID", "Token", "Runs"}
 
 // Unsupported is the recipe for the rule of [ClaimParams]: a dialect that does not
 // understand a non-zero field must return [errors.ErrUnsupported]. Call it first in Claim
 // (and CompleteAndClaim) with the names of the fields beyond the ones every dialect handles
-// (Scope, Limit, Lease, MaxAttempts, WorkerID, Token) that the dialect understands:
+// (Scope, Limit, Lease, MaxAttempts, WorkerID, Token, and Runs, which may be ignored) that
+// the dialect understands:
 //
 //	if err := p.Unsupported("Ordered", "OrderedSkipDead"); err != nil {
 //		return nil, err

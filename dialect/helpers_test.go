@@ -189,6 +189,9 @@ func TestClaimParamsUnsupported(t *testing.T) {
 	require.ErrorIs(t, err, errors.ErrUnsupported, "a dialect without ordered claims")
 	require.ErrorContains(t, err, "ClaimParams.Ordered")
 	require.NoError(t, ordered.Unsupported("Ordered", "OrderedSkipDead"))
+	runs := ordered
+	runs.Runs = true
+	require.NoError(t, runs.Unsupported("Ordered", "OrderedSkipDead"), "Runs is a request a dialect may ignore")
 
 	ordered.OrderedSkipDead = true
 	err = ordered.Unsupported("Ordered")

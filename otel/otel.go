@@ -37,7 +37,9 @@ const (
 	// broker's destination the transport sends it to, which the topic maps to (see
 	// [Telemetry.PublisherObserver]).
 	TopicKey = attribute.Key("outbox.topic")
-	// PublisherKey names the publisher of outbox.circuit.open.
+	// StoreKey names the store of the backlog gauges, when [WatchOptions.Name] is set.
+	StoreKey = attribute.Key("outbox.store")
+	// PublisherKey names the publisher of outbox.circuit.open and outbox.listener.connected.
 	PublisherKey = attribute.Key("outbox.publisher")
 	// AttemptKey is the attempt number on the per-message events of a send span.
 	AttemptKey = attribute.Key("outbox.attempt")
@@ -108,12 +110,20 @@ type Telemetry struct {
 	oldest     metric.Float64ObservableGauge
 	undeliv    metric.Float64ObservableGauge
 	circuit    metric.Int64ObservableGauge
+	listenerUp metric.Int64ObservableGauge
+
+	logReading   metric.Int64ObservableGauge
+	slotLag      metric.Int64ObservableGauge
+	slotRetained metric.Int64ObservableGauge
+	slotResets   metric.Int64ObservableCounter
 
 	mu         sync.Mutex
 	watchers   map[*outbox.Store]*StoreWatcher
 	publishers map[*PublisherObserver]struct{}
 	// closedCircuits are the circuits of closed publisher observers, reported as 0.
 	closedCircuits map[attribute.Distinct]attribute.Set
+	listeners      map[*listenerWatch]struct{}
+	logReaders     map[*logReaderWatch]struct{}
 }
 
 // New returns a Telemetry. It fails only when the meter provider refuses an instrument.
@@ -144,6 +154,8 @@ func New(opts Options) (*Telemetry, error) {
 		publishers: map[*PublisherObserver]struct{}{},
 
 		closedCircuits: map[attribute.Distinct]attribute.Set{},
+		listeners:      map[*listenerWatch]struct{}{},
+		logReaders:     map[*logReaderWatch]struct{}{},
 	}
 	m := mp.Meter(ScopeName, metric.WithSchemaURL(semconv.SchemaURL))
 	var errs []error
@@ -175,10 +187,26 @@ func New(opts Options) (*Telemetry, error) {
 	t.circuit, err = m.Int64ObservableGauge("outbox.circuit.open",
 		metric.WithDescription("1 while a publisher's circuit breaker is open (its destination unavailable), 0 while closed or once the publisher's observer is closed."))
 	errs = append(errs, err)
+	t.listenerUp, err = m.Int64ObservableGauge("outbox.listener.connected",
+		metric.WithDescription("1 while a publisher's wake-up listener is connected, 0 while it is down and the publisher polls; absent for a publisher that polls by design."))
+	errs = append(errs, err)
+	t.logReading, err = m.Int64ObservableGauge("outbox.log.reading",
+		metric.WithDescription("1 while this process's log reader holds its replication slot, 0 while it waits (standby) or has lost it."))
+	errs = append(errs, err)
+	t.slotLag, err = m.Int64ObservableGauge("outbox.log.slot.lag", metric.WithUnit("By"),
+		metric.WithDescription("How far the log reader's slot's confirmed position is behind the server's WAL, as last read."))
+	errs = append(errs, err)
+	t.slotRetained, err = m.Int64ObservableGauge("outbox.log.slot.retained_wal", metric.WithUnit("By"),
+		metric.WithDescription("WAL the log reader's slot keeps the server from recycling, as last read: a slot that falls max_slot_wal_keep_size behind is invalidated."))
+	errs = append(errs, err)
+	t.slotResets, err = m.Int64ObservableCounter("outbox.log.slot.resets", metric.WithUnit("{reset}"),
+		metric.WithDescription("Times the log reader found its slot dropped or invalidated and created it again (polling delivered the rows meanwhile)."))
+	errs = append(errs, err)
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("outboxotel: instruments: %w", err)
 	}
-	if _, err := m.RegisterCallback(t.observe, t.messages, t.oldest, t.undeliv, t.circuit); err != nil {
+	if _, err := m.RegisterCallback(t.observe, t.messages, t.oldest, t.undeliv, t.circuit, t.listenerUp,
+		t.logReading, t.slotLag, t.slotRetained, t.slotResets); err != nil {
 		return nil, fmt.Errorf("outboxotel: gauge callback: %w", err)
 	}
 	return t, nil
@@ -190,8 +218,8 @@ func (t *Telemetry) StoreHooks() outbox.StoreHooks {
 	return outbox.StoreHooks{Enqueue: enqueueHook{t}}
 }
 
-// observe reports the gauges: the last snapshot of every watched store, and every
-// publisher's circuit.
+// observe reports the gauges: the last snapshot of every watched store, every publisher's
+// circuit, and the listeners and log readers watched.
 func (t *Telemetry) observe(_ context.Context, o metric.Observer) error {
 	t.mu.Lock()
 	watchers := make([]*StoreWatcher, 0, len(t.watchers))
@@ -205,7 +233,21 @@ func (t *Telemetry) observe(_ context.Context, o metric.Observer) error {
 	for _, attrs := range t.closedCircuits {
 		o.ObserveInt64(t.circuit, 0, metric.WithAttributeSet(attrs))
 	}
+	listeners := make([]*listenerWatch, 0, len(t.listeners))
+	for l := range t.listeners {
+		listeners = append(listeners, l)
+	}
+	readers := make([]*logReaderWatch, 0, len(t.logReaders))
+	for r := range t.logReaders {
+		readers = append(readers, r)
+	}
 	t.mu.Unlock()
+	for _, l := range listeners { // their functions run outside the lock: they may take locks of their own
+		l.observe(t, o)
+	}
+	for _, r := range readers {
+		r.observe(t, o)
+	}
 	for _, w := range watchers {
 		w.observe(t, o)
 	}

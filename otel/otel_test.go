@@ -162,6 +162,56 @@ func TestRetryThenSuccess(t *testing.T) {
 	}
 }
 
+// TestReleasedIsNoFailure: in an ordered publisher's run, the messages behind a failed one
+// are given back untried: no failure event, no attempt counted.
+func TestReleasedIsNoFailure(t *testing.T) {
+	t.Parallel()
+	for _, b := range backends {
+		t.Run(b, func(t *testing.T) {
+			t.Parallel()
+			tm := newTelemetry(t, outboxotel.Options{System: "test"})
+			e := setup(t, b, tm.tel.StoreHooks())
+			require.NoError(t, migrations.Up(context.Background(), e.db, b, migrations.Options{Ordered: true}))
+			ns := "released" + uuid.NewString()[:8]
+			msgs := make([]outbox.Message, 3)
+			for i := range msgs {
+				msgs[i] = outbox.Message{Namespace: ns, Topic: "t", PartitionKey: "k", Payload: []byte(`{}`)}
+			}
+			_, err := e.store.EnqueueStandalone(context.Background(), msgs...)
+			require.NoError(t, err)
+			var mu sync.Mutex
+			tries := 0
+			tr := outbox.PerMessage(func(context.Context, outbox.Delivery) error {
+				mu.Lock()
+				defer mu.Unlock()
+				tries++
+				if tries == 1 {
+					return errors.New("broker said no")
+				}
+				return nil
+			})
+			o := fast(ns)
+			o.Ordered = true
+			o.Observer = tm.tel.PublisherObserver(tr, ns)
+			p, err := outbox.NewPublisher(e.store, tr, o)
+			require.NoError(t, err)
+			stop := run(t, p)
+			testdb.Poll(t, 30*time.Second, "delivered", func() bool { return p.Stats().Delivered == 3 })
+			stop()
+
+			events := 0
+			for _, sp := range tm.spans.Ended() {
+				events += len(sp.Events())
+			}
+			require.Equal(t, 1, events, "one retry scheduled, for the message that failed")
+			retried, _ := sum(t, tm, "outbox.attempts", outboxotel.OutcomeKey.String("retried"))
+			delivered, _ := sum(t, tm, "outbox.attempts", outboxotel.OutcomeKey.String("delivered"))
+			released, _ := sum(t, tm, "outbox.attempts", outboxotel.OutcomeKey.String("released"))
+			require.Equal(t, []float64{1, 3, 0}, []float64{retried, delivered, released})
+		})
+	}
+}
+
 func TestMetrics(t *testing.T) {
 	t.Parallel()
 	for _, b := range backends {
@@ -356,4 +406,74 @@ func description(t *testing.T, tm *telemetry, name string) string {
 	}
 	t.Fatalf("no metric %s", name)
 	return ""
+}
+
+// outbox.listener.connected follows the state function: 1 connected, 0 down, absent when the
+// publisher polls by design or the watch is stopped. The log reader's gauges and counter
+// report what its function returns.
+func TestWatchListenerAndLogReader(t *testing.T) {
+	t.Parallel()
+	tm := newTelemetry(t, outboxotel.Options{})
+	var mu sync.Mutex
+	state := outbox.ListenerConnected
+	stopListener := tm.tel.WatchListener("shop", func() outbox.ListenerState { mu.Lock(); defer mu.Unlock(); return state })
+	set := func(s outbox.ListenerState) { mu.Lock(); state = s; mu.Unlock() }
+	shop := outboxotel.PublisherKey.String("shop")
+
+	v, ok := sum(t, tm, "outbox.listener.connected", shop)
+	require.True(t, ok)
+	require.Equal(t, 1.0, v)
+	set(outbox.ListenerDown)
+	v, ok = sum(t, tm, "outbox.listener.connected", shop)
+	require.True(t, ok)
+	require.Equal(t, 0.0, v)
+	set(outbox.ListenerNone)
+	_, ok = sum(t, tm, "outbox.listener.connected", shop)
+	require.False(t, ok, "a publisher that polls by design has no listener to report")
+	set(outbox.ListenerDown)
+	stopListener()
+	_, ok = sum(t, tm, "outbox.listener.connected", shop)
+	require.False(t, ok)
+
+	stopLog := tm.tel.WatchLogReader("outbox", func() outboxotel.LogReaderStats {
+		return outboxotel.LogReaderStats{Reading: true, SlotLagBytes: 10, RetainedWALBytes: 20, SlotResets: 2}
+	})
+	slot := outboxotel.SlotKey.String("outbox")
+	for name, want := range map[string]float64{
+		"outbox.log.reading": 1, "outbox.log.slot.lag": 10, "outbox.log.slot.retained_wal": 20, "outbox.log.slot.resets": 2,
+	} {
+		v, ok := sum(t, tm, name, slot)
+		require.True(t, ok, name)
+		require.Equal(t, want, v, name)
+	}
+	stopLog()
+	_, ok = sum(t, tm, "outbox.log.slot.lag", slot)
+	require.False(t, ok)
+}
+
+// Two stores watched by one Telemetry, with topics of the same name, report apart under
+// their names.
+func TestWatchStoresByName(t *testing.T) {
+	t.Parallel()
+	tm := newTelemetry(t, outboxotel.Options{})
+	ctx := context.Background()
+	for i, name := range []string{"a", "b"} {
+		e := setup(t, "sqlite", outbox.StoreHooks{})
+		tx, err := e.db.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		for range i + 1 {
+			_, err = e.store.Enqueue(ctx, tx, outbox.Message{Namespace: "shop", Topic: "order.created", Payload: []byte(`{}`)})
+			require.NoError(t, err)
+		}
+		require.NoError(t, tx.Commit())
+		w, err := tm.tel.WatchStore(e.store, outboxotel.WatchOptions{Interval: time.Hour, Name: name})
+		require.NoError(t, err)
+		t.Cleanup(w.Close)
+		w.Refresh(ctx)
+	}
+	for name, want := range map[string]float64{"a": 1, "b": 2} {
+		v, ok := sum(t, tm, "outbox.messages", outboxotel.StoreKey.String(name), outboxotel.StatusKey.String("pending"))
+		require.True(t, ok, name)
+		require.Equal(t, want, v, name)
+	}
 }

@@ -207,9 +207,11 @@ func (p *PublisherObserver) EndPublish(ctx context.Context, batch []outbox.Deliv
 		if t.perMessage {
 			span = st.spans[i]
 		}
-		if r.Outcome == outbox.AttemptDelivered {
-			sent[st.dests[i]]++
-			if t.perMessage {
+		if r.Outcome == outbox.AttemptDelivered || r.Outcome == outbox.AttemptReleased {
+			if r.Outcome == outbox.AttemptDelivered {
+				sent[st.dests[i]]++
+			}
+			if t.perMessage { // a released message was not tried: it failed nothing
 				span.End()
 			}
 			continue
@@ -281,6 +283,9 @@ func (p *PublisherObserver) Settled(ctx context.Context, settled []outbox.Settle
 	now := time.Now()
 	for i := range settled {
 		s := &settled[i]
+		if s.Outcome == outbox.AttemptReleased {
+			continue // given back untried: not an attempt
+		}
 		counts[key{s.Namespace, s.Topic, s.Outcome}]++
 		if s.Outcome != outbox.AttemptDelivered || s.CreatedAt.IsZero() {
 			continue

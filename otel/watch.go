@@ -34,6 +34,10 @@ type WatchOptions struct {
 	// Logger receives a warning when a read fails (the gauges then keep the last values).
 	// Default [slog.Default].
 	Logger *slog.Logger
+	// Name, when set, is the outbox.store attribute of the store's gauges: a process that
+	// watches several databases (a relay's stores, by their names) must tell them apart,
+	// or two stores' topics of the same name would report one series. Default: none.
+	Name string
 }
 
 // StoreWatcher reads a store's [outbox.Store.Stats] every interval for the gauges
@@ -136,11 +140,14 @@ func (w *StoreWatcher) observe(t *Telemetry, o metric.Observer) {
 	present := map[[2]string]bool{}
 	report := func(ns, topic string, pending, scheduled, processing, dead int64, oldest, undelivered time.Duration) {
 		base := []attribute.KeyValue{NamespaceKey.String(ns), TopicKey.String(topic)}
+		if w.opts.Name != "" {
+			base = append(base, StoreKey.String(w.opts.Name))
+		}
 		for _, c := range []struct {
 			status string
 			n      int64
 		}{{"pending", pending}, {"scheduled", scheduled}, {"processing", processing}, {"dead", dead}} {
-			o.ObserveInt64(t.messages, c.n, metric.WithAttributes(append(base[:2:2], StatusKey.String(c.status))...))
+			o.ObserveInt64(t.messages, c.n, metric.WithAttributes(append(base[:len(base):len(base)], StatusKey.String(c.status))...))
 		}
 		o.ObserveFloat64(t.oldest, oldest.Seconds(), metric.WithAttributes(base...))
 		o.ObserveFloat64(t.undeliv, undelivered.Seconds(), metric.WithAttributes(base...))

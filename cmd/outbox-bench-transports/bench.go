@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math"
 	"net/url"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -400,6 +401,10 @@ func run(ctx context.Context, cfg config) (*report, error) {
 		rep.results = append(rep.results, &result{name: name, rates: map[string][]float64{}})
 	}
 
+	natsAt := slices.Index(cfg.Transports, "nats")
+	if cfg.OrderedN > 0 && natsAt < 0 {
+		return nil, fmt.Errorf("-ordered measures through NATS: add nats to -transports")
+	}
 	noop := outbox.TransportFunc(func(context.Context, []outbox.Delivery) []error { return nil })
 	for round := range cfg.Rounds {
 		rate, _, err := db.burn(ctx, ns, cfg.N, cfg.Batch, cfg.Workers, noop)
@@ -453,6 +458,11 @@ func run(ctx context.Context, cfg config) (*report, error) {
 				r.rates[kind] = append(r.rates[kind], rate)
 				logf("round %d: %s %s %.0f msg/s", round+1, b.name, kind, rate)
 			}
+		}
+	}
+	if cfg.OrderedN > 0 {
+		if rep.ordered, err = runOrdered(ctx, db, brokers[natsAt], ns, cfg); err != nil {
+			return nil, fmt.Errorf("nats: ordered: %w", err)
 		}
 	}
 	rep.load[1] = loadAverage()

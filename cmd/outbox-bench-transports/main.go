@@ -30,6 +30,15 @@
 //
 //	{"metric":"e2e_nats_vs_client","backend":"postgres","value":0.97}
 //
+// With -ordered N, it also drains a backlog of N rows on one partition key through the NATS
+// transport with an ordered Publisher and an unordered one, and the same rows without a key
+// with an unordered one, in turn, after the other measurements (it migrates the table's
+// ordered set), and prints e2e_nats_ordered_1key_vs_unordered, the median of the rounds'
+// ordered ÷ unordered (target >= 0.5), and e2e_nats_ordered_1key_vs_unkeyed, ordered ÷ the
+// rows without a key: the transport sends a key's messages one after another for an
+// unordered Publisher too, so only the rows without a key take its pipelined path. A message
+// delivered before an earlier one of its key fails the run.
+//
 // e2e_<t>_vs_client is the concurrent burn-down's transport ÷ client (target >= 0.8; the
 // table also shows the ratio of the back-to-back burn-downs); transport_<t>_vs_client is the transport alone ÷ the client alone
 // (target >= 0.8); e2e_<t>_vs_client_alone is the burn-down through the transport ÷ the
@@ -72,6 +81,8 @@ type config struct {
 	RedisAddr  string
 	AMQPURL    string
 	Transports []string
+	// OrderedN is the ordered mode's backlog on one key; 0 leaves the mode out.
+	OrderedN int
 }
 
 func main() {
@@ -87,10 +98,11 @@ func main() {
 	flag.StringVar(&cfg.AMQPURL, "amqp-url", envOr("OUTBOX_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ server (AMQP URI)")
 	flag.StringVar(&transports, "transports", "nats,kafka,redis,amqp,webhook", "comma-separated transports to measure")
 	flag.StringVar(&out, "out", "", "also write the JSON lines to this file")
+	flag.IntVar(&cfg.OrderedN, "ordered", 0, "also drain a backlog of this many rows on one partition key through NATS, ordered against unordered (0: not measured)")
 	flag.Parse()
 	cfg.Transports = strings.Split(transports, ",")
-	if cfg.N < cfg.Batch || cfg.Batch < 1 || cfg.Batch > 1000 || cfg.Workers < 1 || cfg.Rounds < 1 {
-		fmt.Fprintln(os.Stderr, "need 1 <= -batch <= 1000, -n >= -batch, -workers >= 1, -rounds >= 1")
+	if cfg.N < cfg.Batch || cfg.Batch < 1 || cfg.Batch > 1000 || cfg.Workers < 1 || cfg.Rounds < 1 || cfg.OrderedN < 0 {
+		fmt.Fprintln(os.Stderr, "need 1 <= -batch <= 1000, -n >= -batch, -workers >= 1, -rounds >= 1, -ordered >= 0")
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -160,6 +172,7 @@ type report struct {
 	cfg     config
 	noop    []float64
 	results []*result
+	ordered *orderedResult // nil when not measured
 	started time.Time
 	load    [2]string
 }
@@ -180,6 +193,13 @@ func (rep *report) metrics() []metric {
 		add("e2e_"+r.name+"_vs_client", median(r.race))
 		add("transport_"+r.name+"_vs_client", r.ratio(kindTransport, kindClient))
 		add("e2e_"+r.name+"_vs_client_alone", r.ratio(kindE2E, kindClient))
+	}
+	if o := rep.ordered; o != nil {
+		out = append(out,
+			metric{Metric: "e2e_nats_ordered_1key_vs_unordered", Backend: "postgres",
+				Value: float64(int(median(o.ratios(drainUnordered))*10000+0.5)) / 10000},
+			metric{Metric: "e2e_nats_ordered_1key_vs_unkeyed", Backend: "postgres",
+				Value: float64(int(median(o.ratios(drainUnkeyed))*10000+0.5)) / 10000})
 	}
 	return out
 }
@@ -204,7 +224,12 @@ func (rep *report) printTable(w io.Writer) {
 		fmt.Fprintf(w, " e2e ÷ client e2e per round: concurrent %s, sequential %s; transport ÷ client per round %s; publisher retries %d\n",
 			fmtRatios(r.race), fmtRatios(r.ratios(kindE2E, kindE2EClient)), fmtRatios(r.ratios(kindTransport, kindClient)), r.retried)
 	}
-	fmt.Fprintln(w, "targets: e2e_<t>_vs_client >= 0.8, transport_<t>_vs_client >= 0.8; e2e_<t>_vs_client_alone is bounded by PostgreSQL")
+	if o := rep.ordered; o != nil {
+		fmt.Fprintf(w, "nats, %d rows on one key: ordered %.0f msg/s, unordered %.0f msg/s, unordered without a key %.0f msg/s; ordered ÷ unordered %.3f (rounds %s), ordered ÷ without a key %.3f (rounds %s)\n",
+			rep.cfg.OrderedN, median(o.rates[drainOrdered]), median(o.rates[drainUnordered]), median(o.rates[drainUnkeyed]),
+			median(o.ratios(drainUnordered)), fmtRatios(o.ratios(drainUnordered)), median(o.ratios(drainUnkeyed)), fmtRatios(o.ratios(drainUnkeyed)))
+	}
+	fmt.Fprintln(w, "targets: e2e_<t>_vs_client >= 0.8, transport_<t>_vs_client >= 0.8, e2e_nats_ordered_1key_vs_unordered >= 0.5; e2e_<t>_vs_client_alone is bounded by PostgreSQL")
 	fmt.Fprintln(w)
 }
 

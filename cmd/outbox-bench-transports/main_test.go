@@ -17,7 +17,8 @@ func TestMain(m *testing.M) {
 }
 
 // A short run against the real servers (kfake in-process) measures every pair and reports
-// every metric.
+// every metric, the ordered mode's too (on a few rows: until ordered claims take a key's
+// rows together, an ordered Publisher delivers a key's rows about five a second).
 func TestRunReportsEveryMetric(t *testing.T) {
 	testdb.Postgres(t) // fails or skips, as configured, when PostgreSQL is down
 	cfg := config{
@@ -29,6 +30,7 @@ func TestRunReportsEveryMetric(t *testing.T) {
 		RedisAddr:  testdb.Service(t, "redis", "OUTBOX_REDIS_ADDR", "127.0.0.1:6379"),
 		AMQPURL:    testdb.Service(t, "rabbitmq", "OUTBOX_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
 		Transports: []string{"nats", "kafka", "redis", "amqp", "webhook"},
+		OrderedN:   10,
 	}
 	rep, err := run(context.Background(), cfg)
 	require.NoError(t, err)
@@ -44,14 +46,24 @@ func TestRunReportsEveryMetric(t *testing.T) {
 		"e2e_redis_vs_client", "transport_redis_vs_client", "e2e_redis_vs_client_alone",
 		"e2e_amqp_vs_client", "transport_amqp_vs_client", "e2e_amqp_vs_client_alone",
 		"e2e_webhook_vs_client", "transport_webhook_vs_client", "e2e_webhook_vs_client_alone",
+		"e2e_nats_ordered_1key_vs_unordered", "e2e_nats_ordered_1key_vs_unkeyed",
 	}, names)
 	var table strings.Builder
 	rep.printTable(&table)
 	require.Contains(t, table.String(), "burn-down via transport")
+	require.Contains(t, table.String(), "rows on one key: ordered")
 }
 
 func TestUnknownTransport(t *testing.T) {
 	testdb.Postgres(t)
 	_, err := run(context.Background(), config{N: 100, Batch: 50, Workers: 1, Rounds: 1, PgDSN: testdb.PostgresDSN(), Transports: []string{"carrier-pigeon"}})
 	require.ErrorContains(t, err, "unknown transport")
+}
+
+// -ordered needs NATS among the transports.
+func TestOrderedNeedsNATS(t *testing.T) {
+	testdb.Postgres(t)
+	_, err := run(context.Background(), config{N: 100, Batch: 50, Workers: 1, Rounds: 1, PgDSN: testdb.PostgresDSN(),
+		Transports: []string{"webhook"}, OrderedN: 10})
+	require.ErrorContains(t, err, "add nats")
 }

@@ -160,7 +160,7 @@ func drain(ctx context.Context, b backend, s drainSpec) (burnRun, error) {
 		if s.startup {
 			first = &firstClaim{}
 		}
-		elapsed, run.Stats, err = burnPublisher(ctx, b, db, table, n, batch, workers, timeout, false, s.publish, first)
+		elapsed, run.Stats, err = burnPublisher(ctx, b, db, table, n, batch, workers, timeout, false, s.publish, first, nil)
 		if err == nil && first != nil {
 			if t := first.after.Load(); t > 0 && time.Duration(t) < elapsed {
 				run.StartupSeconds = time.Duration(t).Seconds()
@@ -208,7 +208,7 @@ func drain(ctx context.Context, b backend, s drainSpec) (burnRun, error) {
 // burnLibrary drains n rows of table with a Publisher, in order per partition key when
 // ordered is set.
 func burnLibrary(ctx context.Context, b backend, db *sql.DB, table string, n, batch, workers int, timeout time.Duration, ordered bool) (time.Duration, *outbox.PublisherStats, error) {
-	return burnPublisher(ctx, b, db, table, n, batch, workers, timeout, ordered, 0, nil)
+	return burnPublisher(ctx, b, db, table, n, batch, workers, timeout, ordered, 0, nil, nil)
 }
 
 // firstClaim is a PublisherObserver that records when the first claim of a Run began,
@@ -232,8 +232,10 @@ func (*firstClaim) EndPublish(context.Context, []outbox.Delivery, []outbox.Attem
 func (*firstClaim) Settled(context.Context, []outbox.Settled)                             {}
 
 // burnPublisher is burnLibrary with a transport that takes publish to publish a batch, and,
-// when first is not nil, an observer that times the start of the first claim.
-func burnPublisher(ctx context.Context, b backend, db *sql.DB, table string, n, batch, workers int, timeout time.Duration, ordered bool, publish time.Duration, first *firstClaim) (time.Duration, *outbox.PublisherStats, error) {
+// when first is not nil, an observer that times the start of the first claim. With order,
+// the transport keeps key order ([outbox.TransportKeyOrder]) and order counts what it
+// delivers.
+func burnPublisher(ctx context.Context, b backend, db *sql.DB, table string, n, batch, workers int, timeout time.Duration, ordered bool, publish time.Duration, first *firstClaim, order *keyOrder) (time.Duration, *outbox.PublisherStats, error) {
 	store, err := outbox.New(db, b.dialect(), outbox.Options{Table: table})
 	if err != nil {
 		return 0, nil, err
@@ -248,15 +250,21 @@ func burnPublisher(ctx context.Context, b backend, db *sql.DB, table string, n, 
 		allPublished = make(chan struct{})
 		once         sync.Once
 	)
-	noop := outbox.TransportFunc(func(_ context.Context, ds []outbox.Delivery) []error {
+	var noop outbox.Transport = outbox.TransportFunc(func(_ context.Context, ds []outbox.Delivery) []error {
 		if publish > 0 {
 			time.Sleep(publish)
+		}
+		if order != nil {
+			order.see(ds)
 		}
 		if published.Add(int64(len(ds))) >= int64(n) {
 			once.Do(func() { close(allPublished) })
 		}
 		return nil
 	})
+	if order != nil {
+		noop = keyOrderTransport{noop.(outbox.TransportFunc)}
+	}
 	opts := outbox.PublisherOptions{
 		Scope:     outbox.Scope{Namespace: benchNamespace},
 		BatchSize: batch, Concurrency: workers, Logger: discard, Ordered: ordered,

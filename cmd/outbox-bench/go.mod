@@ -11,6 +11,11 @@ require (
 )
 
 require (
+	github.com/jackc/pgio v1.0.0 // indirect
+	github.com/jackc/pglogrepl v0.0.0-20251213150135-2e8d0df862c1 // indirect
+)
+
+require (
 	filippo.io/edwards25519 v1.2.0 // indirect
 	github.com/dustin/go-humanize v1.1.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
@@ -19,6 +24,8 @@ require (
 	github.com/mattn/go-isatty v0.0.24 // indirect
 	github.com/mfridman/interpolate v0.0.2 // indirect
 	github.com/ncruces/go-strftime v1.1.0 // indirect
+	github.com/outboxgo/outbox/logrepl/pglog v0.0.0
+	github.com/outboxgo/outbox/outboxtest v0.0.0
 	github.com/outboxgo/outbox/pgxv5 v0.0.0
 	github.com/pressly/goose/v3 v3.29.0 // indirect
 	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
@@ -27,7 +34,7 @@ require (
 	golang.org/x/sync v0.24.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
-	modernc.org/libc v1.79.0 // indirect
+	modernc.org/libc v1.80.1 // indirect
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect
 )
@@ -35,3 +42,7 @@ require (
 replace github.com/outboxgo/outbox => ../..
 
 replace github.com/outboxgo/outbox/pgxv5 => ../../pgxv5
+
+replace github.com/outboxgo/outbox/logrepl/pglog => ../../logrepl/pglog
+
+replace github.com/outboxgo/outbox/outboxtest => ../../outboxtest

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -303,11 +304,15 @@ func latency(ctx context.Context, cfg config, b backend, rate float64, poll time
 		return r, err
 	}
 	defer prodDB.Close()
-	pubStore, err := outbox.New(pubDB, b.dialect(), outbox.Options{})
+	storeOpts := outbox.Options{}
+	if cfg.logReader != nil {
+		storeOpts.LogLease = logLease
+	}
+	pubStore, err := outbox.New(pubDB, b.dialect(), storeOpts)
 	if err != nil {
 		return r, err
 	}
-	prodStore, err := outbox.New(prodDB, b.dialect(), outbox.Options{})
+	prodStore, err := outbox.New(prodDB, b.dialect(), storeOpts)
 	if err != nil {
 		return r, err
 	}
@@ -336,9 +341,15 @@ func latency(ctx context.Context, cfg config, b backend, rate float64, poll time
 		run       func(ctx context.Context) error
 		delivered func() int64
 	)
-	if rawLoop {
+	switch {
+	case rawLoop:
 		run, delivered = rawConsumer(raw, pubDB, cfg, poll, tr)
-	} else {
+	case cfg.logReader != nil:
+		r.Config = "log reader beside a polling Publisher" + strings.TrimPrefix(r.Config, "default options")
+		if run, delivered, err = cfg.logReader(pubStore, tr); err != nil {
+			return r, err
+		}
+	default:
 		pub, err := outbox.NewPublisher(pubStore, tr, outbox.PublisherOptions{
 			Scope:     outbox.Scope{Namespace: benchNamespace},
 			BatchSize: cfg.Batch, Concurrency: cfg.Workers, PollInterval: poll, Logger: discard,
@@ -371,6 +382,9 @@ func latency(ctx context.Context, cfg config, b backend, rate float64, poll time
 		mu.Unlock()
 	}
 	var ps producerStats
+	if cfg.window != nil {
+		cfg.window(true)
+	}
 	if process {
 		ps, err = produceInProcess(ctx, cfg, b, rate, record)
 	} else {
@@ -396,6 +410,9 @@ func latency(ctx context.Context, cfg config, b backend, rate float64, poll time
 			break
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	if cfg.window != nil {
+		cfg.window(false)
 	}
 	stopPub()
 	if err := <-pubDone; err != nil {

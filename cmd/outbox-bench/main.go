@@ -57,6 +57,11 @@
 //     1,000,000 rows pending an hour ahead, as ratios against none; and 200,000 rows falling
 //     due within a second drained against 200,000 due at once, each on a table never
 //     analyzed.
+//  19. log delivery (only with -only logdelivery, PostgreSQL): on a private server with
+//     wal_level=logical, the log reader (beside a polling Publisher) against a polling
+//     Publisher alone, producers in another process: the highest rate each holds at p99 <=
+//     50 ms, commit-to-publish at 100 and 1,000 messages/s, and per event the WAL written,
+//     the outbox row updates and the server's CPU.
 //
 // It prints a table, then every ratio as one JSON object per line, and writes the full
 // results (JSON, Markdown) and a throughput-against-batch-size plot (SVG) to -out.
@@ -203,12 +208,19 @@ type config struct {
 	// window starts with.
 	Delayed int `json:"-"`
 
+	// logReader, set by the log-delivery scenario, makes the latency runs' consumer a log
+	// reader (beside a polling Publisher, as it is deployed) on a Store whose enqueues take
+	// the insert lease; window, when set, is called as each latency window's producers start
+	// (true) and once its messages are drained (false).
+	logReader logReaderFunc
+	window    func(start bool)
+
 	// Only restricts the run to some scenarios (-only); empty means all.
 	Only []string `json:"only,omitempty"`
 }
 
 // optIn are the scenarios that run only when -only names them.
-var optIn = []string{"tablecost", "scaleout", "sustained"}
+var optIn = []string{"tablecost", "scaleout", "sustained", "logdelivery"}
 
 // quickSet are the scenarios of quick mode without -only: the headline metrics, in a few
 // minutes on two cores. Full mode runs every scenario but optIn; -only names any.
@@ -301,7 +313,7 @@ func main() {
 		rounds   = flag.Int("burn-rounds", 0, "alternating library/raw pairs of the headline burn-down (default: 3 quick, 10 full)")
 		retained = flag.Int("retained", 0, "retained delivered rows in the growth scenario (default: 100000 quick, 1000000 full)")
 		history  = flag.Int("sustain-history", 0, "delivered rows (vacuumed and analyzed) the table holds when each sustained window starts (default 0: an empty table)")
-		only     = flag.String("only", "", "run only these scenarios (comma list of enqueue, pgx, batch, burndown, breakdown, latency, idle, growth, stats, purge, ordered, broker, shortdrain, relay, costs, tablecost, ui, storeloop, guarded, scaleout, sustained, delayed; latency needs burndown; tablecost, scaleout and sustained run only when named)")
+		only     = flag.String("only", "", "run only these scenarios (comma list of enqueue, pgx, batch, burndown, breakdown, latency, idle, growth, stats, purge, ordered, broker, shortdrain, relay, costs, tablecost, ui, storeloop, guarded, scaleout, sustained, delayed, logdelivery; latency needs burndown; tablecost, scaleout, sustained and logdelivery run only when named)")
 		storeB   = flag.String("store-batches", "", "batch sizes of the storeloop scenario, comma list (default 100,500)")
 		storeW   = flag.String("store-workers", "", "claim loops of the storeloop scenario, comma list (default: 1 quick, 1,2 full)")
 		cpuprof  = flag.String("cpuprofile", "", "write a CPU profile of the bench process (library and raw alike) to this file")
@@ -468,6 +480,7 @@ func runBackend(ctx context.Context, cfg config, b backend, res *backendResult) 
 		{"scale-out", "scaleout", runScaleOut},
 		{"sustained load", "sustained", runSustained},
 		{"delayed rows", "delayed", runDelayed},
+		{"log delivery", "logdelivery", runLogDelivery},
 	}
 	for _, s := range steps {
 		if !cfg.runs(s.key) {

@@ -28,6 +28,9 @@ const (
 	producerDriverEnv = "OUTBOX_BENCH_PRODUCER_DRIVER"
 	producerDSNEnv    = "OUTBOX_BENCH_PRODUCER_DSN"
 	producerDurEnv    = "OUTBOX_BENCH_PRODUCER_DURATION"
+	// producerLogEnv, when set, makes the producer's Store take the insert lease of log
+	// delivery (outbox.Options.LogLease).
+	producerLogEnv = "OUTBOX_BENCH_PRODUCER_LOG_LEASE"
 )
 
 // produceInProcess runs the producer in a process of its own at rate for cfg.LatencyDur and
@@ -37,6 +40,9 @@ func produceInProcess(ctx context.Context, cfg config, b backend, rate float64, 
 	cmd := exec.CommandContext(ctx, os.Args[0])
 	cmd.Env = append(os.Environ(), producerEnv+"="+strconv.FormatFloat(rate, 'f', -1, 64), producerDriverEnv+"="+driver,
 		producerDSNEnv+"="+dsn, producerDurEnv+"="+cfg.LatencyDur.String())
+	if cfg.logReader != nil {
+		cmd.Env = append(cmd.Env, producerLogEnv+"="+logLease.String())
+	}
 	cmd.Stderr = os.Stderr
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -120,7 +126,13 @@ func producer1(ctx context.Context) error {
 	defer db.Close()
 	db.SetMaxOpenConns(latencyProducers)
 	db.SetMaxIdleConns(latencyProducers)
-	store, err := outbox.New(db, b.dialect(), outbox.Options{})
+	var opts outbox.Options
+	if v := os.Getenv(producerLogEnv); v != "" {
+		if opts.LogLease, err = time.ParseDuration(v); err != nil {
+			return err
+		}
+	}
+	store, err := outbox.New(db, b.dialect(), opts)
 	if err != nil {
 		return err
 	}

@@ -76,6 +76,7 @@ type backendResult struct {
 	Guarded                 *guardedResult     `json:"guarded,omitempty"`
 	ScaleOut                []scaleOutPoint    `json:"scale_out,omitempty"`
 	Sustained               *sustainedResult   `json:"sustained,omitempty"`
+	LogDelivery             *logDeliveryResult `json:"log_delivery,omitempty"`
 	IdleCost                []idleCostResult   `json:"idle_cost,omitempty"`
 }
 
@@ -185,6 +186,13 @@ var targets = []target{
 	{"saturated_p99_vs_raw", "<= 1.2 (default options ÷ the raw 10 ms loop, per round)", func(v float64) bool { return v <= 1.2 }},
 	{"burndown_retained_vs_empty", ">= 0.90", func(v float64) bool { return v >= 0.90 }},
 	{"burndown_ordered_vs_unordered", ">= 0.70", func(v float64) bool { return v >= 0.70 }},
+	{"ordered_vs_unordered_k1", ">= 0.5 (ordered ÷ unordered burn-down, 1 key, a key-order transport)", func(v float64) bool { return v >= 0.5 }},
+	{"ordered_vs_unordered_k5", ">= 0.7 (same, 5 keys)", func(v float64) bool { return v >= 0.7 }},
+	{"ordered_vs_unordered_k50", ">= 0.9 (same, 50 keys)", func(v float64) bool { return v >= 0.9 }},
+	{"ordered_vs_unordered_k1000", ">= 0.9 (same, 1,000 keys)", func(v float64) bool { return v >= 0.9 }},
+	{"ordered_out_of_order", "0 (deliveries of a key out of order, every ordered run)", func(v float64) bool { return v == 0 }},
+	{"ordered_latency_p50_ms_k1_at_200", "(one key at 200 events/s, ordered, enqueue to publish)", nil},
+	{"ordered_latency_p99_ms_k1_at_200", "<= 20 (<= 50 on SQLite; same)", nil},
 	{brokerMetric, "(a broker's 1 ms per batch on both sides)", nil},
 	{"short_drain_b100_w1_vs_raw", "(20 000 fresh rows, 200-byte payloads)", nil},
 	{"short_drain_b100_w2_vs_raw", "(same, 2 loops)", nil},
@@ -211,6 +219,23 @@ var targets = []target{
 	{"sustained_rate", "(msg/s held with p99 <= 50 ms)", nil},
 	{"sustained_rate_raw", "(the raw loop under the same producers)", nil},
 	{"sustained_vs_raw", ">= 0.9 (highest rate at p99 <= 50 ms, library ÷ raw)", func(v float64) bool { return v >= 0.9 }},
+	{"log_vs_poll_sustained", ">= 1.5 (highest rate at p99 <= 50 ms, log reader ÷ polling, producers in another process)", func(v float64) bool { return v >= 1.5 }},
+	{"log_sustained_rate", "(msg/s held with p99 <= 50 ms, from the log)", nil},
+	{"log_sustained_rate_poll", "(same, polled)", nil},
+	{"log_latency_p50_ms_at_100", "(commit to publish from the log, 100 msg/s from another process)", nil},
+	{"log_latency_p99_ms_at_100", "(same, p99)", nil},
+	{"log_latency_p50_ms_at_1000", "(same, 1,000 msg/s)", nil},
+	{"log_latency_p99_ms_at_1000", "<= 10 (same, p99)", func(v float64) bool { return v <= 10 }},
+	{"log_latency_p50_ms_at_100_poll", "(the same, polled)", nil},
+	{"log_latency_p99_ms_at_100_poll", "(the same, polled)", nil},
+	{"log_latency_p50_ms_at_1000_poll", "(the same, polled)", nil},
+	{"log_latency_p99_ms_at_1000_poll", "(the same, polled)", nil},
+	{"log_updates_per_event", "<= 1 (outbox row updates per event from the log: the settle)", func(v float64) bool { return v <= 1.0001 }},
+	{"log_updates_per_event_poll", "(polled: the claim and the settle)", nil},
+	{"log_wal_bytes_per_event", "(WAL per event from the log, the INSERT's included)", nil},
+	{"log_wal_bytes_per_event_poll", "(same, polled)", nil},
+	{"log_server_cpu_ms_per_event", "(server CPU per event from the log, the producers' included)", nil},
+	{"log_server_cpu_ms_per_event_poll", "(same, polled)", nil},
 	{"delayed_100k_latency_p50_vs_none", "<= 1.2 (live p50, 100,000 rows an hour ahead ÷ none)", func(v float64) bool { return v <= 1.2 }},
 	{"delayed_100k_latency_p99_vs_none", "<= 1.2 (same, p99)", func(v float64) bool { return v <= 1.2 }},
 	{"delayed_1m_latency_p50_vs_none", "<= 1.2 (live p50, 1,000,000 rows an hour ahead ÷ none)", func(v float64) bool { return v <= 1.2 }},
@@ -299,7 +324,7 @@ func (r *backendResult) metrics(cfg config) []metric {
 		add("burndown_retained_vs_empty", g.Ratio)
 	}
 	if o := r.Ordered; o != nil {
-		add("burndown_ordered_vs_unordered", o.Ratio)
+		o.metrics(add)
 	}
 	if br := r.Broker; br != nil {
 		add(brokerMetric, br.Ratio)
@@ -328,6 +353,9 @@ func (r *backendResult) metrics(cfg config) []metric {
 	if g := r.Guarded; g != nil {
 		add("burndown_vs_raw_guarded", g.LibraryVsGuarded)
 		add("raw_guarded_vs_raw", g.GuardedVsRaw)
+	}
+	if l := r.LogDelivery; l != nil {
+		l.metrics(add)
 	}
 	if s := r.Sustained; s != nil {
 		add("sustained_rate", s.Library)
@@ -430,6 +458,15 @@ func (rep *report) printTable(w io.Writer) {
 		}
 		if st := b.Sustained; st != nil {
 			fmt.Fprintf(tw, "sustained msg/s\tlibrary %.0f\traw %.0f\t(p99 <= 50 ms, table of %d delivered rows)\t\t\t\t\t\n", st.Library, st.Raw, st.History)
+		}
+		if l := b.LogDelivery; l != nil {
+			fmt.Fprintf(tw, "log delivery\tsustained log %.0f\tpoll %.0f\tlog/poll %.2f\t(p99 <= 50 ms)\t\t\t\t\n", l.Sustained["log"], l.Sustained["poll"], l.SustainedVsPoll)
+			for _, x := range l.Latency {
+				fmt.Fprintf(tw, "\t%s at %.0f/s\tp50 %.2f ms\tp99 %.2f ms\t\t\t\t\t\n", x.Mode, x.TargetRate, x.P50, x.P99)
+			}
+			for _, c := range l.Costs {
+				fmt.Fprintf(tw, "\t%s per event\t%.0f WAL bytes\t%.2f updates\t%.3f ms CPU\t\t\t\t\n", c.Mode, c.WALBytes, c.Updates, c.CPUms)
+			}
 		}
 		if len(b.ScaleOut) > 0 {
 			fmt.Fprintln(tw, "scale-out rows/s\tprocesses\tlibrary\traw\tlibrary/raw\tlibrary/p1\traw/p1\t\t")

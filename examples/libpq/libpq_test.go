@@ -121,7 +121,7 @@ func TestPublisher(t *testing.T) {
 	_, err = db.Exec(`CREATE TABLE orders (id bigint PRIMARY KEY)`)
 	require.NoError(t, err)
 	msg := func(topic, key string) outbox.Message {
-		return outbox.Message{Namespace: "shop", Topic: topic, DedupeKey: key, PartitionKey: "order-1",
+		return outbox.Message{Namespace: "shop", Topic: topic, DedupeKey: key,
 			Headers: outbox.Headers{"content-type": "application/json"}, Payload: []byte(`{"order": 1}`)}
 	}
 

@@ -430,14 +430,15 @@ type names struct {
 func newNames(root string) *names {
 	n := &names{root: root, cache: map[string]map[string]bool{},
 		packages: map[string]string{
-			"outbox":      ".",
-			"migrations":  "migrations",
-			"inbox":       "inbox",
-			"outboxotel":  "otel",
-			"conformance": "conformance",
-			"outboxui":    "outboxui",
-			"cloudevents": "cloudevents",
-			"outboxpglog": "logrepl/pglog",
+			"outbox":       ".",
+			"migrations":   "migrations",
+			"inbox":        "inbox",
+			"outboxotel":   "otel",
+			"conformance":  "conformance",
+			"outboxui":     "outboxui",
+			"cloudevents":  "cloudevents",
+			"outboxpglog":  "logrepl/pglog",
+			"outboxbinlog": "logrepl/mysqlbinlog",
 		},
 		vars: map[string]string{"store": ".Store", "pub": ".Publisher", "in": "inbox.Inbox"},
 	}

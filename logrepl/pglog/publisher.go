@@ -23,12 +23,15 @@ import (
 // never both own a row (see the package documentation). One Publisher reads a slot at a
 // time; others started on the same slot stand by until it is free.
 type Publisher struct {
-	store   *outbox.Store
-	tr      outbox.Transport
-	o       Options
-	log     *slog.Logger
-	stats   stats
-	running atomic.Bool
+	store *outbox.Store
+	tr    outbox.Transport
+	// keyOrder is whether tr keeps the order of a key's messages in one batch, so that an
+	// ordered Publisher hands it each key's rows together.
+	keyOrder bool
+	o        Options
+	log      *slog.Logger
+	stats    stats
+	running  atomic.Bool
 	// kill, set by tests, ends a session at once at the named point, as a crash there
 	// would: nothing settled or confirmed after it.
 	kill func(point string) bool
@@ -67,7 +70,8 @@ func New(store *outbox.Store, tr outbox.Transport, o Options) (*Publisher, error
 	if _, err := pgconn.ParseConfig(o.ConnString); err != nil {
 		return nil, fmt.Errorf("%w: ConnString: %w", ErrInvalid, err)
 	}
-	return &Publisher{store: store, tr: tr, o: o, log: o.Logger}, nil
+	ko, _ := tr.(outbox.TransportKeyOrder)
+	return &Publisher{store: store, tr: tr, o: o, log: o.Logger, keyOrder: ko != nil && ko.KeepsKeyOrder()}, nil
 }
 
 // Slot returns the name of the Publisher's replication slot.

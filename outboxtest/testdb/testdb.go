@@ -6,7 +6,9 @@
 // defaults. Every backend and broker is required: when a server is unreachable its tests
 // fail, saying which server and how to start it. A contributor without one server may skip
 // its tests on purpose by naming it in OUTBOX_TEST_SKIP ("postgres", "mysql", "nats",
-// "rabbitmq", "redis", "browser" for the web view's chromium test, a comma list, or "all"); a skip that nobody asked for can never
+// "rabbitmq", "redis", "browser" for the web view's chromium test, "promtool" for the alert
+// rules' tests, "node" for the CloudEvents check with the JavaScript SDK, a comma list, or
+// "all"); a skip that nobody asked for can never
 // pass unnoticed. OUTBOX_TEST_REQUIRE (CI sets it to "all") overrides OUTBOX_TEST_SKIP.
 //
 // Support for this repository's own tests and modules ([github.com/outboxgo/outbox/outboxtest]),

@@ -61,7 +61,10 @@ type Transport struct {
 	down     bool // a connection was lost, or a dial failed, and none is back yet
 }
 
-var _ outbox.Transport = (*Transport)(nil)
+var (
+	_ outbox.Transport         = (*Transport)(nil)
+	_ outbox.TransportKeyOrder = (*Transport)(nil)
+)
 
 // New returns a Transport with opts, checked and completed with their defaults. It does not
 // dial: the first Publish does.
@@ -106,7 +109,22 @@ func (t *Transport) Destination(d outbox.Delivery) outbox.Destination {
 
 // Publish publishes the batch with the mandatory flag and awaits every confirmation. See
 // [outbox.Transport] for the contract and the package documentation for the errors.
+// Messages that share a namespace and a partition key go one after another, each once the
+// one ahead of it was confirmed and not returned, so that no queue gets one whose
+// predecessor was refused or unroutable; different keys, and messages without a key, still
+// go together ([Transport.KeepsKeyOrder]).
 func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []error {
+	ctx, cancel := context.WithTimeout(ctx, t.opts.ConfirmTimeout)
+	defer cancel()
+	return outbox.PublishInKeyOrder(ctx, batch, nil, t.publish)
+}
+
+// KeepsKeyOrder reports true: Publish keeps the order of a partition key's messages inside
+// a batch ([outbox.TransportKeyOrder]).
+func (t *Transport) KeepsKeyOrder() bool { return true }
+
+// publish publishes batch and awaits every confirmation.
+func (t *Transport) publish(ctx context.Context, batch []outbox.Delivery) []error {
 	if len(batch) == 0 {
 		return nil
 	}

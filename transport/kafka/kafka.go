@@ -138,9 +138,19 @@ type Transport struct {
 	client *kgo.Client
 	opts   Options
 	link   link
+	// idempotent is false for a client built with kgo.DisableIdempotentWrite.
+	idempotent bool
+	// limit is the client's largest record batch for a topic, write its largest request
+	// and buffered its MaxBufferedBytes (0: none).
+	limit    func(topic string) int32
+	write    int32
+	buffered int64
 }
 
-var _ outbox.Transport = (*Transport)(nil)
+var (
+	_ outbox.Transport         = (*Transport)(nil)
+	_ outbox.TransportKeyOrder = (*Transport)(nil)
+)
 
 // New returns a transport producing with client, which the caller configured (seed brokers,
 // TLS, SASL) and closes after the publisher stopped. Set kgo.RecordDeliveryTimeout on it
@@ -168,7 +178,16 @@ func New(client *kgo.Client, opts Options) (*Transport, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	return &Transport{client: client, opts: opts, link: link{log: opts.Logger}}, nil
+	tr := &Transport{client: client, opts: opts, link: link{log: opts.Logger}, idempotent: true}
+	if v, _ := client.OptValue(kgo.DisableIdempotentWrite).(bool); v {
+		tr.idempotent = false
+	}
+	tr.limit, _ = client.OptValue(kgo.ProducerBatchMaxBytesFn).(func(string) int32)
+	tr.write, _ = client.OptValue(kgo.BrokerMaxWriteBytes).(int32)
+	if v, ok := client.OptValue(kgo.MaxBufferedBytes).(int64); ok {
+		tr.buffered = v
+	}
+	return tr, nil
 }
 
 // NewClient returns a franz-go client for the seed brokers with the settings the transport
@@ -203,7 +222,52 @@ func (t *Transport) Destination(d outbox.Delivery) outbox.Destination {
 }
 
 // Publish produces every message of batch and waits for each record's result.
+//
+// A partition key's records go to one partition, in their order, and the idempotent
+// producer keeps them there in that order: when the broker refuses one, it refuses every
+// later record of the partition too (their sequence numbers no longer follow on) and the
+// client fails them. So a key's messages go together, except where that reasoning does not
+// hold: a key's message bound for another Kafka topic than the one ahead of it, and a
+// record so large that the client itself might refuse it before sending (only it would
+// fail, not those after it), wait until the one ahead of them was delivered
+// ([Transport.KeepsKeyOrder]).
 func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []error {
+	return outbox.PublishInKeyOrder(ctx, batch, t.apart, t.publish)
+}
+
+// KeepsKeyOrder reports whether Publish keeps the order of a partition key's messages
+// inside a batch ([outbox.TransportKeyOrder]): true, unless the client has idempotent
+// writes disabled ([Options.AllowNonIdempotent]), whose retries may reorder a partition.
+// It relies on the client's partitioner sending one key to one partition, as franz-go's
+// default and every key-hashing partitioner do.
+func (t *Transport) KeepsKeyOrder() bool { return t.idempotent }
+
+// bigMargin is what a record's own headers, CloudEvents attributes, framing and the
+// produce request around it may add to the sizes [Transport.big] counts, generously.
+const bigMargin = 4 << 10
+
+// apart reports whether d must wait for the result of ahead, its key's message before it:
+// when they go to different topics, or when either might be refused by the client for its
+// size alone.
+func (t *Transport) apart(ahead, d *outbox.Delivery) bool {
+	return t.opts.Topic(*ahead) != t.opts.Topic(*d) || t.big(ahead) || t.big(d)
+}
+
+// big reports whether d's record might exceed the client's batch or buffer limit.
+func (t *Transport) big(d *outbox.Delivery) bool {
+	size := int64(len(d.PartitionKey) + len(d.Payload) + len(d.DedupeKey) + len(d.Namespace) + len(d.Topic))
+	for k, v := range d.Headers {
+		size += int64(len(k) + len(v))
+	}
+	size += bigMargin
+	if t.buffered > 0 && size > t.buffered || t.write > 0 && size > int64(t.write) {
+		return true
+	}
+	return t.limit != nil && size > int64(t.limit(t.opts.Topic(*d)))
+}
+
+// publish produces batch and waits for each record's result.
+func (t *Transport) publish(ctx context.Context, batch []outbox.Delivery) []error {
 	errs := make([]error, len(batch))
 	records := make([]*kgo.Record, 0, len(batch))
 	index := make(map[*kgo.Record]int, len(batch))

@@ -29,6 +29,7 @@ import (
 
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/cloudevents"
+	"github.com/outboxgo/outbox/outboxtest/cloudeventsjs"
 	"github.com/outboxgo/outbox/outboxtest/transporttest"
 	"github.com/outboxgo/outbox/transport/kafka"
 )
@@ -299,9 +300,6 @@ func TestCloudEvents(t *testing.T) {
 			tr := newTransport(t, client(t, c), outboxkafka.Options{CloudEvents: &cloudevents.Options{Source: "/shop/orders", Mode: mode}})
 			batch := transporttest.Deliveries(transporttest.Messages(ns, 12))
 			contentType := "application/vnd.shop+json"
-			if mode == cloudevents.Structured {
-				contentType = "text/json" // the SDK reads "+json" structured data as a string
-			}
 			batch[1].Headers = outbox.Headers{"content-type": contentType, "x-request-id": "r-1", "Tenant": "acme"}
 			require.Empty(t, transporttest.Failures(tr.Publish(context.Background(), batch)))
 
@@ -316,10 +314,16 @@ func TestCloudEvents(t *testing.T) {
 			byID := map[string]cesdk.Event{}
 			keys := map[string]string{}
 			var other map[string]string
+			var records []cloudeventsjs.Message
 			transporttest.Poll(t, 15*time.Second, func() bool {
 				ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 				defer cancel()
 				cl.PollFetches(ctx).EachRecord(func(r *kgo.Record) {
+					h := map[string]string{}
+					for _, rh := range r.Headers {
+						h[rh.Key] = string(rh.Value)
+					}
+					records = append(records, cloudeventsjs.Message{Binding: cloudeventsjs.Kafka, Headers: h, Key: string(r.Key), Body: r.Value})
 					e, err := binding.ToEvent(context.Background(), ceMessage(r))
 					require.NoError(t, err)
 					require.NoError(t, e.Validate())
@@ -351,9 +355,26 @@ func TestCloudEvents(t *testing.T) {
 			}
 			odd := byID[batch[1].ID.String()]
 			require.Equal(t, contentType, odd.DataContentType())
+			require.Equal(t, string(batch[1].Payload), string(odd.Data()), "a +json payload arrives byte for byte")
 			require.Equal(t, "acme", odd.Extensions()["tenant"])
 			require.Equal(t, "r-1", other["x-request-id"], "a header that is no attribute name is sent as it is")
 			require.Equal(t, "application/json", byID[batch[0].ID.String()].DataContentType())
+
+			// A JavaScript consumer decodes every record with the JavaScript SDK.
+			js := map[string]cloudeventsjs.Event{}
+			for _, e := range cloudeventsjs.Decode(t, records) {
+				require.Empty(t, e.Error)
+				js[e.Attributes["id"]] = e
+			}
+			require.Len(t, js, len(batch))
+			for _, d := range batch {
+				ct := d.Headers["content-type"]
+				if ct == "" {
+					ct = "application/json"
+				}
+				cloudeventsjs.RequireDelivery(t, d, js[d.ID.String()], "/shop/orders", d.Topic, ct)
+			}
+			require.Equal(t, "acme", js[batch[1].ID.String()].Attributes["tenant"])
 		})
 	}
 }

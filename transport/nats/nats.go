@@ -45,7 +45,8 @@
 //
 // With [Options.CloudEvents], every message is a CloudEvent under the NATS protocol binding
 // (binary mode by default: every attribute, datacontenttype included, as a ce-* header whose
-// value is percent-encoded as the binding requires; structured mode: the event as JSON in
+// value is percent-encoded as the binding requires, the content type without optional
+// spaces so that it needs no encoding; structured mode: the event as JSON in
 // the payload, with Content-Type application/cloudevents+json). The message's own headers
 // that are not attribute names are sent as before, and a message header named Content-Type
 // or starting with "ce-" is refused for good, so that it cannot replace an attribute.
@@ -109,7 +110,8 @@ type Options struct {
 	Subject func(d outbox.Delivery) string
 
 	// AckTimeout bounds the wait for the acknowledgements of one batch, counted from the
-	// last message sent. Messages unacknowledged then fail and are retried; the stream's
+	// last message sent; a batch that repeats a partition key goes in rounds
+	// ([Transport.Publish]), each bounded so. Messages unacknowledged then fail and are retried; the stream's
 	// duplicate window drops those that were stored after all. When not one message of the
 	// batch was answered, the transport pings the server, waiting AckTimeout again: a
 	// server that does not answer is down, so the batch fails [outbox.Unavailable] and the
@@ -167,7 +169,10 @@ type Transport struct {
 	link link
 }
 
-var _ outbox.Transport = (*Transport)(nil)
+var (
+	_ outbox.Transport         = (*Transport)(nil)
+	_ outbox.TransportKeyOrder = (*Transport)(nil)
+)
 
 // New returns a transport publishing with js. The caller owns js's connection and closes it
 // after the publisher stopped. Connect with reconnection enabled (the nats.go default), so
@@ -202,8 +207,20 @@ func (t *Transport) Destination(d outbox.Delivery) outbox.Destination {
 }
 
 // Publish sends every message of batch without waiting, then waits for each
-// acknowledgement, and returns one outcome per message.
+// acknowledgement, and returns one outcome per message. Messages that share a namespace
+// and a partition key go one after another, each once the one ahead of it was
+// acknowledged, so that a stream never stores one whose predecessor it refused; different
+// keys, and messages without a key, still go together ([Transport.KeepsKeyOrder]).
 func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []error {
+	return outbox.PublishInKeyOrder(ctx, batch, nil, t.publish)
+}
+
+// KeepsKeyOrder reports true: Publish keeps the order of a partition key's messages inside
+// a batch ([outbox.TransportKeyOrder]).
+func (t *Transport) KeepsKeyOrder() bool { return true }
+
+// publish sends batch pipelined and waits for every acknowledgement.
+func (t *Transport) publish(ctx context.Context, batch []outbox.Delivery) []error {
 	errs := make([]error, len(batch))
 	futures := make([]jetstream.PubAckFuture, len(batch))
 	var sent bool
@@ -335,7 +352,9 @@ func (t *Transport) message(d outbox.Delivery) (*nats.Msg, error) {
 			for _, a := range e.Attributes {
 				h[CloudEventsPrefix+a.Name] = []string{cloudevents.PercentEncode(a.Value)}
 			}
-			h[CloudEventsPrefix+"datacontenttype"] = []string{cloudevents.PercentEncode(e.DataContentType)}
+			// Compacted first: "text/plain;charset=utf-8" needs no encoding, so consumers
+			// whose binding does not decode header values read it as it was meant.
+			h[CloudEventsPrefix+"datacontenttype"] = []string{cloudevents.PercentEncode(cloudevents.CompactMediaType(e.DataContentType))}
 		}
 	}
 	for k, v := range own {

@@ -26,6 +26,7 @@ import (
 
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/cloudevents"
+	"github.com/outboxgo/outbox/outboxtest/cloudeventsjs"
 	"github.com/outboxgo/outbox/outboxtest/testdb"
 	"github.com/outboxgo/outbox/outboxtest/testproxy"
 	"github.com/outboxgo/outbox/outboxtest/transporttest"
@@ -393,15 +394,12 @@ func TestCloudEvents(t *testing.T) {
 				Type: func(d outbox.Delivery) string { return "com.example." + d.Topic },
 			}})
 			batch := transporttest.Deliveries(transporttest.Messages(ns, 12))
-			// The Go SDK reads structured data as JSON only for application/json and
-			// text/json (not for "+json" types, which the JSON format also calls JSON), so
-			// the structured run sends a type it reads as JSON.
+			// A "+json" type (sent as data_base64 in the structured mode) and a type with a
+			// parameter (sent without the optional space in the binary mode).
 			contentType := "application/vnd.shop+json"
-			if mode == cloudevents.Structured {
-				contentType = "text/json"
-			}
 			batch[1].Headers = outbox.Headers{"content-type": contentType, "x-request-id": "r-1", "Tenant": "acme",
 				"subject": "100% sure, \"quoted\" €"}
+			batch[2].Headers = outbox.Headers{"content-type": "text/plain; charset=utf-8"}
 			require.Empty(t, transporttest.Failures(tr.Publish(context.Background(), batch)))
 
 			byID := map[string]cesdk.Event{}
@@ -430,6 +428,14 @@ func TestCloudEvents(t *testing.T) {
 			require.Equal(t, "acme", odd.Extensions()["tenant"])
 			require.NotContains(t, odd.Extensions(), "x-request-id")
 			require.Equal(t, "application/json", byID[batch[0].ID.String()].DataContentType())
+			text := byID[batch[2].ID.String()]
+			if mode == cloudevents.Binary {
+				require.Equal(t, "text/plain;charset=utf-8", text.DataContentType())
+			} else {
+				require.Equal(t, "text/plain; charset=utf-8", text.DataContentType())
+			}
+			require.Equal(t, string(batch[2].Payload), string(text.Data()))
+			require.Equal(t, string(batch[1].Payload), string(odd.Data()), "a +json payload arrives byte for byte")
 			if mode == cloudevents.Binary {
 				// The binding percent-encodes header values. The SDK's reader (v2.16)
 				// hands them on without the single round of decoding the binding asks
@@ -441,6 +447,38 @@ func TestCloudEvents(t *testing.T) {
 			} else {
 				require.Equal(t, batch[1].Headers["subject"], odd.Subject())
 			}
+
+			// A JavaScript consumer decodes every event with the JavaScript SDK.
+			c, err := s.OrderedConsumer(context.Background(), jetstream.OrderedConsumerConfig{})
+			require.NoError(t, err)
+			fetched, err := c.Fetch(len(batch), jetstream.FetchMaxWait(2*time.Second))
+			require.NoError(t, err)
+			var raw []cloudeventsjs.Message
+			for m := range fetched.Messages() {
+				h := map[string]string{}
+				for k, v := range m.Headers() {
+					h[k] = v[0]
+				}
+				raw = append(raw, cloudeventsjs.Message{Binding: cloudeventsjs.NATS, Headers: h, Body: m.Data()})
+			}
+			require.NoError(t, fetched.Error())
+			jsByID := map[string]cloudeventsjs.Event{}
+			for _, e := range cloudeventsjs.Decode(t, raw) {
+				require.Empty(t, e.Error)
+				jsByID[e.Attributes["id"]] = e
+			}
+			require.Len(t, jsByID, len(batch))
+			for _, d := range batch {
+				ct := d.Headers["content-type"]
+				switch {
+				case ct == "":
+					ct = "application/json"
+				case mode == cloudevents.Binary:
+					ct = cloudevents.CompactMediaType(ct)
+				}
+				cloudeventsjs.RequireDelivery(t, d, jsByID[d.ID.String()], "https://shop.example/orders", "com.example."+d.Topic, ct)
+			}
+			require.Equal(t, "acme", jsByID[batch[1].ID.String()].Attributes["tenant"])
 
 			// The header that is no attribute name still reaches a plain NATS consumer.
 			for _, g := range consume(t, s) {

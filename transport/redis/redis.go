@@ -127,7 +127,10 @@ type Transport struct {
 	link   link
 }
 
-var _ outbox.Transport = (*Transport)(nil)
+var (
+	_ outbox.Transport         = (*Transport)(nil)
+	_ outbox.TransportKeyOrder = (*Transport)(nil)
+)
 
 // New returns a transport appending with client (a *redis.Client, *redis.ClusterClient or
 // any other [redis.UniversalClient]), which the caller configured and closes after the
@@ -179,7 +182,20 @@ func (t *Transport) Destination(d outbox.Delivery) outbox.Destination {
 }
 
 // Publish appends every message of batch with one pipeline and returns each XADD's outcome.
+// Messages that share a namespace and a partition key go one after another, each in a
+// pipeline of its own once the one ahead of it was appended, so that no stream gets one
+// whose predecessor failed; different keys, and messages without a key, still share each
+// pipeline ([Transport.KeepsKeyOrder]).
 func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []error {
+	return outbox.PublishInKeyOrder(ctx, batch, nil, t.publish)
+}
+
+// KeepsKeyOrder reports true: Publish keeps the order of a partition key's messages inside
+// a batch ([outbox.TransportKeyOrder]).
+func (t *Transport) KeepsKeyOrder() bool { return true }
+
+// publish appends batch with one pipeline.
+func (t *Transport) publish(ctx context.Context, batch []outbox.Delivery) []error {
 	errs := make([]error, len(batch))
 	cmds := make([]*redis.StringCmd, len(batch))
 	streams := make([]string, len(batch))

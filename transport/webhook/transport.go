@@ -30,7 +30,10 @@ type Transport struct {
 	link   link
 }
 
-var _ outbox.Transport = (*Transport)(nil)
+var (
+	_ outbox.Transport         = (*Transport)(nil)
+	_ outbox.TransportKeyOrder = (*Transport)(nil)
+)
 
 // New returns a Transport with opts, checked and completed with their defaults.
 func New(opts Options) (*Transport, error) {
@@ -66,7 +69,20 @@ func (t *Transport) System() string { return "webhook" }
 
 // Publish posts every message of the batch, at most [Options.Concurrency] at a time, and
 // reports one outcome per message. See the package documentation for the outcomes.
+// Messages that share a namespace and a partition key are posted one after another, each
+// once the one ahead of it got a 2xx, so that the endpoint never receives one whose
+// predecessor failed; different keys, and messages without a key, still go concurrently
+// ([Transport.KeepsKeyOrder]).
 func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []error {
+	return outbox.PublishInKeyOrder(ctx, batch, nil, t.publish)
+}
+
+// KeepsKeyOrder reports true: Publish keeps the order of a partition key's messages inside
+// a batch ([outbox.TransportKeyOrder]).
+func (t *Transport) KeepsKeyOrder() bool { return true }
+
+// publish posts batch concurrently.
+func (t *Transport) publish(ctx context.Context, batch []outbox.Delivery) []error {
 	if len(batch) == 0 {
 		return nil
 	}

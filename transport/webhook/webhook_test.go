@@ -28,6 +28,7 @@ import (
 
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/cloudevents"
+	"github.com/outboxgo/outbox/outboxtest/cloudeventsjs"
 	"github.com/outboxgo/outbox/outboxtest/testproxy"
 	"github.com/outboxgo/outbox/outboxtest/transporttest"
 	"github.com/outboxgo/outbox/transport/webhook"
@@ -638,8 +639,16 @@ func TestCloudEvents(t *testing.T) {
 			var mu sync.Mutex
 			events := map[string]cesdk.Event{}
 			raw := map[string]http.Header{}
+			var requests []cloudeventsjs.Message
 			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				body, _ := io.ReadAll(r.Body)
+				h := map[string]string{}
+				for k, v := range r.Header {
+					h[k] = v[0]
+				}
+				mu.Lock()
+				requests = append(requests, cloudeventsjs.Message{Binding: cloudeventsjs.HTTP, Headers: h, Body: body})
+				mu.Unlock()
 				if err := verify(secret, r.Header, body); err != nil {
 					w.WriteHeader(http.StatusUnauthorized)
 					return
@@ -664,9 +673,6 @@ func TestCloudEvents(t *testing.T) {
 				delivery("shop", "order.paid", `[1, 2]`),
 			}
 			contentType := "application/vnd.shop+json"
-			if mode == cloudevents.Structured {
-				contentType = "text/json" // the SDK reads "+json" structured data as a string
-			}
 			batch[0].PartitionKey, batch[0].CreatedAt = "order-1", created
 			batch[0].Headers = outbox.Headers{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "x-request-id": "r-1"}
 			batch[1].CreatedAt = created
@@ -694,8 +700,20 @@ func TestCloudEvents(t *testing.T) {
 			require.Equal(t, "application/json", first.DataContentType())
 			require.Equal(t, "r-1", raw[batch[0].ID.String()].Get("x-request-id"), "a header that is no attribute name is sent as it is")
 			require.Equal(t, contentType, second.DataContentType())
+			require.Equal(t, string(batch[1].Payload), string(second.Data()), "a +json payload arrives byte for byte")
 			require.Equal(t, "acme", second.Extensions()["tenant"])
 			require.NotContains(t, second.Extensions(), "partitionkey")
+
+			// A JavaScript receiver decodes every request with the JavaScript SDK.
+			js := map[string]cloudeventsjs.Event{}
+			for _, e := range cloudeventsjs.Decode(t, requests) {
+				require.Empty(t, e.Error)
+				js[e.Attributes["id"]] = e
+			}
+			require.Len(t, js, len(batch))
+			cloudeventsjs.RequireDelivery(t, batch[0], js[batch[0].ID.String()], "https://shop.example/orders", batch[0].Topic, "application/json")
+			cloudeventsjs.RequireDelivery(t, batch[1], js[batch[1].ID.String()], "https://shop.example/orders", batch[1].Topic, contentType)
+			require.Equal(t, "acme", js[batch[1].ID.String()].Attributes["tenant"])
 		})
 	}
 }

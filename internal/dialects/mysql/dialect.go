@@ -240,9 +240,6 @@ var mysqlInsertHeads, mysqlInsertGroups = func() (heads, groups [sqlkit.ShapeCou
 // are removed before the error is returned, so a caller that commits anyway does not leave
 // a key reserved for an event that was never written.
 func (d Dialect) Insert(ctx context.Context, q dialect.DBTX, t dialect.Table, rows []dialect.Row) ([]bool, error) {
-	if err := sqlkit.CheckInsertLeases(rows); err != nil {
-		return nil, err // until a binlog reader needs it
-	}
 	inserted, err := d.insert(ctx, q, t, rows)
 	return inserted, mysqlConflict(err)
 }
@@ -288,7 +285,7 @@ func (d Dialect) insert(ctx context.Context, q dialect.DBTX, t dialect.Table, ro
 	}
 	for done := 0; done < len(write); {
 		n := mysqlInsertChunk(write[done:])
-		if err := mysqlInsertRows(ctx, q, t, write[done:done+n]); err != nil {
+		if err := mysqlWriteRows(ctx, q, t, write[done:done+n]); err != nil {
 			mysqlUndo(ctx, q, t, rows, keyed, inserted, write[:done])
 			return nil, err
 		}
@@ -590,6 +587,15 @@ func (d Dialect) claim(ctx context.Context, db *sql.DB, t dialect.Table, outcome
 			return nil, nil, err
 		}
 		recs, now = append(recs, more...), max(now, now2)
+	}
+	if p.Ordered && p.Runs && len(recs) < p.Limit {
+		// The runs of the heads whose run was not taken yet (mysqlClaimHeads takes those of
+		// the window's): a key with one row here.
+		runs, now3, err := mysqlClaimRuns(ctx, tx, t, p, mysqlLoneKeys(recs), p.Limit-len(recs))
+		if err != nil {
+			return nil, nil, err
+		}
+		recs, now = append(recs, runs...), max(now, now3)
 	}
 	if len(recs) == 0 {
 		if len(outcomes) == 0 {

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/google/uuid"
@@ -96,6 +97,14 @@ func mysqlClaimHeads(ctx context.Context, tx *sql.Tx, t dialect.Table, p dialect
 		return nil, 0, err
 	}
 	recs, now, err := mysqlLockFirst(ctx, tx, t, p, heads[:min(2*n, len(heads))], n)
+	if err == nil && p.Runs {
+		// The runs of the window's heads, before a visit of the keys that a hot key's run
+		// often makes needless.
+		var runs []dialect.Record
+		var now2 int64
+		runs, now2, err = mysqlClaimRuns(ctx, tx, t, p, recs, n-len(recs))
+		recs, now = append(recs, runs...), max(now, now2)
+	}
 	if err != nil || len(recs) == n || !beyond {
 		return recs, now, err
 	}
@@ -364,4 +373,94 @@ func (v *mysqlVisits) store(at mysqlVisitAt, key string) {
 		v.at = make(map[mysqlVisitAt]string)
 	}
 	v.at[at] = key
+}
+
+// mysqlClaimRuns locks, on tx, the runs ([dialect.ClaimParams.Runs]) of heads, rows this
+// claim has locked in order, up to n rows in all, and returns them with the clock. Two
+// statements: a plain read of the order index, one range per keyed head (a UNION ALL of
+// its next n entries after the head, each with whether it can be claimed now), from which
+// sqlkit.RunTake keeps each key's claimable prefix, in turns across the keys; then the
+// locking read by primary key, FOR UPDATE SKIP LOCKED, that re-checks each row under its
+// lock (mysqlLock); each key's run is cut at its first row not locked (sqlkit.RunCut). The
+// claim's UPDATE then leases them with the heads.
+//
+// No other claimer can take a row of a run: its key's head is locked by this transaction,
+// pending in every other claimer's snapshot until the commit and processing after it, so
+// the row is no other claimer's head; a locking read sees the latest committed row, and
+// the re-check under the lock leaves out a row that changed since the plain read. The
+// plain read locks nothing and the locking read never waits (SKIP LOCKED, by primary key,
+// no gap locks under READ COMMITTED), so runs add no lock order for settles to deadlock
+// with. Rows locked and then cut stay locked, unchanged, until the commit.
+func mysqlClaimRuns(ctx context.Context, tx *sql.Tx, t dialect.Table, p dialect.ClaimParams, heads []dialect.Record, n int) ([]dialect.Record, int64, error) {
+	var keyed []dialect.Record
+	for _, h := range heads {
+		if h.PartitionKey != "" {
+			keyed = append(keyed, h)
+		}
+	}
+	if n <= 0 || len(keyed) == 0 {
+		return nil, 0, nil
+	}
+	order := mysqlTable(t) + ` e FORCE INDEX (` + sqlkit.QuoteIdent(t.Index("order"), '`') + `)`
+	read := func(from []sqlkit.RunHead, keys []int, limit int) ([]sqlkit.RunRow, error) {
+		a := &dialect.Args{}
+		var b strings.Builder
+		for i, h := range from {
+			if i > 0 {
+				b.WriteString(` UNION ALL `)
+			}
+			b.WriteString(`(SELECT ` + strconv.Itoa(keys[i]) + `, e.id, e.status = 'pending' AND e.next_attempt_at <= UTC_TIMESTAMP(6) AND e.attempts < ` + a.Add(p.MaxAttempts) +
+				sqlkit.ScopeSQL(a, p.Scope, "e.", sqlkit.UUIDBytes) + `, ` + mysqlMicros(`e.created_at`) + ` FROM ` + order +
+				` WHERE e.namespace = ` + a.Add(h.Namespace) + ` AND e.order_key = ` + a.Add(h.PartitionKey) + mysqlSkipDead(p.OrderedSkipDead) +
+				` AND (e.created_at > ` + mysqlFromMicros(a.Add(h.At)) + ` OR (e.created_at = ` + mysqlFromMicros(a.Add(h.At)) + ` AND e.id > ` + a.Add(sqlkit.UUIDBytes(h.ID)) + `))` +
+				` ORDER BY e.created_at, e.id LIMIT ` + a.Add(limit) + `)`)
+		}
+		rows, err := sqlkit.QueryAll(ctx, tx, b.String(), a.Values, func(s sqlkit.RowScanner) (sqlkit.RunRow, error) {
+			var (
+				r  sqlkit.RunRow
+				ok sql.NullBool
+			)
+			err := s.Scan(&r.Key, &r.ID, &ok, &r.At)
+			r.OK = ok.Bool
+			return r, err
+		})
+		sqlkit.SortRuns(rows)
+		return rows, err
+	}
+	runs, err := sqlkit.ReadRuns(sqlkit.RunHeads(keyed), n, read)
+	if err != nil {
+		return nil, 0, err
+	}
+	ids := slices.Concat(runs...)
+	locked, now, err := mysqlLock(ctx, tx, t, p, mysqlDue, ids, 0)
+	if err != nil {
+		return nil, 0, err
+	}
+	byID := make(map[uuid.UUID]dialect.Record, len(locked))
+	for _, r := range locked {
+		byID[r.ID] = r
+	}
+	var out []dialect.Record
+	for _, id := range sqlkit.RunCut(runs, func(id uuid.UUID) bool { _, ok := byID[id]; return ok }) {
+		out = append(out, byID[id])
+	}
+	return out, now, nil
+}
+
+// mysqlLoneKeys returns the records of recs whose key no other record of recs has: heads
+// whose run this claim has not taken. Taking a run twice would lock its rows twice (a
+// transaction's own locks never skip), and return them twice.
+func mysqlLoneKeys(recs []dialect.Record) []dialect.Record {
+	type key struct{ ns, pk string }
+	n := make(map[key]int, len(recs))
+	for _, r := range recs {
+		n[key{r.Namespace, r.PartitionKey}]++
+	}
+	var lone []dialect.Record
+	for _, r := range recs {
+		if n[key{r.Namespace, r.PartitionKey}] == 1 {
+			lone = append(lone, r)
+		}
+	}
+	return lone
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/internal/dialects/dialecttest"
 	"github.com/outboxgo/outbox/internal/dialects/postgres"
+	"github.com/outboxgo/outbox/internal/dialects/sqlkit"
 )
 
 // TestPostgresPurgePlan: each purge batch finds its rows through the partial retention
@@ -96,7 +97,7 @@ func TestPostgresOrderedClaimPlan(t *testing.T) {
 	rec, store := recordingStore(t, b)
 	dialecttest.TimeOrderedClaim(b.ctx, t, store)
 	plan := b.explainAnalyzeLast(t, rec, "the ordered claim", func(sql string) bool {
-		return strings.HasPrefix(sql, "WITH c AS") && strings.Contains(sql, "e.partition_key")
+		return strings.HasPrefix(sql, "WITH w AS") && strings.Contains(sql, "e.partition_key")
 	})
 	t.Logf("EXPLAIN ANALYZE of the ordered claim, %d rows:\n%s", rows, plan.format(""))
 
@@ -304,4 +305,104 @@ func (n *orderedPlanNode) format(indent string) string {
 		s += n.Plans[i].format(indent + "  ")
 	}
 	return s
+}
+
+// TestPostgresRunsPlan: the run claim reads, for each head, one range of the order index
+// after it, bounded by what is left of the batch, and the table by primary key only; it
+// sorts only the rows it read, never the key's backlog.
+func TestPostgresRunsPlan(t *testing.T) {
+	t.Parallel()
+	const keys, perKey, limit = 5, 2000, 100
+	b := setupPostgres(t, "")
+	dialecttest.UpOrdered(b.ctx, t, b.db, "postgres")
+	for i := 0; i < keys*perKey; i += 1000 {
+		msgs := make([]outbox.Message, 1000)
+		for j := range msgs {
+			msgs[j] = outbox.Message{Namespace: "orders", Topic: "order.changed", PartitionKey: fmt.Sprintf("k%d", (i+j)%keys), Payload: json.RawMessage(`{"v":1}`)}
+		}
+		_, err := b.store.EnqueueStandalone(b.ctx, msgs...)
+		require.NoError(t, err)
+	}
+	_, err := b.db.ExecContext(b.ctx, `ANALYZE "`+b.table+`"`)
+	require.NoError(t, err)
+
+	rec, store := recordingStore(t, b)
+	o := dialecttest.OrderedClaimOpts(limit)
+	o.Runs = true
+	recs, err := store.Claim(b.ctx, o)
+	require.NoError(t, err)
+	require.Len(t, recs, limit, "the heads and their runs fill the batch")
+	plan := b.explainAnalyzeLast(t, rec, "the run claim", func(sql string) bool { return strings.HasPrefix(sql, "WITH h AS") })
+	t.Logf("EXPLAIN ANALYZE of the run claim, %d keys of %d rows:\n%s", keys, perKey, plan.format(""))
+	var order *orderedPlanNode
+	plan.walk(func(n *orderedPlanNode) {
+		require.NotEqual(t, "Seq Scan", n.NodeType, "the run claim scans no table")
+		if n.RelationName == b.table && strings.Contains(n.NodeType, "Scan") {
+			require.Contains(t, []string{"Index Scan", "Index Only Scan"}, n.NodeType)
+		}
+		if n.IndexName == b.table+"_order_idx" {
+			order = n
+		}
+		if strings.Contains(n.NodeType, "Sort") {
+			require.LessOrEqual(t, n.ActualRows, float64(keys*limit), "a sort of the rows read, not of the backlog")
+		}
+	})
+	require.NotNil(t, order, "the runs come from the order index")
+	require.Equal(t, keys, order.ActualLoops, "one range per head")
+	require.LessOrEqual(t, order.ActualRows, float64(limit), "each range (rows per loop) bounded by the batch")
+}
+
+// TestPostgresHotKeyClaimBounded: an ordered claim with runs, on one key's backlog of
+// 20,000 rows enqueued 1,000 to a transaction (so 1,000 rows share each created_at) on a
+// table never analyzed, reads a bounded part of the claim index, however long the backlog:
+// the walk in index order that the claim's transaction settings leave the planner (a bitmap
+// scan read the whole backlog and sorted it, every claim), stopped by a window bound on
+// (created_at, id) (one on created_at alone took in every row of the transaction).
+func TestPostgresHotKeyClaimBounded(t *testing.T) {
+	t.Parallel()
+	const rows, perTx, limit = 20_000, 1_000, 100
+	b := setupPostgres(t, "")
+	dialecttest.UpOrdered(b.ctx, t, b.db, "postgres")
+	for i := 0; i < rows; i += perTx {
+		msgs := make([]outbox.Message, perTx)
+		for j := range msgs {
+			msgs[j] = outbox.Message{Namespace: "orders", Topic: "order.changed", PartitionKey: "hot", Payload: json.RawMessage(`{"v":1}`)}
+		}
+		_, err := b.store.EnqueueStandalone(b.ctx, msgs...)
+		require.NoError(t, err)
+	}
+	rec, store := recordingStore(t, b)
+	o := dialecttest.OrderedClaimOpts(limit)
+	o.Runs = true
+	for range 3 { // past the first transaction's rows: the window then starts among delivered ones
+		rec.mu.Lock()
+		rec.queries = nil
+		rec.mu.Unlock()
+		recs, err := store.Claim(b.ctx, o)
+		require.NoError(t, err)
+		require.Len(t, recs, limit, "the head and its run fill the batch")
+		leases := make([]outbox.Lease, len(recs))
+		for i, r := range recs {
+			leases[i] = outbox.Lease{ID: r.ID, Token: r.LeaseToken}
+		}
+		require.NoError(t, store.Ack(b.ctx, leases...))
+	}
+	var settings []string
+	rec.mu.Lock()
+	for _, q := range rec.queries {
+		if strings.HasPrefix(q.sql, "SET LOCAL") {
+			settings = append(settings, q.sql)
+		}
+	}
+	rec.mu.Unlock()
+	plan := b.explainAnalyzeLast(t, rec, "the heads claim", func(sql string) bool { return strings.HasPrefix(sql, "WITH w AS") }, settings...)
+	t.Logf("EXPLAIN ANALYZE of the heads claim, one key of %d rows:\n%s", rows, plan.format(""))
+	plan.walk(func(n *orderedPlanNode) {
+		require.NotContains(t, n.NodeType, "Bitmap", "the claim index walked in order")
+		require.NotEqual(t, "Seq Scan", n.NodeType)
+		if n.IndexName == b.table+"_claim_idx" {
+			require.LessOrEqual(t, n.ActualRows*float64(max(n.ActualLoops, 1)), float64(sqlkit.OrderedWindow(limit)+1), "at most the window")
+		}
+	})
+	require.LessOrEqual(t, plan.SharedHit+plan.SharedRead, 2_000, "pages read for a claim of %d rows", limit)
 }

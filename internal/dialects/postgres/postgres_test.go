@@ -731,6 +731,17 @@ func (c *recordingConn) QueryContext(ctx context.Context, query string, args []d
 	return c.Conn.QueryContext(ctx, query, args)
 }
 
+func (c *recordingConn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	vals := make([]any, len(args))
+	for i, a := range args {
+		vals[i] = a.Value
+	}
+	c.rec.mu.Lock()
+	c.rec.queries = append(c.rec.queries, recordedQuery{sql: query, args: vals})
+	c.rec.mu.Unlock()
+	return c.Conn.ExecContext(ctx, query, args)
+}
+
 // TestPostgresExecModes runs a round trip through every pgx query execution mode: the
 // batch statements bind Go slices as arrays and the payload as text, which each mode
 // encodes differently (the simple protocol interpolates them into the SQL text).

@@ -204,10 +204,14 @@ func (d Dialect) claimRows(ctx context.Context, db *sql.DB, t dialect.Table, p d
 			return nil, err
 		}
 	}
-	err = d.write(ctx, db, func(_, prep dialect.DBTX) error {
-		recs, err = sqliteClaim(ctx, prep, t, p)
-		return err
-	})
+	if p.Ordered && p.Runs {
+		recs, _, err = d.completeAndClaimRows(ctx, db, t, nil, p) // heads and runs in one transaction
+	} else {
+		err = d.write(ctx, db, func(_, prep dialect.DBTX) error {
+			recs, err = sqliteClaim(ctx, prep, t, p)
+			return err
+		})
+	}
 	if backlog != nil {
 		backlog.Store(err == nil && p.Limit > 0 && len(recs) == p.Limit)
 	}
@@ -492,13 +496,16 @@ func (d Dialect) completeAndClaim(ctx context.Context, db *sql.DB, t dialect.Tab
 	defer release()
 	err = sqlkit.InTx(ctx, db, nil, func(tx *sql.Tx) error {
 		prep := d.stmts.InTx(db, tx, missed)
-		if lost, err = sqliteComplete(ctx, tx, prep, t, outcomes); err != nil {
-			return err
+		if len(outcomes) > 0 {
+			if lost, err = sqliteComplete(ctx, tx, prep, t, outcomes); err != nil {
+				return err
+			}
 		}
 		if p.Ordered && p.Namespace != "" {
-			recs, err = sqliteLeaseOrdered(ctx, prep, t, p, true)
+			recs, err = sqliteLeaseOrdered(ctx, prep, tx, t, p, true)
 		} else {
 			recs, err = sqliteClaim(ctx, prep, t, p)
+			recs, err = sqliteWithRuns(ctx, tx, t, p, recs, err)
 		}
 		return err
 	})

@@ -3,6 +3,11 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/google/uuid"
 
 	"github.com/outboxgo/outbox/dialect"
 	"github.com/outboxgo/outbox/internal/dialects/sqlkit"
@@ -55,8 +60,12 @@ func (d Dialect) claimOrdered(ctx context.Context, db *sql.DB, t dialect.Table, 
 			return nil, err
 		}
 	}
+	if p.Runs {
+		recs, _, err = d.completeAndClaimRows(ctx, db, t, nil, p) // heads and runs in one transaction
+		return recs, err
+	}
 	err = d.write(ctx, db, func(_, prep dialect.DBTX) error {
-		recs, err = sqliteLeaseOrdered(ctx, prep, t, p, inWindow)
+		recs, err = sqliteLeaseOrdered(ctx, prep, prep, t, p, inWindow)
 		return err
 	})
 	return recs, err
@@ -64,17 +73,32 @@ func (d Dialect) claimOrdered(ctx context.Context, db *sql.DB, t dialect.Table, 
 
 // sqliteLeaseOrdered leases in order on q, which must hold the write lock: from the walk of
 // the claim index when inWindow (a probe found a candidate there), then from the visit of
-// the keys for what the walk left of the batch.
-func sqliteLeaseOrdered(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ClaimParams, inWindow bool) (recs []dialect.Record, err error) {
+// the keys for what the walk left of the batch; with p.Runs, and the runs of each step's
+// heads on raw, the transaction under q.
+func sqliteLeaseOrdered(ctx context.Context, q, raw dialect.DBTX, t dialect.Table, p dialect.ClaimParams, inWindow bool) (recs []dialect.Record, err error) {
 	if inWindow {
-		if recs, err = sqliteLease(ctx, q, t, p, sqliteWalk(t, p)); err != nil || len(recs) == p.Limit {
+		recs, err = sqliteLease(ctx, q, t, p, sqliteWalk(t, p))
+		if recs, err = sqliteWithRuns(ctx, raw, t, p, recs, err); err != nil || len(recs) == p.Limit {
 			return recs, err
 		}
 	}
 	rest := p
 	rest.Limit -= len(recs)
 	more, err := sqliteLease(ctx, q, t, rest, func(a *dialect.Args) string { return sqliteHeadsByKey(t, a, rest) })
+	more, err = sqliteWithRuns(ctx, raw, t, rest, more, err)
 	return append(recs, more...), err
+}
+
+// sqliteWithRuns adds to heads, just leased in the transaction q, their runs when p asks
+// for them (sqliteClaimRuns); the runs of the heads found in the window come before a visit
+// of the keys, which a hot key's run often makes needless. q is never the statement cache:
+// the runs' statements have a text per number of heads and rows.
+func sqliteWithRuns(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ClaimParams, heads []dialect.Record, err error) ([]dialect.Record, error) {
+	if err != nil || !p.Ordered || !p.Runs {
+		return heads, err
+	}
+	runs, err := sqliteClaimRuns(ctx, q, t, p, heads, p.Limit-len(heads))
+	return append(heads, runs...), err
 }
 
 // sqliteWalk renders the candidates of an ordered claim's bounded walk of the claim index.
@@ -116,4 +140,71 @@ func (Dialect) BlockedKeys(ctx context.Context, q dialect.DBTX, t dialect.Table,
 	a := &dialect.Args{}
 	query := sqlkit.BlockedKeysQuery(sqlkit.QuoteIdent(t.Name(), '"'), "partition_key", ` INDEXED BY `+sqlkit.QuoteIdent(t.Index("order"), '"'), a, p, sqlkit.UUIDBytes)
 	return sqlkit.QueryBlockedKeys(ctx, q, query, a.Values)
+}
+
+// sqliteClaimRuns leases, on q, the runs ([dialect.ClaimParams.Runs]) of heads, rows the
+// same transaction has just claimed in order, up to n rows in all. Two statements: a read
+// of the order index, one range per keyed head (its next n entries after the head, each
+// with whether it can be claimed now), from which sqlkit.RunTake keeps each key's
+// claimable prefix, in turns across the keys; then the lease of those rows (sqliteLease,
+// with its guard). The transaction holds SQLite's one write lock from its first
+// statement (BEGIN IMMEDIATE's effect: the heads' claim writes first), so no other
+// claimer runs between the read and the lease, and no row can be held by another.
+func sqliteClaimRuns(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ClaimParams, heads []dialect.Record, n int) ([]dialect.Record, error) {
+	var keyed []dialect.Record
+	for _, h := range heads {
+		if h.PartitionKey != "" {
+			keyed = append(keyed, h)
+		}
+	}
+	if n <= 0 || len(keyed) == 0 {
+		return nil, nil
+	}
+	tbl := sqlkit.QuoteIdent(t.Name(), '"')
+	order := tbl + ` e INDEXED BY ` + sqlkit.QuoteIdent(t.Index("order"), '"')
+	read := func(from []sqlkit.RunHead, keys []int, limit int) ([]sqlkit.RunRow, error) {
+		a := &dialect.Args{}
+		var b strings.Builder
+		for i, h := range from {
+			if i > 0 {
+				b.WriteString(` UNION ALL `)
+			}
+			b.WriteString(`SELECT * FROM (SELECT ` + strconv.Itoa(keys[i]) + `, e.id, e.status = 'pending' AND e.next_attempt_at <= ` + sqliteNow +
+				` AND e.attempts < ` + a.Add(p.MaxAttempts) + sqlkit.ScopeSQL(a, p.Scope, "e.", sqlkit.UUIDBytes) + `, e.created_at FROM ` + order +
+				` WHERE e.namespace = ` + a.Add(h.Namespace) + ` AND e.partition_key = ` + a.Add(h.PartitionKey) + ` AND ` + sqlkit.OrderedLive(p.OrderedSkipDead) +
+				` AND (e.created_at > ` + a.Add(h.At) + ` OR (e.created_at = ` + a.Add(h.At) + ` AND e.id > ` + a.Add(sqlkit.UUIDBytes(h.ID)) + `))` +
+				` ORDER BY e.created_at, e.id LIMIT ` + a.Add(limit) + `)`)
+		}
+		rows, err := sqlkit.QueryAll(ctx, q, b.String(), a.Values, func(s sqlkit.RowScanner) (sqlkit.RunRow, error) {
+			var r sqlkit.RunRow
+			err := s.Scan(&r.Key, &r.ID, &r.OK, &r.At)
+			return r, err
+		})
+		sqlkit.SortRuns(rows)
+		return rows, err
+	}
+	runs, err := sqlkit.ReadRuns(sqlkit.RunHeads(keyed), n, read)
+	if err != nil {
+		return nil, err
+	}
+	ids := slices.Concat(runs...)
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	leased, err := sqliteLease(ctx, q, t, p, func(a *dialect.Args) string {
+		return `SELECT id FROM ` + tbl + ` WHERE id IN ` + a.List(len(ids), func(i int) any { return sqlkit.UUIDBytes(ids[i]) })
+	})
+	if err != nil {
+		return nil, err
+	}
+	byID := make(map[uuid.UUID]dialect.Record, len(leased))
+	for _, r := range leased {
+		byID[r.ID] = r
+	}
+	// Under the write lock the guard drops nothing; were it to, the run would end there.
+	var out []dialect.Record
+	for _, id := range sqlkit.RunCut(runs, func(id uuid.UUID) bool { _, ok := byID[id]; return ok }) {
+		out = append(out, byID[id])
+	}
+	return out, nil
 }

@@ -29,7 +29,7 @@ type Schemer interface {
 // LeasedInserter is the ability to insert a row already leased (dialect.Row.Lease), which a
 // reader of the database's log needs so that no claim takes the rows it delivers. The
 // engine refuses outbox.Options.LogLease, before any statement runs, for a dialect that
-// lacks it. The PostgreSQL dialect implements it; the others refuse a leased row with
+// lacks it. The PostgreSQL and MySQL dialects implement it; SQLite refuses a leased row with
 // [CheckInsertLeases].
 type LeasedInserter interface {
 	// InsertsLeased reports whether Insert honours dialect.Row.Lease.

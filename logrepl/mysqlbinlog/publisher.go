@@ -1,0 +1,710 @@
+package outboxbinlog
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	gomysql "github.com/go-mysql-org/go-mysql/mysql"
+	"github.com/go-mysql-org/go-mysql/replication"
+	"github.com/go-sql-driver/mysql"
+	"github.com/google/uuid"
+
+	"github.com/outboxgo/outbox"
+)
+
+// Publisher delivers the rows a Store with outbox.Options.LogLease inserts, read from the
+// server's binlog. Run it beside polling publishers on the same table: they never both own
+// a row (see the package documentation). One Publisher of a Name reads at a time, among
+// all processes: it holds a lock (GET_LOCK) on a connection of its own, and others started
+// with the same Name stand by until it is free.
+type Publisher struct {
+	store   *outbox.Store
+	tr      outbox.Transport
+	o       Options
+	log     *slog.Logger
+	stats   stats
+	running atomic.Bool
+	// kill, set by tests, ends a session at once at the named point, as a crash there
+	// would: nothing settled or written after it.
+	kill func(point string) bool
+	// separatePosition, set by a test only, writes the position in a transaction of its
+	// own after the settle's: the mistake the position-in-settle test must catch.
+	separatePosition bool
+	// readFile and readPos are where the reader is in the binlog, for the lag.
+	readFile atomic.Pointer[string]
+	readPos  atomic.Uint32
+	// unseenRetries counts the settles retried for rows not yet visible, and sessions the
+	// sessions that started reading, for tests.
+	unseenRetries, sessions atomic.Int64
+}
+
+// New returns a Publisher of store's rows to tr. It checks the options only; Run connects.
+func New(store *outbox.Store, tr outbox.Transport, o Options) (*Publisher, error) {
+	if store == nil {
+		return nil, fmt.Errorf("%w: store is nil", ErrInvalid)
+	}
+	if tr == nil {
+		return nil, fmt.Errorf("%w: transport is nil", ErrInvalid)
+	}
+	if store.Dialect().Name() != "mysql" {
+		return nil, fmt.Errorf("%w: the store's dialect is %s; binlog delivery needs MySQL or MariaDB", ErrInvalid, store.Dialect().Name())
+	}
+	o = o.withDefaults(store)
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	return &Publisher{store: store, tr: tr, o: o, log: o.Logger}, nil
+}
+
+// Name returns the reader's name: its row in the position table and its lock.
+func (p *Publisher) Name() string { return p.o.Name }
+
+var (
+	errKilled  = errors.New("outboxbinlog: killed by test")
+	errStandby = errors.New("outboxbinlog: another reader holds the lock")
+)
+
+// Run follows the binlog and delivers until ctx ends, then returns nil. It creates the
+// position table when it is missing, reconnects after a lost connection, stands by while
+// another reader holds the lock, and starts again from the server's current position when
+// the binlog at its stored one was purged (reported once each time, and counted in
+// [Stats]). It returns a [*SetupError] for what only the server's administrator can fix
+// (the binlog off or not in ROW format, missing privileges).
+func (p *Publisher) Run(ctx context.Context) error {
+	if !p.running.CompareAndSwap(false, true) {
+		return errors.New("outboxbinlog: Run is already running")
+	}
+	defer p.running.Store(false)
+	standing := false
+	for {
+		err := p.session(ctx)
+		var se *SetupError
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case errors.As(err, &se), errors.Is(err, errKilled):
+			return err
+		case errors.Is(err, errStandby):
+			p.stats.standby.Store(true)
+			if !standing {
+				p.log.Info("outboxbinlog: another reader holds the lock; standing by", "reader", p.o.Name)
+				standing = true
+			}
+		case errors.Is(err, ErrBinlogPurged):
+			continue // reported and reset already: start again at once
+		default:
+			standing = false
+			p.stats.standby.Store(false)
+			p.log.Warn("outboxbinlog: session ended; reconnecting", "reader", p.o.Name, "err", err, "retry_in", p.o.RetryDelay)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(p.o.RetryDelay):
+		}
+	}
+}
+
+// item is what the reader hands the deliverer: a committed transaction's rows that the
+// log's reader owns (none for a position alone), and the position after it.
+type item struct {
+	rows   []outbox.Record
+	end    position
+	commit time.Time // zero for a position alone
+}
+
+// session is one binlog connection's life: a reader that follows the stream, a deliverer
+// that publishes and settles, and a watch that checks the lock and reads the lag.
+type session struct {
+	p     *Publisher
+	owner uuid.UUID
+	items chan item
+}
+
+func (p *Publisher) session(ctx context.Context) (err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if err := p.ensureTable(ctx); err != nil {
+		return err
+	}
+	srv, err := p.checkServer(ctx)
+	if err != nil {
+		return err
+	}
+	lock, ok, err := p.lock(ctx)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return errStandby
+	}
+	defer lock.release()
+	s := &session{p: p, owner: uuid.New(), items: make(chan item, 64)}
+	pos, err := p.claimPosition(ctx, srv, s.owner)
+	if err != nil {
+		return err
+	}
+	p.setPosition(pos)
+	dec, err := p.newDecoder(ctx)
+	if err != nil {
+		return err
+	}
+	syncer, err := p.syncer(srv, serverID(p.o.ServerID, lock.name))
+	if err != nil {
+		return err
+	}
+	defer syncer.Close()
+	var streamer *replication.BinlogStreamer
+	if srv.gtids {
+		set, perr := gomysql.ParseGTIDSet(srv.flavor, pos.gtid)
+		if perr != nil {
+			return fmt.Errorf("outboxbinlog: stored GTID set %q: %w", pos.gtid, perr)
+		}
+		streamer, err = syncer.StartSyncGTID(set)
+	} else {
+		streamer, err = syncer.StartSync(gomysql.Position{Name: pos.file, Pos: pos.pos})
+	}
+	if err != nil {
+		return p.streamError(ctx, srv, s.owner, err)
+	}
+	p.stats.standby.Store(false)
+	p.stats.reading.Store(true)
+	p.sessions.Add(1)
+	defer p.stats.reading.Store(false)
+	p.log.Info("outboxbinlog: reading the binlog", "reader", p.o.Name, "position", pos.String())
+
+	errc := make(chan error, 3)
+	var wg sync.WaitGroup
+	run := func(f func(context.Context) error) {
+		wg.Add(1)
+		go func() { defer wg.Done(); errc <- f(ctx) }()
+	}
+	run(func(ctx context.Context) error { return s.read(ctx, streamer, dec, pos) })
+	run(s.deliver)
+	run(func(ctx context.Context) error { return s.watch(ctx, lock) })
+	err = <-errc
+	cancel()
+	wg.Wait()
+	return p.streamError(ctx, srv, s.owner, err)
+}
+
+// streamError turns a purged binlog into a reset: reported once, the server's current
+// position stored under this session's ownership, and ErrBinlogPurged returned. Other
+// errors are returned as they are.
+func (p *Publisher) streamError(ctx context.Context, srv server, owner uuid.UUID, err error) error {
+	if !isPurged(err) {
+		return err
+	}
+	p.stats.resets.Add(1)
+	p.log.Error("outboxbinlog: the binlog at the stored position was purged; rows committed meanwhile are delivered by polling once their leases run out, and reading starts again at the server's current position",
+		"reader", p.o.Name, "position", p.Stats().Position, "err", err)
+	rctx := context.WithoutCancel(ctx)
+	pos, cerr := p.current(rctx, srv)
+	if cerr == nil {
+		cerr = p.writeOwner(rctx, owner, pos)
+	}
+	if cerr != nil {
+		return fmt.Errorf("%w; reset failed: %w", err, cerr)
+	}
+	p.setPosition(pos)
+	return fmt.Errorf("%w: %w", ErrBinlogPurged, err)
+}
+
+func (p *Publisher) setPosition(pos position) {
+	s := pos.String()
+	p.stats.position.Store(&s)
+	p.readFile.Store(&pos.file)
+	p.readPos.Store(pos.pos)
+}
+
+// serverID returns id, or when it is 0 one derived from the lock's name (the database and
+// the reader's name), above 2^24 where replicas' ids seldom are.
+func serverID(id uint32, lockName string) uint32 {
+	if id != 0 {
+		return id
+	}
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(lockName))
+	return 1<<24 + h.Sum32()%(1<<30)
+}
+
+// syncer makes the binlog connection's syncer from ConnString.
+func (p *Publisher) syncer(srv server, id uint32) (*replication.BinlogSyncer, error) {
+	cfg, err := mysql.ParseDSN(p.o.ConnString)
+	if err != nil {
+		return nil, fmt.Errorf("%w: ConnString: %w", ErrInvalid, err)
+	}
+	host, port, err := net.SplitHostPort(cfg.Addr)
+	if err != nil {
+		host, port = cfg.Addr, "3306"
+	}
+	n, err := strconv.ParseUint(port, 10, 16)
+	if err != nil {
+		return nil, fmt.Errorf("%w: ConnString: port %q", ErrInvalid, port)
+	}
+	return replication.NewBinlogSyncer(replication.BinlogSyncerConfig{
+		ServerID: id, Flavor: srv.flavor, Host: host, Port: uint16(n),
+		User: cfg.User, Password: cfg.Passwd, TLSConfig: cfg.TLS,
+		HeartbeatPeriod: p.o.HeartbeatInterval, ReadTimeout: 3 * p.o.HeartbeatInterval,
+		// Run reconnects from the stored position; the syncer's own retries would resume
+		// from what it read, past rows not settled yet.
+		DisableRetrySync: true,
+		// MariaDB 11.4+ leaves the events' end offsets zero when the dump goes by GTID;
+		// the file offsets in the position table need them.
+		FillZeroLogPos: srv.flavor == gomysql.MariaDBFlavor,
+		Logger:         slog.New(slog.DiscardHandler),
+	}), nil
+}
+
+// read follows the stream and hands each committed transaction with rows of the outbox
+// table to the deliverer, in commit order, and the position after other transactions
+// every so often.
+func (s *session) read(ctx context.Context, streamer *replication.BinlogStreamer, dec *decoder, start position) error {
+	p := s.p
+	file := start.file
+	var cur item
+	var idle *position
+	lastIdle := time.Now()
+	// inTx is set between a transaction's start (BEGIN, or a MariaDB GTID event that is not
+	// standalone) and its end (XID, or COMMIT): a statement inside it (SAVEPOINT) ends nothing.
+	inTx := false
+	push := func(it item) error {
+		select {
+		case s.items <- it:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	end := func(ev *replication.BinlogEvent, set gomysql.GTIDSet) error {
+		pos := position{file: file, pos: ev.Header.LogPos}
+		if set != nil {
+			pos.gtid = set.String()
+		}
+		p.readFile.Store(&file)
+		p.readPos.Store(pos.pos)
+		inTx = false
+		if len(cur.rows) > 0 {
+			cur.end = pos
+			it := cur
+			cur, idle = item{}, nil
+			return push(it)
+		}
+		cur, idle = item{}, &pos
+		return nil
+	}
+	for {
+		gctx, gcancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		ev, err := streamer.GetEvent(gctx)
+		gcancel()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if idle != nil && (err != nil || time.Since(lastIdle) >= 200*time.Millisecond) {
+			if err := push(item{end: *idle}); err != nil {
+				return err
+			}
+			idle, lastIdle = nil, time.Now()
+		}
+		if errors.Is(err, context.DeadlineExceeded) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("outboxbinlog: binlog stream: %w", err)
+		}
+		switch e := ev.Event.(type) {
+		case *replication.RotateEvent:
+			file = string(e.NextLogName)
+			p.readFile.Store(&file)
+		case *replication.RowsEvent:
+			if !isWrite(ev.Header.EventType) || !dec.ours(e.Table) {
+				continue
+			}
+			rows, err := dec.rows(e)
+			if err != nil {
+				return err
+			}
+			if len(rows) > 0 && cur.commit.IsZero() {
+				cur.commit = time.Unix(int64(ev.Header.Timestamp), 0)
+			}
+			cur.rows = append(cur.rows, rows...)
+		case *replication.XIDEvent:
+			if err := end(ev, e.GSet); err != nil {
+				return err
+			}
+		case *replication.MariadbGTIDEvent:
+			inTx = !e.IsStandalone()
+		case *replication.QueryEvent:
+			switch q := strings.TrimSpace(string(e.Query)); {
+			case strings.EqualFold(q, "BEGIN"):
+				inTx = true
+			case !inTx || strings.EqualFold(q, "COMMIT"): // DDL, or a non-transactional table's commit
+				if err := end(ev, e.GSet); err != nil {
+					return err
+				}
+			}
+		}
+	}
+}
+
+func isWrite(t replication.EventType) bool {
+	switch t {
+	case replication.WRITE_ROWS_EVENTv0, replication.WRITE_ROWS_EVENTv1, replication.WRITE_ROWS_EVENTv2,
+		replication.MARIADB_WRITE_ROWS_COMPRESSED_EVENT_V1:
+		return true
+	}
+	return false
+}
+
+// watch checks the lock and reads the lag every HeartbeatInterval.
+func (s *session) watch(ctx context.Context, lock *readerLock) error {
+	t := time.NewTicker(s.p.o.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+		if err := lock.check(ctx); err != nil {
+			return err
+		}
+		if err := s.p.readLag(ctx); err != nil && ctx.Err() == nil {
+			s.p.log.Debug("outboxbinlog: read lag", "err", err)
+		}
+	}
+}
+
+// readLag reads how many binlog bytes the server wrote past the reader's position.
+func (p *Publisher) readLag(ctx context.Context) error {
+	file := p.readFile.Load()
+	if file == nil {
+		return nil
+	}
+	rows, err := p.store.DB().QueryContext(ctx, `SHOW BINARY LOGS`)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	cols, _ := rows.Columns()
+	var lag int64
+	after := false
+	for rows.Next() {
+		var name string
+		var size int64
+		vals := []any{&name, &size}
+		for len(vals) < len(cols) {
+			vals = append(vals, new(sql.RawBytes))
+		}
+		if err := rows.Scan(vals...); err != nil {
+			return err
+		}
+		switch {
+		case name == *file:
+			lag, after = size-int64(p.readPos.Load()), true
+		case after:
+			lag += size
+		}
+	}
+	p.stats.lagBytes.Store(max(lag, 0))
+	return rows.Err()
+}
+
+// deliver publishes and settles the committed transactions in commit order, a batch at a
+// time, and writes the position after them in the settle's transaction.
+func (s *session) deliver(ctx context.Context) error {
+	p := s.p
+	lastSaved := time.Now()
+	var unsaved *position // the last position alone not written yet
+	for {
+		var it item
+		var due <-chan time.Time
+		stop := func() bool { return false }
+		if unsaved != nil {
+			t := time.NewTimer(time.Until(lastSaved.Add(p.o.PositionInterval)))
+			due, stop = t.C, t.Stop
+		}
+		select {
+		case it = <-s.items:
+			stop()
+		case <-due:
+			if err := p.settle(ctx, s.owner, nil, unsaved); err != nil {
+				return err
+			}
+			unsaved, lastSaved = nil, time.Now()
+			continue
+		case <-ctx.Done():
+			stop()
+			return ctx.Err()
+		}
+		rows, end, first := it.rows, it.end, it.commit
+	drain:
+		for len(rows) < p.o.BatchSize {
+			select {
+			case it := <-s.items:
+				rows, end = append(rows, it.rows...), it.end
+				if first.IsZero() {
+					first = it.commit
+				}
+			default:
+				break drain
+			}
+		}
+		if len(rows) == 0 {
+			if time.Since(lastSaved) < p.o.PositionInterval {
+				unsaved = &end
+				continue
+			}
+			if err := p.settle(ctx, s.owner, nil, &end); err != nil {
+				return err
+			}
+		} else if err := p.publishAndSettle(ctx, s.owner, rows, first, end); err != nil {
+			return err
+		}
+		unsaved, lastSaved = nil, time.Now()
+	}
+}
+
+// publishAndSettle hands rows to the transport in batches and settles each batch's
+// outcomes in one transaction under the rows' insert leases; the last one also writes end,
+// the position after them. The transport's context ends ShutdownTimeout after ctx, so that
+// a shutdown lets the batch in flight finish.
+func (p *Publisher) publishAndSettle(ctx context.Context, owner uuid.UUID, rows []outbox.Record, committed time.Time, end position) error {
+	pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	context.AfterFunc(ctx, func() {
+		t := time.NewTimer(p.o.ShutdownTimeout)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancel()
+		case <-pctx.Done():
+		}
+	})
+	for start := 0; start < len(rows); start += p.o.BatchSize {
+		if err := ctx.Err(); err != nil {
+			return err // shutting down: the rest stay leased, and are read again or polled
+		}
+		chunk := rows[start:min(start+p.o.BatchSize, len(rows))]
+		outcomes := make([]outbox.Outcome, len(chunk))
+		deliveries := make([]outbox.Delivery, 0, len(chunk))
+		index := make([]int, 0, len(chunk))
+		for i, r := range chunk {
+			lease := outbox.Lease{ID: r.ID, Token: r.LeaseToken}
+			if err := r.Integrity(); err != nil { // never published, as a polling Publisher does
+				outcomes[i] = outbox.Outcome{Lease: lease, Status: outbox.StatusDead, Error: err.Error()}
+				continue
+			}
+			deliveries = append(deliveries, outbox.Delivery{
+				ID: r.ID, Namespace: r.Namespace, Topic: r.Topic, TenantID: r.TenantID,
+				DedupeKey: r.DedupeKey, PartitionKey: r.PartitionKey, Headers: r.Headers,
+				Payload: r.Payload, Attempt: r.Attempts, CreatedAt: r.CreatedAt,
+			})
+			index = append(index, i)
+		}
+		if !committed.IsZero() {
+			p.stats.commitToPublish.Store(int64(time.Since(committed)))
+		}
+		if p.o.Ordered {
+			if err := p.publishOrdered(pctx, chunk, deliveries, index, outcomes); err != nil {
+				return err
+			}
+		} else {
+			p.publishInto(pctx, chunk, deliveries, index, outcomes)
+		}
+		if p.kill != nil && p.kill("published") {
+			return errKilled
+		}
+		var at *position
+		if start+p.o.BatchSize >= len(rows) {
+			at = &end
+		}
+		if err := p.settle(ctx, owner, outcomes, at); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// publishInto publishes deliveries, which are the rows of chunk at index, and writes
+// their outcomes into outcomes. It returns whether each was delivered.
+func (p *Publisher) publishInto(ctx context.Context, chunk []outbox.Record, deliveries []outbox.Delivery, index []int, outcomes []outbox.Outcome) []bool {
+	errs := p.publish(ctx, deliveries)
+	ok := make([]bool, len(index))
+	for j, i := range index {
+		r := chunk[i]
+		lease := outbox.Lease{ID: r.ID, Token: r.LeaseToken}
+		if errs[j] == nil {
+			outcomes[i], ok[j] = outbox.Outcome{Lease: lease, Status: outbox.StatusDelivered}, true
+		} else {
+			outcomes[i] = p.o.RetryPolicy.Outcome(outbox.Failure{Lease: lease, Attempts: r.Attempts, Err: errs[j]})
+		}
+	}
+	return ok
+}
+
+// publish calls the transport and returns one outcome per delivery, as a polling
+// Publisher reads them: none means all delivered, a wrong count or a panic fails all.
+func (p *Publisher) publish(ctx context.Context, ds []outbox.Delivery) (errs []error) {
+	if len(ds) == 0 {
+		return nil
+	}
+	all := func(err error) []error {
+		out := make([]error, len(ds))
+		for i := range out {
+			out[i] = err
+		}
+		return out
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			errs = all(fmt.Errorf("outboxbinlog: transport panicked: %v", r))
+		}
+	}()
+	out := p.tr.Publish(ctx, ds)
+	switch len(out) {
+	case 0:
+		return make([]error, len(ds))
+	case len(ds):
+		return out
+	}
+	return all(fmt.Errorf("outboxbinlog: transport returned %d outcomes for %d messages", len(out), len(ds)))
+}
+
+// unseenPatience bounds how long settle waits for a row it read in the binlog to become
+// visible; a row still missing then was removed, and counts as lost.
+const unseenPatience = 10 * time.Second
+
+// settle commits outcomes and, when at is set, the position after them, in one
+// transaction, retrying while the database is unreachable. A lost lease is an outcome
+// too: polling took the row over after its lease ran out, and owns it now. But the
+// server writes a transaction to the binlog a moment before other sessions can see its
+// rows, so a row that the settle does not find yet is settled again once it is visible.
+func (p *Publisher) settle(ctx context.Context, owner uuid.UUID, outcomes []outbox.Outcome, at *position) error {
+	giveUp := time.Now().Add(unseenPatience)
+	backoff := 50 * time.Millisecond
+	for {
+		lost, retry, err := p.settleOnce(ctx, owner, outcomes, at, time.Now().After(giveUp))
+		switch {
+		case err == nil && !retry:
+			p.stats.count(outcomes, lost)
+			if at != nil {
+				p.setPosition(*at)
+			}
+			return nil
+		case err == nil: // rows not visible yet
+			p.unseenRetries.Add(1)
+		case errors.Is(err, errFenced), errors.Is(err, errKilled), errors.Is(err, outbox.ErrInvalid), ctx.Err() != nil:
+			return err
+		default:
+			p.log.Warn("outboxbinlog: settle failed; retrying", "err", err, "retry_in", backoff)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+// settleOnce runs one settle transaction. retry is set, and nothing committed, when some
+// row the outcomes name is not visible yet and patience allows waiting for it.
+func (p *Publisher) settleOnce(ctx context.Context, owner uuid.UUID, outcomes []outbox.Outcome, at *position, impatient bool) (lost []uuid.UUID, retry bool, err error) {
+	// One try even after ctx ended, so that a shutdown settles what it published.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	tx, err := p.store.DB().BeginTx(sctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return nil, false, err
+	}
+	defer func() { _ = tx.Rollback() }()
+	if len(outcomes) > 0 {
+		err = p.store.CompleteTx(sctx, tx, outcomes...)
+		var le *outbox.LeaseLostError
+		switch {
+		case errors.As(err, &le):
+			lost = le.IDs
+			unseen, err := p.unseen(sctx, tx, outcomes, lost)
+			if err != nil {
+				return nil, false, err
+			}
+			if len(unseen) > 0 && !impatient {
+				return nil, true, nil
+			}
+		case err != nil:
+			return nil, false, err
+		}
+	}
+	if at != nil && !p.separatePosition {
+		if err := p.savePosition(sctx, tx, owner, *at); err != nil {
+			return nil, false, err
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, false, err
+	}
+	if p.kill != nil && p.kill("settled") {
+		return nil, false, errKilled
+	}
+	if at != nil && p.separatePosition {
+		ptx, err := p.store.DB().BeginTx(sctx, nil)
+		if err != nil {
+			return nil, false, err
+		}
+		defer func() { _ = ptx.Rollback() }()
+		if err := p.savePosition(sctx, ptx, owner, *at); err != nil {
+			return nil, false, err
+		}
+		if err := ptx.Commit(); err != nil {
+			return nil, false, err
+		}
+	}
+	return lost, false, nil
+}
+
+// unseen returns those of the lost rows that the settle may not have seen yet: no row has
+// the id, or the row is still processing under the outcome's lease. The others were taken
+// over.
+func (p *Publisher) unseen(ctx context.Context, tx *sql.Tx, outcomes []outbox.Outcome, ids []uuid.UUID) ([]uuid.UUID, error) {
+	args := make([]any, len(ids))
+	for i, id := range ids {
+		args[i] = id[:]
+	}
+	rows, err := tx.QueryContext(ctx, `SELECT id, status, lease_token FROM `+quote(p.store.Table().Name())+
+		` WHERE id IN (?`+strings.Repeat(`, ?`, len(ids)-1)+`)`, args...)
+	if err != nil {
+		return nil, fmt.Errorf("outboxbinlog: read settled rows: %w", err)
+	}
+	defer rows.Close()
+	token := map[uuid.UUID]uuid.UUID{}
+	for _, o := range outcomes {
+		token[o.ID] = o.Token
+	}
+	taken := map[uuid.UUID]bool{}
+	for rows.Next() {
+		var id, tok []byte
+		var status string
+		if err := rows.Scan(&id, &status, &tok); err != nil {
+			return nil, err
+		}
+		u, _ := uuid.FromBytes(id)
+		t, _ := uuid.FromBytes(tok)
+		taken[u] = status != string(outbox.StatusProcessing) || t != token[u]
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return slices.DeleteFunc(slices.Clone(ids), func(id uuid.UUID) bool { return taken[id] }), nil
+}
