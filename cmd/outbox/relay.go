@@ -239,7 +239,7 @@ func serveRelay(ctx context.Context, c *cli, rc *relayConfig, spec *brokerSpec, 
 		if err := relay.Add(p.name, s.store, p.opts); err != nil {
 			return err
 		}
-		if s.watcher, err = met.tel.WatchStore(s.store, outboxotel.WatchOptions{Interval: rc.WatchInterval,
+		if s.watcher, err = met.tel.WatchStore(s.store, outboxotel.WatchOptions{Interval: rc.WatchInterval, Name: p.name,
 			Scope: p.opts.Scope, Logger: log.With("store", p.name)}); err != nil {
 			return err
 		}
@@ -249,7 +249,7 @@ func serveRelay(ctx context.Context, c *cli, rc *relayConfig, spec *brokerSpec, 
 			}
 		}
 	}
-	met.watch(relay, stores)
+	defer met.watch(relay, stores)()
 
 	runCtx, stopRun := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopRun()

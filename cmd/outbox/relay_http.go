@@ -28,14 +28,9 @@ type relayMetrics struct {
 	meter    metric.Meter
 }
 
-// Names of the relay's own gauges, beside the otel module's (outbox_*): docs/relay.md
-// lists them.
-const (
-	metricStoreUp        = "outbox.relay.store.up"
-	metricLogReading     = "outbox.relay.log.reading"
-	metricLogSlotLag     = "outbox.relay.log.slot_lag"
-	metricLogRetainedWAL = "outbox.relay.log.retained_wal"
-)
+// metricStoreUp is the relay's own gauge, beside the otel module's (outbox_*):
+// docs/relay.md lists them.
+const metricStoreUp = "outbox.relay.store.up"
 
 func newRelayMetrics() (*relayMetrics, error) {
 	reg := prometheus.NewRegistry()
@@ -51,39 +46,44 @@ func newRelayMetrics() (*relayMetrics, error) {
 	return &relayMetrics{registry: reg, mp: mp, tel: tel, meter: mp.Meter("github.com/outboxgo/outbox/cmd/outbox")}, nil
 }
 
-// watch registers the relay's gauges: each store's health and, for log delivery, its
-// reader's state and its slot's lag.
-func (m *relayMetrics) watch(relay *outbox.Relay, stores []*relayStore) {
+// watch registers what /metrics reports of the relay beyond its publishers' instruments:
+// each store's health (outbox.relay.store.up), its wake-up listener
+// (outbox.listener.connected) and, for log delivery, its reader's slot (outbox.log.*). It
+// returns the function that stops the reporting.
+func (m *relayMetrics) watch(relay *outbox.Relay, stores []*relayStore) func() {
+	var stops []func()
+	for _, s := range stores {
+		name := s.name
+		stops = append(stops, m.tel.WatchListener(name, func() outbox.ListenerState { return relay.Stats().Stores[name].Listener }))
+		if lp := s.logPub; lp != nil {
+			stops = append(stops, m.tel.WatchLogReader(lp.Slot(), func() outboxotel.LogReaderStats {
+				st := lp.Stats()
+				return outboxotel.LogReaderStats{Reading: st.Reading, SlotLagBytes: st.SlotLagBytes,
+					RetainedWALBytes: st.RetainedWALBytes, SlotResets: st.SlotResets}
+			}))
+		}
+	}
 	up, _ := m.meter.Int64ObservableGauge(metricStoreUp,
 		metric.WithDescription("1 while the relay's store is healthy (its check passed and its last claim succeeded), 0 while starting, down or misconfigured."))
-	reading, _ := m.meter.Int64ObservableGauge(metricLogReading,
-		metric.WithDescription("Log delivery: 1 while the store's reader holds its replication slot, 0 otherwise."))
-	lag, _ := m.meter.Int64ObservableGauge(metricLogSlotLag, metric.WithUnit("By"),
-		metric.WithDescription("Log delivery: how far the slot's confirmed position is behind the server's WAL, as last read."))
-	retained, _ := m.meter.Int64ObservableGauge(metricLogRetainedWAL, metric.WithUnit("By"),
-		metric.WithDescription("Log delivery: the WAL the slot keeps from being recycled, as last read."))
-	_, _ = m.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+	reg, err := m.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		st := relay.Stats()
 		for _, s := range stores {
-			attr := metric.WithAttributes(outboxotel.PublisherKey.String(s.name))
 			v := int64(0)
 			if st.Stores[s.name].State == outbox.StoreHealthy {
 				v = 1
 			}
-			o.ObserveInt64(up, v, attr)
-			if s.logPub != nil {
-				ls := s.logPub.Stats()
-				v = 0
-				if ls.Reading {
-					v = 1
-				}
-				o.ObserveInt64(reading, v, attr)
-				o.ObserveInt64(lag, ls.SlotLagBytes, attr)
-				o.ObserveInt64(retained, ls.RetainedWALBytes, attr)
-			}
+			o.ObserveInt64(up, v, metric.WithAttributes(outboxotel.PublisherKey.String(s.name)))
 		}
 		return nil
-	}, up, reading, lag, retained)
+	}, up)
+	if err == nil {
+		stops = append(stops, func() { _ = reg.Unregister() })
+	}
+	return func() {
+		for _, stop := range stops {
+			stop()
+		}
+	}
 }
 
 // relayHTTP serves /healthz, /readyz, /metrics and, optionally, the web view.
@@ -144,6 +144,13 @@ func (h *relayHTTP) readyz(w http.ResponseWriter, r *http.Request) {
 	for _, name := range names {
 		ss := st.Stores[name]
 		line := fmt.Sprintf("database %s: %s", name, ss.State)
+		switch ss.Listener {
+		case outbox.ListenerConnected:
+			line += " (wake-up listener connected)"
+		case outbox.ListenerDown:
+			// Degraded, not unready: polling still finds every row, later.
+			line += " (wake-up listener down: polling)"
+		}
 		if ss.State != outbox.StoreHealthy {
 			ready = false
 			if ss.LastError != "" {

@@ -150,10 +150,10 @@ func TestRelayLogDelivery(t *testing.T) {
 	code, body := p.get("/readyz")
 	require.Equal(t, 200, code, body)
 	_, metrics := p.get("/metrics")
-	for _, name := range []string{"outbox_relay_log_reading{", "outbox_relay_log_slot_lag_bytes{", "outbox_relay_log_retained_wal_bytes{"} {
+	for _, name := range []string{"outbox_log_reading{", "outbox_log_slot_lag_bytes{", "outbox_log_slot_retained_wal_bytes{", "outbox_log_slot_resets_total{"} {
 		require.Contains(t, metrics, name)
 	}
-	require.Contains(t, metrics, "outbox_relay_log_reading{")
+	require.Regexp(t, `outbox_log_reading\{[^}]*outbox_log_slot="outbox_outbox_events"\} 1`, metrics)
 	p.signal(syscall.SIGTERM)
 	require.Equal(t, 0, p.exit(30*time.Second))
 }

@@ -257,6 +257,7 @@ func TestRelayDeliversEverywhere(t *testing.T) {
 			require.True(t, strings.HasPrefix(body, "ready\n"), body)
 			require.Contains(t, body, "circuit: closed")
 			require.Contains(t, body, "reachable")
+			require.Contains(t, body, "(wake-up listener connected)", "the PostgreSQL store listens")
 			testdb.Poll(t, 10*time.Second, "the backlog gauges", func() bool {
 				_, m := p.get("/metrics")
 				return strings.Contains(m, `outbox_messages{`)
@@ -264,7 +265,7 @@ func TestRelayDeliversEverywhere(t *testing.T) {
 			_, metrics := p.get("/metrics")
 			for _, name := range []string{"outbox_attempts_total{", "messaging_client_sent_messages_total{", "outbox_delivery_lag_seconds_bucket{",
 				"messaging_client_operation_duration_seconds_bucket{", "outbox_circuit_open{", "outbox_messages{", "outbox_oldest_undelivered_age_seconds{",
-				"outbox_relay_store_up{"} {
+				"outbox_relay_store_up{", `outbox_store="`} {
 				require.Contains(t, metrics, name)
 			}
 			p.signal(syscall.SIGTERM)
