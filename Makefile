@@ -89,10 +89,19 @@ fuzz: ## Fuzz message validation and enqueue, headers, table names and JSON chec
 screenshots: ## Drive the web view in headless chromium and write the README's screenshots into docs/
 	cd outboxui/browsertest && OUTBOX_SCREENSHOTS=$(CURDIR)/docs $(GO) test -count=1 -run '^TestBrowser$$' .
 
+# The three parts of make test-faults mostly wait (servers starting, leases and outages
+# running out), each on servers of its own, so they run side by side; each one's output is
+# printed whole when it ends.
 .PHONY: test-faults
-test-faults: ## Database restarts, killed connections, lease reclaim, a PostgreSQL failover, a Galera cluster, a NATS JetStream cluster, and each transport's broker hung at default options (about 3 minutes)
+test-faults: ## Database restarts, killed connections, lease reclaim, a PostgreSQL failover, a Galera cluster, a NATS JetStream cluster, and each transport's broker hung at default options (about 2 minutes)
+	@$(MAKE) --no-print-directory -j3 --output-sync=target test-faults-db test-faults-natscluster test-faults-outages
+
+.PHONY: test-faults-db test-faults-natscluster test-faults-outages
+test-faults-db:
 	OUTBOX_FAULTS=1 $(GO) test -count=1 -v -timeout 15m -skip '^TestSoak$$' ./internal/faults
+test-faults-natscluster:
 	OUTBOX_FAULTS=1 $(GO) test -count=1 -v -timeout 5m -tags natscluster -run '^TestJetStreamCluster$$' ./transport/nats
+test-faults-outages:
 	$(GO) test -count=1 -v -p 5 -timeout 5m -tags acceptance -run '^TestDefaultsOutage$$' ./transport/nats ./transport/kafka ./transport/amqp ./transport/redis ./transport/webhook
 
 SOAK_DURATION ?= 10m
