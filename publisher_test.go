@@ -977,14 +977,14 @@ func TestPublisherLeaseRenewal(t *testing.T) {
 			case started <- struct{}{}:
 			default:
 			}
-			// Publish until the lease the rows were claimed with has run out and the rival
-			// has polled twice since: only the renewals keep the rows from it.
+			// Publish until half a lease after the lease the rows were claimed with ran out,
+			// the rival polling all the while: only the renewals keep the rows from it.
 			r, err := e.store.Get(ctx, batch[0].ID)
 			if err != nil {
 				return failAllTest(len(batch), err)
 			}
 			select {
-			case <-time.After(time.Until(r.LockedUntil) + 2*o.PollInterval):
+			case <-time.After(time.Until(r.LockedUntil) + lease/2):
 			case <-ctx.Done():
 			}
 			return slow.Publish(ctx, batch)
