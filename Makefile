@@ -76,23 +76,38 @@ bench-micro: ## In-process micro-benchmarks (validation, hashing, SQL rendering)
 bench-anatomy: ## The SQLite claim and ack taken apart statement by statement (about 4 minutes)
 	$(GO) test -run '^$$' -bench SQLiteClaimAnatomy -count 3 .
 
-# Fuzz targets of the root package; make fuzz runs each for FUZZTIME.
+# Fuzz targets of the root package; make fuzz runs each for FUZZTIME. go test fuzzes one
+# target a run, so the instrumented test binary is built once (go test -c -fuzz) and run
+# for each target, as go test would run it, instead of linked again for each.
 FUZZ_TARGETS := FuzzEnqueue FuzzHeaders FuzzNewTable FuzzValidJSON
 FUZZTIME ?= 20s
 
 .PHONY: fuzz
 fuzz: ## Fuzz message validation and enqueue, headers, table names and JSON checks (FUZZTIME each, default 20s)
-	@set -e; for f in $(FUZZ_TARGETS); do echo "== $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) .; done
+	@set -e; bin=$$(mktemp -d); trap 'rm -rf "$$bin"' EXIT; \
+	$(GO) test -c -fuzz '^$$' -o "$$bin/fuzz.test" .; \
+	cache="$$($(GO) env GOCACHE)/fuzz/$$($(GO) list .)"; \
+	for f in $(FUZZ_TARGETS); do echo "== $$f"; \
+		"$$bin/fuzz.test" -test.run '^$$' -test.fuzz "^$$f$$" -test.fuzztime $(FUZZTIME) -test.fuzzcachedir "$$cache"; done
 	@echo "== FuzzResolve (cmd/outbox)"; $(GO) test -run '^$$' -fuzz '^FuzzResolve$$' -fuzztime $(FUZZTIME) ./cmd/outbox
 
 .PHONY: screenshots
 screenshots: ## Drive the web view in headless chromium and write the README's screenshots into docs/
 	cd outboxui/browsertest && OUTBOX_SCREENSHOTS=$(CURDIR)/docs $(GO) test -count=1 -run '^TestBrowser$$' .
 
+# The three parts of make test-faults mostly wait (servers starting, leases and outages
+# running out), each on servers of its own, so they run side by side; each one's output is
+# printed whole when it ends.
 .PHONY: test-faults
-test-faults: ## Database restarts, killed connections, lease reclaim, a PostgreSQL failover, a Galera cluster, a NATS JetStream cluster, and each transport's broker hung at default options (about 3 minutes)
+test-faults: ## Database restarts, killed connections, lease reclaim, a PostgreSQL failover, a Galera cluster, a NATS JetStream cluster, and each transport's broker hung at default options (about 2 minutes)
+	@$(MAKE) --no-print-directory -j3 --output-sync=target test-faults-db test-faults-natscluster test-faults-outages
+
+.PHONY: test-faults-db test-faults-natscluster test-faults-outages
+test-faults-db:
 	OUTBOX_FAULTS=1 $(GO) test -count=1 -v -timeout 15m -skip '^TestSoak$$' ./internal/faults
+test-faults-natscluster:
 	OUTBOX_FAULTS=1 $(GO) test -count=1 -v -timeout 5m -tags natscluster -run '^TestJetStreamCluster$$' ./transport/nats
+test-faults-outages:
 	$(GO) test -count=1 -v -p 5 -timeout 5m -tags acceptance -run '^TestDefaultsOutage$$' ./transport/nats ./transport/kafka ./transport/amqp ./transport/redis ./transport/webhook
 
 SOAK_DURATION ?= 10m

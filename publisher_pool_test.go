@@ -20,13 +20,16 @@ import (
 
 // TestPublisherPoolSizes runs a publisher on pools of 1 and 2 connections, with 1 and 4
 // claim loops, ordered and not, with retention and without, on every backend. The pool is
-// the application's too: half of a 600-message backlog (six events a partition key) is
-// enqueued on it while the publisher runs. Every message must be delivered within the
-// deadline: no combination may hang (a path that holds one of the pool's connections while
-// it waits for another, or a listener that keeps the only one).
+// the application's too: half of a 240-message backlog (six events a partition key, six
+// batches) is enqueued on it, in three transactions, while the publisher runs. Every message
+// must be delivered within the deadline: no combination may hang (a path that holds one of
+// the pool's connections while it waits for another, or a listener that keeps the only one).
+// A hang needs claims, settles and enqueues to meet on the pool, not many rows in each: the
+// batches are of 40 rows, the same six batches and three enqueues as 600 rows in batches of
+// 100 made.
 func TestPublisherPoolSizes(t *testing.T) {
 	t.Parallel()
-	const backlog = 600
+	const backlog = 240
 	for _, backend := range pubBackends {
 		t.Run(backend, func(t *testing.T) {
 			t.Parallel()
@@ -162,8 +165,8 @@ func sharedPoolCase(t *testing.T, e *pubEnv, poolSize, n int, oneNamespace bool,
 	require.Equal(t, 0, db.Stats().InUse, "connections still in use after every publisher stopped")
 }
 
-// poolCase drains backlog messages through a publisher whose store, and the producer's,
-// is a pool of poolSize connections.
+// poolCase drains backlog messages, in batches of backlog/6 over backlog/6 partition keys,
+// through a publisher whose store, and the producer's, is a pool of poolSize connections.
 func poolCase(t *testing.T, e *pubEnv, backlog, poolSize, loops int, ordered, retention bool) {
 	ctx := context.Background()
 	db := e.openPool(t)
@@ -171,6 +174,7 @@ func poolCase(t *testing.T, e *pubEnv, backlog, poolSize, loops int, ordered, re
 	store, err := outbox.New(db, pubDialect(e.backend), outbox.Options{})
 	require.NoError(t, err)
 	ns := "pool_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
+	batch := backlog / 6
 
 	var mu sync.Mutex
 	delivered := map[uuid.UUID]bool{}
@@ -189,7 +193,7 @@ func poolCase(t *testing.T, e *pubEnv, backlog, poolSize, loops int, ordered, re
 	}
 	opts := outbox.PublisherOptions{
 		Scope:          outbox.Scope{Namespace: ns},
-		BatchSize:      100,
+		BatchSize:      batch,
 		Concurrency:    loops,
 		Ordered:        ordered,
 		PollInterval:   20 * time.Millisecond,
@@ -209,7 +213,7 @@ func poolCase(t *testing.T, e *pubEnv, backlog, poolSize, loops int, ordered, re
 		defer func() { _ = tx.Rollback() }()
 		msgs := make([]outbox.Message, n)
 		for i := range msgs {
-			msgs[i] = outbox.Message{Namespace: ns, Topic: "t", PartitionKey: fmt.Sprint((from + i) % 100),
+			msgs[i] = outbox.Message{Namespace: ns, Topic: "t", PartitionKey: fmt.Sprint((from + i) % batch),
 				Payload: json.RawMessage(fmt.Sprintf(`{"n":%d}`, from+i))}
 		}
 		_, err = store.EnqueueBatch(ctx, tx, msgs)
@@ -218,8 +222,8 @@ func poolCase(t *testing.T, e *pubEnv, backlog, poolSize, loops int, ordered, re
 	}
 	enqueue(0, backlog/2)
 	stop := start(t, pub)
-	for i := backlog / 2; i < backlog; i += 100 {
-		enqueue(i, 100)
+	for i := backlog / 2; i < backlog; i += batch {
+		enqueue(i, batch)
 	}
 	// A hang (a path that holds one connection while it waits for another) shows as deliveries
 	// that stop; a slow machine only makes them slower, so the test waits for progress, not

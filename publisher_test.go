@@ -957,29 +957,38 @@ func failAllTest(n int, err error) []error {
 	return errs
 }
 
-// TestPublisherLeaseRenewal: a publish that takes three times the lease is still acked,
-// because the publisher renews the lease; a competing publisher never gets the rows.
+// TestPublisherLeaseRenewal: a publish that outlasts the lease it was claimed with is still
+// acked, because the publisher renews the lease; a competing publisher never gets the rows.
 func TestPublisherLeaseRenewal(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, e *pubEnv) {
-		const lease = 500 * time.Millisecond
+		// The renewal runs every lease/3 and must land before the lease runs out: 1.5 s leaves
+		// it a second, which a renewal on SQLite under the race detector on a loaded 2-core
+		// machine once missed at a 500 ms lease.
+		const lease = 1500 * time.Millisecond
 		ids := e.enqueue(t, "renew", 5)
 		rec := newRecorder(nil)
 		slow := rec.transport("slow")
 		started := make(chan struct{}, 1)
+		o := fastOptions(t, "renew")
+		o.Lease, o.PollInterval = lease, 50*time.Millisecond
 		tr := outbox.TransportFunc(func(ctx context.Context, batch []outbox.Delivery) []error {
 			select {
 			case started <- struct{}{}:
 			default:
 			}
+			// Publish until half a lease after the lease the rows were claimed with ran out,
+			// the rival polling all the while: only the renewals keep the rows from it.
+			r, err := e.store.Get(ctx, batch[0].ID)
+			if err != nil {
+				return failAllTest(len(batch), err)
+			}
 			select {
-			case <-time.After(3 * lease):
+			case <-time.After(time.Until(r.LockedUntil) + lease/2):
 			case <-ctx.Done():
 			}
 			return slow.Publish(ctx, batch)
 		})
-		o := fastOptions(t, "renew")
-		o.Lease, o.PollInterval = lease, 50*time.Millisecond
 		p, err := outbox.NewPublisher(e.store, tr, o)
 		require.NoError(t, err)
 		stop := start(t, p)

@@ -288,9 +288,9 @@ func (r *orderedRun) publish(ctx context.Context, batch []outbox.Delivery) []err
 }
 
 // orderedDeadline bounds the eight publishers' run. It takes seconds; the race detector
-// slows SQLite's pure-Go engine some thirty times (a minute alone), and CI runs it beside
-// every other test: on a 2-core machine whose database server was busy with other work it
-// delivered 3,963 of 4,000 messages in five minutes. A run that stops making progress for
+// slows SQLite's pure-Go engine some thirty times (a minute alone when the run had 4,000
+// messages), and CI runs it beside every other test: on a 2-core machine whose database
+// server was busy with other work it then delivered 3,963 of 4,000 messages in five minutes. A run that stops making progress for
 // orderedStall, or puts two messages of one key in flight at once, fails at once instead.
 const (
 	orderedDeadline = 8 * time.Minute
@@ -335,13 +335,13 @@ func (r *orderedRun) await(t *testing.T, deadline, stall time.Duration) {
 	}
 }
 
-// Eight publishers on separate pools (when the harness can open them) deliver 200 keys × 20
+// Eight publishers on separate pools (when the harness can open them) deliver 100 keys × 10
 // events with random failures and fast retries: every key's first successful deliveries
 // are in enqueue order, and no two messages of one key are ever published at once.
 func testOrderedPublishers(t *testing.T, h Harness) {
 	const (
-		keys       = 200
-		perKey     = 20
+		keys       = 100
+		perKey     = 10
 		publishers = 8
 	)
 	e := orderedSetup(t, h)

@@ -596,12 +596,14 @@ func TestSearch(t *testing.T) {
 var rowIDRE = regexp.MustCompile(`<input type="checkbox" name="id" value="([0-9a-f-]{36})"`)
 var nextRE = regexp.MustCompile(`<a rel="next" href="([^"]+)">`)
 
-// TestPagination: 10,000 dead rows paged through 20 pages of 500 by the Next links: every
-// row once, newest death first, also when rows die while the pages are read.
+// TestPagination: 2,000 dead rows paged through 20 pages of 100 by the Next links: every
+// row once, newest death first, also when rows die while the pages are read. The rows die
+// 1,000 at a time (outbox.MaxBatch), each thousand at one instant, so that pages end inside
+// a run of equal death times and at the change from one to the next.
 func TestPagination(t *testing.T) {
 	t.Parallel()
-	const n = 10_000
-	eachBackend(t, outboxui.Options{PageSize: 500}, func(t *testing.T, e *env) {
+	const n, pageSize = 2 * outbox.MaxBatch, 100
+	eachBackend(t, outboxui.Options{PageSize: pageSize}, func(t *testing.T, e *env) {
 		msgs := make([]outbox.Message, outbox.MaxBatch)
 		var want []uuid.UUID
 		for b := 0; b < n/outbox.MaxBatch; b++ {
@@ -631,7 +633,7 @@ func TestPagination(t *testing.T) {
 			}
 			require.Less(t, pages, 30)
 		}
-		require.Equal(t, n/500, pages)
+		require.Equal(t, n/pageSize, pages)
 		require.Len(t, seen, n)
 		for _, id := range want {
 			require.True(t, seen[id.String()])

@@ -76,7 +76,10 @@ func TestReclaimHelperProcess(t *testing.T) {
 
 // TestLeaseReclaimDelay measures, over 20 rounds on a private PostgreSQL, how long after a
 // publisher is killed with SIGKILL (its batch in flight) another publisher delivers the
-// killed one's rows, and checks that it stays under lease + poll interval + a margin.
+// killed one's rows, and checks that the median round stays under lease + poll interval + a
+// margin, and the slowest under that plus a lease: a successor that waits a second lease or
+// a backed-off poll does so in every round, which the median shows, while a stall of a
+// loaded machine hits a round or two, which only the slowest shows.
 func TestLeaseReclaimDelay(t *testing.T) {
 	srv := private(t, "postgres")
 	name := srv.createDatabase(t)
@@ -102,7 +105,8 @@ func TestLeaseReclaimDelay(t *testing.T) {
 		reclaimLease, reclaimPoll, reclaimRounds, reclaimRows,
 		pct(sinceKill, 50), pct(sinceKill, 99), sinceKill[len(sinceKill)-1],
 		pct(sinceExpiry, 50), pct(sinceExpiry, 99), sinceExpiry[len(sinceExpiry)-1], bound)
-	require.Less(t, sinceKill[len(sinceKill)-1], bound)
+	require.Less(t, pct(sinceKill, 50), bound, "the median round")
+	require.Less(t, sinceKill[len(sinceKill)-1], bound+reclaimLease, "the slowest round")
 }
 
 // pct returns the p-th percentile of sorted durations (nearest rank), rounded to 1 ms.

@@ -66,9 +66,9 @@ func TestMySQLInspectPlan(t *testing.T) {
 func TestMySQLOrderedClaimPlan(t *testing.T) {
 	t.Parallel()
 	e := setupMySQL(t, "")
-	e.ctx = dialecttest.OrderedPlanCtx(t)
+	e.ctx = dialecttest.OrderedPlanCtx(t, dialecttest.OrderedPlanRows(t, dialecttest.OrderedPlanRowsServer))
 	dialecttest.UpOrdered(e.ctx, t, e.db, "mysql")
-	rows := dialecttest.OrderedPlanRows(t)
+	rows := dialecttest.OrderedPlanRows(t, dialecttest.OrderedPlanRowsServer)
 	dialecttest.OrderedBacklog(e.ctx, t, e.store, rows)
 	r, err := e.db.QueryContext(e.ctx, "ANALYZE TABLE `"+e.table+"`")
 	require.NoError(t, err)

@@ -87,9 +87,9 @@ func TestPostgresInspectPlan(t *testing.T) {
 func TestPostgresOrderedClaimPlan(t *testing.T) {
 	t.Parallel()
 	b := setupPostgres(t, "")
-	b.ctx = dialecttest.OrderedPlanCtx(t)
+	b.ctx = dialecttest.OrderedPlanCtx(t, dialecttest.OrderedPlanRows(t, dialecttest.OrderedPlanRowsServer))
 	dialecttest.UpOrdered(b.ctx, t, b.db, "postgres")
-	rows := dialecttest.OrderedPlanRows(t)
+	rows := dialecttest.OrderedPlanRows(t, dialecttest.OrderedPlanRowsServer)
 	dialecttest.OrderedBacklog(b.ctx, t, b.store, rows)
 	_, err := b.db.ExecContext(b.ctx, `ANALYZE "`+b.table+`"`)
 	require.NoError(t, err)
