@@ -16,10 +16,17 @@ const heldBack = "held back for ordered delivery: an earlier message of its part
 // at most one row per partition key, each key's rows in commit order, and hands back to
 // polling every row of a key whose earlier row is undelivered: in the table (blockedKeys)
 // or in this chunk (failed or held). Rows without a key all go in the first round.
+//
+// A transport that keeps key order ([outbox.TransportKeyOrder]) gets one round: each key's
+// rows together, in commit order.
 func (p *Publisher) publishOrdered(ctx context.Context, chunk []outbox.Record, deliveries []outbox.Delivery, index []int, outcomes []outbox.Outcome) error {
 	stopped, err := p.blockedKeys(ctx, chunk, index)
 	if err != nil {
 		return err
+	}
+	if p.keyOrder {
+		p.publishRuns(ctx, chunk, deliveries, index, outcomes, stopped)
+		return nil
 	}
 	remaining := make([]int, len(index)) // positions in deliveries and index
 	for j := range remaining {
@@ -57,6 +64,35 @@ func (p *Publisher) publishOrdered(ctx context.Context, chunk []outbox.Record, d
 		remaining = next
 	}
 	return nil
+}
+
+// publishRuns publishes every row of a key that is not stopped in one call, to a transport
+// that keeps key order; the rows of a key after its first undelivered one (which that
+// transport did not deliver) are handed back to polling with their attempt given back.
+func (p *Publisher) publishRuns(ctx context.Context, chunk []outbox.Record, deliveries []outbox.Delivery, index []int, outcomes []outbox.Outcome, stopped map[string]bool) {
+	var ds []outbox.Delivery
+	var ix []int
+	hold := func(r outbox.Record) outbox.Outcome {
+		return outbox.Outcome{Lease: outbox.Lease{ID: r.ID, Token: r.LeaseToken}, Status: outbox.StatusPending, Error: heldBack, RefundAttempt: true}
+	}
+	for j, i := range index {
+		if r := chunk[i]; r.PartitionKey != "" && stopped[r.PartitionKey] {
+			outcomes[i] = hold(r)
+			continue
+		}
+		ds, ix = append(ds, deliveries[j]), append(ix, i)
+	}
+	ok := p.publishInto(ctx, chunk, ds, ix, outcomes)
+	for n, i := range ix {
+		r := chunk[i]
+		switch k := r.PartitionKey; {
+		case k == "":
+		case stopped[k]:
+			outcomes[i] = hold(r)
+		case !ok[n]:
+			stopped[k] = true
+		}
+	}
 }
 
 // blockedKeys returns the partition keys of chunk's rows at index that have an earlier row

@@ -29,12 +29,15 @@ import (
 // all processes: it holds a lock (GET_LOCK) on a connection of its own, and others started
 // with the same Name stand by until it is free.
 type Publisher struct {
-	store   *outbox.Store
-	tr      outbox.Transport
-	o       Options
-	log     *slog.Logger
-	stats   stats
-	running atomic.Bool
+	store *outbox.Store
+	tr    outbox.Transport
+	// keyOrder is whether tr keeps the order of a key's messages in one batch, so that an
+	// ordered Publisher hands it each key's rows together.
+	keyOrder bool
+	o        Options
+	log      *slog.Logger
+	stats    stats
+	running  atomic.Bool
 	// kill, set by tests, ends a session at once at the named point, as a crash there
 	// would: nothing settled or written after it.
 	kill func(point string) bool
@@ -64,7 +67,8 @@ func New(store *outbox.Store, tr outbox.Transport, o Options) (*Publisher, error
 	if err := o.validate(); err != nil {
 		return nil, err
 	}
-	return &Publisher{store: store, tr: tr, o: o, log: o.Logger}, nil
+	ko, _ := tr.(outbox.TransportKeyOrder)
+	return &Publisher{store: store, tr: tr, o: o, log: o.Logger, keyOrder: ko != nil && ko.KeepsKeyOrder()}, nil
 }
 
 // Name returns the reader's name: its row in the position table and its lock.

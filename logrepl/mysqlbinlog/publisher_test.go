@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -907,4 +908,104 @@ func TestReadersOfTwoDatabases(t *testing.T) {
 	}
 	require.Equal(t, int64(1), p1.sessions.Load(), "the first reader was never cut off")
 	require.Equal(t, int64(1), p2.sessions.Load(), "the second reader was never cut off")
+}
+
+// keyOrderRecorder is a recorder that keeps key order: once a row of a key fails, it
+// sends none of the key's later rows of the batch.
+type keyOrderRecorder struct {
+	*recorder
+	mu    sync.Mutex
+	calls [][]outbox.Delivery
+}
+
+func (*keyOrderRecorder) KeepsKeyOrder() bool { return true }
+
+func (r *keyOrderRecorder) Publish(ctx context.Context, batch []outbox.Delivery) []error {
+	r.mu.Lock()
+	r.calls = append(r.calls, slices.Clone(batch))
+	r.mu.Unlock()
+	r.recorder.mu.Lock()
+	defer r.recorder.mu.Unlock()
+	errs := make([]error, len(batch))
+	failed := map[string]bool{}
+	for i, d := range batch {
+		if d.PartitionKey != "" && failed[d.PartitionKey] {
+			errs[i] = errors.New("not sent: an earlier message of its key failed")
+			continue
+		}
+		if r.recorder.fail != nil {
+			errs[i] = r.recorder.fail(d)
+		}
+		if errs[i] != nil {
+			failed[d.PartitionKey] = d.PartitionKey != ""
+			continue
+		}
+		r.recorder.got = append(r.recorder.got, d)
+	}
+	return errs
+}
+
+// TestOrderedRunsToAKeyOrderTransport: with Ordered and a transport that keeps key order,
+// a transaction's rows of one key go in one Publish call, in commit order; when one fails,
+// the key's later rows are handed back with their attempts given back, and polling
+// delivers them after it.
+func TestOrderedRunsToAKeyOrderTransport(t *testing.T) {
+	leakCheck(t)
+	b := setup(t, time.Minute, true)
+	tr := &keyOrderRecorder{recorder: b.tr}
+	var once sync.Once
+	b.tr.setFail(func(d outbox.Delivery) error {
+		var err error
+		if d.PartitionKey == "a" && string(d.Payload) == `{"n":2}` {
+			once.Do(func() { err = errors.New("broker said no") })
+		}
+		return err
+	})
+	lp := b.publisher(t, Options{Ordered: true})
+	lp.tr, lp.keyOrder = tr, true
+	b.start(t, lp)
+	var batch []outbox.Message
+	for i := range 8 {
+		m := msg(i)
+		m.PartitionKey = []string{"a", "b"}[i%2]
+		batch = append(batch, m)
+	}
+	tx, err := b.db.BeginTx(b.ctx, nil)
+	require.NoError(t, err)
+	res, err := b.store.EnqueueBatch(b.ctx, tx, batch)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit())
+	var ids []uuid.UUID
+	for _, r := range res {
+		ids = append(ids, r.ID)
+	}
+	b.wait(t, "the log publisher settles all eight", func() bool {
+		s := lp.Stats()
+		return s.Delivered+s.Retried == 8
+	})
+	tr.mu.Lock()
+	first := tr.calls[0]
+	tr.mu.Unlock()
+	require.Len(t, first, 8, "the transaction's rows in one call, each key's together")
+	require.Equal(t, int64(5), lp.Stats().Delivered, "key b, and a's first row")
+	for _, i := range []int{4, 6} {
+		r, err := b.store.Get(b.ctx, ids[i])
+		require.NoError(t, err)
+		require.Equal(t, outbox.StatusPending, r.Status)
+		require.Zero(t, r.Attempts, "handed back, never tried")
+		require.Equal(t, heldBack, r.LastError)
+	}
+	poller, err := outbox.NewPublisher(b.store, tr, outbox.PublisherOptions{Scope: outbox.Scope{Namespace: "orders"},
+		Ordered: true, PollInterval: 20 * time.Millisecond, Lease: time.Minute, Logger: quiet,
+		Retry: outbox.RetryPolicy{BaseDelay: time.Millisecond, MaxDelay: time.Millisecond}})
+	require.NoError(t, err)
+	stop := b.runPoller(t, poller)
+	b.waitDelivered(t, "every row is delivered", ids)
+	stop()
+	got := map[string][]string{}
+	for _, d := range b.tr.deliveries() {
+		got[d.PartitionKey] = append(got[d.PartitionKey], string(d.Payload))
+	}
+	require.Equal(t, []string{`{"n":0}`, `{"n":2}`, `{"n":4}`, `{"n":6}`}, got["a"], "each row once, in order")
+	require.Equal(t, []string{`{"n":1}`, `{"n":3}`, `{"n":5}`, `{"n":7}`}, got["b"])
 }
