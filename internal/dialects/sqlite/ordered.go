@@ -102,18 +102,26 @@ func sqliteWithRuns(ctx context.Context, q dialect.DBTX, t dialect.Table, p dial
 }
 
 // sqliteWalk renders the candidates of an ordered claim's bounded walk of the claim index.
+// The window's bound comes first, so that a row past it is dropped before its head check.
 func sqliteWalk(t dialect.Table, p dialect.ClaimParams) func(a *dialect.Args) string {
 	return func(a *dialect.Args) string {
-		return `SELECT id FROM ` + sqlkit.QuoteIdent(t.Name(), '"') + ` INDEXED BY ` + sqlkit.QuoteIdent(t.Index("claim"), '"') + ` WHERE ` + sqliteEligible(a, p) +
-			sqliteOrdered(t, p) + sqliteWindow(t, a, p) + ` ORDER BY created_at, id LIMIT ` + a.Add(p.Limit)
+		return `SELECT id FROM ` + sqlkit.QuoteIdent(t.Name(), '"') + ` INDEXED BY ` + sqlkit.QuoteIdent(t.Index("claim"), '"') + ` WHERE ` +
+			sqliteWindow(t, a, p) + ` AND ` + sqliteEligible(a, p) + sqliteOrdered(t, p) + ` ORDER BY created_at, id LIMIT ` + a.Add(p.Limit)
 	}
 }
 
-// sqliteWindow bounds the ordered claim's walk to orderedWindow rows in scope.
+// sqliteWindow bounds the ordered claim's walk to orderedWindow rows in scope: the rows up to
+// the one orderedWindow rows in, by (created_at, id). The bound on created_at ends the range
+// of the index the walk reads; the row value keeps out the rows past the bound that share
+// its created_at (a transaction's rows share it, and a bound on created_at alone took in all
+// of them). With fewer rows in scope, both subqueries are empty: no bound.
 func sqliteWindow(t dialect.Table, a *dialect.Args, p dialect.ClaimParams) string {
-	return ` AND created_at <= coalesce((SELECT w.created_at FROM ` + sqlkit.QuoteIdent(t.Name(), '"') + ` w INDEXED BY ` +
-		sqlkit.QuoteIdent(t.Index("claim"), '"') + ` WHERE w.status IN ('pending', 'processing')` + sqlkit.ScopeSQL(a, p.Scope, "w.", sqlkit.UUIDBytes) +
-		` ORDER BY w.created_at, w.id LIMIT 1 OFFSET ` + a.Add(sqlkit.OrderedWindow(p.Limit)) + `), 9223372036854775807)`
+	edge := func(cols string) string {
+		return `(SELECT ` + cols + ` FROM ` + sqlkit.QuoteIdent(t.Name(), '"') + ` w INDEXED BY ` +
+			sqlkit.QuoteIdent(t.Index("claim"), '"') + ` WHERE w.status IN ('pending', 'processing')` + sqlkit.ScopeSQL(a, p.Scope, "w.", sqlkit.UUIDBytes) +
+			` ORDER BY w.created_at, w.id LIMIT 1 OFFSET ` + a.Add(sqlkit.OrderedWindow(p.Limit)) + `)`
+	}
+	return `created_at <= coalesce(` + edge("w.created_at") + `, 9223372036854775807) AND ((created_at, id) <= ` + edge("w.created_at, w.id") + `) IS NOT FALSE`
 }
 
 // sqliteHeadsByKey renders the candidates of a claim that visits the keys of p.Namespace:
