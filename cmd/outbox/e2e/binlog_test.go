@@ -107,3 +107,36 @@ func TestRelayBinlogDelivery(t *testing.T) {
 	require.EqualValues(t, len(fromLog), stopped["log_delivered"], "rows the binlog reader delivered")
 	require.EqualValues(t, len(bySQL), stopped["delivered"], "rows polling delivered")
 }
+
+// TestRelayBinlogOff: on a server whose binlog is off (the shared MariaDB) the binlog reader
+// stops with the fix to make; the relay logs it at once, /readyz says it, polling goes on
+// delivering, and the relay exits 1 when it stops.
+func TestRelayBinlogOff(t *testing.T) {
+	t.Parallel()
+	d := newDatabase(t, "mysql")
+	var logBin int
+	require.NoError(t, d.db.QueryRow(`SELECT @@log_bin`).Scan(&logBin))
+	if logBin != 0 {
+		t.Skip("the shared MariaDB has its binlog on")
+	}
+	ns := newNamespace()
+	br := redisBroker(t, ns, strings.TrimPrefix(testdb.Service(t, "redis", "OUTBOX_REDIS_ADDR", "127.0.0.1:6379"), "redis://"))
+	p := startRelay(t, nil, "--broker", br.url, "--namespace", ns, "--dsn", d.dsn,
+		"--delivery", "log", "--listen", "127.0.0.1:0", "--poll-interval", "50ms")
+	var body string
+	testdb.Poll(t, 30*time.Second, "the reader's failure on /readyz", func() bool {
+		var code int
+		code, body = p.get("/readyz")
+		return code == 503 && strings.Contains(body, ": not reading the binlog as outbox_outbox_events: outboxbinlog:")
+	})
+	t.Logf("/readyz: %s", body)
+	stopped := logLine(p.stderr.String(), "outbox relay: log delivery stopped; polling delivers the rows")
+	require.NotNil(t, stopped, p.stderr.String())
+	require.Equal(t, "ERROR", stopped["level"])
+	require.Contains(t, stopped["err"], "binlog")
+
+	rows := writeRows(t, d, ns, 3)
+	testdb.Poll(t, 30*time.Second, "polling to deliver the rows", func() bool { return br.got.has(rows) })
+	p.signal(syscall.SIGTERM)
+	require.Equal(t, 1, p.exit(30*time.Second), p.stderr.String())
+}
