@@ -4,6 +4,7 @@ go 1.26.0
 
 replace (
 	github.com/outboxgo/outbox => ../..
+	github.com/outboxgo/outbox/logrepl/mysqlbinlog => ../../logrepl/mysqlbinlog
 	github.com/outboxgo/outbox/logrepl/pglog => ../../logrepl/pglog
 	github.com/outboxgo/outbox/otel => ../../otel
 	github.com/outboxgo/outbox/outboxtest => ../../outboxtest
@@ -37,6 +38,8 @@ require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/go-logr/logr v1.4.4 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect
+	github.com/go-mysql-org/go-mysql v1.13.0 // indirect
+	github.com/goccy/go-json v0.10.2 // indirect
 	github.com/jackc/pgio v1.0.0 // indirect
 	github.com/jackc/pglogrepl v0.0.0-20251213150135-2e8d0df862c1 // indirect
 	github.com/klauspost/compress v1.20.3 // indirect
@@ -44,10 +47,14 @@ require (
 	github.com/nats-io/nkeys v0.4.16 // indirect
 	github.com/nats-io/nuid v1.0.1 // indirect
 	github.com/pierrec/lz4/v4 v4.1.33 // indirect
+	github.com/pingcap/errors v0.11.5-0.20250318082626-8f80e5cb09ec // indirect
+	github.com/pingcap/log v1.1.1-0.20241212030209-7e3ff8601a2a // indirect
+	github.com/pingcap/tidb/pkg/parser v0.0.0-20250421232622-526b2c79173d // indirect
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/otlptranslator v1.0.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
+	github.com/shopspring/decimal v1.5.0 // indirect
 	github.com/twmb/franz-go/pkg/kmsg v1.15.1 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
 	go.opentelemetry.io/otel v1.47.0 // indirect
@@ -55,8 +62,10 @@ require (
 	go.opentelemetry.io/otel/sdk v1.47.0 // indirect
 	go.opentelemetry.io/otel/trace v1.47.0 // indirect
 	go.uber.org/atomic v1.12.0 // indirect
+	go.uber.org/zap v1.27.0 // indirect
 	golang.org/x/crypto v0.58.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
+	gopkg.in/natefinch/lumberjack.v2 v2.2.1 // indirect
 )
 
 require (
@@ -70,6 +79,7 @@ require (
 	github.com/mfridman/interpolate v0.0.2 // indirect
 	github.com/ncruces/go-strftime v1.1.0 // indirect
 	github.com/outboxgo/outbox v0.0.0
+	github.com/outboxgo/outbox/logrepl/mysqlbinlog v0.0.0
 	github.com/outboxgo/outbox/logrepl/pglog v0.0.0
 	github.com/outboxgo/outbox/otel v0.0.0
 	github.com/outboxgo/outbox/outboxtest v0.0.0

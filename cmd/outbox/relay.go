@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/logrepl/mysqlbinlog"
 	"github.com/outboxgo/outbox/logrepl/pglog"
 	"github.com/outboxgo/outbox/otel"
 )
@@ -91,7 +92,9 @@ type storePlan struct {
 	t    target
 	db   relayDatabase
 	opts outbox.PublisherOptions
-	log  *outboxpglog.Options // log delivery, else nil
+	// log delivery on PostgreSQL (log) or MySQL/MariaDB (binlog); both nil for polling only
+	log    *outboxpglog.Options
+	binlog *outboxbinlog.Options
 }
 
 // planRelay resolves every database and builds its options; every check that needs no
@@ -125,16 +128,29 @@ func (c *cli) planRelay(rc *relayConfig, log *slog.Logger) ([]storePlan, error) 
 		}
 		p := storePlan{name: name, t: t, db: db, opts: po}
 		if db.Delivery == "log" {
-			if t.dialect != "postgres" {
-				// The MySQL/MariaDB binlog reader plugs in here once it exists.
-				return nil, usagef("%s: delivery log is supported on PostgreSQL only; %s databases are delivered by polling (delivery = \"poll\")", db.where, t.dialect)
+			switch t.dialect {
+			case "postgres":
+				conn := db.ReplicationDSN
+				if conn == "" {
+					conn = t.dsn
+				}
+				p.log = &outboxpglog.Options{Scope: sc, ConnString: conn, Slot: db.Slot, Ordered: rc.Ordered, BatchSize: rc.BatchSize,
+					RetryPolicy: po.Retry, ShutdownTimeout: rc.DrainTimeout, Logger: log.With("store", name)}
+			case "mysql":
+				conn := t.dsn
+				if db.ReplicationDSN != "" {
+					rt, err := resolve("mysql", db.ReplicationDSN)
+					if err != nil {
+						return nil, fmt.Errorf("%s: replication_dsn: %w", db.where, err)
+					}
+					c.secrets = append(c.secrets, rt.secrets()...)
+					conn = rt.dsn
+				}
+				p.binlog = &outboxbinlog.Options{Scope: sc, ConnString: conn, Name: db.Slot, Ordered: rc.Ordered, BatchSize: rc.BatchSize,
+					RetryPolicy: po.Retry, ShutdownTimeout: rc.DrainTimeout, Logger: log.With("store", name)}
+			default:
+				return nil, usagef("%s: delivery log reads PostgreSQL's write-ahead log or the MySQL/MariaDB binlog; SQLite databases are delivered by polling (delivery = \"poll\")", db.where)
 			}
-			conn := db.ReplicationDSN
-			if conn == "" {
-				conn = t.dsn
-			}
-			p.log = &outboxpglog.Options{Scope: sc, ConnString: conn, Slot: db.Slot, Ordered: rc.Ordered, BatchSize: rc.BatchSize,
-				RetryPolicy: po.Retry, ShutdownTimeout: rc.DrainTimeout, Logger: log.With("store", name)}
 		}
 		plans = append(plans, p)
 	}
@@ -183,7 +199,7 @@ type relayStore struct {
 	storePlan
 	db      *sql.DB
 	store   *outbox.Store
-	logPub  *outboxpglog.Publisher
+	reader  *logSource // log delivery, else nil
 	watcher *outboxotel.StoreWatcher
 	obs     *outboxotel.PublisherObserver
 }
@@ -243,10 +259,8 @@ func serveRelay(ctx context.Context, c *cli, rc *relayConfig, spec *brokerSpec, 
 			Scope: p.opts.Scope, Logger: log.With("store", p.name)}); err != nil {
 			return err
 		}
-		if p.log != nil {
-			if s.logPub, err = outboxpglog.New(s.store, br.tr, *p.log); err != nil {
-				return usagef("%s: %v", p.db.where, err)
-			}
+		if s.reader, err = newLogSource(p, s.store, br.tr); err != nil {
+			return usagef("%s: %v", p.db.where, err)
 		}
 	}
 	defer met.watch(relay, stores)()
@@ -258,11 +272,11 @@ func serveRelay(ctx context.Context, c *cli, rc *relayConfig, spec *brokerSpec, 
 	wg.Add(1)
 	go func() { defer wg.Done(); errs <- relay.Run(runCtx) }()
 	for _, s := range stores {
-		if s.logPub != nil {
+		if s.reader != nil {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if err := s.logPub.Run(runCtx); err != nil && !errors.Is(err, context.Canceled) {
+				if err := s.reader.run(runCtx, log.With("store", s.name)); err != nil {
 					errs <- fmt.Errorf("store %s: log delivery: %w", s.name, err)
 				}
 			}()
@@ -309,6 +323,13 @@ func serveRelay(ctx context.Context, c *cli, rc *relayConfig, spec *brokerSpec, 
 		cancel()
 	}
 	st := relay.Stats().Total
-	log.Info("outbox relay: stopped", "delivered", st.Delivered, "retried", st.Retried, "dead", st.Dead)
+	var fromLog logCounts
+	for _, s := range stores {
+		if s.reader != nil {
+			fromLog = fromLog.plus(s.reader.state().logCounts)
+		}
+	}
+	log.Info("outbox relay: stopped", "delivered", st.Delivered, "retried", st.Retried, "dead", st.Dead,
+		"log_delivered", fromLog.delivered, "log_retried", fromLog.retried, "log_dead", fromLog.dead)
 	return runErr
 }

@@ -173,11 +173,11 @@ var relayKeys = []relayKey{
 			c.Tenant = id
 			return nil
 		}},
-	{key: "delivery", flag: "delivery", env: "OUTBOX_DELIVERY", def: "poll", help: "poll (claim from the table) or log (PostgreSQL's write-ahead log, with polling for retries); per database in the file",
+	{key: "delivery", flag: "delivery", env: "OUTBOX_DELIVERY", def: "poll", help: "poll (claim from the table) or log (PostgreSQL's write-ahead log or the MySQL/MariaDB binlog, with polling for retries); per database in the file",
 		set: oneOf(func(c *relayConfig) *string { return &c.Delivery }, "poll", "log")},
-	{key: "replication_dsn", flag: "replication-dsn", env: "OUTBOX_REPLICATION_DSN", help: "log delivery: the replication connection (a role with REPLICATION). Default the database's DSN",
+	{key: "replication_dsn", flag: "replication-dsn", env: "OUTBOX_REPLICATION_DSN", help: "log delivery: the replication connection (PostgreSQL: a role with REPLICATION; MySQL: a user with REPLICATION SLAVE and REPLICATION CLIENT). Default the database's DSN",
 		set: stringKey(func(c *relayConfig) *string { return &c.ReplicationDSN })},
-	{key: "slot", flag: "slot", env: "OUTBOX_SLOT", help: "log delivery: the replication slot. Default outbox_<table>",
+	{key: "slot", flag: "slot", env: "OUTBOX_SLOT", help: "log delivery: the replication slot (PostgreSQL) or the binlog reader's name (MySQL). Default outbox_<table>",
 		set: stringKey(func(c *relayConfig) *string { return &c.Slot })},
 	{key: "ordered", flag: "ordered", env: "OUTBOX_ORDERED", def: "false", help: "deliver each partition key's events in order (the table needs the ordered migrations)",
 		set: boolKey(func(c *relayConfig) *bool { return &c.Ordered })},

@@ -55,12 +55,8 @@ func (m *relayMetrics) watch(relay *outbox.Relay, stores []*relayStore) func() {
 	for _, s := range stores {
 		name := s.name
 		stops = append(stops, m.tel.WatchListener(name, func() outbox.ListenerState { return relay.Stats().Stores[name].Listener }))
-		if lp := s.logPub; lp != nil {
-			stops = append(stops, m.tel.WatchLogReader(lp.Slot(), func() outboxotel.LogReaderStats {
-				st := lp.Stats()
-				return outboxotel.LogReaderStats{Reading: st.Reading, SlotLagBytes: st.SlotLagBytes,
-					RetainedWALBytes: st.RetainedWALBytes, SlotResets: st.SlotResets}
-			}))
+		if s.reader != nil {
+			stops = append(stops, m.tel.WatchLogReader(s.reader.id, s.reader.metrics))
 		}
 	}
 	up, _ := m.meter.Int64ObservableGauge(metricStoreUp,
@@ -127,9 +123,9 @@ func (h *relayHTTP) mux(rc *relayConfig) (*http.ServeMux, error) {
 }
 
 // readyz answers 200 when every database is healthy, the broker answers its ping and the
-// circuit is closed, and every log reader holds its slot (or stands by for another
-// relay's); otherwise 503. The body has a line per check, so that a probe's log says what
-// is not ready.
+// circuit is closed, and every log reader holds its slot or binlog lock (or stands by for
+// another relay's); otherwise 503. The body has a line per check, so that a probe's log
+// says what is not ready.
 func (h *relayHTTP) readyz(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
 	defer cancel()
@@ -172,18 +168,22 @@ func (h *relayHTTP) readyz(w http.ResponseWriter, r *http.Request) {
 		lines = append(lines, "circuit: closed")
 	}
 	for _, s := range h.stores {
-		if s.logPub == nil {
+		if s.reader == nil {
 			continue
 		}
-		ls := s.logPub.Stats()
+		ls := s.reader.state()
 		switch {
-		case ls.Reading:
-			lines = append(lines, fmt.Sprintf("log listener %s: reading slot %s", s.name, s.logPub.Slot()))
-		case ls.Standby:
-			lines = append(lines, fmt.Sprintf("log listener %s: standby (another reader holds slot %s)", s.name, s.logPub.Slot()))
+		case ls.reading:
+			lines = append(lines, fmt.Sprintf("log listener %s: reading %s", s.name, s.reader.what))
+		case ls.standby:
+			lines = append(lines, fmt.Sprintf("log listener %s: standby (another reader holds %s)", s.name, s.reader.held))
 		default:
 			ready = false
-			lines = append(lines, fmt.Sprintf("log listener %s: not reading slot %s", s.name, s.logPub.Slot()))
+			line := fmt.Sprintf("log listener %s: not reading %s", s.name, s.reader.what)
+			if e := s.reader.failed.Load(); e != nil {
+				line += ": " + oneLine(*e)
+			}
+			lines = append(lines, line)
 		}
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")

@@ -4,11 +4,14 @@ go 1.26.0
 
 replace github.com/outboxgo/outbox => ../..
 
+replace github.com/outboxgo/outbox/outboxtest => ../../outboxtest
+
 require (
 	github.com/go-mysql-org/go-mysql v1.13.0
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/google/uuid v1.6.0
 	github.com/outboxgo/outbox v0.0.0
+	github.com/outboxgo/outbox/outboxtest v0.0.0
 	github.com/stretchr/testify v1.12.1
 	go.uber.org/goleak v1.3.0
 )

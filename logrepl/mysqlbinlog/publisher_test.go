@@ -613,7 +613,7 @@ func TestLargeTransactions(t *testing.T) {
 
 func leakCheck(t *testing.T) {
 	privateServer(t) // its goroutine lives as long as the package's tests
-	opts := []goleak.Option{goleak.IgnoreCurrent(), goleak.IgnoreAnyFunction("github.com/outboxgo/outbox/logrepl/mysqlbinlog.(*myServer).start.func1")}
+	opts := []goleak.Option{goleak.IgnoreCurrent(), goleak.IgnoreAnyFunction("github.com/outboxgo/outbox/outboxtest/mariadbserver.(*Server).start.func1")}
 	t.Cleanup(func() { goleak.VerifyNone(t, opts...) })
 }
 

@@ -46,6 +46,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	code := m.Run()
+	stopBinlogMariaDB()
 	_ = os.RemoveAll(dir)
 	os.Exit(code)
 }

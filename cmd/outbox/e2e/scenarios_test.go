@@ -206,6 +206,7 @@ func TestRelayBadConfiguration(t *testing.T) {
 		require.NoError(t, os.WriteFile(p, []byte(body), 0o600))
 		return p
 	}
+	lite := "sqlite:" + file("lite.db", "")
 	base := []string{"--listen", held.Addr().String()}
 	for _, tc := range []struct {
 		name string
@@ -220,12 +221,13 @@ func TestRelayBadConfiguration(t *testing.T) {
 		{"bad flag value", nil, []string{"--broker", broker, "--namespace", "a", "--dsn", pg, "--lease", "5 parsecs"}, `--lease: "5 parsecs" is not a duration`},
 		{"bad variable", []string{"OUTBOX_BATCH_SIZE=lots"}, []string{"--broker", broker, "--namespace", "a", "--dsn", pg}, "OUTBOX_BATCH_SIZE:"},
 		{"library refuses", nil, []string{"--broker", broker, "--namespace", "a", "--dsn", pg, "--lease", "1s", "--poll-interval", "1s"}, "--poll-interval"},
-		{"log delivery on MariaDB", nil, []string{"--broker", broker, "--namespace", "a", "--dsn", my, "--delivery", "log"}, "delivered by polling"},
+		{"log delivery on SQLite", nil, []string{"--broker", broker, "--namespace", "a", "--dsn", lite, "--delivery", "log"}, "SQLite databases are delivered by polling"},
+		{"bad replication DSN", nil, []string{"--broker", broker, "--namespace", "a", "--dsn", my, "--delivery", "log", "--replication-dsn", "mysql://root@x/?tls=maybe"}, "replication_dsn"},
 		{"unknown broker option", nil, []string{"--broker", broker + "?subjekt=x", "--namespace", "a", "--dsn", pg}, `broker option "subjekt"`},
 		{"webhook without secret", nil, []string{"--broker", "https://hooks.example.com/x", "--namespace", "a", "--dsn", pg}, "signing secret"},
 		{"unknown file key", nil, []string{"--config", file("typo.toml", "broker = \""+broker+"\"\nnamespace = \"a\"\nbach_size = 10\n")}, `unknown key "bach_size"`},
 		{"file that does not parse", nil, []string{"--config", file("bad.toml", "broker = \n")}, "bad.toml"},
-		{"bad database in file", nil, []string{"--config", file("db.toml", "broker = \""+broker+"\"\nnamespace = \"a\"\n[[database]]\ndsn = '"+my+"'\ndelivery = \"log\"\n")}, "database 1 of"},
+		{"bad database in file", nil, []string{"--config", file("db.toml", "broker = \""+broker+"\"\nnamespace = \"a\"\n[[database]]\ndsn = '"+lite+"'\ndelivery = \"log\"\n")}, "database 1 of"},
 		{"ui beyond loopback without a token", nil, []string{"--broker", broker, "--namespace", "a", "--dsn", pg, "--ui", "--listen", ":0"}, "--ui-token"},
 	} {
 		p := runRelay(t, tc.env, append(append([]string{}, base...), tc.args...)...)
