@@ -14,8 +14,10 @@ type Stats struct {
 	// Delivered, Retried and Dead count the outcomes the Publisher settled; LeaseLost the
 	// rows whose insert lease had run out, which polling owned by then.
 	Delivered, Retried, Dead, LeaseLost int64
-	// Reading is whether the Publisher holds its slot now. Standby is whether it waits
-	// because another reader holds it.
+	// Reading is whether the Publisher holds its slot now: every transaction that commits
+	// from then on is read from the log, while rows committed before the first session
+	// created the slot are polling's. Standby is whether it waits because another reader
+	// holds it.
 	Reading, Standby bool
 	// ConfirmedLSN is the last position confirmed to the server: every outcome before it
 	// is committed.

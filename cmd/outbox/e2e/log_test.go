@@ -112,16 +112,15 @@ func TestRelayLogDelivery(t *testing.T) {
 	br := redisBroker(t, ns, strings.TrimPrefix(testdb.Service(t, "redis", "OUTBOX_REDIS_ADDR", "127.0.0.1:6379"), "redis://"))
 	p := startRelay(t, nil, "--broker", br.url, "--namespace", ns, "--dsn", dsn, "--delivery", "log",
 		"--listen", "127.0.0.1:0", "--poll-interval", "50ms")
+	// Rows committed before the slot exists are polling's, so wait for the reading line
+	// itself: "not reading slot ..." contains "reading slot ..." too.
 	testdb.Poll(t, 30*time.Second, "the log listener to read its slot", func() bool {
 		_, body := p.get("/readyz")
-		return strings.Contains(body, "reading slot outbox_outbox_events")
+		return strings.Contains(body, ": reading slot outbox_outbox_events")
 	})
 
-	// A short insert lease: should the log not deliver a row, polling takes it over soon
-	// and the test still proves nothing is lost; the split is logged. (Rows committed at
-	// once after the reader reports its slot were all left to polling in most runs here;
-	// 3s later, all came from the log.)
-	store, err := outbox.New(db, outbox.Postgres(), outbox.Options{LogLease: 2 * time.Second})
+	// An insert lease longer than the test's waits: only the log can deliver these rows.
+	store, err := outbox.New(db, outbox.Postgres(), outbox.Options{LogLease: time.Minute})
 	require.NoError(t, err)
 	var fromLog []row
 	for i := range 10 {
@@ -134,18 +133,20 @@ func TestRelayLogDelivery(t *testing.T) {
 		fromLog = append(fromLog, row{id: res.ID.String(), payload: payload})
 	}
 	bySQL := writeRows(t, d, ns, 6)
-	testdb.Poll(t, 30*time.Second, "every row at the broker", func() bool { return br.got.has(fromLog) && br.got.has(bySQL) })
+	testdb.Poll(t, 30*time.Second, "every row at the broker (the leased ones from the log: polling cannot take them yet)", func() bool {
+		return br.got.has(fromLog) && br.got.has(bySQL)
+	})
 	br.got.requireExact(t, append(fromLog, bySQL...))
 	testdb.Poll(t, 10*time.Second, "every row delivered", func() bool { return counts(t, d)["delivered"] == 16 })
 	// A row the log delivered was leased at its insert and settled once (attempts 1); one
-	// that polling took over after its lease ran out counts 2.
+	// that polling took over after its lease ran out would count 2.
 	var byLog int
 	ids := make([]any, len(fromLog))
 	for i, r := range fromLog {
 		ids[i] = r.id
 	}
 	require.NoError(t, db.QueryRow(`SELECT count(*) FROM outbox_events WHERE attempts = 1 AND id::text = ANY (ARRAY[$1,$2,$3,$4,$5,$6,$7,$8,$9,$10])`, ids...).Scan(&byLog))
-	t.Logf("%d of %d leased rows delivered from the log, the rest by polling", byLog, len(fromLog))
+	require.Equal(t, len(fromLog), byLog, "every leased row delivered from the log")
 
 	code, body := p.get("/readyz")
 	require.Equal(t, 200, code, body)
