@@ -179,7 +179,7 @@ func (h *relayHTTP) readyz(w http.ResponseWriter, r *http.Request) {
 			lines = append(lines, fmt.Sprintf("log listener %s: standby (another reader holds %s)", s.name, s.reader.held))
 		default:
 			ready = false
-			line := fmt.Sprintf("log listener %s: not reading %s", s.name, s.reader.what)
+			line := fmt.Sprintf("log listener %s: stopped (%s)", s.name, s.reader.what)
 			if e := s.reader.failed.Load(); e != nil {
 				line += ": " + oneLine(*e)
 			}

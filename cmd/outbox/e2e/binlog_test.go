@@ -127,7 +127,7 @@ func TestRelayBinlogOff(t *testing.T) {
 	testdb.Poll(t, 30*time.Second, "the reader's failure on /readyz", func() bool {
 		var code int
 		code, body = p.get("/readyz")
-		return code == 503 && strings.Contains(body, ": not reading the binlog as outbox_outbox_events: outboxbinlog:")
+		return code == 503 && strings.Contains(body, ": stopped (the binlog as outbox_outbox_events): outboxbinlog:")
 	})
 	t.Logf("/readyz: %s", body)
 	stopped := logLine(p.stderr.String(), "outbox relay: log delivery stopped; polling delivers the rows")
