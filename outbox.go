@@ -107,7 +107,8 @@ type Options struct {
 //     command and the web view call the same methods.
 //   - the lease protocol, a low-level API that a Publisher runs for you, for relays and tools
 //     of one's own: [Store.Claim], [Store.Extend], [Store.Ack], [Store.Nack],
-//     [Store.Complete], [Store.CompleteAndClaim], [Store.Bury] and [Store.BuryExpired].
+//     [Store.Complete], [Store.CompleteTx], [Store.CompleteAndClaim], [Store.Bury] and
+//     [Store.BuryExpired].
 type Store struct {
 	db         *sql.DB
 	dialect    Dialect
