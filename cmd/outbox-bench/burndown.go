@@ -205,12 +205,6 @@ func drain(ctx context.Context, b backend, s drainSpec) (burnRun, error) {
 	return run, nil
 }
 
-// burnLibrary drains n rows of table with a Publisher, in order per partition key when
-// ordered is set.
-func burnLibrary(ctx context.Context, b backend, db *sql.DB, table string, n, batch, workers int, timeout time.Duration, ordered bool) (time.Duration, *outbox.PublisherStats, error) {
-	return burnPublisher(ctx, b, db, table, n, batch, workers, timeout, ordered, 0, nil, nil)
-}
-
 // firstClaim is a PublisherObserver that records when the first claim of a Run began,
 // as the time since start.
 type firstClaim struct {
@@ -231,7 +225,8 @@ func (*firstClaim) StartPublish(ctx context.Context, _ []outbox.Delivery) contex
 func (*firstClaim) EndPublish(context.Context, []outbox.Delivery, []outbox.AttemptResult) {}
 func (*firstClaim) Settled(context.Context, []outbox.Settled)                             {}
 
-// burnPublisher is burnLibrary with a transport that takes publish to publish a batch, and,
+// burnPublisher drains n rows of table with a Publisher (in order per partition key when
+// ordered is set) whose transport takes publish to publish a batch, and,
 // when first is not nil, an observer that times the start of the first claim. With order,
 // the transport keeps key order ([outbox.TransportKeyOrder]) and order counts what it
 // delivers.
