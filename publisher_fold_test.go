@@ -154,8 +154,8 @@ func TestPublisherCrashBetweenPublishAndFoldedSettle(t *testing.T) {
 		// SIGKILL between the publish and its settle.
 		killHelper(t, e, "reach the folded settle", func(out string) bool { return strings.Contains(out, "folding") }, helperFoldEnv+"=1")
 
-		// The first batch was published (by a transport that answers at once, so nothing was
-		// claimed during it); its settle, riding with the claim of the second, never committed.
+		// The first batch was published, and the second claimed ahead of it while it was in
+		// the transport; the first's settle, riding with the claim after them, never committed.
 		held := map[uuid.UUID]bool{}
 		for _, id := range ids {
 			if r := e.get(t, id); r.Status == outbox.StatusProcessing {
@@ -165,7 +165,7 @@ func TestPublisherCrashBetweenPublishAndFoldedSettle(t *testing.T) {
 				require.Equal(t, outbox.StatusPending, r.Status)
 			}
 		}
-		require.Len(t, held, 5, "the published batch held, not settled")
+		require.Len(t, held, 10, "the published batch and the one claimed ahead held, not settled")
 
 		rec := newRecorder(nil)
 		o := fastOptions(t, "foldcrash")
@@ -177,7 +177,7 @@ func TestPublisherCrashBetweenPublishAndFoldedSettle(t *testing.T) {
 		for _, id := range ids {
 			want := []int{1}
 			if held[id] {
-				want = []int{2} // its first attempt was made by the killed process
+				want = []int{2} // its first attempt was counted by the killed process's claim
 			}
 			require.Equal(t, want, rec.seen(id))
 		}

@@ -12,7 +12,7 @@ import (
 // outcomes, over and over. It pipelines: the outcomes of a full batch are settled with the
 // next claim, in one transaction where the dialect can ([settler]), so a backlog drains at
 // one commit per batch; and while a full batch is in the transport the loop claims the next
-// one when that pays (aheadWorth), so the database's work overlaps the broker's. Before
+// one, so the database's work overlaps the broker's. Before
 // each claim it asks its [admission] (the circuit breaker, a relay's slots).
 type loop struct {
 	r       *run
@@ -29,9 +29,6 @@ type loop struct {
 	// SQLite file, claiming ahead, delivered too slowly under the race detector). It still
 	// settles a full batch's outcomes with its next claim.
 	claimAhead bool
-	// How long the last publish and the last claim took, for aheadWorth. The first batch
-	// is published before a claim ahead.
-	lastPublish, lastClaim time.Duration
 }
 
 // batch is a claimed batch, to publish.
@@ -133,7 +130,7 @@ func (l *loop) publish(b batch) (ahead batch, ok bool) {
 
 	ahead.lost = map[uuid.UUID]bool{}
 	var aheadErr error
-	if full && l.claimAhead && aheadWorth(l.lastPublish, l.lastClaim) && r.ctx.Err() == nil && l.adm.ahead(l.settler) {
+	if full && l.claimAhead && r.ctx.Err() == nil && l.adm.ahead(l.settler) {
 		ahead.recs, aheadErr = l.claimNow(l.o) // more is likely waiting
 		l.adm.claimed(ticket{}, len(ahead.recs), aheadErr)
 	} else {
@@ -143,7 +140,6 @@ func (l *loop) publish(b batch) (ahead batch, ok bool) {
 	if out == nil {
 		return batch{}, false
 	}
-	l.lastPublish = out.took
 	l.retries.note(out)
 	l.adm.published(out, b.ticket)
 	l.settler.add(out)
@@ -184,33 +180,10 @@ func (l *loop) freed(out *outcomes) bool {
 	return false
 }
 
-// claimNow claims with o, settling the batch the loop carries, and times it.
+// claimNow claims with o, settling the batch the loop carries.
 func (l *loop) claimNow(o ClaimOptions) ([]Record, error) {
-	began := time.Now()
-	recs, err := l.settler.claim(o)
-	l.lastClaim = time.Since(began)
-	return recs, err
+	return l.settler.claim(o)
 }
-
-// aheadWorth reports whether a claim loop should claim its next batch while this one is
-// published. A claim ahead pays while the transport takes a while: the database claims the
-// next batch while the broker takes this one. With a transport that answers at once there
-// is nothing to overlap, and the claim ahead only costs: it passes over the batch in flight
-// (still processing, first in the claim's order) and holds twice the rows. So a loop claims
-// ahead while its last publish took at least a sixteenth of its last claim, and at least
-// aheadMinPublish, and otherwise settles the batch's outcomes with the claim that follows
-// the publish, which is still one transaction per batch. A loop learns it from its first
-// batch, which it publishes without claiming ahead: turning the claim ahead on costs
-// nothing, but turning it off settles the batch claimed before alone.
-func aheadWorth(lastPublish, lastClaim time.Duration) bool {
-	return lastPublish >= aheadMinPublish && 16*lastPublish >= lastClaim
-}
-
-// aheadMinPublish is the shortest publish worth a claim ahead: a transport that answers
-// sooner made no network round trip (it hands messages to memory, a channel, a buffer),
-// and an in-process SQLite claim is quick enough that such a publish would otherwise pass
-// for a sixteenth of it, now and then, turning the claim ahead on and off.
-const aheadMinPublish = 200 * time.Microsecond
 
 // pacer is a claim loop's pauses: the idle pause, which doubles while claims come back
 // empty; the backoff after failed claims; and the chase of a wake-up (chaseDelays).
