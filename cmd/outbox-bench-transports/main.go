@@ -35,9 +35,9 @@
 // with an unordered one, in turn, after the other measurements (it migrates the table's
 // ordered set), and prints e2e_nats_ordered_1key_vs_unordered, the median of the rounds'
 // ordered ÷ unordered (target >= 0.5), and e2e_nats_ordered_1key_vs_unkeyed, ordered ÷ the
-// rows without a key: the transport sends a key's messages one after another for an
-// unordered Publisher too, so only the rows without a key take its pipelined path. A message
-// delivered before an earlier one of its key fails the run.
+// rows without a key. An unordered Publisher waives key order, so its batches take the
+// transport's pipelined path either way. A message an ordered Publisher delivers before an
+// earlier one of its key fails the run.
 //
 // e2e_<t>_vs_client is the concurrent burn-down's transport ÷ client (target >= 0.8; the
 // table also shows the ratio of the back-to-back burn-downs); transport_<t>_vs_client is the transport alone ÷ the client alone
