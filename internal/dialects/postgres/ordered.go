@@ -57,17 +57,21 @@ func pgOrdered(tbl string, p dialect.ClaimParams) string {
 // orderedWindow rows, then, when that found less than a batch, by visiting the keys
 // (pgHeadsByKey). The window keeps the walk from passing a whole backlog of rows held back
 // by heads in flight; the visit finds the heads beyond it.
+//
+// Only a key's first row in the window can be its head (every later one has that row live
+// before it), so the walk keeps each key's first row (and every row without a key) and
+// checks only those: a head check per key in the window, not per row, which is what a hot
+// key's claim spent its time on (250 checks for one head).
 func pgClaimOrdered(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ClaimParams) ([]dialect.Record, error) {
 	tbl := pgTable(t)
 	a := &dialect.Args{Numbered: true}
-	// The window ends at the row orderedWindow rows in, by (created_at, id): rows of one
-	// transaction share created_at, and a bound on created_at alone took in all of them.
-	win := `(SELECT w.created_at, w.id FROM ` + tbl + ` w WHERE w.status IN ('pending', 'processing')` +
-		` AND (SELECT true` + sqlkit.ScopeSQL(a, p.Scope, "w.", pgUUID) + `) ORDER BY w.created_at, w.id OFFSET ` +
-		a.Add(sqlkit.OrderedWindow(p.Limit)) + `::bigint LIMIT 1)`
-	window := ` AND (created_at, id) <= (COALESCE((SELECT created_at FROM w), 'infinity'), COALESCE((SELECT id FROM w), 'ffffffff-ffff-ffff-ffff-ffffffffffff'))`
-	recs, err := pgLease(ctx, q, t, p, a, `WITH w AS MATERIALIZED `+win+`, c AS MATERIALIZED (SELECT id FROM `+tbl+` WHERE `+pgEligible(a, p)+pgOrdered(tbl, p)+window+
-		` ORDER BY created_at, id LIMIT `+a.Add(p.Limit)+`::bigint FOR UPDATE SKIP LOCKED)`)
+	firsts := `f AS MATERIALIZED (SELECT DISTINCT ON (x.partition_key IS NULL, COALESCE(x.partition_key, x.id::text)) x.id FROM` +
+		` (SELECT w.id, w.partition_key, w.created_at FROM ` + tbl + ` w WHERE w.status IN ('pending', 'processing')` +
+		` AND (SELECT true` + sqlkit.ScopeSQL(a, p.Scope, "w.", pgUUID) + `) ORDER BY w.created_at, w.id LIMIT ` +
+		a.Add(sqlkit.OrderedWindow(p.Limit)+1) + `::bigint) x` +
+		` ORDER BY x.partition_key IS NULL, COALESCE(x.partition_key, x.id::text), x.created_at, x.id)`
+	recs, err := pgLease(ctx, q, t, p, a, `WITH `+firsts+`, c AS MATERIALIZED (SELECT id FROM `+tbl+` WHERE id = ANY(ARRAY(SELECT id FROM f)) AND `+
+		pgEligible(a, p)+pgOrdered(tbl, p)+` ORDER BY created_at, id LIMIT `+a.Add(p.Limit)+`::bigint FOR UPDATE SKIP LOCKED)`)
 	if recs, err = pgWithRuns(ctx, q, t, p, recs, err); err != nil || len(recs) == p.Limit {
 		return recs, err
 	}
