@@ -361,7 +361,7 @@ func firstCodeLine(s string) string {
 // vet writes the block as the only file of a package in a directory of the document's
 // module, runs go vet on it and removes the directory.
 func (c *checker) vet(d *doc, b block) ([]byte, error) {
-	modDir, name, remove, err := c.writeBlock(d, b, "docscheckvet")
+	modDir, name, remove, err := c.writeBlock(d, b, "_docscheckvet")
 	if err != nil {
 		return nil, err
 	}
@@ -373,7 +373,8 @@ func (c *checker) vet(d *doc, b block) ([]byte, error) {
 
 // writeBlock writes the block as main.go of a new package directory in the document's
 // module, and returns the module's directory, the package's directory name and the function
-// that removes it.
+// that removes it. The name starts with an underscore, so that a `go vet ./...` running at the
+// same time (CI lints beside this check) never lists the directory, which may vanish under it.
 func (c *checker) writeBlock(d *doc, b block, prefix string) (modDir, name string, remove func(), err error) {
 	c.n++
 	modDir = filepath.Join(c.root, c.moduleDir(d))
@@ -394,7 +395,7 @@ func (c *checker) writeBlock(d *doc, b block, prefix string) (modDir, name strin
 // module and runs the program in an empty temporary directory, so that files it writes
 // land there.
 func (c *checker) runGo(d *doc, b block) ([]byte, error) {
-	modDir, name, remove, err := c.writeBlock(d, b, "docscheckrun")
+	modDir, name, remove, err := c.writeBlock(d, b, "_docscheckrun")
 	if err != nil {
 		return nil, err
 	}
