@@ -117,6 +117,9 @@ func TestRelayDatabaseDown(t *testing.T) {
 				rs, err := m.store.EnqueueStandalone(context.Background(), outbox.Message{Namespace: "relay", Topic: m.name,
 					Payload: []byte(fmt.Sprintf(`{"i":%d}`, i))})
 				if err != nil {
+					if m.name == "down" && down.Load() {
+						continue // begun before the outage, cut by it: its row may exist, and is not counted
+					}
 					t.Errorf("enqueue in %s: %v", m.name, err)
 					return
 				}
