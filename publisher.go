@@ -758,12 +758,9 @@ type settlement struct {
 	released bool
 }
 
-// keyRef names a partition key: its namespace and key.
-type keyRef struct{ namespace, key string }
-
 // runKey returns rec's key when rec may be part of a run.
-func (p *Publisher) runKey(rec *Record) (keyRef, bool) {
-	return keyRef{rec.Namespace, rec.PartitionKey}, p.runs && rec.PartitionKey != ""
+func (p *Publisher) runKey(rec *Record) (partKey, bool) {
+	return partKey{rec.Namespace, rec.PartitionKey}, p.runs && rec.PartitionKey != ""
 }
 
 // release puts a row of a run back untried: an earlier row of its key, behind, was not
@@ -788,9 +785,9 @@ func (r *run) publishBatch(recs []Record, lost map[uuid.UUID]bool) *outcomes {
 	leases := make([]Lease, 0, len(recs))
 	// blocked holds, for each key of a run whose row was not delivered, that row: the
 	// rows of the key after it in the batch are released.
-	var blocked map[keyRef]uuid.UUID
+	var blocked map[partKey]uuid.UUID
 	if p.runs {
-		blocked = map[keyRef]uuid.UUID{}
+		blocked = map[partKey]uuid.UUID{}
 	}
 	for i := range recs {
 		rec := &recs[i]
