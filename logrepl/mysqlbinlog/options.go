@@ -38,8 +38,9 @@ type Options struct {
 	// Publisher with PublisherOptions.Ordered does, and must be set alike on both: a row
 	// is published only while no earlier row of its key is pending, processing or (unless
 	// OrderedSkipDead) dead, and a batch holds at most one row of a key per Publish call,
-	// the next only once the one before was delivered. A row that may not go yet is handed
-	// back to polling (pending at once, its attempt given back), whose ordered claim
+	// the next only once the one before was delivered (a transport that keeps key order,
+	// outbox.TransportKeyOrder, gets each key's rows together). A row that may not go yet is
+	// handed back to polling (pending at once, its attempt given back), whose ordered claim
 	// delivers it after the rows before it. It reads the table once per batch with keyed
 	// rows: create the table with the ordered migration set (migrations.Options.Ordered),
 	// whose order_key column and index serve that read.

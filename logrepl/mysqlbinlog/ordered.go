@@ -12,69 +12,22 @@ import (
 // its key was not delivered yet.
 const heldBack = "held back for ordered delivery: an earlier message of its partition key is not delivered yet"
 
-// publishOrdered publishes the deliveries of chunk (its rows at index) in rounds that hold
-// at most one row per partition key, each key's rows in commit order, and hands back to
-// polling every row of a key whose earlier row is undelivered: in the table (blockedKeys)
-// or in this chunk (failed or held). Rows without a key all go in the first round.
-//
-// A transport that keeps key order ([outbox.TransportKeyOrder]) gets one round: each key's
-// rows together, in commit order.
+// publishOrdered publishes the deliveries of chunk (its rows at index) so that each key's
+// rows go in commit order, and hands back to polling, with their attempt given back, the
+// rows of a key whose earlier row is undelivered: in the table (blockedKeys) or in this
+// chunk (failed, or not sent behind a failure). A transport that keeps key order
+// ([outbox.TransportKeyOrder]) gets them in one call, each key's rows together; any other
+// gets them in rounds of at most one row per key ([outbox.PublishInKeyOrder]).
 func (p *Publisher) publishOrdered(ctx context.Context, chunk []outbox.Record, deliveries []outbox.Delivery, index []int, outcomes []outbox.Outcome) error {
 	stopped, err := p.blockedKeys(ctx, chunk, index)
 	if err != nil {
 		return err
 	}
-	if p.keyOrder {
-		p.publishRuns(ctx, chunk, deliveries, index, outcomes, stopped)
-		return nil
-	}
-	remaining := make([]int, len(index)) // positions in deliveries and index
-	for j := range remaining {
-		remaining[j] = j
-	}
-	for len(remaining) > 0 {
-		var round, next []int
-		inRound := map[string]bool{}
-		for _, j := range remaining {
-			r := chunk[index[j]]
-			k := r.PartitionKey
-			switch {
-			case k == "":
-				round = append(round, j)
-			case stopped[k]:
-				outcomes[index[j]] = outbox.Outcome{Lease: outbox.Lease{ID: r.ID, Token: r.LeaseToken},
-					Status: outbox.StatusPending, Error: heldBack, RefundAttempt: true}
-			case inRound[k]:
-				next = append(next, j)
-			default:
-				inRound[k] = true
-				round = append(round, j)
-			}
-		}
-		ds, ix := make([]outbox.Delivery, len(round)), make([]int, len(round))
-		for n, j := range round {
-			ds[n], ix[n] = deliveries[j], index[j]
-		}
-		ok := p.publishInto(ctx, chunk, ds, ix, outcomes)
-		for n, i := range ix {
-			if k := chunk[i].PartitionKey; k != "" && !ok[n] {
-				stopped[k] = true
-			}
-		}
-		remaining = next
-	}
-	return nil
-}
-
-// publishRuns publishes every row of a key that is not stopped in one call, to a transport
-// that keeps key order; the rows of a key after its first undelivered one (which that
-// transport did not deliver) are handed back to polling with their attempt given back.
-func (p *Publisher) publishRuns(ctx context.Context, chunk []outbox.Record, deliveries []outbox.Delivery, index []int, outcomes []outbox.Outcome, stopped map[string]bool) {
-	var ds []outbox.Delivery
-	var ix []int
 	hold := func(r outbox.Record) outbox.Outcome {
 		return outbox.Outcome{Lease: outbox.Lease{ID: r.ID, Token: r.LeaseToken}, Status: outbox.StatusPending, Error: heldBack, RefundAttempt: true}
 	}
+	var ds []outbox.Delivery
+	var ix []int
 	for j, i := range index {
 		if r := chunk[i]; r.PartitionKey != "" && stopped[r.PartitionKey] {
 			outcomes[i] = hold(r)
@@ -82,17 +35,24 @@ func (p *Publisher) publishRuns(ctx context.Context, chunk []outbox.Record, deli
 		}
 		ds, ix = append(ds, deliveries[j]), append(ix, i)
 	}
-	ok := p.publishInto(ctx, chunk, ds, ix, outcomes)
+	publish := p.publish
+	if !p.keyOrder {
+		publish = func(ctx context.Context, batch []outbox.Delivery) []error {
+			return outbox.PublishInKeyOrder(ctx, batch, nil, p.publish)
+		}
+	}
+	ok := p.publishInto(ctx, publish, chunk, ds, ix, outcomes)
 	for n, i := range ix {
 		r := chunk[i]
 		switch k := r.PartitionKey; {
 		case k == "":
-		case stopped[k]:
+		case stopped[k]: // behind a failure: whatever the transport reported for it
 			outcomes[i] = hold(r)
 		case !ok[n]:
 			stopped[k] = true
 		}
 	}
+	return nil
 }
 
 // blockedKeys returns the partition keys of chunk's rows at index that have an earlier row

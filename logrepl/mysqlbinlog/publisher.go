@@ -525,7 +525,7 @@ func (p *Publisher) publishAndSettle(ctx context.Context, owner uuid.UUID, rows 
 				return err
 			}
 		} else {
-			p.publishInto(pctx, chunk, deliveries, index, outcomes)
+			p.publishInto(pctx, p.publish, chunk, deliveries, index, outcomes)
 		}
 		if p.kill != nil && p.kill("published") {
 			return errKilled
@@ -541,10 +541,12 @@ func (p *Publisher) publishAndSettle(ctx context.Context, owner uuid.UUID, rows 
 	return nil
 }
 
-// publishInto publishes deliveries, which are the rows of chunk at index, and writes
-// their outcomes into outcomes. It returns whether each was delivered.
-func (p *Publisher) publishInto(ctx context.Context, chunk []outbox.Record, deliveries []outbox.Delivery, index []int, outcomes []outbox.Outcome) []bool {
-	errs := p.publish(ctx, deliveries)
+// publishInto publishes deliveries, which are the rows of chunk at index, with publish
+// (p.publish, or a caller of it), and writes their outcomes into outcomes. It returns
+// whether each was delivered.
+func (p *Publisher) publishInto(ctx context.Context, publish func(context.Context, []outbox.Delivery) []error,
+	chunk []outbox.Record, deliveries []outbox.Delivery, index []int, outcomes []outbox.Outcome) []bool {
+	errs := publish(ctx, deliveries)
 	ok := make([]bool, len(index))
 	for j, i := range index {
 		r := chunk[i]
