@@ -24,7 +24,7 @@ func (p *Publisher) publishOrdered(ctx context.Context, chunk []outbox.Record, d
 		return err
 	}
 	hold := func(r outbox.Record) outbox.Outcome {
-		return outbox.Outcome{Lease: outbox.Lease{ID: r.ID, Token: r.LeaseToken}, Status: outbox.StatusPending, Error: heldBack, RefundAttempt: true}
+		return outbox.Outcome{Lease: r.Lease(), Status: outbox.StatusPending, Error: heldBack, RefundAttempt: true}
 	}
 	var ds []outbox.Delivery
 	var ix []int

@@ -445,9 +445,8 @@ func (p *Publisher) publishAndSettle(ctx context.Context, rows []outbox.Record, 
 		deliveries := make([]outbox.Delivery, 0, len(chunk))
 		index := make([]int, 0, len(chunk))
 		for i, r := range chunk {
-			lease := outbox.Lease{ID: r.ID, Token: r.LeaseToken}
 			if err := r.Integrity(); err != nil { // never published, as a polling Publisher does
-				outcomes[i] = outbox.Outcome{Lease: lease, Status: outbox.StatusDead, Error: err.Error()}
+				outcomes[i] = outbox.Outcome{Lease: r.Lease(), Status: outbox.StatusDead, Error: err.Error()}
 				continue
 			}
 			deliveries = append(deliveries, outbox.Delivery{
@@ -486,11 +485,10 @@ func (p *Publisher) publishInto(ctx context.Context, publish func(context.Contex
 	ok := make([]bool, len(index))
 	for j, i := range index {
 		r := chunk[i]
-		lease := outbox.Lease{ID: r.ID, Token: r.LeaseToken}
 		if errs[j] == nil {
-			outcomes[i], ok[j] = outbox.Outcome{Lease: lease, Status: outbox.StatusDelivered}, true
+			outcomes[i], ok[j] = outbox.Outcome{Lease: r.Lease(), Status: outbox.StatusDelivered}, true
 		} else {
-			outcomes[i] = p.o.RetryPolicy.Outcome(outbox.Failure{Lease: lease, Attempts: r.Attempts, Err: errs[j]})
+			outcomes[i] = p.o.RetryPolicy.Outcome(outbox.Failure{Lease: r.Lease(), Attempts: r.Attempts, Err: errs[j]})
 		}
 	}
 	return ok
