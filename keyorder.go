@@ -5,12 +5,15 @@ import (
 	"fmt"
 )
 
-// waiveKeyOrder is the context key by which an unordered Publisher tells a transport that
-// the batch it hands over needs no key order: its rows may repeat a key in any order.
+// waiveKeyOrder is the context key of [WithoutKeyOrder].
 type waiveKeyOrder struct{}
 
-// withoutKeyOrder marks ctx as the context of a batch that needs no key order.
-func withoutKeyOrder(ctx context.Context) context.Context {
+// WithoutKeyOrder returns a context that tells a [TransportKeyOrder] that the batch it is
+// handed needs no key order: a key's messages may go in any order, and one failing holds
+// back none of the others. An unordered [Publisher] hands its batches over so; a loop or
+// log reader of one's own that delivers without order should too, or a transport
+// sequences a key's messages and fails the ones behind a failure unsent.
+func WithoutKeyOrder(ctx context.Context) context.Context {
 	return context.WithValue(ctx, waiveKeyOrder{}, true)
 }
 

@@ -105,7 +105,7 @@ func TestKeyOrderWaived(t *testing.T) {
 	k := func() Delivery { return Delivery{ID: uuid.New(), Namespace: "a", PartitionKey: "k"} }
 	batch := []Delivery{k(), k(), k()}
 	var calls int
-	errs := PublishInKeyOrder(withoutKeyOrder(context.Background()), batch, nil, func(_ context.Context, b []Delivery) []error {
+	errs := PublishInKeyOrder(WithoutKeyOrder(context.Background()), batch, nil, func(_ context.Context, b []Delivery) []error {
 		calls++
 		return []error{errors.New("no"), nil, nil}
 	})
@@ -123,7 +123,7 @@ func TestKeyOrderWaived(t *testing.T) {
 
 	var fails int
 	pm := PerMessage(func(context.Context, Delivery) error { fails++; return errors.New("no") })
-	errs = pm.Publish(withoutKeyOrder(context.Background()), batch)
+	errs = pm.Publish(WithoutKeyOrder(context.Background()), batch)
 	require.Equal(t, 3, fails, "PerMessage tries every message when key order is waived")
 	require.Len(t, errs, 3)
 }

@@ -996,7 +996,7 @@ func (r *run) callTransport(ctx context.Context, batch []Delivery) (errs []error
 		}
 	}()
 	if !p.opts.Ordered {
-		ctx = withoutKeyOrder(ctx) // nothing to hold back: a transport need not sequence a key
+		ctx = WithoutKeyOrder(ctx) // nothing to hold back: a transport need not sequence a key
 	}
 	errs = p.tr.Publish(ctx, batch)
 	switch len(errs) {

@@ -1018,3 +1018,38 @@ func TestOrderedRunsToAKeyOrderTransport(t *testing.T) {
 	require.Equal(t, []string{`{"n":0}`, `{"n":2}`, `{"n":4}`, `{"n":6}`}, got["a"], "each row once, in order")
 	require.Equal(t, []string{`{"n":1}`, `{"n":3}`, `{"n":5}`, `{"n":7}`}, got["b"])
 }
+
+// TestUnorderedWaivesKeyOrder: an unordered log publisher hands a transport that keeps key
+// order its batches as needing none, so a key's failed row holds back none of the key's
+// other rows (they would fail unsent and spend an attempt each).
+func TestUnorderedWaivesKeyOrder(t *testing.T) {
+	leakCheck(t)
+	b := setup(t, time.Minute)
+	var failed sync.Once
+	b.tr.setFail(func(d outbox.Delivery) error {
+		var err error
+		if string(d.Payload) == `{"n":0}` {
+			failed.Do(func() { err = errors.New("broker said no") })
+		}
+		return err
+	})
+	p := b.publisher(t, Options{RetryPolicy: outbox.RetryPolicy{BaseDelay: time.Minute, MaxDelay: time.Minute}})
+	p.tr = outbox.PerMessage(func(ctx context.Context, d outbox.Delivery) error { return b.tr.Publish(ctx, []outbox.Delivery{d})[0] })
+	b.start(t, p)
+	batch := msgs(0, 3)
+	for i := range batch {
+		batch[i].PartitionKey = "a"
+	}
+	tx, err := b.db.BeginTx(b.ctx, nil)
+	require.NoError(t, err)
+	res, err := b.store.EnqueueBatch(b.ctx, tx, batch)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit())
+	b.wait(t, "the log publisher settles all three", func() bool { s := p.Stats(); return s.Delivered+s.Retried == 3 })
+	require.Equal(t, int64(2), p.Stats().Delivered, "the key's rows after the failed one are sent")
+	for _, r := range res[1:] {
+		got, err := b.store.Get(b.ctx, r.ID)
+		require.NoError(t, err)
+		require.Equal(t, outbox.StatusDelivered, got.Status)
+	}
+}

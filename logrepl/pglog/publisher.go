@@ -512,6 +512,9 @@ func (p *Publisher) publish(ctx context.Context, ds []outbox.Delivery) (errs []e
 			errs = all(fmt.Errorf("outboxpglog: transport panicked: %v", r))
 		}
 	}()
+	if !p.o.Ordered {
+		ctx = outbox.WithoutKeyOrder(ctx) // nothing to hold back: a transport need not sequence a key
+	}
 	out := p.tr.Publish(ctx, ds)
 	switch len(out) {
 	case 0:
