@@ -26,6 +26,8 @@ func init() {
 			mustFail: []string{"OrderedClaimer/RunsStopAtInFlight"}, only: only("OrderedClaimer", "RunsStopAtInFlight")},
 		mutant{name: "run-past-not-due", db: "sqlite", dialect: brokenRunsDialect{sqlite(), runPastNotDue},
 			mustFail: []string{"OrderedClaimer/RunsStopAtNotDue"}, only: only("OrderedClaimer", "RunsStopAtNotDue")},
+		mutant{name: "run-share-only", db: "sqlite", dialect: brokenRunsDialect{sqlite(), runShareOnly},
+			mustFail: []string{"OrderedClaimer/RunsFillBatch"}, only: only("OrderedClaimer", "RunsFillBatch")},
 	)
 }
 
@@ -36,6 +38,7 @@ const (
 	runPastDead                   // passes over a dead row as if OrderedSkipDead were set
 	runPastInFlight               // passes over a row in flight instead of stopping there
 	runPastNotDue                 // passes over a row waiting for its retry
+	runShareOnly                  // takes each key's share of the batch, never what others leave
 )
 
 // brokenRunsDialect claims runs with one of the bugs of runBug.
@@ -56,11 +59,22 @@ func (d brokenRunsDialect) Claim(ctx context.Context, db *sql.DB, t dialect.Tabl
 	}
 	now := time.Now().UnixMicro()
 	left := p.Limit - len(recs)
+	share := left
+	if d.bug == runShareOnly {
+		keyed := 0
+		for _, h := range recs {
+			if h.PartitionKey != "" {
+				keyed++
+			}
+		}
+		share = (left + max(keyed, 1) - 1) / max(keyed, 1)
+	}
 	var run []uuid.UUID
 	for _, h := range recs {
 		if h.PartitionKey == "" || left <= 0 {
 			continue
 		}
+		took := 0
 		dir := ""
 		if d.bug == runNewestFirst {
 			dir = " DESC"
@@ -82,9 +96,10 @@ func (d brokenRunsDialect) Claim(ctx context.Context, db *sql.DB, t dialect.Tabl
 				rows.Close()
 				return nil, err
 			}
-			ok := status == "pending" && due <= now
+			ok := status == "pending" && due <= now && took < share
 			switch {
 			case ok:
+				took++
 				run = append(run, id)
 				left--
 				continue

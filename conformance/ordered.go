@@ -31,6 +31,7 @@ var orderedTests = []test{
 	{"NeedsOrderedMigrations", testOrderedNeedsMigrations},
 	{"RunsInSequence", testRunsInSequence},
 	{"RunsLimit", testRunsLimit},
+	{"RunsFillBatch", testRunsFillBatch},
 	{"RunsStopAtInFlight", testRunsStopAtInFlight},
 	{"RunsStopAtDead", testRunsStopAtDead},
 	{"RunsStopAtNotDue", testRunsStopAtNotDue},

@@ -128,6 +128,28 @@ func testRunsLimit(t *testing.T, h Harness) {
 	}
 }
 
+// A hot key among cold ones fills what the cold keys leave of the batch: a run claim comes
+// back short of Limit only when no key in it has a claimable row left.
+func testRunsFillBatch(t *testing.T, h Harness) {
+	e := runsSetup(t, h)
+	var msgs []outbox.Message
+	for i := range 4 {
+		cold := fmt.Sprintf("cold%d", i)
+		msgs = append(msgs, keyed(cold, 0), keyed(cold, 1))
+	}
+	for i := range 20 {
+		msgs = append(msgs, keyed("hot", i))
+	}
+	res := resultIDs(e.enqueue(t, msgs...))
+	want := map[string][]uuid.UUID{}
+	for i, m := range msgs {
+		want[m.PartitionKey] = append(want[m.PartitionKey], res[i])
+	}
+	recs := e.claim(t, runOpts(12))
+	requireRuns(t, recs, want, nil)
+	require.Len(t, recs, 12, "the hot key's rows fill what the four cold keys' two rows each leave")
+}
+
 // A run stops at a row of its key in flight: a dead row replayed becomes the key's head
 // again while the row after it is being delivered, and is claimed alone.
 func testRunsStopAtInFlight(t *testing.T, h Harness) {
