@@ -7,12 +7,23 @@ require (
 	github.com/google/uuid v1.6.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/outboxgo/outbox v0.0.0
+	github.com/outboxgo/outbox/logrepl/mysqlbinlog v0.0.0
 	modernc.org/sqlite v1.61.1
 )
 
 require (
+	github.com/go-mysql-org/go-mysql v1.13.0 // indirect
+	github.com/goccy/go-json v0.10.2 // indirect
 	github.com/jackc/pgio v1.0.0 // indirect
 	github.com/jackc/pglogrepl v0.0.0-20251213150135-2e8d0df862c1 // indirect
+	github.com/klauspost/compress v1.20.1 // indirect
+	github.com/pingcap/errors v0.11.5-0.20250318082626-8f80e5cb09ec // indirect
+	github.com/pingcap/log v1.1.1-0.20241212030209-7e3ff8601a2a // indirect
+	github.com/pingcap/tidb/pkg/parser v0.0.0-20250421232622-526b2c79173d // indirect
+	github.com/shopspring/decimal v1.5.0 // indirect
+	go.uber.org/atomic v1.11.0 // indirect
+	go.uber.org/zap v1.27.0 // indirect
+	gopkg.in/natefinch/lumberjack.v2 v2.2.1 // indirect
 )
 
 require (
@@ -46,3 +57,5 @@ replace github.com/outboxgo/outbox/pgxv5 => ../../pgxv5
 replace github.com/outboxgo/outbox/logrepl/pglog => ../../logrepl/pglog
 
 replace github.com/outboxgo/outbox/outboxtest => ../../outboxtest
+
+replace github.com/outboxgo/outbox/logrepl/mysqlbinlog => ../../logrepl/mysqlbinlog

@@ -169,22 +169,37 @@ func sessionCPU(ctx context.Context, b backend) (map[string]time.Duration, error
 
 // procCPU reads user plus system time from a /proc stat file; 0 when it is gone.
 func procCPU(path string) time.Duration {
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		return 0
-	}
-	s := string(raw)
-	i := strings.LastIndexByte(s, ')') // the command may hold spaces
-	if i < 0 {
-		return 0
-	}
-	f := strings.Fields(s[i+1:])
+	f := procStat(path)
 	if len(f) < 13 {
 		return 0
 	}
-	utime, _ := strconv.ParseInt(f[11], 10, 64)
-	stime, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(utime+stime) * clockTick
+	return ticks(f[11], f[12])
+}
+
+// procStat returns the fields of a /proc stat file after the command name, which is in
+// parentheses and may hold spaces: f[0] is the state, f[2] the process group, f[11] to
+// f[14] utime, stime, cutime and cstime. It is nil when the process is gone.
+func procStat(path string) []string {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	s := string(raw)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return nil
+	}
+	return strings.Fields(s[i+1:])
+}
+
+// ticks adds CPU times given in clock ticks.
+func ticks(fields ...string) time.Duration {
+	var n int64
+	for _, f := range fields {
+		v, _ := strconv.ParseInt(f, 10, 64)
+		n += v
+	}
+	return time.Duration(n) * clockTick
 }
 
 // processByName returns the pid of the first process whose command is one of names.

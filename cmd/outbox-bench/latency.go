@@ -346,9 +346,11 @@ func latency(ctx context.Context, cfg config, b backend, rate float64, poll time
 		run, delivered = rawConsumer(raw, pubDB, cfg, poll, tr)
 	case cfg.logReader != nil:
 		r.Config = "log reader beside a polling Publisher" + strings.TrimPrefix(r.Config, "default options")
-		if run, delivered, err = cfg.logReader(pubStore, tr); err != nil {
+		lc, err := cfg.logReader(pubStore, tr)
+		if err != nil {
 			return r, err
 		}
+		run, delivered = lc.run, lc.delivered
 	default:
 		pub, err := outbox.NewPublisher(pubStore, tr, outbox.PublisherOptions{
 			Scope:     outbox.Scope{Namespace: benchNamespace},

@@ -6,13 +6,10 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/outboxgo/outbox"
-	outboxpglog "github.com/outboxgo/outbox/logrepl/pglog"
-	"github.com/outboxgo/outbox/outboxtest/pgserver"
 )
 
 // logLease is the insert lease of the log-delivery runs: how long a row is the log
@@ -21,8 +18,43 @@ const logLease = 30 * time.Second
 
 // logReaderFunc builds the consumer of a log-delivery latency run on store: the log reader
 // and a polling Publisher beside it (which owns retries, and rows whose lease ran out), as
-// they are deployed. delivered counts both.
-type logReaderFunc func(store *outbox.Store, tr outbox.Transport) (run func(ctx context.Context) error, delivered func() int64, err error)
+// they are deployed.
+type logReaderFunc func(store *outbox.Store, tr outbox.Transport) (logConsumer, error)
+
+// logConsumer is a log reader with its polling Publisher: run ends with its context,
+// delivered counts what both delivered, and reading is whether the reader follows the
+// log now (every transaction that commits from then on is read from it).
+type logConsumer struct {
+	run       func(ctx context.Context) error
+	delivered func() int64
+	reading   func() bool
+}
+
+// besidePolling makes the consumer of a log reader, whose run is readerRun and whose
+// stats are readerStats, and of a polling Publisher on the same store.
+func besidePolling(cfg config, store *outbox.Store, tr outbox.Transport, readerRun func(context.Context) error,
+	readerStats func() (delivered, retried, dead int64, reading bool)) (logConsumer, error) {
+	pub, err := outbox.NewPublisher(store, tr, outbox.PublisherOptions{Scope: outbox.Scope{Namespace: benchNamespace},
+		BatchSize: cfg.Batch, Logger: discard})
+	if err != nil {
+		return logConsumer{}, err
+	}
+	run := func(ctx context.Context) error {
+		done := make(chan error, 1)
+		go func() { done <- pub.Run(ctx) }()
+		err := readerRun(ctx)
+		if perr := <-done; err == nil {
+			err = perr
+		}
+		if _, retried, dead, _ := readerStats(); err == nil && retried+dead > 0 {
+			err = fmt.Errorf("log reader settled %d retries and %d dead letters from a transport that never fails", retried, dead)
+		}
+		return err
+	}
+	delivered := func() int64 { d, _, _, _ := readerStats(); return d + pub.Stats().Delivered }
+	reading := func() bool { _, _, _, r := readerStats(); return r }
+	return logConsumer{run: run, delivered: delivered, reading: reading}, nil
+}
 
 // logDeliveryResult is scenario 19: delivery from the log against polling, on a private
 // server with the log on, producers in another process.
@@ -53,76 +85,80 @@ type logCost struct {
 
 type cost struct {
 	Events int64 `json:"events"`
-	// WALBytes is the WAL written per event (pg_current_wal_insert_lsn), the INSERT's
-	// included.
+	// WALBytes is the write-ahead log written per event, the INSERT's included:
+	// PostgreSQL's WAL (pg_current_wal_insert_lsn), MariaDB's InnoDB redo log
+	// (Innodb_lsn_current).
 	WALBytes float64 `json:"wal_bytes_per_event"`
-	// Updates is the outbox table's row updates per event (pg_stat_user_tables
-	// n_tup_upd): the claim and the settle when polled, the settle alone from the log.
+	// BinlogBytes is MariaDB's binlog written per event (the file sizes of SHOW BINARY
+	// LOGS), the log its reader follows; PostgreSQL's reader follows the WAL.
+	BinlogBytes float64 `json:"binlog_bytes_per_event,omitempty"`
+	// Updates is the row updates per event beyond its INSERT. PostgreSQL: the outbox
+	// table's (pg_stat_user_tables n_tup_upd), the claim and the settle when polled, the
+	// settle alone from the log. MariaDB: every table's (Handler_update), so also the
+	// reader's position row, written once per settle.
 	Updates float64 `json:"updates_per_event"`
 	// CPUms is the server processes' user and system CPU per event, the producers'
 	// transactions included.
 	CPUms float64 `json:"server_cpu_ms_per_event"`
 }
 
-// runLogDelivery measures scenario 19 on PostgreSQL: a private server with
-// wal_level=logical (the shared one cannot change it without a restart) and the durability
-// settings of a default install.
+// logServer is the private server of a log-delivery run, with the bench database on it.
+type logServer interface {
+	// counters reads what the server has spent so far.
+	counters(ctx context.Context) (logCounters, error)
+	// quiesce waits until the counters include the work of a window's connections, which
+	// may report theirs only as they close.
+	quiesce(ctx context.Context) error
+}
+
+// logCounters are a server's cumulative counters; a window's costs are their differences.
+type logCounters struct {
+	WAL, Binlog float64 // bytes
+	Updates     int64   // rows
+	CPU         float64 // seconds
+}
+
+// logRig is what a log-delivery run needs of one database: a private server with its log
+// on, the bench database on it (b), and its log reader.
+type logRig struct {
+	logServer
+	b      backend
+	reader logReaderFunc
+	about  string
+	stop   func()
+}
+
+// runLogDelivery measures scenario 19 on PostgreSQL (logDeliveryPostgres) or MariaDB
+// (logDeliveryMariaDB): a private server, because the shared one's log settings cannot
+// change without a restart, with the durability settings of a default install.
 func runLogDelivery(ctx context.Context, cfg config, b backend, res *backendResult) error {
-	if b.name() != "postgres" {
-		logf("%s: log delivery: measured on PostgreSQL only", b.name())
+	var start func(context.Context, config, backend) (*logRig, error)
+	switch b.name() {
+	case "postgres":
+		start = logDeliveryPostgres
+	case "mysql":
+		start = logDeliveryMariaDB
+	default:
+		logf("%s: log delivery: measured on PostgreSQL and MariaDB only", b.name())
 		return nil
 	}
-	srv, err := pgserver.Start("wal_level=logical", "shared_buffers=128MB", "max_wal_size=1GB")
+	rig, err := start(ctx, cfg, b)
 	if err != nil {
 		return fmt.Errorf("log delivery: private server: %w", err)
 	}
-	defer srv.Stop()
-	lb := &pgBackend{dsn: srv.DSN("postgres")}
-	if err := lb.setup(ctx); err != nil {
+	defer rig.stop()
+	lb := rig.b
+	// The reader must have its place in the log before the first window: a row committed
+	// before it would wait out its lease and be polled.
+	if err := primeReader(ctx, lb, rig.reader); err != nil {
 		return err
 	}
-	defer lb.teardown()
-	slot := "bench_" + lb.dbName
-	defer func() {
-		_, _ = lb.server.ExecContext(context.Background(), `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, slot)
-	}()
-	reader := func(store *outbox.Store, tr outbox.Transport) (func(context.Context) error, func() int64, error) {
-		lp, err := outboxpglog.New(store, tr, outboxpglog.Options{Scope: outbox.Scope{Namespace: benchNamespace},
-			ConnString: lb.benchDSN, Slot: slot, BatchSize: cfg.Batch, Logger: discard})
-		if err != nil {
-			return nil, nil, err
-		}
-		pub, err := outbox.NewPublisher(store, tr, outbox.PublisherOptions{Scope: outbox.Scope{Namespace: benchNamespace},
-			BatchSize: cfg.Batch, Logger: discard})
-		if err != nil {
-			return nil, nil, err
-		}
-		run := func(ctx context.Context) error {
-			done := make(chan error, 1)
-			go func() { done <- pub.Run(ctx) }()
-			err := lp.Run(ctx)
-			if perr := <-done; err == nil {
-				err = perr
-			}
-			if st := lp.Stats(); err == nil && st.Retried+st.Dead > 0 {
-				err = fmt.Errorf("log reader settled %d retries and %d dead letters from a transport that never fails", st.Retried, st.Dead)
-			}
-			return err
-		}
-		return run, func() int64 { return lp.Stats().Delivered + pub.Stats().Delivered }, nil
-	}
-	// The slot must exist before the first window: a row committed before it would wait
-	// out its lease and be polled.
-	if err := createSlot(ctx, lb, slot, reader); err != nil {
-		return err
-	}
-	r := &logDeliveryResult{Sustained: map[string]float64{}, runs: map[string][]cost{},
-		Server: "private PostgreSQL, wal_level=logical, fsync and synchronous_commit on, shared_buffers 128MB"}
+	r := &logDeliveryResult{Sustained: map[string]float64{}, runs: map[string][]cost{}, Server: rig.about}
 	c := cfg
 	modeCfg := func(mode string) config {
 		m := c
 		if mode == "log" {
-			m.logReader = reader
+			m.logReader = rig.reader
 		}
 		return m
 	}
@@ -145,18 +181,18 @@ func runLogDelivery(ctx context.Context, cfg config, b backend, res *backendResu
 			i := (k + round) % len(runs)
 			m := modeCfg(runs[i].mode)
 			var w costWindow
-			m.window = w.hook(ctx, lb, srv)
+			m.window = w.hook(ctx, rig)
 			lr, err := latency(ctx, m, lb, runs[i].rate, 0, false, false, true)
 			if err != nil {
 				return err
 			}
-			cst, err := w.finish(ctx, lb)
+			cst, err := w.finish(ctx, rig)
 			if err != nil {
 				return err
 			}
 			r.runs[runs[i].mode] = append(r.runs[runs[i].mode], cst)
-			logf("postgres: log delivery (%s, %.0f msg/s from another process): p50 %.2fms p99 %.2fms, %d messages, %d unpublished; per event %.0f WAL bytes, %.2f updates, %.3f ms server CPU",
-				runs[i].mode, runs[i].rate, lr.P50, lr.P99, lr.Messages, lr.Unpublished, cst.WALBytes, cst.Updates, cst.CPUms)
+			logf("%s: log delivery (%s, %.0f msg/s from another process): p50 %.2fms p99 %.2fms, %d messages, %d unpublished; per event %s",
+				lb.name(), runs[i].mode, runs[i].rate, lr.P50, lr.P99, lr.Messages, lr.Unpublished, cst.describe())
 			rounds[i] = append(rounds[i], lr)
 		}
 	}
@@ -189,8 +225,8 @@ func runLogDelivery(ctx context.Context, cfg config, b backend, res *backendResu
 				r.Steps = append(r.Steps, logLatency{Mode: mode, latencyResult: lr})
 				ok = held(lr)
 			}
-			logf("postgres: log delivery sustained (%s) at %.0f msg/s: achieved %.0f, p50 %.1fms p99 %.1fms, %d unpublished, steady %v: held %v",
-				mode, rate, lr.AchievedRate, lr.P50, lr.P99, lr.Unpublished, lr.Steady, ok)
+			logf("%s: log delivery sustained (%s) at %.0f msg/s: achieved %.0f, p50 %.1fms p99 %.1fms, %d unpublished, steady %v: held %v",
+				lb.name(), mode, rate, lr.AchievedRate, lr.P50, lr.P99, lr.Unpublished, lr.Steady, ok)
 			if ok {
 				r.Sustained[mode] = rate
 			} else {
@@ -205,144 +241,123 @@ func runLogDelivery(ctx context.Context, cfg config, b backend, res *backendResu
 	return nil
 }
 
-// createSlot runs a log reader until its slot exists, then stops it.
-func createSlot(ctx context.Context, b *pgBackend, slot string, reader logReaderFunc) error {
-	store, err := outbox.New(b.db, outbox.Postgres(), outbox.Options{LogLease: logLease})
+// primeReader runs a log reader until it follows the log (PostgreSQL: its slot exists;
+// MariaDB: its position is stored), then stops it.
+func primeReader(ctx context.Context, b backend, reader logReaderFunc) error {
+	store, err := outbox.New(b.admin(), b.dialect(), outbox.Options{LogLease: logLease})
 	if err != nil {
 		return err
 	}
-	run, _, err := reader(store, outbox.TransportFunc(func(context.Context, []outbox.Delivery) []error { return nil }))
+	lc, err := reader(store, outbox.TransportFunc(func(context.Context, []outbox.Delivery) []error { return nil }))
 	if err != nil {
 		return err
 	}
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- run(rctx) }()
+	go func() { done <- lc.run(rctx) }()
 	defer func() { stop(); <-done }()
 	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		var n int
-		if err := b.server.QueryRowContext(ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&n); err != nil {
-			return err
-		}
-		if n == 1 {
+		if lc.reading() {
 			return nil
 		}
 		select {
 		case err := <-done:
-			return fmt.Errorf("log reader stopped before creating its slot: %v", err)
+			done <- err // for the deferred receive
+			return fmt.Errorf("log reader stopped before it followed the log: %v", err)
+		case <-ctx.Done():
+			return ctx.Err()
 		default:
 		}
 	}
-	return fmt.Errorf("log reader did not create slot %s within a minute", slot)
+	return fmt.Errorf("log reader did not follow the log within a minute")
 }
 
 // costWindow reads the server's counters as a latency window's producers start, as its
-// messages are drained, and once its pools are closed (a backend reports its table
-// counters when it exits, at the latest).
+// messages are drained, and once its connections have reported theirs (quiesce).
 type costWindow struct {
-	srv               *pgserver.Server
-	wal0, wal1        string
-	cpu0, cpu1        float64
-	upd0              int64
+	c0, c1            logCounters
 	started, finished bool
 	err               error
 }
 
-func (w *costWindow) hook(ctx context.Context, b *pgBackend, srv *pgserver.Server) func(bool) {
-	w.srv = srv
+func (w *costWindow) hook(ctx context.Context, srv logServer) func(bool) {
 	return func(start bool) {
-		var wal string
-		if err := b.server.QueryRowContext(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&wal); err != nil && w.err == nil {
-			w.err = err
-		}
-		cpu, err := serverCPU(srv)
+		c, err := srv.counters(ctx)
 		if err != nil && w.err == nil {
 			w.err = err
 		}
 		if start {
-			w.wal0, w.cpu0, w.started = wal, cpu, true
-			if err := b.db.QueryRowContext(ctx, `SELECT n_tup_upd FROM pg_stat_user_tables WHERE relname = $1`, mainTable).Scan(&w.upd0); err != nil && w.err == nil {
-				w.err = err
-			}
+			w.c0, w.started = c, true
 			return
 		}
-		w.wal1, w.cpu1, w.finished = wal, cpu, true
+		w.c1, w.finished = c, true
 	}
 }
 
-// finish waits until the window's backends have gone and returns its costs.
-func (w *costWindow) finish(ctx context.Context, b *pgBackend) (cost, error) {
+// finish waits until the window's connections have reported their counters and returns
+// its costs: the log bytes and CPU up to the drain, the row updates up to now.
+func (w *costWindow) finish(ctx context.Context, rig *logRig) (cost, error) {
 	if w.err != nil {
 		return cost{}, w.err
 	}
 	if !w.started || !w.finished {
 		return cost{}, fmt.Errorf("cost window not observed")
 	}
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		var backends int
-		if err := b.server.QueryRowContext(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND backend_type = 'client backend'`,
-			b.dbName).Scan(&backends); err != nil {
-			return cost{}, err
-		}
-		if backends <= b.db.Stats().OpenConnections { // the admin pool's own
-			break
-		}
+	if err := rig.quiesce(ctx); err != nil {
+		return cost{}, err
+	}
+	late, err := rig.counters(ctx)
+	if err != nil {
+		return cost{}, err
 	}
 	var c cost
-	var upd1 int64
-	var walBytes float64
-	if err := b.db.QueryRowContext(ctx, `SELECT n_tup_upd, (SELECT count(*) FROM `+mainTable+`) FROM pg_stat_user_tables WHERE relname = $1`, mainTable).Scan(&upd1, &c.Events); err != nil {
-		return c, err
-	}
-	if err := b.server.QueryRowContext(ctx, `SELECT pg_wal_lsn_diff($1::pg_lsn, $2::pg_lsn)`, w.wal1, w.wal0).Scan(&walBytes); err != nil {
+	if err := rig.b.admin().QueryRowContext(ctx, `SELECT COUNT(*) FROM `+mainTable).Scan(&c.Events); err != nil {
 		return c, err
 	}
 	if c.Events == 0 {
 		return c, fmt.Errorf("no events in the window")
 	}
 	n := float64(c.Events)
-	c.WALBytes, c.Updates, c.CPUms = walBytes/n, float64(upd1-w.upd0)/n, (w.cpu1-w.cpu0)*1000/n
+	c.WALBytes, c.BinlogBytes = (w.c1.WAL-w.c0.WAL)/n, (w.c1.Binlog-w.c0.Binlog)/n
+	c.Updates, c.CPUms = float64(late.Updates-w.c0.Updates)/n, (w.c1.CPU-w.c0.CPU)*1000/n
 	return c, nil
 }
 
-// serverCPU is the user and system CPU, in seconds, of the private server's processes: the
-// live ones of its postmaster's process group, and the exited backends the postmaster has
-// reaped (its children's times), so that a backend that ends inside a window still counts.
-func serverCPU(srv *pgserver.Server) (float64, error) {
-	pidFile, err := os.ReadFile(filepath.Join(srv.Dir(), "data", "postmaster.pid"))
+func (c cost) describe() string {
+	s := fmt.Sprintf("%.0f WAL bytes, ", c.WALBytes)
+	if c.BinlogBytes > 0 {
+		s += fmt.Sprintf("%.0f binlog bytes, ", c.BinlogBytes)
+	}
+	return s + fmt.Sprintf("%.2f updates, %.3f ms server CPU", c.Updates, c.CPUms)
+}
+
+// groupCPU is the user and system CPU, in seconds, of the processes of a server whose
+// leader's pid is the first line of pidFile (postmaster.pid, mysqld.pid): the live ones
+// of its process group, and the exited children the leader has reaped, so that a
+// PostgreSQL backend that ends inside a window still counts. MariaDB is one process; its
+// threads' times are in the process's.
+func groupCPU(pidFile string) (float64, error) {
+	raw, err := os.ReadFile(pidFile)
 	if err != nil {
 		return 0, err
 	}
-	pgid := strings.SplitN(string(pidFile), "\n", 2)[0]
+	pgid := strings.TrimSpace(strings.SplitN(string(raw), "\n", 2)[0])
 	procs, err := filepath.Glob("/proc/[0-9]*/stat")
 	if err != nil {
 		return 0, err
 	}
-	const ticks = 100 // USER_HZ on Linux
-	var total float64
+	var total time.Duration
 	for _, p := range procs {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			continue // the process exited
-		}
-		// Fields after the command name, which is in parentheses and may hold spaces.
-		s := string(b)
-		f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-		if len(f) < 13 || f[2] != pgid { // f[2] is the process group
+		f := procStat(p)
+		if len(f) < 15 || f[2] != pgid { // f[2] is the process group
 			continue
 		}
-		for _, k := range []int{11, 12} { // utime, stime
-			v, _ := strconv.ParseFloat(f[k], 64)
-			total += v / ticks
-		}
-		if filepath.Base(filepath.Dir(p)) == pgid && len(f) >= 15 {
-			for _, k := range []int{13, 14} { // cutime, cstime: reaped children
-				v, _ := strconv.ParseFloat(f[k], 64)
-				total += v / ticks
-			}
+		total += ticks(f[11], f[12]) // utime, stime
+		if filepath.Base(filepath.Dir(p)) == pgid {
+			total += ticks(f[13], f[14]) // cutime, cstime: reaped children
 		}
 	}
-	return total, nil
+	return total.Seconds(), nil
 }
 
 func medianCost(cs []cost) cost {
@@ -361,7 +376,8 @@ func medianCost(cs []cost) cost {
 		events += c.Events
 	}
 	return cost{Events: events, WALBytes: pick(func(c cost) float64 { return c.WALBytes }),
-		Updates: pick(func(c cost) float64 { return c.Updates }), CPUms: pick(func(c cost) float64 { return c.CPUms })}
+		BinlogBytes: pick(func(c cost) float64 { return c.BinlogBytes }),
+		Updates:     pick(func(c cost) float64 { return c.Updates }), CPUms: pick(func(c cost) float64 { return c.CPUms })}
 }
 
 // metrics adds the scenario's JSON lines.
@@ -385,6 +401,9 @@ func (r *logDeliveryResult) metrics(add func(string, float64)) {
 			suffix = "_poll"
 		}
 		add("log_wal_bytes_per_event"+suffix, c.WALBytes)
+		if c.BinlogBytes > 0 {
+			add("log_binlog_bytes_per_event"+suffix, c.BinlogBytes)
+		}
 		add("log_updates_per_event"+suffix, c.Updates)
 		add("log_server_cpu_ms_per_event"+suffix, c.CPUms)
 	}

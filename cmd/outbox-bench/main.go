@@ -57,11 +57,12 @@
 //     1,000,000 rows pending an hour ahead, as ratios against none; and 200,000 rows falling
 //     due within a second drained against 200,000 due at once, each on a table never
 //     analyzed.
-//  19. log delivery (only with -only logdelivery, PostgreSQL): on a private server with
-//     wal_level=logical, the log reader (beside a polling Publisher) against a polling
-//     Publisher alone, producers in another process: the highest rate each holds at p99 <=
-//     50 ms, commit-to-publish at 100 and 1,000 messages/s, and per event the WAL written,
-//     the outbox row updates and the server's CPU.
+//  19. log delivery (only with -only logdelivery, PostgreSQL and MariaDB): on a private
+//     server with its log on (wal_level=logical; the binlog in ROW format), the log reader
+//     (beside a polling Publisher) against a polling Publisher alone, producers in another
+//     process: the highest rate each holds at p99 <= 50 ms, commit-to-publish at 100 and
+//     1,000 messages/s, and per event the WAL (InnoDB's redo log) and binlog written, the
+//     row updates and the server's CPU.
 //
 // It prints a table, then every ratio as one JSON object per line, and writes the full
 // results (JSON, Markdown) and a throughput-against-batch-size plot (SVG) to -out.
