@@ -84,18 +84,21 @@ func Positions(ctx context.Context, store *outbox.Store, names ...string) ([]Pos
 	stored := map[string]Position{}
 	var order []string
 	if exists {
-		rows, err := store.DB().QueryContext(ctx, `SELECT reader, gtid, file, pos, updated_at FROM `+p.positionTable()+` ORDER BY reader`)
+		// updated_at as text, since whether the driver parses DATETIMEs is the DSN's choice.
+		rows, err := store.DB().QueryContext(ctx, `SELECT reader, gtid, file, pos, CAST(updated_at AS CHAR) FROM `+p.positionTable()+` ORDER BY reader`)
 		if err != nil {
 			return nil, fmt.Errorf("outboxbinlog: read positions: %w", err)
 		}
 		defer rows.Close()
 		for rows.Next() {
 			pos := Position{Stored: true}
-			var at mysql.NullTime
+			var at string
 			if err := rows.Scan(&pos.Reader, &pos.GTID, &pos.File, &pos.Pos, &at); err != nil {
 				return nil, fmt.Errorf("outboxbinlog: read positions: %w", err)
 			}
-			pos.UpdatedAt = at.Time
+			if pos.UpdatedAt, err = time.Parse("2006-01-02 15:04:05.999999", at); err != nil {
+				return nil, fmt.Errorf("outboxbinlog: read positions: updated_at %q: %w", at, err)
+			}
 			stored[pos.Reader] = pos
 			order = append(order, pos.Reader)
 		}

@@ -33,6 +33,7 @@ func TestSetupPositionsDrop(t *testing.T) {
 	require.False(t, got[0].Purged)
 	require.NotEmpty(t, got[0].File)
 	require.NotEmpty(t, got[0].ServerFile)
+	require.WithinDuration(t, time.Now(), got[0].UpdatedAt, time.Minute)
 	got, err = Positions(b.ctx, b.store, "nosuch")
 	require.NoError(t, err)
 	require.Equal(t, "nosuch", got[0].Reader)
