@@ -1,8 +1,10 @@
 // Command outbox operates an outbox table: it runs the embedded migrations, counts the
-// backlog, lists, shows, replays and discards dead letters, and purges old rows.
+// backlog, sets up and drops what delivery from the database's log needs on the server,
+// lists, shows, replays and discards dead letters, and purges old rows.
 //
 //	outbox [flags] migrate up|down|status [--ordered]
-//	outbox [flags] stats [--dsn DSN]... [--dsn-file F] [--timeout D]
+//	outbox [flags] stats [--slot S]... [--dsn DSN]... [--dsn-file F] [--timeout D]
+//	outbox [flags] log setup|drop [--slot S]
 //	outbox [flags] dead list [--limit N] [--cursor C] [--since T] [--until T] [--payloads]
 //	outbox [flags] dead show ID
 //	outbox [flags] dead replay ID... | dead replay --all
@@ -136,7 +138,8 @@ var commands []command
 func init() {
 	commands = []command{
 		{"migrate", "apply, roll back or list the table's migrations (up|down|status)", runMigrate},
-		{"stats", "count rows by state, overall and per namespace and topic", runStats},
+		{"stats", "count rows by state, overall and per namespace and topic; the log reader's slot or position", runStats},
+		{"log", "set up or drop the server's objects of delivery from the log: slot and publication, or position table (setup|drop)", runLog},
 		{"dead", "list, show, replay or discard dead letters (list|show|replay|discard)", runDead},
 		{"purge", "delete old delivered and dead rows in short batches", runPurge},
 		{"ui", "serve the web view: overview, dead letters, replay and discard", runUI},

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/url"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -22,12 +23,20 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	code := m.Run()
+	stopPrivateServers()
 	// The command and the tests' publishers must leave no goroutine behind. database/sql's
 	// openers and go-sql-driver/mysql's per-connection watchers belong to the pools testdb
 	// keeps open for creating and dropping test databases.
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
-		goleak.IgnoreTopFunction("github.com/go-sql-driver/mysql.(*mysqlConn).startWatcher.func1"))
+	if code == 0 {
+		if err := goleak.Find(
+			goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
+			goleak.IgnoreTopFunction("github.com/go-sql-driver/mysql.(*mysqlConn).startWatcher.func1")); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: errors on successful test run: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
 
 var backends = []string{"postgres", "mysql", "sqlite"}

@@ -8,7 +8,7 @@ import (
 	"github.com/outboxgo/outbox"
 )
 
-const statsUsage = `  outbox stats [--namespace NS] [--topic T]... [--tenant ID] [--json]
+const statsUsage = `  outbox stats [--namespace NS] [--topic T]... [--tenant ID] [--slot S]... [--json]
   outbox stats --dsn DSN --dsn DSN... | --dsn-file F [--timeout D] [--json]
 
 Counts rows by state: pending (due now), scheduled (pending, not yet due), processing,
@@ -19,7 +19,15 @@ and per namespace and topic. Up to 2,000 delivered rows every count is exact; be
 per-topic delivered counts are exact since the time printed, and the total delivered is an
 estimate, marked ~. Given several databases (--dsn more than once, or --dsn-file with one DSN a
 line), prints a row per database and their total; a database that cannot be read is
-reported in its row, and the command then exits with 1.`
+reported in its row, and the command then exits with 1.
+
+When the table is delivered from the database's log, a second table shows each log reader:
+PostgreSQL's replication slots of the table (the default outbox_<table> and those named like
+a publication of the table, or the --slot ones), active or not, how far each is behind the
+server's WAL and how much WAL it retains, and its wal_status; MySQL/MariaDB's stored binlog
+positions, how far each is behind the end of the binlog, and whether its binlog file was
+purged. A state that cannot be read (a user without REPLICATION CLIENT, say) is reported
+under the counts, and does not fail the command.`
 
 // statsJSON is the stats document. Its keys are part of the command's interface.
 type statsJSON struct {
@@ -28,6 +36,10 @@ type statsJSON struct {
 	// (and a scoped total) is exact; null when they count every delivered row.
 	DeliveredSince *time.Time       `json:"delivered_since"`
 	Topics         []topicStatsJSON `json:"topics"`
+	// Log is the state of the table's log readers, absent when it has none; LogError,
+	// when set, is why it could not be read.
+	Log      []logReaderJSON `json:"log,omitempty"`
+	LogError string          `json:"log_error,omitempty"`
 }
 
 type topicStatsJSON struct {
@@ -54,6 +66,11 @@ type countsJSON struct {
 func runStats(ctx context.Context, c *cli, args []string) error {
 	fs := c.flagSet("stats")
 	timeout := fs.Duration("timeout", defaultStatsTimeout, "several databases: how long each may take to connect and count before its row reports an error")
+	var slots []string
+	fs.Func("slot", "the log reader to show: a PostgreSQL slot, a MySQL/MariaDB reader's name (repeatable; default the table's)", func(s string) error {
+		slots = append(slots, s)
+		return nil
+	})
 	pos, err := c.parse(fs, statsUsage, args)
 	if err != nil {
 		return err
@@ -69,7 +86,7 @@ func runStats(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 	if len(c.global.dsns) > 1 || c.global.dsnFile != "" {
-		return c.statsMany(ctx, sc, *timeout)
+		return c.statsMany(ctx, sc, slots, *timeout)
 	}
 	cn, err := c.connect(ctx, needTable)
 	if err != nil {
@@ -80,11 +97,25 @@ func runStats(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return fmt.Errorf("stats of %s: %w", cn.table.Name(), err)
 	}
+	logs, logErr := readLogState(ctx, cn, slots)
 	if c.global.json {
-		c.printJSON(statsDocument(st))
+		doc := statsDocument(st)
+		doc.Log = logs
+		if logErr != nil {
+			doc.LogError = c.rowError(logErr)
+		}
+		c.printJSON(doc)
 		return nil
 	}
 	printStats(c, st)
+	var rows []logRow
+	for _, r := range logs {
+		rows = append(rows, logRow{r: r})
+	}
+	printLog(c, rows, false)
+	if logErr != nil {
+		fmt.Fprintf(c.stdout, "log readers: cannot read their state: %s\n", c.rowError(logErr))
+	}
 	return nil
 }
 

@@ -76,13 +76,16 @@ type dbStats struct {
 	shown string
 	st    outbox.Stats
 	err   error
+	// logs is the state of the table's log readers, or logErr why it was not read.
+	logs   []logReaderJSON
+	logErr error
 }
 
 // statsMany reads the stats of several databases, statsParallel at a time and each within
 // timeout, and prints a row per database and their total. Every DSN is resolved before any
 // is opened, so a malformed one is bad input and nothing is read. A database that cannot
 // be read is reported in its row; the command then fails (exit 1) after printing them all.
-func (c *cli) statsMany(ctx context.Context, sc outbox.Scope, timeout time.Duration) error {
+func (c *cli) statsMany(ctx context.Context, sc outbox.Scope, slots []string, timeout time.Duration) error {
 	table, err := c.tableName()
 	if err != nil {
 		return err
@@ -114,8 +117,7 @@ func (c *cli) statsMany(ctx context.Context, sc outbox.Scope, timeout time.Durat
 		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			st, err := statsOf(ctx, t, table, sc, timeout)
-			results[i] = dbStats{shown: t.shown, st: st, err: err}
+			results[i] = statsOf(ctx, t, table, sc, slots, timeout)
 		})
 	}
 	wg.Wait()
@@ -129,6 +131,10 @@ func (c *cli) statsMany(ctx context.Context, sc outbox.Scope, timeout time.Durat
 				row.Error = c.rowError(r.err)
 			} else {
 				doc := statsDocument(r.st)
+				doc.Log = r.logs
+				if r.logErr != nil {
+					doc.LogError = c.rowError(r.logErr)
+				}
 				row.statsJSON = &doc
 			}
 			out.Databases = append(out.Databases, row)
@@ -143,26 +149,28 @@ func (c *cli) statsMany(ctx context.Context, sc outbox.Scope, timeout time.Durat
 	return nil
 }
 
-// statsOf opens one database on one connection, counts and closes it, all within timeout.
-func statsOf(ctx context.Context, t target, table dialect.Table, sc outbox.Scope, timeout time.Duration) (outbox.Stats, error) {
+// statsOf opens one database on one connection, counts, reads its log readers' state
+// and closes it, all within timeout.
+func statsOf(ctx context.Context, t target, table dialect.Table, sc outbox.Scope, slots []string, timeout time.Duration) dbStats {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	st, err := func() (outbox.Stats, error) {
+	r := dbStats{shown: t.shown}
+	r.err = func() error {
 		cn, err := open(ctx, t, table, needTable)
 		if err != nil {
-			return outbox.Stats{}, err
+			return err
 		}
 		defer cn.Close()
-		st, err := cn.store.Stats(ctx, sc)
-		if err != nil {
-			return outbox.Stats{}, fmt.Errorf("stats of %s: %w", table.Name(), err)
+		if r.st, err = cn.store.Stats(ctx, sc); err != nil {
+			return fmt.Errorf("stats of %s: %w", table.Name(), err)
 		}
-		return st, nil
+		r.logs, r.logErr = readLogState(ctx, cn, slots)
+		return nil
 	}()
-	if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		err = fmt.Errorf("no answer within --timeout %s: %w", timeout, err)
+	if r.err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		r.err = fmt.Errorf("no answer within --timeout %s: %w", timeout, r.err)
 	}
-	return st, err
+	return r
 }
 
 // sumStats adds up the databases that answered: counts are summed, the oldest pending age
@@ -237,6 +245,18 @@ func (c *cli) printMany(results []dbStats, total outbox.Stats) {
 		total.Pending, total.Scheduled, total.Processing, deliveredCell(total), total.Dead, age(total.OldestPendingAge), age(total.OldestUndeliveredAge))
 	_ = tw.Flush()
 	deliveredNotes(c, total.DeliveredEstimated, total.DeliveredSince)
+	var logs []logRow
+	for _, r := range results {
+		for _, l := range r.logs {
+			logs = append(logs, logRow{db: r.shown, r: l})
+		}
+	}
+	printLog(c, logs, true)
+	for _, r := range results {
+		if r.logErr != nil {
+			fmt.Fprintf(c.stdout, "%s: log readers: cannot read their state: %s\n", r.shown, c.rowError(r.logErr))
+		}
+	}
 }
 
 // deliveredCell is a total delivered count with its mark: ~ an estimate, * since a time.

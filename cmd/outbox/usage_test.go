@@ -33,7 +33,7 @@ func TestUsage(t *testing.T) {
 	require.Equal(t, exitOK, r.code)
 	require.Contains(t, r.stdout, "Commands:")
 	require.Empty(t, r.stderr)
-	for _, name := range []string{"migrate", "stats", "dead", "purge", "ui", "version"} {
+	for _, name := range []string{"migrate", "stats", "log", "dead", "purge", "ui", "version"} {
 		r = runCLI(t, nil, "help", name)
 		require.Equal(t, exitOK, r.code, name)
 		require.Contains(t, r.stdout, "outbox "+name, name)
@@ -44,6 +44,9 @@ func TestUsage(t *testing.T) {
 	require.True(t, strings.HasSuffix(r.stderr, "outbox: no command given (run: outbox help)\n"), r.stderr)
 	r = runCLI(t, nil, "help", "nosuch")
 	require.Equal(t, exitUsage, r.code)
+	r = runCLI(t, nil, "log", "up")
+	require.Equal(t, exitUsage, r.code)
+	require.Equal(t, "outbox: log needs one of setup, drop (run: outbox help log)\n", r.stderr)
 
 	// With --json, a failure is also one JSON document on stdout.
 	r = runCLI(t, nil, "--json", "stats", "--dsn", "sqlite:"+filepath.Join(t.TempDir(), "none.db"))

@@ -18,6 +18,10 @@
 // the reader's late outcome for it is refused as a lost lease.
 //
 // The server needs binlog_format = ROW and a user with REPLICATION SLAVE and REPLICATION
-// CLIENT (MariaDB: BINLOG MONITOR) for the binlog connection. docs/log-delivery.md in the
-// repository says what to set up and how ownership, positions and purged binlogs work.
+// CLIENT (MariaDB: BINLOG MONITOR) for the binlog connection. Run creates the position
+// table when it is missing; [Setup] creates it ahead of time for readers whose user may
+// not, [Drop] drops it, and [Positions] reads the stored positions against the server's
+// binlog with no reader running (the outbox command's log setup, log drop and stats).
+// docs/log-delivery.md in the repository says what to set up and how ownership, positions
+// and purged binlogs work.
 package outboxbinlog

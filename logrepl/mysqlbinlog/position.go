@@ -89,15 +89,20 @@ func (p *Publisher) ensureTable(ctx context.Context) error {
 
 // lockName is the name of the reader's GET_LOCK: per database, table and reader name.
 func (p *Publisher) lockName(ctx context.Context) (string, error) {
-	var db sql.NullString
-	if err := p.store.DB().QueryRowContext(ctx, `SELECT DATABASE()`).Scan(&db); err != nil {
+	return lockNameOf(ctx, p.store.DB(), p.o.Name)
+}
+
+// lockNameOf is the lock name of the reader called reader in db's current database.
+func lockNameOf(ctx context.Context, db *sql.DB, reader string) (string, error) {
+	var name sql.NullString
+	if err := db.QueryRowContext(ctx, `SELECT DATABASE()`).Scan(&name); err != nil {
 		return "", fmt.Errorf("outboxbinlog: read database: %w", err)
 	}
-	name := "outbox_binlog." + db.String + "." + p.o.Name
-	if len(name) > 64 {
-		name = name[:64]
+	lock := "outbox_binlog." + name.String + "." + reader
+	if len(lock) > 64 {
+		lock = lock[:64]
 	}
-	return name, nil
+	return lock, nil
 }
 
 // lock takes the reader lock, without waiting, on a connection of its own made from
@@ -222,8 +227,11 @@ func (p *Publisher) current(ctx context.Context, srv server) (position, error) {
 // binlogEnd reads the server's current binlog file and offset.
 func (p *Publisher) binlogEnd(ctx context.Context) (string, uint32, error) {
 	rows, err := p.store.DB().QueryContext(ctx, `SHOW MASTER STATUS`)
-	if err != nil {
+	if err != nil && !isAccessDenied(err) {
 		rows, err = p.store.DB().QueryContext(ctx, `SHOW BINARY LOG STATUS`) // MySQL 8.4
+	}
+	if isAccessDenied(err) {
+		return "", 0, &SetupError{Problem: "the Store's user cannot read the binlog status", Fix: "grant it REPLICATION CLIENT (MariaDB 10.5+: BINLOG MONITOR)", Err: err}
 	}
 	if err != nil {
 		return "", 0, fmt.Errorf("outboxbinlog: read binlog status: %w", err)
@@ -244,6 +252,56 @@ func (p *Publisher) binlogEnd(ctx context.Context) (string, uint32, error) {
 		return "", 0, err
 	}
 	return file, uint32(off), rows.Err()
+}
+
+// isAccessDenied reports whether err is the server's refusal for want of a privilege
+// (1227: "you need (at least one of) the ... privilege(s)").
+func isAccessDenied(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && me.Number == 1227
+}
+
+// binlogFile is one of the server's binlog files, as SHOW BINARY LOGS lists them.
+type binlogFile struct {
+	name string
+	size int64
+}
+
+// binlogFiles lists the server's binlog files, oldest first.
+func binlogFiles(ctx context.Context, db *sql.DB) ([]binlogFile, error) {
+	rows, err := db.QueryContext(ctx, `SHOW BINARY LOGS`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	cols, _ := rows.Columns()
+	var out []binlogFile
+	for rows.Next() {
+		var f binlogFile
+		vals := []any{&f.name, &f.size}
+		for len(vals) < len(cols) {
+			vals = append(vals, new(sql.RawBytes))
+		}
+		if err := rows.Scan(vals...); err != nil {
+			return nil, err
+		}
+		out = append(out, f)
+	}
+	return out, rows.Err()
+}
+
+// lagAfter is how many binlog bytes the server wrote past offset pos of file, summed over
+// the files after it; found is false when file is no longer among them (purged).
+func lagAfter(files []binlogFile, file string, pos int64) (lag int64, found bool) {
+	for _, f := range files {
+		switch {
+		case f.name == file:
+			lag, found = f.size-pos, true
+		case found:
+			lag += f.size
+		}
+	}
+	return max(lag, 0), found
 }
 
 // claimPosition makes this session the owner of the reader's row (a fence: a reader that

@@ -396,33 +396,13 @@ func (p *Publisher) readLag(ctx context.Context) error {
 	if file == nil {
 		return nil
 	}
-	rows, err := p.store.DB().QueryContext(ctx, `SHOW BINARY LOGS`)
+	files, err := binlogFiles(ctx, p.store.DB())
 	if err != nil {
 		return err
 	}
-	defer rows.Close()
-	cols, _ := rows.Columns()
-	var lag int64
-	after := false
-	for rows.Next() {
-		var name string
-		var size int64
-		vals := []any{&name, &size}
-		for len(vals) < len(cols) {
-			vals = append(vals, new(sql.RawBytes))
-		}
-		if err := rows.Scan(vals...); err != nil {
-			return err
-		}
-		switch {
-		case name == *file:
-			lag, after = size-int64(p.readPos.Load()), true
-		case after:
-			lag += size
-		}
-	}
-	p.stats.lagBytes.Store(max(lag, 0))
-	return rows.Err()
+	lag, _ := lagAfter(files, *file, int64(p.readPos.Load()))
+	p.stats.lagBytes.Store(lag)
+	return nil
 }
 
 // deliver publishes and settles the committed transactions in commit order, a batch at a

@@ -14,6 +14,9 @@
 // so a reader killed at any point resumes without losing or skipping a committed event.
 //
 // The server needs wal_level = logical, and the replication connection a role with the
-// REPLICATION attribute (or a superuser). docs/log-delivery.md in the repository says
+// REPLICATION attribute (or a superuser). Run creates the publication and the slot when
+// they are missing; [Setup] creates them ahead of time for readers whose role may not,
+// [Drop] drops them, and [Slots] reads their lag with no reader running (the outbox
+// command's log setup, log drop and stats). docs/log-delivery.md in the repository says
 // what to set up and how ownership, positions and slot hygiene work.
 package outboxpglog

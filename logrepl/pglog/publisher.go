@@ -177,7 +177,7 @@ func (p *Publisher) session(ctx context.Context) error {
 	if err := checkWALLevel(ctx, p.store.DB()); err != nil {
 		return err
 	}
-	if err := p.ensurePublication(ctx); err != nil {
+	if _, err := p.ensurePublication(ctx); err != nil {
 		return err
 	}
 	conn, err := p.connect(ctx)
@@ -202,7 +202,7 @@ func (p *Publisher) session(ctx context.Context) error {
 		p.history.Store(&h)
 		p.settled.Store(0)
 	}
-	if err := p.ensureSlot(ctx, conn); err != nil {
+	if _, err := p.ensureSlot(ctx, conn); err != nil {
 		return err
 	}
 	err = pglogrepl.StartReplication(ctx, conn, p.o.Slot, 0, pglogrepl.StartReplicationOptions{PluginArgs: []string{

@@ -51,74 +51,107 @@ func checkWALLevel(ctx context.Context, db *sql.DB) error {
 	return nil
 }
 
-// ensurePublication creates the publication of the table's inserts when it is missing.
-func (p *Publisher) ensurePublication(ctx context.Context) error {
+// ensurePublication creates the publication of the table's inserts when it is missing, and
+// says whether it did.
+func (p *Publisher) ensurePublication(ctx context.Context) (bool, error) {
 	db := p.store.DB()
 	var one int
 	err := db.QueryRowContext(ctx, `SELECT 1 FROM pg_publication WHERE pubname = $1`, p.o.Publication).Scan(&one)
 	if err == nil {
-		return nil
+		return false, nil
 	}
 	if !errors.Is(err, sql.ErrNoRows) {
-		return fmt.Errorf("outboxpglog: read publication: %w", err)
+		return false, fmt.Errorf("outboxpglog: read publication: %w", err)
 	}
-	t := p.store.Table()
-	tbl := quoteIdent(t.Name())
-	if t.Schema() != "" {
-		tbl = quoteIdent(t.Schema()) + "." + tbl
-	}
+	tbl := p.qualifiedTable()
 	_, err = db.ExecContext(ctx, `CREATE PUBLICATION `+quoteIdent(p.o.Publication)+` FOR TABLE `+tbl+` WITH (publish = 'insert')`)
 	var pe *pgconn.PgError
 	switch {
 	case err == nil:
 		p.log.Info("outboxpglog: created publication", "publication", p.o.Publication, "table", tbl)
-		return nil
+		return true, nil
 	case errors.As(err, &pe) && pe.Code == "42710": // another replica created it first
-		return nil
+		return false, nil
 	case errors.As(err, &pe) && pe.Code == "42501":
-		return &SetupError{Problem: "cannot create publication " + p.o.Publication,
-			Fix: "create it as the table's owner: CREATE PUBLICATION " + p.o.Publication + " FOR TABLE " + tbl + " WITH (publish = 'insert')", Err: err}
+		return false, &SetupError{Problem: "cannot create publication " + p.o.Publication,
+			Fix: "the role needs CREATE on the database and must own the table (or be a superuser); or create it as the table's owner: CREATE PUBLICATION " + p.o.Publication + " FOR TABLE " + tbl + " WITH (publish = 'insert')", Err: err}
 	}
-	return fmt.Errorf("outboxpglog: create publication: %w", err)
+	return false, fmt.Errorf("outboxpglog: create publication: %w", err)
 }
 
-// slotState is the slot as pg_replication_slots shows it.
-type slotState struct {
-	exists    bool
-	walStatus string // PostgreSQL 13+: reserved, extended, unreserved or lost
+// qualifiedTable is the store's table, quoted, with its schema when it has one.
+func (p *Publisher) qualifiedTable() string {
+	t := p.store.Table()
+	if t.Schema() != "" {
+		return quoteIdent(t.Schema()) + "." + quoteIdent(t.Name())
+	}
+	return quoteIdent(t.Name())
 }
 
-func (p *Publisher) readSlot(ctx context.Context) (slotState, error) {
-	var st slotState
-	var status sql.NullString
-	err := p.store.DB().QueryRowContext(ctx,
-		`SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1`, p.o.Slot).Scan(&status)
-	switch {
-	case errors.Is(err, sql.ErrNoRows):
-		return st, nil
-	case err != nil:
-		return st, fmt.Errorf("outboxpglog: read slot: %w", err)
+// slotsQuery reads slots as [Slot] has them: the one named $1, and with a table in $2 the
+// slots of this database named like a publication of that table. to_jsonb reads
+// invalidation_reason where the server has it (PostgreSQL 17) and nothing before.
+const slotsQuery = `SELECT s.slot_name, s.active, coalesce(s.active_pid, 0),
+	coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn)::bigint, 0),
+	coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)::bigint, 0),
+	coalesce(s.wal_status, ''), coalesce(to_jsonb(s)->>'invalidation_reason', '')
+	FROM pg_replication_slots s
+	WHERE s.slot_name = $1 OR ($2 <> '' AND s.database = current_database() AND EXISTS (
+		SELECT 1 FROM pg_publication_tables pt WHERE pt.pubname = s.slot_name
+		AND to_regclass(quote_ident(pt.schemaname) || '.' || quote_ident(pt.tablename)) = to_regclass($2)))
+	ORDER BY s.slot_name`
+
+// readSlots runs slotsQuery. One name, not an array of them: the Store's pool may be
+// any PostgreSQL driver's, and not every one takes a Go slice as a parameter.
+func readSlots(ctx context.Context, db *sql.DB, name, table string) ([]Slot, error) {
+	rows, err := db.QueryContext(ctx, slotsQuery, name, table)
+	if err != nil {
+		return nil, fmt.Errorf("outboxpglog: read slots: %w", err)
 	}
-	st.exists, st.walStatus = true, status.String
-	return st, nil
+	defer rows.Close()
+	var out []Slot
+	for rows.Next() {
+		s := Slot{Exists: true}
+		if err := rows.Scan(&s.Name, &s.Active, &s.ActivePID, &s.LagBytes, &s.RetainedWALBytes, &s.WALStatus, &s.Invalidated); err != nil {
+			return nil, fmt.Errorf("outboxpglog: read slots: %w", err)
+		}
+		if s.Invalidated == "" && s.WALStatus == "lost" {
+			s.Invalidated = "wal_removed" // the only cause before PostgreSQL 17 names it
+		}
+		out = append(out, s)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("outboxpglog: read slots: %w", err)
+	}
+	return out, nil
+}
+
+// readSlot reads the Publisher's slot; Exists is false when the server has none.
+func (p *Publisher) readSlot(ctx context.Context) (Slot, error) {
+	slots, err := readSlots(ctx, p.store.DB(), p.o.Slot, "")
+	if err != nil || len(slots) == 0 {
+		return Slot{Name: p.o.Slot}, err
+	}
+	return slots[0], nil
 }
 
 // ensureSlot creates the slot when it is missing, and drops and creates again one that
 // the server invalidated: it can never be read again, and the rows it missed are polled.
-func (p *Publisher) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
+// It says whether it created one.
+func (p *Publisher) ensureSlot(ctx context.Context, conn *pgconn.PgConn) (bool, error) {
 	st, err := p.readSlot(ctx)
 	if err != nil {
-		return err
+		return false, err
 	}
-	if st.exists && st.walStatus == "lost" {
+	if st.Exists && st.WALStatus == "lost" {
 		p.slotLost("invalidated (wal_status lost)")
 		if err := pglogrepl.DropReplicationSlot(ctx, conn, p.o.Slot, pglogrepl.DropReplicationSlotOptions{}); err != nil {
-			return fmt.Errorf("outboxpglog: drop invalidated slot: %w", err)
+			return false, fmt.Errorf("outboxpglog: drop invalidated slot: %w", err)
 		}
-		st.exists = false
+		st.Exists = false
 	}
-	if st.exists {
-		return nil
+	if st.Exists {
+		return false, nil
 	}
 	if p.hadSlot.Load() {
 		p.slotLost("dropped")
@@ -126,41 +159,42 @@ func (p *Publisher) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
 	_, err = pglogrepl.CreateReplicationSlot(ctx, conn, p.o.Slot, "pgoutput",
 		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "NOEXPORT_SNAPSHOT"})
 	var pe *pgconn.PgError
+	created := false
 	switch {
 	case err == nil:
+		created = true
 		p.log.Info("outboxpglog: created replication slot", "slot", p.o.Slot)
 	case errors.As(err, &pe) && pe.Code == "42710": // another replica created it first
+	case errors.As(err, &pe) && pe.Code == "53400": // configuration_limit_exceeded
+		return false, &SetupError{Problem: "cannot create slot " + p.o.Slot + ": every replication slot is in use",
+			Fix: "raise max_replication_slots (a restart), or drop a slot nobody reads", Err: err}
 	default:
-		return fmt.Errorf("outboxpglog: create slot: %w", err)
+		return false, fmt.Errorf("outboxpglog: create slot: %w", err)
 	}
 	p.lostReported.Store(false)
 	p.settled.Store(0) // a new slot's positions owe nothing to the old one's
-	return nil
+	return created, nil
 }
 
 // readLag reads how far the slot is behind the server's WAL, into the stats.
 func (p *Publisher) readLag(ctx context.Context) error {
-	var lag, retained sql.NullInt64
-	var status sql.NullString
-	err := p.store.DB().QueryRowContext(ctx, `SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint,`+
-		` pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint, wal_status FROM pg_replication_slots WHERE slot_name = $1`,
-		p.o.Slot).Scan(&lag, &retained, &status)
+	st, err := p.readSlot(ctx)
 	switch {
-	case errors.Is(err, sql.ErrNoRows):
-		return fmt.Errorf("%w: slot %s was dropped", ErrSlotLost, p.o.Slot)
 	case err != nil:
 		return err
+	case !st.Exists:
+		return fmt.Errorf("%w: slot %s was dropped", ErrSlotLost, p.o.Slot)
 	}
-	p.stats.lagBytes.Store(lag.Int64)
-	p.stats.retainedBytes.Store(retained.Int64)
-	p.stats.setWALStatus(status.String)
-	if status.String == "unreserved" && !p.unreservedWarned.Swap(true) {
+	p.stats.lagBytes.Store(st.LagBytes)
+	p.stats.retainedBytes.Store(st.RetainedWALBytes)
+	p.stats.setWALStatus(st.WALStatus)
+	if st.WALStatus == "unreserved" && !p.unreservedWarned.Swap(true) {
 		p.log.Error("outboxpglog: the slot holds more WAL than max_slot_wal_keep_size allows and will be invalidated at the next checkpoint unless it catches up",
-			"slot", p.o.Slot, "lag_bytes", lag.Int64, "retained_bytes", retained.Int64)
-	} else if status.String != "unreserved" {
+			"slot", p.o.Slot, "lag_bytes", st.LagBytes, "retained_bytes", st.RetainedWALBytes)
+	} else if st.WALStatus != "unreserved" {
 		p.unreservedWarned.Store(false)
 	}
-	if status.String == "lost" {
+	if st.WALStatus == "lost" {
 		return fmt.Errorf("%w: slot %s was invalidated (max_slot_wal_keep_size)", ErrSlotLost, p.o.Slot)
 	}
 	return nil
@@ -168,21 +202,10 @@ func (p *Publisher) readLag(ctx context.Context) error {
 
 // DropSlot drops the Publisher's replication slot and publication, for a table that goes
 // back to polling only: a slot that nobody reads holds the server's WAL back for ever.
-// Stop Run first: the server refuses to drop a slot in use. Missing ones are no error.
-// Rows still leased to the log's reader are polled once their leases run out.
+// Stop Run first: a slot still in use is dropped once its reader lets it go, which a
+// stopped reader's server process does a moment after Run returns. Missing ones are no
+// error. Rows still leased to the log's reader are polled once their leases run out.
 func (p *Publisher) DropSlot(ctx context.Context) error {
-	conn, err := p.connect(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	err = pglogrepl.DropReplicationSlot(ctx, conn, p.o.Slot, pglogrepl.DropReplicationSlotOptions{Wait: true})
-	var pe *pgconn.PgError
-	if err != nil && !(errors.As(err, &pe) && pe.Code == "42704") {
-		return fmt.Errorf("outboxpglog: drop slot: %w", err)
-	}
-	if _, err := p.store.DB().ExecContext(ctx, `DROP PUBLICATION IF EXISTS `+quoteIdent(p.o.Publication)); err != nil {
-		return fmt.Errorf("outboxpglog: drop publication: %w", err)
-	}
-	return nil
+	_, err := p.drop(ctx, true)
+	return err
 }
