@@ -95,7 +95,7 @@ type cost struct {
 	// Updates is the row updates per event beyond its INSERT. PostgreSQL: the outbox
 	// table's (pg_stat_user_tables n_tup_upd), the claim and the settle when polled, the
 	// settle alone from the log. MariaDB: every table's (Handler_update), so also the
-	// reader's position row, written once per settle.
+	// reader's position row, written at most once per PositionInterval (10 s).
 	Updates float64 `json:"updates_per_event"`
 	// CPUms is the server processes' user and system CPU per event, the producers'
 	// transactions included.

@@ -78,6 +78,11 @@ func (d *decoder) ours(t *replication.TableMapEvent) bool {
 	return t != nil && string(t.Table) == d.table && string(t.Schema) == d.schema
 }
 
+// positions reports whether a rows event is of the readers' position table.
+func (d *decoder) positions(t *replication.TableMapEvent) bool {
+	return t != nil && string(t.Table) == d.table+"_binlog_position" && string(t.Schema) == d.schema
+}
+
 // rows returns the records of a write-rows event's rows that the log's reader owns: rows
 // inserted leased to outbox.LogWorkerID within the scope. Other rows (delayed ones, rows
 // of a Store without LogLease, other scopes) are polling's.

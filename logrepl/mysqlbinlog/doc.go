@@ -8,9 +8,12 @@
 // [outbox.Transport] a polling outbox.Publisher uses, and settles them under their insert
 // lease with [outbox.Store.CompleteTx]: one UPDATE per event beyond its INSERT, batched.
 // The binlog position it has reached (a GTID set, or a file and offset where GTIDs are off)
-// is written to a table of its own in the same transaction as the settle, so a crash can
-// never separate the outcomes from the position that covers them, and a reader killed at
-// any point resumes from it without losing or skipping a committed event.
+// is written to a table of its own at most once per Options.PositionInterval (with a
+// settle, or alone) and when it stops, and only once the outcomes it covers are committed:
+// the stored position may lag the outcomes, never lead them. A reader killed at any point
+// resumes from it without losing or skipping a committed event, and skips the rows it reads
+// again that were settled already, so a crash costs a re-read of the binlog, not a second
+// publish of what was delivered.
 //
 // The table stays the truth: a failed delivery goes back to pending under the retry policy
 // and polling publishers retry it, and a row whose lease ran out (the reader was down,

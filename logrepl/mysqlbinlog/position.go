@@ -343,7 +343,7 @@ func (p *Publisher) writeOwner(ctx context.Context, owner uuid.UUID, pos positio
 // that took the lock over after this one lost it.
 var errFenced = errors.New("outboxbinlog: another reader owns the position")
 
-// savePosition writes pos on tx, the settle's transaction, if this session still owns it.
+// savePosition writes pos on tx (a settle's, or its own) if this session still owns it.
 func (p *Publisher) savePosition(ctx context.Context, tx *sql.Tx, owner uuid.UUID, pos position) error {
 	res, err := tx.ExecContext(ctx, `UPDATE `+p.positionTable()+` SET gtid = ?, file = ?, pos = ?, updated_at = UTC_TIMESTAMP(6)`+
 		` WHERE reader = ? AND owner = ?`, pos.gtid, pos.file, pos.pos, p.o.Name, owner.String())
@@ -356,6 +356,23 @@ func (p *Publisher) savePosition(ctx context.Context, tx *sql.Tx, owner uuid.UUI
 		if err := tx.QueryRowContext(ctx, `SELECT owner FROM `+p.positionTable()+` WHERE reader = ?`, p.o.Name).Scan(&got); err != nil || got != owner.String() {
 			return errFenced
 		}
+	}
+	return nil
+}
+
+// checkOwner returns errFenced unless this session owns the reader's row, holding a shared
+// lock on it until tx ends: a settle that writes no position is fenced as one that writes
+// it, since a successor's claim (writeOwner) waits for the lock.
+func (p *Publisher) checkOwner(ctx context.Context, tx *sql.Tx, owner uuid.UUID) error {
+	var got string
+	err := tx.QueryRowContext(ctx, `SELECT owner FROM `+p.positionTable()+` WHERE reader = ? LOCK IN SHARE MODE`, p.o.Name).Scan(&got)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return errFenced
+	case err != nil:
+		return fmt.Errorf("outboxbinlog: read position owner: %w", err)
+	case got != owner.String():
+		return errFenced
 	}
 	return nil
 }

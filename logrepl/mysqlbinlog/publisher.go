@@ -41,9 +41,8 @@ type Publisher struct {
 	// kill, set by tests, ends a session at once at the named point, as a crash there
 	// would: nothing settled or written after it.
 	kill func(point string) bool
-	// separatePosition, set by a test only, writes the position in a transaction of its
-	// own after the settle's: the mistake the position-in-settle test must catch.
-	separatePosition bool
+	// mistake, set by tests only, plants one realistic error that a test must catch.
+	mistake mistake
 	// readFile and readPos are where the reader is in the binlog, for the lag.
 	readFile atomic.Pointer[string]
 	readPos  atomic.Uint32
@@ -73,6 +72,21 @@ func New(store *outbox.Store, tr outbox.Transport, o Options) (*Publisher, error
 
 // Name returns the reader's name: its row in the position table and its lock.
 func (p *Publisher) Name() string { return p.o.Name }
+
+// mistake is an error a test plants in a Publisher, to show that the test catches it.
+type mistake int
+
+const (
+	noMistake mistake = iota
+	// positionEverySettle writes the position with every settle: a write per batch.
+	positionEverySettle
+	// positionAhead writes a batch's end position before publishing the batch.
+	positionAhead
+	// noFinalPosition leaves the position settled past unwritten when a session ends.
+	noFinalPosition
+	// noSkip publishes again the rows read again that an earlier session settled.
+	noSkip
+)
 
 var (
 	errKilled  = errors.New("outboxbinlog: killed by test")
@@ -134,6 +148,11 @@ type session struct {
 	p     *Publisher
 	owner uuid.UUID
 	items chan item
+	// rereading is set until the deliverer meets a batch of rows still under their insert
+	// lease: until then it may be reading binlog that an earlier session settled, or rows
+	// that polling took over (see skipSettled).
+	rereading bool
+	pw        positionWriter
 }
 
 func (p *Publisher) session(ctx context.Context) (err error) {
@@ -154,7 +173,8 @@ func (p *Publisher) session(ctx context.Context) (err error) {
 		return errStandby
 	}
 	defer lock.release()
-	s := &session{p: p, owner: uuid.New(), items: make(chan item, 64)}
+	s := &session{p: p, owner: uuid.New(), items: make(chan item, 64), rereading: true,
+		pw: positionWriter{interval: p.o.PositionInterval, written: time.Now(), every: p.mistake == positionEverySettle}}
 	pos, err := p.claimPosition(ctx, srv, s.owner)
 	if err != nil {
 		return err
@@ -283,6 +303,10 @@ func (s *session) read(ctx context.Context, streamer *replication.BinlogStreamer
 	// inTx is set between a transaction's start (BEGIN, or a MariaDB GTID event that is not
 	// standalone) and its end (XID, or COMMIT): a statement inside it (SAVEPOINT) ends nothing.
 	inTx := false
+	// positionsOnly is set while the transaction's rows events are all of the position
+	// table: a reader's own position write, which moves no position, or each write would
+	// make the next one due and an idle server would see one every PositionInterval.
+	positionsOnly, others := false, false
 	push := func(it item) error {
 		select {
 		case s.items <- it:
@@ -299,6 +323,12 @@ func (s *session) read(ctx context.Context, streamer *replication.BinlogStreamer
 		p.readFile.Store(&file)
 		p.readPos.Store(pos.pos)
 		inTx = false
+		own := positionsOnly && !others
+		positionsOnly, others = false, false
+		if own {
+			cur = item{}
+			return nil
+		}
 		if len(cur.rows) > 0 {
 			cur.end = pos
 			it := cur
@@ -332,6 +362,11 @@ func (s *session) read(ctx context.Context, streamer *replication.BinlogStreamer
 			file = string(e.NextLogName)
 			p.readFile.Store(&file)
 		case *replication.RowsEvent:
+			if dec.positions(e.Table) {
+				positionsOnly = true
+				continue
+			}
+			others = true
 			if !isWrite(ev.Header.EventType) || !dec.ours(e.Table) {
 				continue
 			}
@@ -405,28 +440,84 @@ func (p *Publisher) readLag(ctx context.Context) error {
 	return nil
 }
 
+// positionWriter is the deliverer's account of its position: the one after the last
+// outcomes it settled, if not written yet, and when it last wrote one. The position is
+// written at most once per interval (a write per batch would double a trickle's writes),
+// and only once the outcomes it covers are committed, so that the stored position may lag
+// them, never lead them.
+type positionWriter struct {
+	interval time.Duration
+	written  time.Time
+	unsaved  *position
+	every    bool // the positionEverySettle mistake
+}
+
+// due reports whether the next settle writes the position.
+func (w *positionWriter) due() bool { return w.every || time.Since(w.written) >= w.interval }
+
+// settled records that everything before end is settled, and whether end was written.
+func (w *positionWriter) settled(end position, written bool) {
+	if written {
+		w.unsaved, w.written = nil, time.Now()
+		return
+	}
+	w.unsaved = &end
+}
+
+// timer returns a channel that fires when the unsaved position is due to be written
+// alone, nil when there is none, and the timer's stop.
+func (w *positionWriter) timer() (<-chan time.Time, func() bool) {
+	if w.unsaved == nil {
+		return nil, func() bool { return false }
+	}
+	t := time.NewTimer(time.Until(w.written.Add(w.interval)))
+	return t.C, t.Stop
+}
+
 // deliver publishes and settles the committed transactions in commit order, a batch at a
-// time, and writes the position after them in the settle's transaction.
+// time, and writes the position after them: with a batch's settle when the position is
+// due, alone when only other tables' transactions went by, and once more as the session
+// ends (a shutdown, a lost connection or lock), so that the next session reads nothing
+// again after a clean stop.
 func (s *session) deliver(ctx context.Context) error {
+	err := s.deliverLoop(ctx)
+	if errors.Is(err, errKilled) || errors.Is(err, errFenced) || s.p.mistake == noFinalPosition {
+		return err
+	}
+	if ferr := s.flush(ctx); ferr != nil {
+		s.p.log.Warn("outboxbinlog: write the position at the session's end; the next session reads again from the one stored before",
+			"reader", s.p.o.Name, "err", ferr)
+	}
+	return err
+}
+
+// flush writes the position not written yet, in one try even after ctx ended.
+func (s *session) flush(ctx context.Context) error {
+	at := s.pw.unsaved
+	if at == nil {
+		return nil
+	}
+	if _, _, err := s.p.settleOnce(ctx, s.owner, nil, at, true); err != nil {
+		return err
+	}
+	s.p.setPosition(*at)
+	s.pw.settled(*at, true)
+	return nil
+}
+
+func (s *session) deliverLoop(ctx context.Context) error {
 	p := s.p
-	lastSaved := time.Now()
-	var unsaved *position // the last position alone not written yet
 	for {
 		var it item
-		var due <-chan time.Time
-		stop := func() bool { return false }
-		if unsaved != nil {
-			t := time.NewTimer(time.Until(lastSaved.Add(p.o.PositionInterval)))
-			due, stop = t.C, t.Stop
-		}
+		due, stop := s.pw.timer()
 		select {
 		case it = <-s.items:
 			stop()
 		case <-due:
-			if err := p.settle(ctx, s.owner, nil, unsaved); err != nil {
+			if err := p.settle(ctx, s.owner, nil, s.pw.unsaved); err != nil {
 				return err
 			}
-			unsaved, lastSaved = nil, time.Now()
+			s.pw.settled(*s.pw.unsaved, true)
 			continue
 		case <-ctx.Done():
 			stop()
@@ -446,25 +537,29 @@ func (s *session) deliver(ctx context.Context) error {
 			}
 		}
 		if len(rows) == 0 {
-			if time.Since(lastSaved) < p.o.PositionInterval {
-				unsaved = &end
-				continue
-			}
-			if err := p.settle(ctx, s.owner, nil, &end); err != nil {
-				return err
-			}
-		} else if err := p.publishAndSettle(ctx, s.owner, rows, first, end); err != nil {
+			s.pw.settled(end, false) // written when due, by the timer
+			continue
+		}
+		written, err := s.publishAndSettle(ctx, rows, first, end)
+		if err != nil {
 			return err
 		}
-		unsaved, lastSaved = nil, time.Now()
+		s.pw.settled(end, written)
 	}
 }
 
 // publishAndSettle hands rows to the transport in batches and settles each batch's
 // outcomes in one transaction under the rows' insert leases; the last one also writes end,
-// the position after them. The transport's context ends ShutdownTimeout after ctx, so that
-// a shutdown lets the batch in flight finish.
-func (p *Publisher) publishAndSettle(ctx context.Context, owner uuid.UUID, rows []outbox.Record, committed time.Time, end position) error {
+// the position after them, when it is due, and written reports whether it did. Rows an
+// earlier session settled are skipped (skipSettled). The transport's context ends
+// ShutdownTimeout after ctx, so that a shutdown lets the batch in flight finish.
+func (s *session) publishAndSettle(ctx context.Context, rows []outbox.Record, committed time.Time, end position) (written bool, err error) {
+	p := s.p
+	if p.mistake == positionAhead {
+		if err := p.settle(ctx, s.owner, nil, &end); err != nil {
+			return false, err
+		}
+	}
 	pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	context.AfterFunc(ctx, func() {
@@ -478,9 +573,25 @@ func (p *Publisher) publishAndSettle(ctx context.Context, owner uuid.UUID, rows 
 	})
 	for start := 0; start < len(rows); start += p.o.BatchSize {
 		if err := ctx.Err(); err != nil {
-			return err // shutting down: the rest stay leased, and are read again or polled
+			return false, err // shutting down: the rest stay leased, and are read again or polled
 		}
-		chunk := rows[start:min(start+p.o.BatchSize, len(rows))]
+		chunk, err := s.skipSettled(ctx, rows[start:min(start+p.o.BatchSize, len(rows))])
+		if err != nil {
+			return false, err
+		}
+		var at *position
+		if start+p.o.BatchSize >= len(rows) && s.pw.due() {
+			at = &end
+		}
+		if len(chunk) == 0 {
+			if at != nil {
+				if err := p.settle(ctx, s.owner, nil, at); err != nil {
+					return false, err
+				}
+				written = true
+			}
+			continue
+		}
 		outcomes := make([]outbox.Outcome, len(chunk))
 		deliveries := make([]outbox.Delivery, 0, len(chunk))
 		index := make([]int, 0, len(chunk))
@@ -501,23 +612,20 @@ func (p *Publisher) publishAndSettle(ctx context.Context, owner uuid.UUID, rows 
 		}
 		if p.o.Ordered {
 			if err := p.publishOrdered(pctx, chunk, deliveries, index, outcomes); err != nil {
-				return err
+				return false, err
 			}
 		} else {
 			p.publishInto(pctx, p.publish, chunk, deliveries, index, outcomes)
 		}
 		if p.kill != nil && p.kill("published") {
-			return errKilled
+			return false, errKilled
 		}
-		var at *position
-		if start+p.o.BatchSize >= len(rows) {
-			at = &end
+		if err := p.settle(ctx, s.owner, outcomes, at); err != nil {
+			return false, err
 		}
-		if err := p.settle(ctx, owner, outcomes, at); err != nil {
-			return err
-		}
+		written = at != nil
 	}
-	return nil
+	return written, nil
 }
 
 // publishInto publishes deliveries, which are the rows of chunk at index, with publish
@@ -574,10 +682,11 @@ func (p *Publisher) publish(ctx context.Context, ds []outbox.Delivery) (errs []e
 const unseenPatience = 10 * time.Second
 
 // settle commits outcomes and, when at is set, the position after them, in one
-// transaction, retrying while the database is unreachable. A lost lease is an outcome
-// too: polling took the row over after its lease ran out, and owns it now. But the
-// server writes a transaction to the binlog a moment before other sessions can see its
-// rows, so a row that the settle does not find yet is settled again once it is visible.
+// transaction fenced by the session's ownership of the position row, retrying while the
+// database is unreachable. A lost lease is an outcome too: polling took the row over after
+// its lease ran out, and owns it now. But the server writes a transaction to the binlog a
+// moment before other sessions can see its rows, so a row that the settle does not find
+// yet is settled again once it is visible.
 func (p *Publisher) settle(ctx context.Context, owner uuid.UUID, outcomes []outbox.Outcome, at *position) error {
 	giveUp := time.Now().Add(unseenPatience)
 	backoff := 50 * time.Millisecond
@@ -617,6 +726,11 @@ func (p *Publisher) settleOnce(ctx context.Context, owner uuid.UUID, outcomes []
 		return nil, false, err
 	}
 	defer func() { _ = tx.Rollback() }()
+	if at == nil {
+		if err := p.checkOwner(sctx, tx, owner); err != nil {
+			return nil, false, err
+		}
+	}
 	if len(outcomes) > 0 {
 		err = p.store.CompleteTx(sctx, tx, outcomes...)
 		var le *outbox.LeaseLostError
@@ -634,7 +748,7 @@ func (p *Publisher) settleOnce(ctx context.Context, owner uuid.UUID, outcomes []
 			return nil, false, err
 		}
 	}
-	if at != nil && !p.separatePosition {
+	if at != nil {
 		if err := p.savePosition(sctx, tx, owner, *at); err != nil {
 			return nil, false, err
 		}
@@ -645,19 +759,6 @@ func (p *Publisher) settleOnce(ctx context.Context, owner uuid.UUID, outcomes []
 	if p.kill != nil && p.kill("settled") {
 		return nil, false, errKilled
 	}
-	if at != nil && p.separatePosition {
-		ptx, err := p.store.DB().BeginTx(sctx, nil)
-		if err != nil {
-			return nil, false, err
-		}
-		defer func() { _ = ptx.Rollback() }()
-		if err := p.savePosition(sctx, ptx, owner, *at); err != nil {
-			return nil, false, err
-		}
-		if err := ptx.Commit(); err != nil {
-			return nil, false, err
-		}
-	}
 	return lost, false, nil
 }
 
@@ -665,33 +766,13 @@ func (p *Publisher) settleOnce(ctx context.Context, owner uuid.UUID, outcomes []
 // the id, or the row is still processing under the outcome's lease. The others were taken
 // over.
 func (p *Publisher) unseen(ctx context.Context, tx *sql.Tx, outcomes []outbox.Outcome, ids []uuid.UUID) ([]uuid.UUID, error) {
-	args := make([]any, len(ids))
-	for i, id := range ids {
-		args[i] = id[:]
-	}
-	rows, err := tx.QueryContext(ctx, `SELECT id, status, lease_token FROM `+quote(p.store.Table().Name())+
-		` WHERE id IN (?`+strings.Repeat(`, ?`, len(ids)-1)+`)`, args...)
-	if err != nil {
-		return nil, fmt.Errorf("outboxbinlog: read settled rows: %w", err)
-	}
-	defer rows.Close()
-	token := map[uuid.UUID]uuid.UUID{}
+	tokens := map[uuid.UUID]uuid.UUID{}
 	for _, o := range outcomes {
-		token[o.ID] = o.Token
+		tokens[o.ID] = o.Token
 	}
-	taken := map[uuid.UUID]bool{}
-	for rows.Next() {
-		var id, tok []byte
-		var status string
-		if err := rows.Scan(&id, &status, &tok); err != nil {
-			return nil, err
-		}
-		u, _ := uuid.FromBytes(id)
-		t, _ := uuid.FromBytes(tok)
-		taken[u] = status != string(outbox.StatusProcessing) || t != token[u]
-	}
-	if err := rows.Err(); err != nil {
+	present, held, err := p.leases(ctx, tx, ids, tokens)
+	if err != nil {
 		return nil, err
 	}
-	return slices.DeleteFunc(slices.Clone(ids), func(id uuid.UUID) bool { return taken[id] }), nil
+	return slices.DeleteFunc(slices.Clone(ids), func(id uuid.UUID) bool { return present[id] && !held[id] }), nil
 }

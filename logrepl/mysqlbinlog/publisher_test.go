@@ -284,13 +284,13 @@ func (b *bundle) runPoller(t *testing.T, p *outbox.Publisher) (stop func()) {
 }
 
 // TestDeliversInCommitOrder: committed rows reach the transport in commit order, once
-// each, settled delivered, and the position in the table moves past them; a rolled-back
-// row and a delayed row never do.
+// each, settled delivered, and the position in the table moves past them (by the stop at
+// the latest); a rolled-back row and a delayed row never do.
 func TestDeliversInCommitOrder(t *testing.T) {
 	leakCheck(t)
 	b := setup(t, time.Minute)
 	p := b.publisher(t, Options{})
-	b.start(t, p)
+	stop := b.start(t, p)
 
 	tx, err := b.db.BeginTx(b.ctx, nil)
 	require.NoError(t, err)
@@ -313,9 +313,10 @@ func TestDeliversInCommitOrder(t *testing.T) {
 	}
 	require.Equal(t, outbox.StatusPending, b.status(t)[late], "a delayed row is left to polling")
 	b.wait(t, "the publisher counts its settles", func() bool { return p.Stats().Delivered == int64(len(ids)) })
+	require.NoError(t, stop())
 	st := p.Stats()
-	require.Zero(t, st.LeaseLost+st.Retried+st.Dead)
-	require.NotEqual(t, before, b.storedPosition(t, p.Name()), "the position moved with the settles")
+	require.Zero(t, st.LeaseLost+st.Retried+st.Dead+st.Skipped)
+	require.NotEqual(t, before, b.storedPosition(t, p.Name()), "the position moved past the settles")
 	require.Equal(t, st.Position, b.storedPosition(t, p.Name()))
 	var file string
 	var off int64
@@ -355,77 +356,142 @@ func TestFailureGoesToRetryPath(t *testing.T) {
 	require.Equal(t, int64(1), poller.Stats().Delivered, "polling delivered only the failed row")
 }
 
-// TestResumesAfterKill: a reader killed after publishing and before its settle commits
-// (so before its position is written) loses nothing: the next reader reads the rows again
-// from the stored position, publishes them again (at least once) and settles them.
-func TestResumesAfterKill(t *testing.T) {
-	leakCheck(t)
-	b := setup(t, time.Minute)
-	p := b.publisher(t, Options{})
-	var armed sync.Once
-	p.kill = func(point string) bool {
-		hit := false
-		if point == "published" {
-			armed.Do(func() { hit = true })
-		}
-		return hit
-	}
-	stop := b.start(t, p)
-	ids := b.enqueue(t, msgs(0, 10)...)
-	b.wait(t, "the reader is killed", func() bool { return !p.running.Load() })
-	require.ErrorIs(t, stop(), errKilled)
-	require.NotEmpty(t, b.tr.deliveries(), "it published before it was killed")
-
-	next := b.publisher(t, Options{})
-	b.start(t, next)
-	b.waitDelivered(t, "the next reader delivers every row", ids)
-	for _, id := range ids {
-		require.Positive(t, b.tr.times()[id], "row %s delivered", id)
-	}
-	require.Zero(t, next.Stats().LeaseLost, "the killed reader settled nothing")
+// killed is what killRun found: the rows, those settled when the reader was killed, those
+// not delivered once the next reader delivered a row committed after them, and how often
+// each was published.
+type killed struct {
+	ids            []uuid.UUID
+	settledBefore  map[uuid.UUID]bool
+	lost           []uuid.UUID
+	times          map[uuid.UUID]int
+	next           *Publisher
+	publishedAgain int // of the rows settled before the kill
 }
 
-// TestPositionInSettleTransaction: a reader killed right after its settle commits
-// resumes past the rows it settled, publishing none of them again, because the position
-// commits with the outcomes. With the position written in a transaction of its own
-// after the settle (the mistake), the same kill makes the next reader publish them again:
-// the test tells the two apart.
-func TestPositionInSettleTransaction(t *testing.T) {
-	for _, separate := range []bool{false, true} {
-		t.Run(fmt.Sprintf("separate=%t", separate), func(t *testing.T) {
-			b := setup(t, time.Minute)
-			first := b.publisher(t, Options{})
-			b.start(t, first) // stores its starting position
-			ids := []uuid.UUID{}
-			var armed sync.Once
-			first.separatePosition = separate
-			first.kill = func(point string) bool {
-				hit := false
-				if point == "settled" && len(b.tr.deliveries()) > 0 {
-					armed.Do(func() { hit = true })
-				}
-				return hit
+// killRun runs a reader, with the mistake m planted (in the next reader too), that is killed as a crash would kill it at
+// the hit-th time it reaches point ("published": before its settle; "settled": right
+// after a settle commits, position or not) while 10 rows commit one transaction each,
+// two to a batch; then it runs the next reader and waits until a row committed after them
+// is delivered. The next reader delivers in commit order, so a row not delivered by then
+// was lost to it (polling would take it only once its lease of a minute ran out).
+func killRun(t *testing.T, point string, hit int, interval time.Duration, m mistake) killed {
+	b := setup(t, time.Minute)
+	p := b.publisher(t, Options{BatchSize: 2, PositionInterval: interval})
+	p.mistake = m
+	var mu sync.Mutex
+	hits := 0
+	p.kill = func(at string) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if at == point {
+			hits++
+		}
+		return at == point && hits == hit
+	}
+	stop := b.start(t, p)
+	k := killed{ids: b.enqueue(t, msgs(0, 10)...), settledBefore: map[uuid.UUID]bool{}}
+	b.wait(t, "the reader is killed", func() bool { return !p.running.Load() })
+	require.ErrorIs(t, stop(), errKilled)
+	for id, st := range b.status(t) {
+		k.settledBefore[id] = st == outbox.StatusDelivered
+	}
+
+	k.next = b.publisher(t, Options{})
+	k.next.mistake = m
+	b.start(t, k.next)
+	marker := b.enqueue(t, msg(10))
+	b.waitDelivered(t, "the next reader delivers a row committed after them", marker)
+	st := b.status(t)
+	k.times = b.tr.times()
+	for _, id := range k.ids {
+		if st[id] != outbox.StatusDelivered {
+			k.lost = append(k.lost, id)
+		}
+		if k.settledBefore[id] && k.times[id] > 1 {
+			k.publishedAgain++
+		}
+	}
+	t.Logf("killed at %s #%d: %d settled before, %d lost, %d settled rows published again, next reader skipped %d",
+		point, hit, len(slices.DeleteFunc(slices.Clone(k.ids), func(id uuid.UUID) bool { return !k.settledBefore[id] })),
+		len(k.lost), k.publishedAgain, k.next.Stats().Skipped)
+	return k
+}
+
+// TestResumesAfterKill: a reader killed at any point (before a settle commits, or right
+// after, with the position written then or not) loses nothing: the next reader reads from
+// the stored position, which may lag the settled outcomes but never leads them, publishes
+// again only the rows that were not settled, and skips those that were.
+func TestResumesAfterKill(t *testing.T) {
+	leakCheck(t)
+	for _, point := range []string{"published", "settled"} {
+		for _, hit := range []int{1, 2, 4} {
+			// An hour: the position is written at the start only, so everything settled is
+			// read again; 20ms: it is written with some settles and alone between others.
+			for _, interval := range []time.Duration{time.Hour, 20 * time.Millisecond} {
+				t.Run(fmt.Sprintf("%s#%d/%s", point, hit, interval), func(t *testing.T) {
+					k := killRun(t, point, hit, interval, noMistake)
+					require.Empty(t, k.lost, "nothing lost")
+					require.Zero(t, k.publishedAgain, "no settled row published again")
+					for _, id := range k.ids {
+						require.Positive(t, k.times[id], "row %s published", id)
+					}
+					require.Zero(t, k.next.Stats().LeaseLost, "the killed reader's outcomes and the next one's never met")
+				})
 			}
-			ids = append(ids, b.enqueue(t, msgs(0, 5)...)...)
-			b.wait(t, "the reader is killed after a settle", func() bool { return !first.running.Load() })
-			publishedBefore := len(b.tr.deliveries())
+		}
+	}
+}
+
+// TestKillCatchesMistakes: the kills of TestResumesAfterKill tell a correct reader from
+// one that writes a batch's position before publishing it (its rows are lost to the next
+// reader) and from one that publishes again the rows it reads again (rows published twice).
+func TestKillCatchesMistakes(t *testing.T) {
+	t.Run("position ahead", func(t *testing.T) {
+		k := killRun(t, "published", 1, time.Hour, positionAhead)
+		require.NotEmpty(t, k.lost, "rows behind a position written ahead of their outcomes are lost to the reader")
+	})
+	t.Run("no skip", func(t *testing.T) {
+		k := killRun(t, "settled", 2, time.Hour, noSkip)
+		require.Positive(t, k.publishedAgain, "rows read again are published again")
+	})
+}
+
+// TestCleanShutdownStoresThePosition: a reader stopped cleanly writes the position after
+// the last rows it settled, though its PositionInterval had not passed, so that the next
+// reader reads none of them again. Without the final write (the mistake) it reads them
+// all again, skipping them as settled.
+func TestCleanShutdownStoresThePosition(t *testing.T) {
+	for _, m := range []mistake{noMistake, noFinalPosition} {
+		t.Run(fmt.Sprintf("mistake=%d", m), func(t *testing.T) {
+			leakCheck(t)
+			b := setup(t, time.Minute)
+			p := b.publisher(t, Options{PositionInterval: time.Hour})
+			p.mistake = m
+			stop := b.start(t, p)
+			started := b.storedPosition(t, p.Name())
+			ids := b.enqueue(t, msgs(0, 5)...)
+			b.waitDelivered(t, "the rows are delivered", ids)
+			b.wait(t, "the reader counts them", func() bool { return p.Stats().Delivered == 5 })
+			require.Equal(t, started, b.storedPosition(t, p.Name()), "no position written within the interval")
+			require.NoError(t, stop())
+			stopped := b.storedPosition(t, p.Name())
+			require.Equal(t, p.Stats().Position, stopped)
 
 			next := b.publisher(t, Options{})
 			b.start(t, next)
-			more := b.enqueue(t, msgs(5, 3)...)
-			b.waitDelivered(t, "every row is delivered", append(ids, more...))
-			twice := 0
-			for _, n := range b.tr.times() {
-				if n > 1 {
-					twice++
-				}
+			more := b.enqueue(t, msg(5))
+			b.waitDelivered(t, "the next reader delivers", more)
+			b.wait(t, "the next reader counts", func() bool { return next.Stats().Delivered == 1 })
+			for id, n := range b.tr.times() {
+				require.Equal(t, 1, n, "row %s published once", id)
 			}
-			t.Logf("published before the kill: %d, published twice: %d", publishedBefore, twice)
-			if separate {
-				require.Positive(t, twice, "a position written apart from the settle is lost with the crash, and rows are published again")
-			} else {
-				require.Zero(t, twice, "the position committed with the settle: nothing published again")
+			if m == noFinalPosition {
+				require.Equal(t, started, stopped)
+				require.Equal(t, int64(5), next.Stats().Skipped, "without the final write, every row is read again")
+				return
 			}
+			require.NotEqual(t, started, stopped, "the stop wrote the position")
+			require.Zero(t, next.Stats().Skipped, "the stop stored the position after the rows: nothing read again")
 		})
 	}
 }
@@ -517,8 +583,8 @@ func TestTwoReaders(t *testing.T) {
 
 // TestPollingAndLogOnOneTable: a polling Publisher and a log Publisher on one table never
 // both settle a row: the log publisher settles what it reads under a live insert lease,
-// polling the rows whose leases ran out while the reader was stopped, and the reader's
-// late outcomes for those are refused as lost leases.
+// polling the rows whose leases ran out while the reader was stopped, and the reader,
+// reading those again, finds them taken over and publishes none of them.
 func TestPollingAndLogOnOneTable(t *testing.T) {
 	leakCheck(t)
 	b := setup(t, time.Minute)
@@ -540,11 +606,49 @@ func TestPollingAndLogOnOneTable(t *testing.T) {
 
 	next := b.publisher(t, Options{})
 	b.start(t, next)
-	b.wait(t, "the reader reads them again and is refused", func() bool { return next.Stats().LeaseLost == 10 })
-	require.Zero(t, next.Stats().Delivered, "no row settled by both")
+	b.wait(t, "the reader reads them again and skips them", func() bool { return next.Stats().Skipped == 10 })
+	require.Zero(t, next.Stats().Delivered+next.Stats().LeaseLost, "no row settled by both")
+	for id, n := range b.tr.times() {
+		require.Equal(t, 1, n, "row %s published once", id)
+	}
 	var settled int
 	require.NoError(t, b.db.QueryRowContext(b.ctx, `SELECT COUNT(*) FROM outbox_events WHERE status = 'delivered'`).Scan(&settled))
 	require.Equal(t, 40, settled)
+}
+
+// gated is a transport that records, then holds each call until its gate opens.
+type gated struct {
+	recorder
+	gate chan struct{}
+}
+
+func (g *gated) Publish(ctx context.Context, batch []outbox.Delivery) []error {
+	errs := g.recorder.Publish(ctx, batch)
+	<-g.gate
+	return errs
+}
+
+// TestLateOutcomeIsALostLease: a reader whose publish outlasts the row's insert lease
+// finds the row taken over by polling, which delivered it meanwhile; its outcome is
+// refused and counted as a lost lease, never applied over polling's.
+func TestLateOutcomeIsALostLease(t *testing.T) {
+	leakCheck(t)
+	b := setup(t, time.Minute)
+	tr := &gated{gate: make(chan struct{})}
+	p, err := New(b.store, tr, Options{Scope: outbox.Scope{Namespace: "orders"}, ConnString: b.dsn, Logger: quiet, RetryDelay: 50 * time.Millisecond})
+	require.NoError(t, err)
+	b.start(t, p)
+	id := b.enqueueOn(t, b.storeWith(t, outbox.MinLogLease), msg(0))[0]
+	b.wait(t, "the reader publishes the row", func() bool { return len(tr.deliveries()) == 1 })
+
+	poller := b.poller(t, time.Minute)
+	stop := b.runPoller(t, poller)
+	b.waitDelivered(t, "polling takes the row over once its lease runs out", []uuid.UUID{id})
+	stop()
+	close(tr.gate)
+	b.wait(t, "the reader's outcome is refused", func() bool { return p.Stats().LeaseLost == 1 })
+	require.Zero(t, p.Stats().Delivered)
+	require.Equal(t, int64(1), poller.Stats().Delivered)
 }
 
 // TestServerRestart: the reader survives a clean restart of the server and a crash
@@ -655,11 +759,13 @@ func TestBadOptions(t *testing.T) {
 
 // TestIdleOutboxPositionMoves: while only other tables commit, the reader writes its
 // position every PositionInterval, so a restart reads little again and purges of a busy
-// server do not overtake it.
+// server do not overtake it. Once the server is idle it writes nothing more: its own
+// position writes, which it reads in the binlog too, move no position.
 func TestIdleOutboxPositionMoves(t *testing.T) {
 	leakCheck(t)
 	b := setup(t, time.Minute)
-	p := b.publisher(t, Options{PositionInterval: 50 * time.Millisecond})
+	const interval = 50 * time.Millisecond
+	p := b.publisher(t, Options{PositionInterval: interval})
 	b.start(t, p)
 	before := b.storedPosition(t, p.Name())
 	_, err := b.db.ExecContext(b.ctx, `CREATE TABLE other (n INT PRIMARY KEY)`)
@@ -673,6 +779,14 @@ func TestIdleOutboxPositionMoves(t *testing.T) {
 	b.wait(t, "the stored position reaches the server's", func() bool { return b.storedPosition(t, p.Name()) == now })
 	require.NotEqual(t, before, now)
 	require.Empty(t, b.tr.deliveries())
+
+	var idle string
+	require.NoError(t, b.db.QueryRowContext(b.ctx, `SELECT @@gtid_binlog_pos`).Scan(&idle))
+	for until := time.Now().Add(10 * interval); time.Now().Before(until); time.Sleep(5 * time.Millisecond) {
+		var pos string
+		require.NoError(t, b.db.QueryRowContext(b.ctx, `SELECT @@gtid_binlog_pos`).Scan(&pos))
+		require.Equal(t, idle, pos, "an idle server's binlog stays still: no position written after the reader's own")
+	}
 }
 
 // TestLockLost: a reader whose lock connection is killed stops reading within a heartbeat,
@@ -782,9 +896,12 @@ func TestSettleWaitsForVisibility(t *testing.T) {
 	defer func() { _ = tx.Rollback() }()
 	res, err := b.store.Enqueue(b.ctx, tx, msg(1))
 	require.NoError(t, err)
+	owner := uuid.New()
+	require.NoError(t, p.ensureTable(b.ctx))
+	require.NoError(t, p.writeOwner(b.ctx, owner, position{}))
 	done := make(chan error, 1)
 	go func() {
-		done <- p.settle(b.ctx, uuid.New(), []outbox.Outcome{{Lease: outbox.LogLeaseOf(res.ID), Status: outbox.StatusDelivered}}, nil)
+		done <- p.settle(b.ctx, owner, []outbox.Outcome{{Lease: outbox.LogLeaseOf(res.ID), Status: outbox.StatusDelivered}}, nil)
 	}()
 	b.wait(t, "the settle misses the row or waits for its lock", func() bool {
 		var waiting int // the settle's UPDATE waits for the inserting transaction's row lock
@@ -839,6 +956,49 @@ func TestOneWritePerEvent(t *testing.T) {
 	require.Equal(t, int64(2*n), fromPolling, "a claim and a settle per polled event")
 }
 
+// TestPositionWritesPerInterval counts, with a trigger, the position row's UPDATEs while
+// events arrive at a steady trickle, each a batch of its own: at most one per
+// PositionInterval and one at the stop, far fewer than the events. Written with every
+// settle (the mistake), they are one per event.
+func TestPositionWritesPerInterval(t *testing.T) {
+	for _, m := range []mistake{noMistake, positionEverySettle} {
+		t.Run(fmt.Sprintf("mistake=%d", m), func(t *testing.T) {
+			leakCheck(t)
+			b := setup(t, time.Minute)
+			const interval = 100 * time.Millisecond
+			p := b.publisher(t, Options{PositionInterval: interval})
+			p.mistake = m
+			stop := b.start(t, p)
+			for _, q := range []string{
+				`CREATE TABLE position_updates (n BIGINT NOT NULL)`,
+				`INSERT INTO position_updates VALUES (0)`,
+				`CREATE TRIGGER count_position AFTER UPDATE ON outbox_events_binlog_position FOR EACH ROW UPDATE position_updates SET n = n + 1`,
+			} {
+				_, err := b.db.ExecContext(b.ctx, q)
+				require.NoError(t, err, q)
+			}
+			began := time.Now()
+			const n = 40
+			for i := range n {
+				b.waitDelivered(t, "the event is delivered", b.enqueue(t, msg(i)))
+			}
+			b.wait(t, "the reader counts its settles", func() bool { return p.Stats().Delivered == n })
+			require.NoError(t, stop())
+			elapsed := time.Since(began)
+			var writes int64
+			require.NoError(t, b.db.QueryRowContext(b.ctx, `SELECT n FROM position_updates`).Scan(&writes))
+			bound := int64(elapsed/interval) + 2 // one per interval, and the stop's
+			t.Logf("%d events in %s: %d position writes (%.2f per event), at most %d allowed", n, elapsed.Round(time.Millisecond), writes, float64(writes)/n, bound)
+			if m == positionEverySettle {
+				require.Greater(t, writes, bound, "a write per settle")
+				return
+			}
+			require.LessOrEqual(t, writes, bound)
+			require.Positive(t, writes, "the stop wrote the position at least")
+		})
+	}
+}
+
 // TestSavepointEndsNothing: a SAVEPOINT inside a transaction is a statement of its own in
 // the binlog; the transaction's rows are handed over at its commit, all of them, and the
 // position is never written in the middle of it: a reader killed after its first settle
@@ -872,9 +1032,9 @@ func TestSavepointEndsNothing(t *testing.T) {
 	b.start(t, next)
 	b.waitDelivered(t, "both rows are delivered from the binlog", []uuid.UUID{first.ID, second.ID})
 	// The killed reader settled the first row alone (a batch of one), which the next
-	// reads again with the whole transaction: published again, its settle refused.
-	require.Equal(t, []uuid.UUID{first.ID, first.ID, second.ID}, deliveredIDs(b.tr.deliveries()))
-	b.wait(t, "the next reader counts", func() bool { s := next.Stats(); return s.Delivered == 1 && s.LeaseLost == 1 })
+	// reads again with the whole transaction and skips, as settled.
+	require.Equal(t, []uuid.UUID{first.ID, second.ID}, deliveredIDs(b.tr.deliveries()))
+	b.wait(t, "the next reader counts", func() bool { s := next.Stats(); return s.Delivered == 1 && s.Skipped == 1 })
 }
 
 // TestFencedSettleWritesNothing: a reader whose row in the position table was taken over

@@ -17,8 +17,9 @@ type Stats struct {
 	// Reading is whether the Publisher holds the reader lock and follows the binlog now.
 	// Standby is whether it waits because another reader holds the lock.
 	Reading, Standby bool
-	// Position is the last position written with the outcomes it covers: a GTID set, or
-	// file:offset on a MySQL server without GTIDs.
+	// Position is the last position written to the position table, where a restart
+	// resumes: a GTID set, or file:offset on a MySQL server without GTIDs. It lags the
+	// settled outcomes by up to Options.PositionInterval.
 	Position string
 	// LagBytes is how far the last position read is behind the end of the server's
 	// binlog, summed over its files, as read every HeartbeatInterval.
@@ -27,6 +28,10 @@ type Stats struct {
 	// Publisher started again from the server's current position; polling delivered the
 	// rows committed meanwhile.
 	Resets int64
+	// Skipped counts the rows read after a start, from a stored position that may lag the
+	// outcomes, that were not published because they were no longer under their insert
+	// lease: settled by an earlier session, or taken over by polling.
+	Skipped int64
 	// CommitToPublish is, for the last batch, the time from its first transaction's commit
 	// (the binlog event's timestamp, whole seconds on the server's clock) to its hand-over
 	// to the transport.
@@ -37,7 +42,7 @@ type stats struct {
 	delivered, retried, dead, leaseLost atomic.Int64
 	reading, standby                    atomic.Bool
 	position                            atomic.Pointer[string]
-	lagBytes, resets                    atomic.Int64
+	lagBytes, resets, skipped           atomic.Int64
 	commitToPublish                     atomic.Int64
 }
 
@@ -67,7 +72,7 @@ func (p *Publisher) Stats() Stats {
 	st := Stats{
 		Delivered: p.stats.delivered.Load(), Retried: p.stats.retried.Load(), Dead: p.stats.dead.Load(),
 		LeaseLost: p.stats.leaseLost.Load(), Reading: p.stats.reading.Load(), Standby: p.stats.standby.Load(),
-		LagBytes: p.stats.lagBytes.Load(), Resets: p.stats.resets.Load(),
+		LagBytes: p.stats.lagBytes.Load(), Resets: p.stats.resets.Load(), Skipped: p.stats.skipped.Load(),
 		CommitToPublish: time.Duration(p.stats.commitToPublish.Load()),
 	}
 	if s := p.stats.position.Load(); s != nil {
