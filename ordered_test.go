@@ -62,6 +62,22 @@ func TestOrderedOptionsValidate(t *testing.T) {
 	require.ErrorIs(t, err, outbox.ErrInvalid)
 	_, err = outbox.NewPublisher(s, noop, outbox.PublisherOptions{Scope: outbox.Scope{Namespace: "n"}, Ordered: true, OrderedSkipDead: true})
 	require.NoError(t, err)
+	base := outbox.ClaimOptions{Scope: outbox.Scope{Namespace: "n"}, Limit: 10, Lease: time.Minute, MaxAttempts: 3, WorkerID: "w", Ordered: true}
+	for _, bad := range []func(o *outbox.ClaimOptions){
+		func(o *outbox.ClaimOptions) { o.Runs = true; o.Ordered = false },
+		func(o *outbox.ClaimOptions) { o.RunShare = 2 },
+		func(o *outbox.ClaimOptions) { o.Runs = true; o.RunShare = -1 },
+	} {
+		o := base
+		bad(&o)
+		_, err = s.Claim(ctx, o)
+		require.ErrorIs(t, err, outbox.ErrInvalid, "%+v", o)
+	}
+	o := base
+	o.Runs, o.RunShare = true, 2
+	recs, err := s.Claim(ctx, o)
+	require.NoError(t, err)
+	require.Empty(t, recs)
 	for _, limit := range []int{0, outbox.MaxBatch + 1} {
 		_, err = s.BlockedKeys(ctx, outbox.Scope{}, limit)
 		require.ErrorIs(t, err, outbox.ErrInvalid)

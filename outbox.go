@@ -552,6 +552,12 @@ type ClaimOptions struct {
 	// being delivered. A [Publisher] sets it for a [Transport] that keeps key order
 	// ([TransportKeyOrder]). A dialect may ignore it and claim heads only.
 	Runs bool
+	// RunShare, with Runs, is how many claim loops share the keys: a claim takes the heads
+	// of at most RunShare-th of the keys whose heads it finds, rounded up, and fills the
+	// batch with their runs, leaving the other keys to the other loops, so that a few keys'
+	// backlog keeps every loop busy instead of one. 0 or 1: every key it finds. A
+	// [Publisher] sets its Concurrency. A dialect may ignore it.
+	RunShare int
 }
 
 func (o *ClaimOptions) validate() error {
@@ -563,6 +569,12 @@ func (o *ClaimOptions) validate() error {
 	}
 	if o.Runs && !o.Ordered {
 		return invalid("Runs", "applies to ordered claims only; set Ordered too")
+	}
+	switch {
+	case o.RunShare < 0:
+		return invalid("RunShare", "must be 0 or more, got %d", o.RunShare)
+	case o.RunShare > 0 && !o.Runs:
+		return invalid("RunShare", "applies to claims with runs only; set Runs too")
 	}
 	switch {
 	case o.Limit < 1 || o.Limit > MaxBatch:
@@ -632,7 +644,7 @@ func (s *Store) claimParams(ctx context.Context, o ClaimOptions) (dialect.ClaimP
 	return dialect.ClaimParams{
 		Scope: o.Scope, Limit: o.Limit, Lease: o.Lease, MaxAttempts: o.MaxAttempts,
 		WorkerID: o.WorkerID, Token: uuid.New(), Ordered: o.Ordered, OrderedSkipDead: o.OrderedSkipDead,
-		Runs: o.Runs,
+		Runs: o.Runs, RunShare: o.RunShare,
 	}, nil
 }
 

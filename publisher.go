@@ -758,6 +758,16 @@ type settlement struct {
 	released bool
 }
 
+// runShare is how many claim loops share the keys of claims with runs: its claim loops,
+// so that a few keys' backlog keeps each of them busy (the first loop's claim would
+// otherwise take every key's head and the others idle); 0 without runs.
+func (p *Publisher) runShare() int {
+	if !p.runs || p.opts.Concurrency < 2 {
+		return 0
+	}
+	return p.opts.Concurrency
+}
+
 // runKey returns rec's key when rec may be part of a run.
 func (p *Publisher) runKey(rec *Record) (partKey, bool) {
 	return partKey{rec.Namespace, rec.PartitionKey}, p.runs && rec.PartitionKey != ""

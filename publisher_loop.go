@@ -47,7 +47,7 @@ func (r *run) claimLoop(w waker) {
 	l := &loop{
 		r: r,
 		o: ClaimOptions{Scope: p.opts.Scope, Limit: p.opts.BatchSize, Lease: p.opts.Lease, MaxAttempts: p.opts.Retry.MaxAttempts,
-			WorkerID: p.opts.WorkerID, Ordered: p.opts.Ordered, OrderedSkipDead: p.opts.OrderedSkipDead, Runs: p.runs},
+			WorkerID: p.opts.WorkerID, Ordered: p.opts.Ordered, OrderedSkipDead: p.opts.OrderedSkipDead, Runs: p.runs, RunShare: p.runShare()},
 		adm:        adm,
 		settler:    &settler{r: r, adm: adm, withClaim: withClaim},
 		pace:       pacer{r: r, w: w, idleDelay: p.opts.PollInterval, errDelay: p.opts.PollInterval, chase: len(chaseDelays)},

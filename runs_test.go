@@ -340,3 +340,82 @@ func TestUnorderedPublisherWaivesKeyOrder(t *testing.T) {
 		}
 	})
 }
+
+// TestOrderedLoopsShareKeys: an ordered publisher with two claim loops drains a few keys'
+// backlog with both loops at once, each on keys of its own: the first loop's claim leaves
+// half the keys to the second ([outbox.ClaimOptions.RunShare]), where it would otherwise
+// take every key's head and leave the second loop nothing to claim.
+func TestOrderedLoopsShareKeys(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, e *pubEnv) {
+		_, seq := runsEnv(t, e, "share", map[string]int{"a": 30, "b": 30, "c": 30, "d": 30})
+		inner := newKeyOrderTransport(true, seq, nil)
+		tr := &concurrentKeys{keyOrderTransport: inner, both: make(chan struct{})}
+		o := runsOptions(t, "share")
+		o.Concurrency = 2
+		pub, err := outbox.NewPublisher(e.store, tr, o)
+		require.NoError(t, err)
+		start(t, pub)
+		select {
+		case <-tr.both:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the two claim loops never had batches in the transport at once")
+		}
+		testdb.Poll(t, 30*time.Second, "every message delivered", func() bool { return inner.count() == len(seq) })
+		tr.mu.Lock()
+		defer tr.mu.Unlock()
+		require.Empty(t, tr.shared, "two batches in the transport at once never share a key")
+		inner.mu.Lock()
+		defer inner.mu.Unlock()
+		require.Zero(t, inner.outOfOrder, "nothing delivered out of order")
+	})
+}
+
+// concurrentKeys is a keyOrderTransport whose first call waits, up to a while, for a
+// second one: both then go on, and both says so. It records keys that two calls in the
+// transport at once both carried.
+type concurrentKeys struct {
+	*keyOrderTransport
+	both chan struct{}
+
+	mu     sync.Mutex
+	inside map[string]int // key → calls in the transport carrying it
+	calls  int
+	shared []string
+	once   sync.Once
+}
+
+func (c *concurrentKeys) Publish(ctx context.Context, batch []outbox.Delivery) []error {
+	c.mu.Lock()
+	if c.inside == nil {
+		c.inside = map[string]int{}
+	}
+	keys := map[string]bool{}
+	for _, d := range batch {
+		keys[d.PartitionKey] = true
+	}
+	for k := range keys {
+		if c.inside[k]++; c.inside[k] > 1 {
+			c.shared = append(c.shared, k)
+		}
+	}
+	c.calls++
+	if c.calls == 2 {
+		c.once.Do(func() { close(c.both) })
+	}
+	c.mu.Unlock()
+	select { // hold the batch so that the other loop's claim can find keys to take
+	case <-c.both:
+	case <-time.After(2 * time.Second):
+	case <-ctx.Done():
+	}
+	defer func() {
+		c.mu.Lock()
+		for k := range keys {
+			c.inside[k]--
+		}
+		c.calls--
+		c.mu.Unlock()
+	}()
+	return c.keyOrderTransport.Publish(ctx, batch)
+}

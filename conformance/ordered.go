@@ -32,6 +32,7 @@ var orderedTests = []test{
 	{"RunsInSequence", testRunsInSequence},
 	{"RunsLimit", testRunsLimit},
 	{"RunsFillBatch", testRunsFillBatch},
+	{"RunsShare", testRunsShare},
 	{"RunsStopAtInFlight", testRunsStopAtInFlight},
 	{"RunsStopAtDead", testRunsStopAtDead},
 	{"RunsStopAtNotDue", testRunsStopAtNotDue},

@@ -150,6 +150,52 @@ func testRunsFillBatch(t *testing.T, h Harness) {
 	require.Len(t, recs, 12, "the hot key's rows fill what the four cold keys' two rows each leave")
 }
 
+// With RunShare, a claim takes the runs of its share of the keys whose heads it finds,
+// rounded up, and leaves the others to the next claimer: never none of a lone key. It
+// skips, saying so, when the dialect ignores RunShare, which the contract allows.
+func testRunsShare(t *testing.T, h Harness) {
+	e := runsSetup(t, h)
+	var msgs []outbox.Message
+	for i := range 3 {
+		msgs = append(msgs, keyed("a", i), keyed("b", i), keyed("c", i), keyed("d", i))
+	}
+	res := resultIDs(e.enqueue(t, msgs...))
+	want := map[string][]uuid.UUID{}
+	for i, m := range msgs {
+		want[m.PartitionKey] = append(want[m.PartitionKey], res[i])
+	}
+	o := runOpts(100)
+	o.RunShare = 2
+	keysOf := func(recs []outbox.Record) []string {
+		var keys []string
+		for _, r := range recs {
+			if len(keys) == 0 || keys[len(keys)-1] != r.PartitionKey {
+				keys = append(keys, r.PartitionKey)
+			}
+		}
+		return keys
+	}
+	first := e.claim(t, o)
+	requireRuns(t, first, want, nil)
+	if len(first) == 12 {
+		t.Skipf("dialect %s takes every key (it ignores ClaimParams.RunShare)", h.Dialect.Name())
+	}
+	keys := map[string]bool{}
+	for _, r := range first {
+		keys[r.PartitionKey] = true
+	}
+	require.Len(t, keys, 2, "half of the four keys, each with its whole run")
+	require.Len(t, first, 6)
+	second := e.claim(t, o)
+	requireRuns(t, second, want, nil)
+	require.Len(t, second, 3, "half of the two keys left: one, with its run")
+	require.Len(t, keysOf(second), 1)
+	third := e.claim(t, o)
+	requireRuns(t, third, want, nil)
+	require.Len(t, third, 3, "the lone key left is taken, not left for a share of none")
+	require.Empty(t, e.claim(t, o), "every key is in flight")
+}
+
 // A run stops at a row of its key in flight: a dead row replayed becomes the key's head
 // again while the row after it is being delivered, and is claimed alone.
 func testRunsStopAtInFlight(t *testing.T, h Harness) {

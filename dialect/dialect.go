@@ -225,6 +225,12 @@ type ClaimParams struct {
 	// dialect may ignore Runs ([ClaimParams.Unsupported] does) and claim heads only, which
 	// stays correct: the engine sets it only as a request ([OrderedClaimer] rule 6).
 	Runs bool
+	// RunShare, with Runs, is how many claimers share the keys, as a Publisher's claim loops
+	// do: a claim takes the heads of at most RunShare-th of the keys whose heads it finds,
+	// rounded up (so never none of one), fills the batch with their runs, and leaves the
+	// other keys to the other claimers rather than looking for more. 0 or 1: every head it
+	// finds. A dialect may ignore it, as it may ignore Runs.
+	RunShare int
 }
 
 // Lease names one claimed row and the token of the claim that holds it.

@@ -182,9 +182,9 @@ func SortClaimed(recs []Record) {
 	})
 }
 
-// claimBase are the fields of [ClaimParams] that every [Dialect] handles; Runs is a
-// request that a dialect handles by ignoring it (heads only).
-var claimBase = []string{"Scope", "Limit", "Lease", "MaxAttempts", "WorkerID", "Token", "Runs"}
+// claimBase are the fields of [ClaimParams] that every [Dialect] handles; Runs and RunShare
+// are requests that a dialect handles by ignoring them (heads only, every head).
+var claimBase = []string{"Scope", "Limit", "Lease", "MaxAttempts", "WorkerID", "Token", "Runs", "RunShare"}
 
 // Unsupported is the recipe for the rule of [ClaimParams]: a dialect that does not
 // understand a non-zero field must return [errors.ErrUnsupported]. Call it first in Claim

@@ -96,7 +96,8 @@ func mysqlClaimHeads(ctx context.Context, tx *sql.Tx, t dialect.Table, p dialect
 	if err != nil {
 		return nil, 0, err
 	}
-	recs, now, err := mysqlLockFirst(ctx, tx, t, p, heads[:min(2*n, len(heads))], n)
+	share := sqlkit.HeadShare(p, len(heads), n)
+	recs, now, err := mysqlLockFirst(ctx, tx, t, p, heads[:min(2*share, len(heads))], share)
 	if err == nil && p.Runs {
 		// The runs of the window's heads, before a visit of the keys that a hot key's run
 		// often makes needless.
@@ -105,8 +106,8 @@ func mysqlClaimHeads(ctx context.Context, tx *sql.Tx, t dialect.Table, p dialect
 		runs, now2, err = mysqlClaimRuns(ctx, tx, t, p, recs, n-len(recs))
 		recs, now = append(recs, runs...), max(now, now2)
 	}
-	if err != nil || len(recs) == n || !beyond {
-		return recs, now, err
+	if err != nil || len(recs) == n || !beyond || share < n && len(recs) > 0 {
+		return recs, now, err // with a share taken, the keys beyond the window are the other claimers'
 	}
 	more, now2, err := mysqlHeadsByKey(ctx, tx, t, p, n-len(recs), edge, recs, visits)
 	if err != nil {

@@ -71,10 +71,10 @@ func pgClaimOrdered(ctx context.Context, q dialect.DBTX, t dialect.Table, p dial
 		` AND (SELECT true` + sqlkit.ScopeSQL(a, p.Scope, "w.", pgUUID) + `) ORDER BY w.created_at, w.id LIMIT ` +
 		a.Add(sqlkit.OrderedWindow(p.Limit)+1) + `::bigint) x` +
 		` ORDER BY x.partition_key IS NULL, COALESCE(x.partition_key, x.id::text), x.created_at, x.id)`
-	recs, err := pgLease(ctx, q, t, p, a, `WITH `+firsts+`, c AS MATERIALIZED (SELECT id FROM `+tbl+` WHERE id = ANY(ARRAY(SELECT id FROM f)) AND `+
-		pgEligible(a, p)+pgOrdered(tbl, p)+` ORDER BY created_at, id LIMIT `+a.Add(p.Limit)+`::bigint FOR UPDATE SKIP LOCKED)`)
-	if recs, err = pgWithRuns(ctx, q, t, p, recs, err); err != nil || len(recs) == p.Limit {
-		return recs, err
+	shared := p.Runs && p.RunShare > 1
+	recs, err := pgLease(ctx, q, t, p, a, `WITH `+firsts+`, `+pgLockHeads(tbl, a, p, `SELECT id FROM f`, pgOrdered(tbl, p)))
+	if recs, err = pgWithRuns(ctx, q, t, p, recs, err); err != nil || len(recs) == p.Limit || shared && len(recs) > 0 {
+		return recs, err // with a share taken, the keys beyond the window are the other claimers'
 	}
 	rest := p
 	rest.Limit -= len(recs)
@@ -115,10 +115,23 @@ func pgHeadsByKey(tbl string, a *dialect.Args, p dialect.ClaimParams) string {
 		`) FROM k WHERE k.pk IS NOT NULL),` +
 		` h AS MATERIALIZED (SELECT (SELECT e.id FROM ` + tbl + ` e WHERE e.namespace = ` + ns + ` AND e.partition_key = k.pk AND ` +
 		sqlkit.OrderedLive(p.OrderedSkipDead) + ` ORDER BY e.created_at, e.id LIMIT 1) AS id FROM k WHERE k.pk IS NOT NULL),` +
-		` c AS MATERIALIZED (SELECT id FROM ` + tbl + ` WHERE id = ANY(ARRAY(SELECT h.id FROM h UNION ALL (SELECT id FROM ` + tbl +
-		` WHERE partition_key IS NULL AND ` + pgEligible(a, p) + ` ORDER BY created_at, id LIMIT ` + a.Add(p.Limit) + `::bigint)))` +
-		` AND ` + pgEligible(a, p) +
-		` ORDER BY created_at, id LIMIT ` + a.Add(p.Limit) + `::bigint FOR UPDATE SKIP LOCKED)`
+		` ` + pgLockHeads(tbl, a, p, `SELECT h.id FROM h UNION ALL (SELECT id FROM `+tbl+
+		` WHERE partition_key IS NULL AND `+pgEligible(a, p)+` ORDER BY created_at, id LIMIT `+a.Add(p.Limit)+`::bigint)`, "")
+}
+
+// pgLockHeads renders the CTE c of an ordered claim, which locks the oldest eligible of
+// the candidate ids (a query) that pass check as well, up to p.Limit. With a share of the
+// keys to take (p.RunShare), it finds the heads first, e, and locks the share of them
+// (sqlkit.HeadShare): the count of heads found is what the share divides.
+func pgLockHeads(tbl string, a *dialect.Args, p dialect.ClaimParams, ids, check string) string {
+	if !p.Runs || p.RunShare < 2 {
+		return `c AS MATERIALIZED (SELECT id FROM ` + tbl + ` WHERE id = ANY(ARRAY(` + ids + `)) AND ` + pgEligible(a, p) + check +
+			` ORDER BY created_at, id LIMIT ` + a.Add(p.Limit) + `::bigint FOR UPDATE SKIP LOCKED)`
+	}
+	return `e AS MATERIALIZED (SELECT id FROM ` + tbl + ` WHERE id = ANY(ARRAY(` + ids + `)) AND ` + pgEligible(a, p) + check +
+		` ORDER BY created_at, id LIMIT ` + a.Add(p.Limit) + `::bigint),` +
+		` c AS MATERIALIZED (SELECT id FROM ` + tbl + ` WHERE id = ANY(ARRAY(SELECT id FROM e)) AND ` + pgEligible(a, p) +
+		` ORDER BY created_at, id LIMIT ` + sqlkit.HeadShareSQL(a, p, "e") + ` FOR UPDATE SKIP LOCKED)`
 }
 
 // BlockedKeys implements [dialect.OrderedClaimer].

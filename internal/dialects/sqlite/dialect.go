@@ -502,10 +502,10 @@ func (d Dialect) completeAndClaim(ctx context.Context, db *sql.DB, t dialect.Tab
 			}
 		}
 		if p.Ordered && p.Namespace != "" {
-			recs, err = sqliteLeaseOrdered(ctx, prep, tx, t, p, true)
+			recs, err = sqliteLeaseOrdered(ctx, prep, t, p, true)
 		} else {
 			recs, err = sqliteClaim(ctx, prep, t, p)
-			recs, err = sqliteWithRuns(ctx, tx, t, p, recs, err)
+			recs, err = sqliteWithRuns(ctx, prep, t, p, recs, err)
 		}
 		return err
 	})

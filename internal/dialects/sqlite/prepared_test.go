@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"encoding/json"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -74,6 +75,41 @@ func TestSQLiteOrderedLeaseRunsPrepared(t *testing.T) {
 		require.NotContains(t, q, `SET status = 'processing'`, "the ordered lease runs prepared")
 	}
 	require.Equal(t, 2, rec.preparedRuns(`SET status = 'processing'`), "the claim's lease and the settle's")
+}
+
+// TestSQLiteRunsPrepared: the run claim's read and lease run prepared whatever the number
+// of heads and rows: their texts do not depend on them, so a warm claim parses neither.
+func TestSQLiteRunsPrepared(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, db, rec := newLoggedSQLiteStore(ctx, t)
+	require.NoError(t, migrations.Up(ctx, db, "sqlite", migrations.Options{Ordered: true}))
+	o := outbox.ClaimOptions{Scope: outbox.Scope{Namespace: "n"}, Limit: 100, Lease: time.Minute, MaxAttempts: 5, WorkerID: "w", Ordered: true, Runs: true}
+	claimRuns := func(keys []string, rows int) {
+		var msgs []outbox.Message
+		for i := range rows {
+			for _, k := range keys {
+				msgs = append(msgs, outbox.Message{Namespace: "n", Topic: "t", PartitionKey: k, Payload: []byte(fmt.Sprintf(`{"i":%d}`, i))})
+			}
+		}
+		_, err := s.EnqueueStandalone(ctx, msgs...)
+		require.NoError(t, err)
+		recs, err := s.Claim(ctx, o)
+		require.NoError(t, err)
+		require.Len(t, recs, len(msgs), "every key's run")
+		var leases []outbox.Lease
+		for _, r := range recs {
+			leases = append(leases, r.Lease())
+		}
+		require.NoError(t, s.Ack(ctx, leases...))
+	}
+	claimRuns([]string{"a", "b"}, 2) // prepares them
+	rec.reset()
+	claimRuns([]string{"c", "d", "e"}, 4)
+	for _, q := range rec.all() {
+		require.NotContains(t, q, `json_each`, "the run read and the run lease run prepared")
+	}
+	require.Equal(t, 2, rec.preparedRuns(`json_each`), "the run read and the run lease")
 }
 
 // newLoggedSQLiteStore returns a Store on a new, migrated SQLite database whose driver

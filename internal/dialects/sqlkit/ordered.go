@@ -92,3 +92,20 @@ func (n *NullString) Scan(src any) error {
 	}
 	return nil
 }
+
+// HeadShare is how many of the heads an ordered claim found it takes, up to n: all of them,
+// or with a share of the keys to take (p.RunShare, with runs) and fewer heads than n, that
+// share of them, rounded up, so that a lone key is never left. With n heads or more there
+// are keys enough for every claimer, and heads fill a batch at less cost than runs.
+func HeadShare(p dialect.ClaimParams, found, n int) int {
+	if !p.Runs || p.RunShare < 2 || found >= n {
+		return n
+	}
+	return (found + p.RunShare - 1) / p.RunShare
+}
+
+// HeadShareSQL renders HeadShare of the count of the query heads, for a claim's LIMIT.
+func HeadShareSQL(a *dialect.Args, p dialect.ClaimParams, heads string) string {
+	return `(SELECT CASE WHEN count(*) >= ` + a.Add(p.Limit) + ` THEN ` + a.Add(p.Limit) + ` ELSE (count(*) + ` + a.Add(p.RunShare-1) + `) / ` +
+		a.Add(p.RunShare) + ` END FROM ` + heads + `)` // each placeholder its own argument, for ? placeholders
+}
