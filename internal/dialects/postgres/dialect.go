@@ -453,6 +453,16 @@ func pgEligible(a *dialect.Args, p dialect.ClaimParams) string {
 		sqlkit.ScopeSQL(a, p.Scope, "", pgUUID) + `)`
 }
 
+// pgEligibleByID is pgEligible for a read that finds its rows by id: the status term is a
+// CASE, which implies no partial index's predicate, so the rows are looked up by primary
+// key. With pgEligible's status IN (...) the planner may read the claim index whole for
+// the ids (id is its second column), which with bitmap scans off, as a claim with runs has
+// them, it did: 16 ms a claim of 1,000 keys' heads against 5.
+func pgEligibleByID(a *dialect.Args, p dialect.ClaimParams) string {
+	return `CASE status WHEN 'pending' THEN next_attempt_at <= now() WHEN 'processing' THEN locked_until < now() END AND (SELECT attempts < ` +
+		a.Add(p.MaxAttempts) + `::bigint` + sqlkit.ScopeSQL(a, p.Scope, "", pgUUID) + `)`
+}
+
 func (d *Dialect) claimRows(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.ClaimParams) ([]dialect.Record, error) {
 	if p.Ordered && p.Runs {
 		// The heads and their runs commit together (pgClaimRuns).

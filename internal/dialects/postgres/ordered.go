@@ -122,15 +122,17 @@ func pgHeadsByKey(tbl string, a *dialect.Args, p dialect.ClaimParams) string {
 // pgLockHeads renders the CTE c of an ordered claim, which locks the oldest eligible of
 // the candidate ids (a query) that pass check as well, up to p.Limit. With a share of the
 // keys to take (p.RunShare), it finds the heads first, e, and locks the share of them
-// (sqlkit.HeadShare): the count of heads found is what the share divides.
+// (sqlkit.HeadShare): the count of heads found is what the share divides. e keeps every
+// head the candidates hold, not the first p.Limit: the lock skips the heads that another
+// claimer holds and goes on to the next, as the plain claim does (two loops capped at the
+// same first heads took half a batch each, 1,000 keys 0.65 -> 0.43 of unordered).
 func pgLockHeads(tbl string, a *dialect.Args, p dialect.ClaimParams, ids, check string) string {
 	if !p.Runs || p.RunShare < 2 {
-		return `c AS MATERIALIZED (SELECT id FROM ` + tbl + ` WHERE id = ANY(ARRAY(` + ids + `)) AND ` + pgEligible(a, p) + check +
+		return `c AS MATERIALIZED (SELECT id FROM ` + tbl + ` WHERE id = ANY(ARRAY(` + ids + `)) AND ` + pgEligibleByID(a, p) + check +
 			` ORDER BY created_at, id LIMIT ` + a.Add(p.Limit) + `::bigint FOR UPDATE SKIP LOCKED)`
 	}
-	return `e AS MATERIALIZED (SELECT id FROM ` + tbl + ` WHERE id = ANY(ARRAY(` + ids + `)) AND ` + pgEligible(a, p) + check +
-		` ORDER BY created_at, id LIMIT ` + a.Add(p.Limit) + `::bigint),` +
-		` c AS MATERIALIZED (SELECT id FROM ` + tbl + ` WHERE id = ANY(ARRAY(SELECT id FROM e)) AND ` + pgEligible(a, p) +
+	return `e AS MATERIALIZED (SELECT id FROM ` + tbl + ` WHERE id = ANY(ARRAY(` + ids + `)) AND ` + pgEligibleByID(a, p) + check + `),` +
+		` c AS MATERIALIZED (SELECT id FROM ` + tbl + ` WHERE id = ANY(ARRAY(SELECT id FROM e)) AND ` + pgEligibleByID(a, p) +
 		` ORDER BY created_at, id LIMIT ` + sqlkit.HeadShareSQL(a, p, "e") + ` FOR UPDATE SKIP LOCKED)`
 }
 

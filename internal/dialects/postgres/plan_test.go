@@ -410,3 +410,47 @@ func TestPostgresHotKeyClaimBounded(t *testing.T) {
 	})
 	require.LessOrEqual(t, plan.SharedHit+plan.SharedRead, 2_000, "pages read for a claim of %d rows", limit)
 }
+
+// TestPostgresManyKeysHeadsByID: the heads claim of many keys finds its candidates by
+// primary key. Its lock's eligibility term once implied the claim index's predicate, and
+// with bitmap scans off (a claim with runs) the planner read the whole claim index for the
+// ids, whose second column id is: a claim of 1,000 keys' heads read every pending row.
+func TestPostgresManyKeysHeadsByID(t *testing.T) {
+	t.Parallel()
+	const keys, perKey, limit = 1_000, 10, 100
+	b := setupPostgres(t, "")
+	dialecttest.UpOrdered(b.ctx, t, b.db, "postgres")
+	var msgs []outbox.Message
+	for i := range keys * perKey {
+		msgs = append(msgs, outbox.Message{Namespace: "orders", Topic: "order.changed", PartitionKey: fmt.Sprintf("k%d", i%keys), Payload: json.RawMessage(`{"v":1}`)})
+	}
+	_, err := b.store.EnqueueStandalone(b.ctx, msgs...)
+	require.NoError(t, err)
+	rec, store := recordingStore(t, b)
+	o := dialecttest.OrderedClaimOpts(limit)
+	o.Runs = true
+	for range 3 { // past the first heads: the window then starts among delivered rows
+		rec.mu.Lock()
+		rec.queries = nil
+		rec.mu.Unlock()
+		recs, err := store.Claim(b.ctx, o)
+		require.NoError(t, err)
+		require.Len(t, recs, limit, "a batch of heads")
+		leases := make([]outbox.Lease, len(recs))
+		for i, r := range recs {
+			leases[i] = r.Lease()
+		}
+		require.NoError(t, store.Ack(b.ctx, leases...))
+	}
+	var settings []string
+	rec.mu.Lock()
+	for _, q := range rec.queries {
+		if strings.HasPrefix(q.sql, "SET LOCAL") {
+			settings = append(settings, q.sql)
+		}
+	}
+	rec.mu.Unlock()
+	plan := b.explainAnalyzeLast(t, rec, "the heads claim", func(sql string) bool { return strings.HasPrefix(sql, "WITH f AS") }, settings...)
+	// By primary key about 2,800 pages; the whole claim index for the ids, 15,600.
+	require.LessOrEqual(t, plan.SharedHit+plan.SharedRead, 6_000, "pages read for a claim of %d heads:\n%s", limit, plan.format(""))
+}
