@@ -92,11 +92,14 @@
 //     ran. With [outbox.ClaimOptions.Runs] (skipped for a dialect that claims heads only),
 //     a key's waiting rows come back with its head, in sequence, within Limit across the
 //     keys, stopping at a row in flight, a dead row (passed over with OrderedSkipDead) and
-//     a row not due; concurrent claimers never hold rows of one key at once; settling a
+//     a row not due; a hot key fills what cold keys leave of the batch; with RunShare a
+//     claim takes its share of the keys, never none of a lone key (skipped for a dialect
+//     that ignores it); concurrent claimers never hold rows of one key at once; settling a
 //     run and claiming in one call returns the key's next run. Tests: HeadOnly,
 //     RetryHoldsKey, DeadHeadBlocks, SkipDead, HeadsBeyondBacklog, Publishers,
-//     NeedsOrderedMigrations, RunsInSequence, RunsLimit, RunsStopAtInFlight, RunsStopAtDead,
-//     RunsStopAtNotDue, RunsConcurrent, RunsSettleAndClaim.
+//     NeedsOrderedMigrations, RunsInSequence, RunsLimit, RunsFillBatch, RunsShare,
+//     RunsStopAtInFlight, RunsStopAtDead, RunsStopAtNotDue, RunsConcurrent,
+//     RunsSettleAndClaim.
 //  13. SettleClaimer ([dialect.SettleClaimer]): outcomes recorded and the next rows
 //     claimed in one call, lost leases reported, settled rows never claimed again by the
 //     same call, an ordered claim seeing the keys the outcomes released, the attempt an

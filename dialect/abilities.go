@@ -368,7 +368,10 @@ type Notifier interface {
 //     No other claim may take a row of a run while the run is claimed: others take heads
 //     only, the head is held, and a row of the run another transaction holds locked ends
 //     the run there. A dialect that ignores Runs claims heads only, which is correct; the
-//     conformance suite's OrderedClaimer/Runs tests then check nothing beyond rule 1.
+//     conformance suite's OrderedClaimer/Runs tests then check nothing beyond rule 1. Given
+//     p.RunShare above 1 too, a claim that found fewer heads than p.Limit takes the oldest
+//     ceil(found / RunShare) of them with their runs and visits no keys beyond them
+//     ([ClaimParams.RunShare]); ignoring RunShare is correct too.
 type OrderedClaimer interface {
 	// BlockedKeys lists up to p.Limit partition keys in p.Scope whose head is dead while
 	// rows wait behind it, oldest head first.

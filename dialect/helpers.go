@@ -189,8 +189,8 @@ var claimBase = []string{"Scope", "Limit", "Lease", "MaxAttempts", "WorkerID", "
 // Unsupported is the recipe for the rule of [ClaimParams]: a dialect that does not
 // understand a non-zero field must return [errors.ErrUnsupported]. Call it first in Claim
 // (and CompleteAndClaim) with the names of the fields beyond the ones every dialect handles
-// (Scope, Limit, Lease, MaxAttempts, WorkerID, Token, and Runs, which may be ignored) that
-// the dialect understands:
+// (Scope, Limit, Lease, MaxAttempts, WorkerID, Token, and Runs and RunShare, which may be
+// ignored) that the dialect understands:
 //
 //	if err := p.Unsupported("Ordered", "OrderedSkipDead"); err != nil {
 //		return nil, err
