@@ -378,28 +378,8 @@ func TestPostgresHotKeyClaimBounded(t *testing.T) {
 	rec, store := recordingStore(t, b)
 	o := dialecttest.OrderedClaimOpts(limit)
 	o.Runs = true
-	for range 3 { // past the first transaction's rows: the window then starts among delivered ones
-		rec.mu.Lock()
-		rec.queries = nil
-		rec.mu.Unlock()
-		recs, err := store.Claim(b.ctx, o)
-		require.NoError(t, err)
-		require.Len(t, recs, limit, "the head and its run fill the batch")
-		leases := make([]outbox.Lease, len(recs))
-		for i, r := range recs {
-			leases[i] = outbox.Lease{ID: r.ID, Token: r.LeaseToken}
-		}
-		require.NoError(t, store.Ack(b.ctx, leases...))
-	}
-	var settings []string
-	rec.mu.Lock()
-	for _, q := range rec.queries {
-		if strings.HasPrefix(q.sql, "SET LOCAL") {
-			settings = append(settings, q.sql)
-		}
-	}
-	rec.mu.Unlock()
-	plan := b.explainAnalyzeLast(t, rec, "the heads claim", func(sql string) bool { return strings.HasPrefix(sql, "WITH f AS") }, settings...)
+	// past the first transaction's rows: the window then starts among delivered ones
+	plan := explainHeadsClaim(t, b, rec, store, o, 3, "the head and its run fill the batch")
 	t.Logf("EXPLAIN ANALYZE of the heads claim, one key of %d rows:\n%s", rows, plan.format(""))
 	plan.walk(func(n *orderedPlanNode) {
 		require.NotContains(t, n.NodeType, "Bitmap", "the claim index walked in order")
@@ -429,13 +409,24 @@ func TestPostgresManyKeysHeadsByID(t *testing.T) {
 	rec, store := recordingStore(t, b)
 	o := dialecttest.OrderedClaimOpts(limit)
 	o.Runs = true
-	for range 3 { // past the first heads: the window then starts among delivered rows
+	// past the first heads: the window then starts among delivered rows
+	plan := explainHeadsClaim(t, b, rec, store, o, 3, "a batch of heads")
+	// By primary key about 2,800 pages; the whole claim index for the ids, 15,600.
+	require.LessOrEqual(t, plan.SharedHit+plan.SharedRead, 6_000, "pages read for a claim of %d heads:\n%s", limit, plan.format(""))
+}
+
+// explainHeadsClaim claims with o rounds times, each a full batch (why says what fills
+// it) acked at once, and returns EXPLAIN ANALYZE of the last claim's heads statement, run
+// under the settings its transaction made.
+func explainHeadsClaim(t *testing.T, b *pgBundle, rec *recordingConnector, store *outbox.Store, o outbox.ClaimOptions, rounds int, why string) orderedPlanNode {
+	t.Helper()
+	for range rounds {
 		rec.mu.Lock()
 		rec.queries = nil
 		rec.mu.Unlock()
 		recs, err := store.Claim(b.ctx, o)
 		require.NoError(t, err)
-		require.Len(t, recs, limit, "a batch of heads")
+		require.Len(t, recs, o.Limit, why)
 		leases := make([]outbox.Lease, len(recs))
 		for i, r := range recs {
 			leases[i] = r.Lease()
@@ -450,7 +441,5 @@ func TestPostgresManyKeysHeadsByID(t *testing.T) {
 		}
 	}
 	rec.mu.Unlock()
-	plan := b.explainAnalyzeLast(t, rec, "the heads claim", func(sql string) bool { return strings.HasPrefix(sql, "WITH f AS") }, settings...)
-	// By primary key about 2,800 pages; the whole claim index for the ids, 15,600.
-	require.LessOrEqual(t, plan.SharedHit+plan.SharedRead, 6_000, "pages read for a claim of %d heads:\n%s", limit, plan.format(""))
+	return b.explainAnalyzeLast(t, rec, "the heads claim", func(sql string) bool { return strings.HasPrefix(sql, "WITH f AS") }, settings...)
 }
