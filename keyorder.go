@@ -17,7 +17,16 @@ func WithoutKeyOrder(ctx context.Context) context.Context {
 	return context.WithValue(ctx, waiveKeyOrder{}, true)
 }
 
-func keyOrderWaived(ctx context.Context) bool { return ctx.Value(waiveKeyOrder{}) != nil }
+// withKeyOrder returns ctx without a waiver of key order that a caller's context carried:
+// an ordered Publisher's batches need their keys sequenced whatever its Run was given.
+func withKeyOrder(ctx context.Context) context.Context {
+	if !keyOrderWaived(ctx) {
+		return ctx
+	}
+	return context.WithValue(ctx, waiveKeyOrder{}, false)
+}
+
+func keyOrderWaived(ctx context.Context) bool { w, _ := ctx.Value(waiveKeyOrder{}).(bool); return w }
 
 // partKey is a message's ordering key: its namespace and partition key.
 type partKey struct{ ns, pk string }

@@ -1005,7 +1005,9 @@ func (r *run) callTransport(ctx context.Context, batch []Delivery) (errs []error
 			errs = failAll(len(batch), fmt.Errorf("outbox: transport panicked: %v", v))
 		}
 	}()
-	if !p.opts.Ordered {
+	if p.opts.Ordered {
+		ctx = withKeyOrder(ctx)
+	} else {
 		ctx = WithoutKeyOrder(ctx) // nothing to hold back: a transport need not sequence a key
 	}
 	errs = p.tr.Publish(ctx, batch)

@@ -419,3 +419,43 @@ func (c *concurrentKeys) Publish(ctx context.Context, batch []outbox.Delivery) [
 	}()
 	return c.keyOrderTransport.Publish(ctx, batch)
 }
+
+// TestOrderedPublisherKeepsKeyOrderUnderWaivedContext: an ordered publisher run with a
+// context that a caller marked [outbox.WithoutKeyOrder] (one shared with an unordered
+// relay, say) still has its transport sequence each key: the rows of a run behind a
+// failed one are not sent before it.
+func TestOrderedPublisherKeepsKeyOrderUnderWaivedContext(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, e *pubEnv) {
+		keys, _ := runsEnv(t, e, "rewaived", map[string]int{"k": 6})
+		var (
+			mu        sync.Mutex
+			delivered []uuid.UUID
+			once      sync.Once
+		)
+		tr := outbox.PerMessage(func(_ context.Context, d outbox.Delivery) (err error) {
+			if d.ID == keys["k"][0] {
+				once.Do(func() { err = errors.New("refused once") })
+			}
+			if err == nil {
+				mu.Lock()
+				delivered = append(delivered, d.ID)
+				mu.Unlock()
+			}
+			return err
+		})
+		o := runsOptions(t, "rewaived")
+		o.Retry.BaseDelay = time.Millisecond
+		pub, err := outbox.NewPublisher(e.store, tr, o)
+		require.NoError(t, err)
+		runUntilStopped(t, "Run", func(ctx context.Context) error { return pub.Run(outbox.WithoutKeyOrder(ctx)) })
+		testdb.Poll(t, 30*time.Second, "every message delivered", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(delivered) >= len(keys["k"])
+		})
+		mu.Lock()
+		defer mu.Unlock()
+		require.Equal(t, keys["k"], delivered, "the key's rows delivered in sequence, none ahead of the refused one")
+	})
+}

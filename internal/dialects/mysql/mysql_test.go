@@ -1282,3 +1282,39 @@ func TestMySQLMissingStripe(t *testing.T) {
 	require.NoError(t, e.db.QueryRowContext(e.ctx, "SELECT (SELECT COUNT(*) FROM outbox_events) + (SELECT COUNT(*) FROM outbox_events_dedupe)").Scan(&n))
 	require.Zero(t, n, "nothing written")
 }
+
+// TestMySQLRunShareSkipsHeldHeads: a claim that takes a share of the heads it found skips
+// the heads another claimer holds locked and takes the next ones, as an unshared claim
+// does, rather than coming back empty while a head it found is free.
+func TestMySQLRunShareSkipsHeldHeads(t *testing.T) {
+	t.Parallel()
+	e := setupMySQL(t, "outbox_review_share")
+	require.NoError(t, migrations.Up(e.ctx, e.db, "mysql", migrations.Options{Table: e.table, Ordered: true}))
+	msgs := []outbox.Message{myMsg(0), myMsg(1), myMsg(2)}
+	for i, k := range []string{"a", "b", "c"} {
+		msgs[i].PartitionKey = k
+	}
+	ids := resultIDsMy(e.enqueue(t, msgs...))
+	// Another claimer's transaction, not yet committed, holds the two oldest heads.
+	// Read committed and by primary key, as a claim locks: the two rows alone.
+	held, err := e.db.BeginTx(e.ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	require.NoError(t, err)
+	defer func() { _ = held.Rollback() }()
+	rows, err := held.QueryContext(e.ctx, "SELECT id FROM `"+e.table+"` FORCE INDEX (PRIMARY) WHERE id IN (?, ?) FOR UPDATE", ids[0][:], ids[1][:])
+	require.NoError(t, err)
+	require.NoError(t, rows.Close())
+
+	o := myClaimOpts(10)
+	o.Scope = outbox.Scope{Namespace: "orders"}
+	o.Ordered, o.Runs, o.RunShare = true, true, 4
+	recs := e.claim(t, e.store, o)
+	require.Equal(t, []uuid.UUID{ids[2]}, myIDs(recs), "the free head is taken: a share of one of the three heads found")
+}
+
+func resultIDsMy(res []outbox.Result) []uuid.UUID {
+	ids := make([]uuid.UUID, len(res))
+	for i, r := range res {
+		ids[i] = r.ID
+	}
+	return ids
+}

@@ -96,8 +96,11 @@ func mysqlClaimHeads(ctx context.Context, tx *sql.Tx, t dialect.Table, p dialect
 	if err != nil {
 		return nil, 0, err
 	}
+	// The candidates are not cut to the share: the lock skips the heads that another
+	// claimer holds and takes the next ones (cut to twice a share of one, two held heads
+	// left the claim empty with a third free).
 	share := sqlkit.HeadShare(p, len(heads), n)
-	recs, now, err := mysqlLockFirst(ctx, tx, t, p, heads[:min(2*share, len(heads))], share)
+	recs, now, err := mysqlLockFirst(ctx, tx, t, p, heads[:min(2*n, len(heads))], share)
 	if err == nil && p.Runs {
 		// The runs of the window's heads, before a visit of the keys that a hot key's run
 		// often makes needless.
