@@ -12,7 +12,8 @@ type waiveKeyOrder struct{}
 // handed needs no key order: a key's messages may go in any order, and one failing holds
 // back none of the others. An unordered [Publisher] hands its batches over so; a loop or
 // log reader of one's own that delivers without order should too, or a transport
-// sequences a key's messages and fails the ones behind a failure unsent.
+// sequences a key's messages and fails the ones behind a failure unsent. Give it to a
+// Publish call, not to a Run: an ordered Publisher drops it, the log readers do not.
 func WithoutKeyOrder(ctx context.Context) context.Context {
 	return context.WithValue(ctx, waiveKeyOrder{}, true)
 }
