@@ -457,6 +457,11 @@ func latency(ctx context.Context, cfg config, b backend, rate float64, poll time
 	r.P50, r.P90, r.P99 = quantile(lat, 0.50), quantile(lat, 0.90), quantile(lat, 0.99)
 	if len(lat) > 0 {
 		r.Max = lat[len(lat)-1]
+	} else {
+		// Nothing of the window was published in time: no percentile to give, and JSON
+		// has no NaN (a run that met one wrote no results.json). Unpublished and Steady
+		// say what happened; a step so is never held.
+		r.P50, r.P90, r.P99, r.FirstHalfP50, r.SecondHalfP50, r.Steady = 0, 0, 0, 0, 0, false
 	}
 	return r, nil
 }
