@@ -104,3 +104,31 @@ func TestPostgresRunsFillAfterLockCut(t *testing.T) {
 	require.Equal(t, a[:2], gotA, "a's head and the row before the held one, nothing past it")
 	require.Equal(t, bk[:8], gotB, "b fills the batch in sequence: its share, then from its share's last row")
 }
+
+// TestPostgresRunShareBeyondHeldBatch: with a batch of heads or more found, a shared claim
+// takes a batch of them, and when another claimer holds the first batch's heads locked it
+// takes the next ones. A claim that found only the first Limit heads and then locked them
+// came back empty here, and two loops took half a batch each.
+func TestPostgresRunShareBeyondHeldBatch(t *testing.T) {
+	t.Parallel()
+	b := pgRunsSetup(t, "outbox_review_share_batch")
+	var msgs []outbox.Message
+	for i := range 30 {
+		msgs = append(msgs, pgKeyed(fmt.Sprintf("k%02d", i), 0))
+	}
+	res := b.enqueue(t, msgs...)
+	var held []uuid.UUID
+	for _, r := range res[:10] {
+		held = append(held, r.ID)
+	}
+	pgHold(t, b, held...)
+	o := pgRunOpts(10)
+	o.RunShare = 2
+	recs, err := b.store.Claim(b.ctx, o)
+	require.NoError(t, err)
+	want := make([]uuid.UUID, 10)
+	for i, r := range res[10:20] {
+		want[i] = r.ID
+	}
+	require.Equal(t, want, pgRecIDs(recs), "the ten heads after the held ones")
+}
