@@ -71,7 +71,7 @@ func pgClaimOrdered(ctx context.Context, q dialect.DBTX, t dialect.Table, p dial
 		` AND (SELECT true` + sqlkit.ScopeSQL(a, p.Scope, "w.", pgUUID) + `) ORDER BY w.created_at, w.id LIMIT ` +
 		a.Add(sqlkit.OrderedWindow(p.Limit)+1) + `::bigint) x` +
 		` ORDER BY x.partition_key IS NULL, COALESCE(x.partition_key, x.id::text), x.created_at, x.id)`
-	shared := p.Runs && p.RunShare > 1
+	shared := sqlkit.SharesKeys(p)
 	recs, err := pgLease(ctx, q, t, p, a, `WITH `+firsts+`, `+pgLockHeads(tbl, a, p, `SELECT id FROM f`, pgOrdered(tbl, p)))
 	if recs, err = pgWithRuns(ctx, q, t, p, recs, err); err != nil || len(recs) == p.Limit || shared && len(recs) > 0 {
 		return recs, err // with a share taken, the keys beyond the window are the other claimers'
@@ -127,7 +127,7 @@ func pgHeadsByKey(tbl string, a *dialect.Args, p dialect.ClaimParams) string {
 // claimer holds and goes on to the next, as the plain claim does (two loops capped at the
 // same first heads took half a batch each, 1,000 keys 0.65 -> 0.43 of unordered).
 func pgLockHeads(tbl string, a *dialect.Args, p dialect.ClaimParams, ids, check string) string {
-	if !p.Runs || p.RunShare < 2 {
+	if !sqlkit.SharesKeys(p) {
 		return `c AS MATERIALIZED (SELECT id FROM ` + tbl + ` WHERE id = ANY(ARRAY(` + ids + `)) AND ` + pgEligibleByID(a, p) + check +
 			` ORDER BY created_at, id LIMIT ` + a.Add(p.Limit) + `::bigint FOR UPDATE SKIP LOCKED)`
 	}

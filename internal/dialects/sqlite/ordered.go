@@ -76,7 +76,7 @@ func (d Dialect) claimOrdered(ctx context.Context, db *sql.DB, t dialect.Table, 
 // the keys for what the walk left of the batch; with p.Runs, and the runs of each step's
 // heads.
 func sqliteLeaseOrdered(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ClaimParams, inWindow bool) (recs []dialect.Record, err error) {
-	shared := p.Runs && p.RunShare > 1
+	shared := sqlkit.SharesKeys(p)
 	if inWindow {
 		recs, err = sqliteLease(ctx, q, t, p, sqliteShare(t, p, sqliteWalk(t, p)))
 		if recs, err = sqliteWithRuns(ctx, q, t, p, recs, err); err != nil || len(recs) == p.Limit || shared && len(recs) > 0 {
@@ -105,7 +105,7 @@ func sqliteWithRuns(ctx context.Context, q dialect.DBTX, t dialect.Table, p dial
 // share of the keys to take (p.RunShare, with runs) the oldest of them up to that share
 // (sqlkit.HeadShare).
 func sqliteShare(t dialect.Table, p dialect.ClaimParams, candidates func(a *dialect.Args) string) func(a *dialect.Args) string {
-	if !p.Runs || p.RunShare < 2 {
+	if !sqlkit.SharesKeys(p) {
 		return candidates
 	}
 	return func(a *dialect.Args) string {

@@ -98,11 +98,15 @@ func (n *NullString) Scan(src any) error {
 // share of them, rounded up, so that a lone key is never left. With n heads or more there
 // are keys enough for every claimer, and heads fill a batch at less cost than runs.
 func HeadShare(p dialect.ClaimParams, found, n int) int {
-	if !p.Runs || p.RunShare < 2 || found >= n {
+	if !SharesKeys(p) || found >= n {
 		return n
 	}
 	return (found + p.RunShare - 1) / p.RunShare
 }
+
+// SharesKeys reports whether an ordered claim takes a share of the keys it finds
+// (p.RunShare above one, with runs).
+func SharesKeys(p dialect.ClaimParams) bool { return p.Runs && p.RunShare > 1 }
 
 // HeadShareSQL renders HeadShare of the count of the query heads, for a claim's LIMIT.
 func HeadShareSQL(a *dialect.Args, p dialect.ClaimParams, heads string) string {
