@@ -109,7 +109,7 @@ func sqliteShare(t dialect.Table, p dialect.ClaimParams, candidates func(a *dial
 		return candidates
 	}
 	return func(a *dialect.Args) string {
-		// CROSS JOIN keeps h the outer loop: the heads, each looked up by its key, not the
+		// CROSS JOIN keeps h the outer loop: the heads, each looked up by its id, not the
 		// table walked in order and each row looked for among them.
 		return `WITH h(id) AS MATERIALIZED (` + candidates(a) + `) SELECT r.id FROM h CROSS JOIN ` + sqlkit.QuoteIdent(t.Name(), '"') +
 			` r ON r.id = h.id ORDER BY r.created_at, r.id LIMIT ` + sqlkit.HeadShareSQL(a, p, "h")
