@@ -162,7 +162,9 @@ func sharedPoolCase(t *testing.T, e *pubEnv, poolSize, n int, oneNamespace bool,
 		stop()
 	}
 	require.Equal(t, 0, outbox.ListenerConns(db), "the last publisher out stops the listener")
-	require.Equal(t, 0, db.Stats().InUse, "connections still in use after every publisher stopped")
+	// Within a deadline, not at once: CI saw one connection in use at the moment the last
+	// Run returned (once in 2,260 tests, not reproduced here); a leak never gives it back.
+	testdb.Poll(t, 5*time.Second, "every connection back in the pool after every publisher stopped", func() bool { return db.Stats().InUse == 0 })
 }
 
 // poolCase drains backlog messages, in batches of backlog/6 over backlog/6 partition keys,
