@@ -9,3 +9,6 @@ func MakeRelayGreedy(r *Relay) { r.sched.greedy = true }
 // ListenerConns is the number of db's connections that the library's wake-up listeners
 // hold.
 func ListenerConns(db *sql.DB) int { return heldConns(db) }
+
+// ContinueTurns is continueTurns, for tests that count a loop's claims.
+const ContinueTurns = continueTurns

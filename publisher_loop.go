@@ -29,7 +29,15 @@ type loop struct {
 	// SQLite file, claiming ahead, delivered too slowly under the race detector). It still
 	// settles a full batch's outcomes with its next claim.
 	claimAhead bool
+	// turn counts the loop's claims, for continueTurns.
+	turn int
 }
+
+// continueTurns: a loop that claims runs continues the keys its last batch delivered
+// (ClaimOptions.Continue) on every claim but each continueTurns-th, which looks for heads
+// first, so that a key no loop is continuing waits at most that many of a busy loop's
+// batches.
+const continueTurns = 4
 
 // batch is a claimed batch, to publish.
 type batch struct {
@@ -89,6 +97,10 @@ func (l *loop) claim() (batch, bool) {
 			l.pace.woken()
 		}
 		o := l.o
+		if o.Runs {
+			l.turn++
+			o.Continue = l.turn%continueTurns != 0
+		}
 		if t.probe {
 			o.Limit = probeSize
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
 	"testing"
 	"time"
@@ -458,4 +459,66 @@ func TestOrderedPublisherKeepsKeyOrderUnderWaivedContext(t *testing.T) {
 		defer mu.Unlock()
 		require.Equal(t, keys["k"], delivered, "the key's rows delivered in sequence, none ahead of the refused one")
 	})
+}
+
+// TestOrderedContinueGivesOtherKeysTheirTurn: a loop that continues the key it keeps busy
+// still looks for other keys' heads every few batches. The cold key's head, older than
+// every hot row, is held elsewhere while the loop takes the hot key, and freed during the
+// loop's first batch: it goes out within continueTurns batches, not after the hot key's
+// backlog.
+func TestOrderedContinueGivesOtherKeysTheirTurn(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, e *pubEnv) {
+		ctx := context.Background()
+		_, seq := runsEnv(t, e, "turns", map[string]int{"cold": 1})
+		_, hot := runsEnv(t, e, "turns", map[string]int{"hot": 400})
+		maps.Copy(seq, hot)
+		held, err := e.store.Claim(ctx, outbox.ClaimOptions{Scope: outbox.Scope{Namespace: "turns"}, Limit: 1, Lease: time.Minute,
+			MaxAttempts: 10, WorkerID: "elsewhere", Ordered: true})
+		require.NoError(t, err)
+		require.Len(t, held, 1)
+		require.Equal(t, "cold", held[0].PartitionKey)
+		inner := newKeyOrderTransport(true, seq, nil)
+		var (
+			mu        sync.Mutex
+			calls     int
+			coldBatch int
+		)
+		tr := keyOrderFunc{inner, func(ctx context.Context, batch []outbox.Delivery) []error {
+			mu.Lock()
+			calls++
+			call := calls
+			for _, d := range batch {
+				if d.PartitionKey == "cold" {
+					coldBatch = call
+				}
+			}
+			mu.Unlock()
+			if call == 1 { // the loop has the hot key: its next claims may continue it
+				require.NoError(t, e.store.Complete(ctx, outbox.Outcome{Lease: held[0].Lease(), Status: outbox.StatusPending}))
+			}
+			return inner.Publish(ctx, batch)
+		}}
+		o := runsOptions(t, "turns")
+		o.Concurrency = 1
+		pub, err := outbox.NewPublisher(e.store, tr, o)
+		require.NoError(t, err)
+		start(t, pub)
+		testdb.Poll(t, 30*time.Second, "every message delivered", func() bool { return inner.count() == len(seq) })
+		mu.Lock()
+		defer mu.Unlock()
+		require.Greater(t, coldBatch, 1)
+		require.LessOrEqual(t, coldBatch, outbox.ContinueTurns+1, "the cold key's head goes out within a round of turns, not after the hot key's 20 batches")
+		require.Zero(t, inner.outOfOrder, "nothing delivered out of order")
+	})
+}
+
+// keyOrderFunc is a transport that keeps key order and publishes with publish.
+type keyOrderFunc struct {
+	*keyOrderTransport
+	publish func(context.Context, []outbox.Delivery) []error
+}
+
+func (k keyOrderFunc) Publish(ctx context.Context, batch []outbox.Delivery) []error {
+	return k.publish(ctx, batch)
 }

@@ -38,6 +38,8 @@ var orderedTests = []test{
 	{"RunsStopAtNotDue", testRunsStopAtNotDue},
 	{"RunsConcurrent", testRunsConcurrent},
 	{"RunsSettleAndClaim", testRunsSettleAndClaim},
+	{"RunsContinue", testRunsContinue},
+	{"RunsContinueOnlyDelivered", testRunsContinueOnlyDelivered},
 }
 
 // orderedSetup is setup for the ordered section: it skips when the dialect cannot claim in

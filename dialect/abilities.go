@@ -371,7 +371,10 @@ type Notifier interface {
 //     conformance suite's OrderedClaimer/Runs tests then check nothing beyond rule 1. Given
 //     p.RunShare above 1 too, a claim that found fewer heads than p.Limit takes the oldest
 //     ceil(found / RunShare) of them with their runs and visits no keys beyond them
-//     ([ClaimParams.RunShare]); ignoring RunShare is correct too.
+//     ([ClaimParams.RunShare]); ignoring RunShare is correct too. Given p.Continue too,
+//     CompleteAndClaim first takes the runs after the keys its outcomes delivered
+//     ([ClaimParams.Continue]), and looks for heads only when they leave the batch short;
+//     ignoring Continue is correct too.
 type OrderedClaimer interface {
 	// BlockedKeys lists up to p.Limit partition keys in p.Scope whose head is dead while
 	// rows wait behind it, oldest head first.

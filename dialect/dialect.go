@@ -231,6 +231,17 @@ type ClaimParams struct {
 	// other keys to the other claimers rather than looking for more. 0 or 1: every head it
 	// finds. A dialect may ignore it, as it may ignore Runs.
 	RunShare int
+	// Continue, with Runs, is read by CompleteAndClaim: before it looks for heads, the claim
+	// takes the runs that follow the keys its outcomes delivered, each key of which every
+	// outcome was applied and delivered, from the key's last such row, as though that row
+	// were a head it held (its next row is the key's head: every row before it is
+	// delivered). A key with any other outcome, or a lease found lost, is not continued.
+	// The runs take a share of Limit per key first, then what is left, as runs do; only
+	// when they leave the batch short does the claim look for other heads. It spares the
+	// search for heads while a loop's keys keep it busy, so a claimer that continues keys
+	// can keep other keys' heads waiting: a Publisher sets it on most of a loop's claims,
+	// not all. A dialect may ignore it, as it may ignore Runs.
+	Continue bool
 }
 
 // Lease names one claimed row and the token of the claim that holds it.

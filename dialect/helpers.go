@@ -182,15 +182,16 @@ func SortClaimed(recs []Record) {
 	})
 }
 
-// claimBase are the fields of [ClaimParams] that every [Dialect] handles; Runs and RunShare
-// are requests that a dialect handles by ignoring them (heads only, every head).
-var claimBase = []string{"Scope", "Limit", "Lease", "MaxAttempts", "WorkerID", "Token", "Runs", "RunShare"}
+// claimBase are the fields of [ClaimParams] that every [Dialect] handles; Runs, RunShare
+// and Continue are requests that a dialect handles by ignoring them (heads only, every
+// head, a search for heads at every claim).
+var claimBase = []string{"Scope", "Limit", "Lease", "MaxAttempts", "WorkerID", "Token", "Runs", "RunShare", "Continue"}
 
 // Unsupported is the recipe for the rule of [ClaimParams]: a dialect that does not
 // understand a non-zero field must return [errors.ErrUnsupported]. Call it first in Claim
 // (and CompleteAndClaim) with the names of the fields beyond the ones every dialect handles
-// (Scope, Limit, Lease, MaxAttempts, WorkerID, Token, and Runs and RunShare, which may be
-// ignored) that the dialect understands:
+// (Scope, Limit, Lease, MaxAttempts, WorkerID, Token, and Runs, RunShare and Continue,
+// which may be ignored) that the dialect understands:
 //
 //	if err := p.Unsupported("Ordered", "OrderedSkipDead"); err != nil {
 //		return nil, err

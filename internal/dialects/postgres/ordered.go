@@ -203,9 +203,17 @@ func pgClaimRuns(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect
 	if n <= 0 || len(keyed) == 0 {
 		return nil, nil
 	}
-	share := (n + len(keyed) - 1) / len(keyed)
+	return pgRunsAfter(ctx, q, t, p, keyed, n)
+}
+
+// pgRunsAfter claims, in q's transaction, up to n rows of the runs that follow the rows
+// after (heads this transaction holds, or rows it delivered: ClaimParams.Continue), each
+// key's share first and then, when the batch came back short, more of the keys whose share
+// was all claimable, from their last row.
+func pgRunsAfter(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ClaimParams, after []uuid.UUID, n int) ([]dialect.Record, error) {
+	share := (n + len(after) - 1) / len(after)
 	a := &dialect.Args{Numbered: true}
-	runs, err := pgLease(ctx, q, t, p, a, pgRuns(pgTable(t), a, p, keyed, share, n))
+	runs, err := pgLease(ctx, q, t, p, a, pgRuns(pgTable(t), a, p, after, share, n))
 	if err != nil || len(runs) == n {
 		return runs, err
 	}
