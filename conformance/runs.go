@@ -439,3 +439,24 @@ func testRunsContinueOnlyDelivered(t *testing.T, h Harness) {
 	require.Empty(t, lost)
 	require.Equal(t, k[1:3], ids(next), "the row put back is the key's head again, with its run after it")
 }
+
+// Continue never continues a key whose outcome lost its lease: the row was taken over and
+// is in flight again, so the rows after it wait for it.
+func testRunsContinueNotLost(t *testing.T, h Harness) {
+	e := continueSetup(t, h)
+	k := resultIDs(e.enqueue(t, keyed("k", 0), keyed("k", 1), keyed("k", 2)))
+	short := orderedOpts(1)
+	short.Lease = time.Millisecond
+	first := e.claim(t, short)
+	require.Equal(t, k[:1], ids(first))
+	var again []outbox.Record
+	eventually(t, 10*time.Second, "the row's lease runs out and another claim takes it over", func() bool {
+		again = e.claim(t, orderedOpts(1))
+		return len(again) == 1
+	})
+	require.Equal(t, k[:1], ids(again))
+	next, lost, err := e.store.CompleteAndClaim(e.ctx, acks(first), continueOpts(2))
+	require.NoError(t, err)
+	require.Equal(t, k[:1], lost)
+	require.Empty(t, next, "the key's head is in flight under the other claim")
+}

@@ -2,20 +2,78 @@ package postgres
 
 import (
 	"context"
+	"database/sql"
 
 	"github.com/google/uuid"
 
 	"github.com/outboxgo/outbox/dialect"
+	"github.com/outboxgo/outbox/internal/dialects/sqlkit"
 )
 
-// pgContinuable returns, of the keys of outcomes just settled in q's transaction, the last
-// row of each key whose rows there are all delivered now ([dialect.ClaimParams.Continue]).
-// It reads the rows as the settle left them in this transaction: a row put back for a
-// retry, buried, or whose lease was lost (another claimer's, not delivered) keeps its key
-// from being continued.
-func pgContinuable(ctx context.Context, q dialect.DBTX, t dialect.Table, outcomes []dialect.Outcome) ([]uuid.UUID, error) {
-	ids := pgUUIDArray(len(outcomes), func(i int) uuid.UUID { return outcomes[i].ID })
-	return dialect.QueryIDs(ctx, q, `SELECT id FROM (SELECT id, bool_and(status = 'delivered') OVER k AS ok,`+
-		` row_number() OVER (k ORDER BY created_at DESC, id DESC) AS rn FROM `+pgTable(t)+
-		` WHERE id = ANY($1::uuid[]) AND partition_key IS NOT NULL WINDOW k AS (PARTITION BY namespace, partition_key)) x WHERE ok AND rn = 1`, ids)
+// pgCompleteAndContinue is CompleteAndClaim with [dialect.ClaimParams.Continue]: one
+// statement (settleAndLease) settles the outcomes and leases the runs after the keys they
+// delivered, as the unordered settle-and-claim is one statement; the search for heads, the
+// larger part of an ordered claim's time (the window's walk, a head check per key), runs
+// only when those runs leave the batch short.
+//
+// A key is continued from its last settled row when every outcome of the key is a delivery
+// the settle applied (in s's RETURNING): a row put back, buried, or whose lease was lost
+// keeps the key for a search of heads. The row after the last delivered one is the key's
+// head: every row before it is delivered. The runs are read in the statement's snapshot,
+// which the settle does not change for them (it writes only rows before them), each key
+// reading its share of the batch at most (the count of continued keys is known only in
+// the statement, so the share is a subquery of h). No other claimer can take a row of
+// these runs: until the commit, the rows the settle delivers are in flight to them.
+func pgCompleteAndContinue(ctx context.Context, d *Dialect, db *sql.DB, t dialect.Table, outcomes []dialect.Outcome, p dialect.ClaimParams) ([]dialect.Record, []uuid.UUID, error) {
+	var delivered []uuid.UUID
+	for _, o := range outcomes {
+		if o.Status == dialect.StatusDelivered {
+			delivered = append(delivered, o.ID)
+		}
+	}
+	if len(delivered) == 0 {
+		return pgCompleteThenClaimOrdered(ctx, d, db, t, outcomes, p)
+	}
+	tbl := pgTable(t)
+	recs, lost, err := d.settleAndLease(ctx, db, t, outcomes, p, func(a *dialect.Args) string {
+		dl := a.Add(pgUUIDArray(len(delivered), func(i int) uuid.UUID { return delivered[i] }))
+		after := `SELECT id, namespace, partition_key, created_at FROM (SELECT e.id, e.namespace, e.partition_key, e.created_at,` +
+			` bool_and(s.id IS NOT NULL AND e.id = ANY(` + dl + `::uuid[])) OVER k AS ok, row_number() OVER (k ORDER BY e.created_at DESC, e.id DESC) AS rn` +
+			` FROM ` + tbl + ` e LEFT JOIN s ON s.id = e.id WHERE e.id = ANY($1::uuid[]) AND e.partition_key IS NOT NULL` +
+			` WINDOW k AS (PARTITION BY e.namespace, e.partition_key)) o WHERE ok AND rn = 1`
+		n := a.Add(p.Limit)
+		per := `(SELECT (` + n + `::bigint + count(*) - 1) / GREATEST(count(*), 1) FROM h)`
+		return pgRunsAfterRows(tbl, a, p, after, per, p.Limit)
+	})
+	if err != nil || len(recs) == p.Limit {
+		return recs, lost, err
+	}
+	more, err := pgRetryDeadlock(ctx, func() (more []dialect.Record, err error) {
+		err = sqlkit.InTx(ctx, db, nil, func(tx *sql.Tx) error {
+			more, err = pgClaimAfter(ctx, tx, t, p, recs)
+			return err
+		})
+		return more, err
+	})
+	if err != nil {
+		return nil, nil, err // the settle and the runs committed: the runs' leases run out
+	}
+	return append(recs, more...), lost, nil
+}
+
+// pgClaimAfter claims, in q's transaction, what is left of p.Limit after claimed (rows
+// this claimer holds): more of the runs after each of their keys' last rows, then heads.
+func pgClaimAfter(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ClaimParams, claimed []dialect.Record) ([]dialect.Record, error) {
+	n := p.Limit - len(claimed)
+	var more []dialect.Record
+	if after := pgLastOfKeys(claimed, func(int) bool { return true }); len(after) > 0 {
+		var err error
+		if more, err = pgRunsAfter(ctx, q, t, p, after, n); err != nil || len(more) == n {
+			return more, err
+		}
+	}
+	rest := p
+	rest.Limit = n - len(more)
+	heads, err := pgClaim(ctx, q, t, rest)
+	return append(more, heads...), err
 }

@@ -650,8 +650,8 @@ func (d *Dialect) Get(ctx context.Context, q dialect.DBTX, t dialect.Table, id u
 //	WITH s AS (UPDATE ... (Complete) ... RETURNING t.id),
 //	c AS MATERIALIZED (SELECT id FROM "outbox_events" WHERE (Claim's predicate)
 //	    ORDER BY created_at, id LIMIT $n FOR UPDATE SKIP LOCKED),
-//	l AS (UPDATE ... (Claim's lease) ... WHERE t.id = ANY(ARRAY(SELECT id FROM c)) RETURNING (claimColumns))
-//	SELECT * FROM l UNION ALL SELECT x.id, '', '', NULL, ..., 0 AS attempts, ...
+//	leased AS (UPDATE ... (Claim's lease) ... WHERE t.id = ANY(ARRAY(SELECT id FROM c)) RETURNING (claimColumns))
+//	SELECT * FROM leased UNION ALL SELECT x.id, '', '', NULL, ..., 0 AS attempts, ...
 //	    FROM (SELECT unnest($1::uuid[]) EXCEPT SELECT id FROM s) AS x(id)
 //
 // The claim keeps the settled ids out: both CTEs read the snapshot from before the
@@ -664,18 +664,33 @@ func (d *Dialect) Get(ctx context.Context, q dialect.DBTX, t dialect.Table, id u
 // applied (their lease was lost) come back as rows with attempts 0, which no claimed row
 // has (a claim counts its attempt); usually there are none, so the statement returns only
 // the claimed rows (returning every settled id instead cost a scan of a batch of rows more
-// per call). An ordered claim must see the keys the outcomes release, which a statement's snapshot
-// cannot, so it runs after Complete in one transaction instead.
+// per call). An ordered claim must see the keys the outcomes release, which a statement's
+// snapshot cannot, so it runs after Complete in one transaction instead; one that continues
+// the keys the outcomes delivered needs no such sight, and is one statement again
+// (pgCompleteAndContinue).
 func (d *Dialect) completeAndClaimRows(ctx context.Context, db *sql.DB, t dialect.Table, outcomes []dialect.Outcome, p dialect.ClaimParams) ([]dialect.Record, []uuid.UUID, error) {
+	if p.Ordered && p.Continue && p.Runs && p.Namespace != "" {
+		return pgCompleteAndContinue(ctx, d, db, t, outcomes, p)
+	}
 	if p.Ordered {
 		return pgCompleteThenClaimOrdered(ctx, d, db, t, outcomes, p)
 	}
+	return d.settleAndLease(ctx, db, t, outcomes, p, func(a *dialect.Args) string {
+		return strings.TrimPrefix(pgDue(pgTable(t), a, p, ` AND id NOT IN (SELECT unnest($1::uuid[]))`), `WITH `)
+	})
+}
+
+// settleAndLease runs, as one statement, the settle of outcomes (s) and a claim: claim
+// renders its CTEs after s, the last of which, c, returns the ids to lease. It returns the
+// leased rows and the ids of the outcomes not applied (their lease was lost).
+func (d *Dialect) settleAndLease(ctx context.Context, db *sql.DB, t dialect.Table, outcomes []dialect.Outcome, p dialect.ClaimParams,
+	claim func(a *dialect.Args) string) ([]dialect.Record, []uuid.UUID, error) {
 	tbl := pgTable(t)
 	settle, vals := d.settle(t, outcomes)
 	a := &dialect.Args{Numbered: true, Values: vals}
 	var b strings.Builder
-	b.WriteString(`WITH s AS (` + settle + `), ` + strings.TrimPrefix(pgDue(tbl, a, p, ` AND id NOT IN (SELECT unnest($1::uuid[]))`), `WITH `) + `,`)
-	b.WriteString(` l AS (` + pgLeaseUpdate(tbl, a, p) + `) SELECT * FROM l UNION ALL SELECT x.id`)
+	b.WriteString(`WITH s AS (` + settle + `), ` + claim(a) + `,`)
+	b.WriteString(` leased AS (` + pgLeaseUpdate(tbl, a, p) + `) SELECT * FROM leased UNION ALL SELECT x.id`)
 	for _, c := range sqlkit.ClaimColumns[1:] {
 		switch c {
 		case "namespace", "topic":
@@ -708,30 +723,13 @@ func (d *Dialect) completeAndClaimRows(ctx context.Context, db *sql.DB, t dialec
 }
 
 // pgCompleteThenClaimOrdered settles and then claims in order in one transaction: one
-// commit, and the claim sees the keys the settle released. With p.Continue, the runs after
-// the keys the settle delivered come first, and the heads are looked for only when they
-// leave the batch short: the search for heads (the window's walk and a head check per key)
-// was the larger part of an ordered claim's time.
+// commit, and the claim sees the keys the settle released.
 func pgCompleteThenClaimOrdered(ctx context.Context, d *Dialect, db *sql.DB, t dialect.Table, outcomes []dialect.Outcome, p dialect.ClaimParams) (recs []dialect.Record, lost []uuid.UUID, err error) {
 	err = sqlkit.InTx(ctx, db, nil, func(tx *sql.Tx) error {
 		if lost, err = d.Complete(ctx, tx, t, outcomes); err != nil {
 			return err
 		}
-		rest := p
-		if p.Continue && p.Runs && p.Namespace != "" {
-			from, err := pgContinuable(ctx, tx, t, outcomes)
-			if err != nil {
-				return err
-			}
-			if len(from) > 0 {
-				if recs, err = pgRunsAfter(ctx, tx, t, p, from, p.Limit); err != nil || len(recs) == p.Limit {
-					return err
-				}
-				rest.Limit -= len(recs)
-			}
-		}
-		more, err := pgClaim(ctx, tx, t, rest)
-		recs = append(recs, more...)
+		recs, err = pgClaim(ctx, tx, t, p)
 		return err
 	})
 	if err != nil {

@@ -168,15 +168,21 @@ func (*Dialect) BlockedKeys(ctx context.Context, q dialect.DBTX, t dialect.Table
 // index whole for the ids (id is its second column) instead of probing the primary key.
 func pgRuns(tbl string, a *dialect.Args, p dialect.ClaimParams, heads []uuid.UUID, share, n int) string {
 	hs := a.Add(pgUUIDArray(len(heads), func(i int) uuid.UUID { return heads[i] }))
-	per := a.Add(share)
+	return `WITH ` + pgRunsAfterRows(tbl, a, p, `SELECT id, namespace, partition_key, created_at FROM `+tbl+
+		` WHERE id = ANY(`+hs+`::uuid[]) AND partition_key IS NOT NULL`, a.Add(share)+`::bigint`, n)
+}
+
+// pgRunsAfterRows renders pgRuns's CTEs, h to c, after the rows that the query after
+// returns (id, namespace, partition_key, created_at; each with a key), reading up to per
+// (an expression) rows of each key.
+func pgRunsAfterRows(tbl string, a *dialect.Args, p dialect.ClaimParams, after, per string, n int) string {
 	lim := a.Add(n)
 	mx := a.Add(p.MaxAttempts)
 	ok := `(e.status = 'pending' AND e.next_attempt_at <= now() AND e.attempts < ` + mx + `::bigint` + sqlkit.ScopeSQL(a, p.Scope, "e.", pgUUID) + `)`
-	return `WITH h AS MATERIALIZED (SELECT id, namespace, partition_key, created_at, row_number() OVER (ORDER BY created_at, id) AS hn FROM ` + tbl +
-		` WHERE id = ANY(` + hs + `::uuid[]) AND partition_key IS NOT NULL),` +
+	return `h AS MATERIALIZED (SELECT id, namespace, partition_key, created_at, row_number() OVER (ORDER BY created_at, id) AS hn FROM (` + after + `) x),` +
 		` f AS MATERIALIZED (SELECT x.id, h.hn, x.created_at, x.ok FROM h CROSS JOIN LATERAL (SELECT e.id, e.created_at, ` + ok + ` AS ok FROM ` + tbl +
 		` e WHERE e.namespace = h.namespace AND e.partition_key = h.partition_key AND ` + sqlkit.OrderedLive(p.OrderedSkipDead) +
-		` AND (e.created_at, e.id) > (h.created_at, h.id) ORDER BY e.created_at, e.id LIMIT ` + per + `::bigint) x),` +
+		` AND (e.created_at, e.id) > (h.created_at, h.id) ORDER BY e.created_at, e.id LIMIT ` + per + `) x),` +
 		` r AS MATERIALIZED (SELECT q.id, q.hn, q.created_at FROM (SELECT f.id, f.hn, f.created_at, bool_and(f.ok) OVER w AS run, row_number() OVER w AS rn` +
 		` FROM f WINDOW w AS (PARTITION BY f.hn ORDER BY f.created_at, f.id)) q WHERE q.run ORDER BY q.rn, q.hn LIMIT ` + lim + `::bigint),` +
 		` l AS MATERIALIZED (SELECT id FROM ` + tbl + ` WHERE id = ANY(ARRAY(SELECT id FROM r))` +
@@ -229,21 +235,30 @@ func pgRunsAfter(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect
 // pgFullRuns returns the last row of each key of runs that claimed share rows: its share
 // was all claimable, so more of the key may wait after it.
 func pgFullRuns(runs []dialect.Record, share int) []uuid.UUID {
+	return pgLastOfKeys(runs, func(n int) bool { return n == share })
+}
+
+// pgLastOfKeys returns the last row, by (created_at, id), of each key of recs whose count
+// of rows there keep accepts.
+func pgLastOfKeys(recs []dialect.Record, keep func(n int) bool) []uuid.UUID {
 	type key struct{ ns, pk string }
 	count := map[key]int{}
 	last := map[key]dialect.Record{}
-	for _, r := range runs {
+	for _, r := range recs {
+		if r.PartitionKey == "" {
+			continue
+		}
 		k := key{r.Namespace, r.PartitionKey}
 		count[k]++
 		if l, ok := last[k]; !ok || l.CreatedAt.Before(r.CreatedAt) || l.CreatedAt.Equal(r.CreatedAt) && bytes.Compare(l.ID[:], r.ID[:]) < 0 {
 			last[k] = r
 		}
 	}
-	var from []uuid.UUID
+	var out []uuid.UUID
 	for k, c := range count {
-		if c == share {
-			from = append(from, last[k].ID)
+		if keep(c) {
+			out = append(out, last[k].ID)
 		}
 	}
-	return from
+	return out
 }
