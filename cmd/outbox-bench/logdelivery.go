@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/outboxgo/outbox"
 )
 
@@ -64,6 +66,10 @@ type logDeliveryResult struct {
 	// published, steady), by mode ("poll", "log"), and SustainedVsPoll log ÷ poll.
 	Sustained       map[string]float64 `json:"sustained_rate"`
 	SustainedVsPoll float64            `json:"log_vs_poll_sustained"`
+	// ProducersAlone is the highest step rate the producers reached (at least 0.9 of it)
+	// with no publisher running, over the steps the modes were tried at: no mode can hold a
+	// rate the producers cannot offer, so log ÷ poll cannot pass ProducersAlone ÷ poll.
+	ProducersAlone float64 `json:"producers_alone_rate"`
 	// Latency is commit-to-publish at fixed rates, each mode, medians of the rounds.
 	Latency []logLatency `json:"latency"`
 	// Costs are what the server spent per event in the fixed-rate windows, by mode.
@@ -207,6 +213,7 @@ func runLogDelivery(ctx context.Context, cfg config, b backend, res *backendResu
 	// alternated at each rate; a rate that fails is tried once more before it counts.
 	c.LatencyDur = cfg.SustainDur
 	on := map[string]bool{"poll": true, "log": true}
+	producersOn := true
 	for rate := cfg.SustainStart; (on["poll"] || on["log"]) && rate <= cfg.SustainMax; rate = math.Round(rate * 1.5) {
 		for _, mode := range modes {
 			if !on[mode] {
@@ -233,12 +240,37 @@ func runLogDelivery(ctx context.Context, cfg config, b backend, res *backendResu
 				on[mode] = false
 			}
 		}
+		if producersOn {
+			achieved, err := producersAlone(ctx, modeCfg("log"), lb, rate)
+			if err != nil {
+				return err
+			}
+			logf("%s: producers alone at %.0f msg/s: achieved %.0f", lb.name(), rate, achieved)
+			if achieved >= 0.9*rate {
+				r.ProducersAlone = rate
+			} else {
+				producersOn = false
+			}
+		}
 	}
 	if p := r.Sustained["poll"]; p > 0 {
 		r.SustainedVsPoll = r.Sustained["log"] / p
 	}
 	res.LogDelivery = r
 	return nil
+}
+
+// producersAlone runs the producers of a sustained step at rate with no publisher, on an
+// emptied table, and returns the rate they achieved.
+func producersAlone(ctx context.Context, cfg config, b backend, rate float64) (float64, error) {
+	if err := b.reset(ctx, mainTable); err != nil {
+		return 0, err
+	}
+	ps, err := produceInProcess(ctx, cfg, b, rate, func([]uuid.UUID, time.Time) {})
+	if err != nil {
+		return 0, err
+	}
+	return float64(ps.Messages) / ps.Elapsed.Seconds(), nil
 }
 
 // primeReader runs a log reader until it follows the log (PostgreSQL: its slot exists;
@@ -387,6 +419,7 @@ func (r *logDeliveryResult) metrics(add func(string, float64)) {
 	if r.SustainedVsPoll > 0 {
 		add("log_vs_poll_sustained", r.SustainedVsPoll)
 	}
+	add("log_producers_alone_rate", r.ProducersAlone)
 	for _, l := range r.Latency {
 		suffix := ""
 		if l.Mode == "poll" {
