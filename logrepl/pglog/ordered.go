@@ -17,9 +17,10 @@ const heldBack = "held back for ordered delivery: an earlier message of its part
 // rows of a key whose earlier row is undelivered: in the table (blockedKeys) or in this
 // chunk (failed, or not sent behind a failure). A transport that keeps key order
 // ([outbox.TransportKeyOrder]) gets them in one call, each key's rows together; any other
-// gets them in rounds of at most one row per key ([outbox.PublishInKeyOrder]).
-func (p *Publisher) publishOrdered(ctx context.Context, chunk []outbox.Record, deliveries []outbox.Delivery, index []int, outcomes []outbox.Outcome) error {
-	stopped, err := p.blockedKeys(ctx, chunk, index)
+// gets them in rounds of at most one row per key ([outbox.PublishInKeyOrder]). The
+// outcomes carried in c (rows not visible yet to their settle) are earlier rows too.
+func (p *Publisher) publishOrdered(ctx context.Context, c *carry, chunk []outbox.Record, deliveries []outbox.Delivery, index []int, outcomes []outbox.Outcome) error {
+	stopped, err := p.blockedKeys(ctx, c, chunk, index)
 	if err != nil {
 		return err
 	}
@@ -57,8 +58,10 @@ func (p *Publisher) publishOrdered(ctx context.Context, chunk []outbox.Record, d
 
 // blockedKeys returns the partition keys of chunk's rows at index that have an earlier row
 // (by created_at, id) in the table that is not delivered: pending, processing or, unless
-// OrderedSkipDead, dead. Each key is checked from its first row in commit order.
-func (p *Publisher) blockedKeys(ctx context.Context, chunk []outbox.Record, index []int) (map[string]bool, error) {
+// OrderedSkipDead, dead. Each key is checked from its first row in commit order. A row
+// whose outcome is carried in c counts by that outcome, not by the table, which may not
+// show the row yet, or shows it processing under the log's lease.
+func (p *Publisher) blockedKeys(ctx context.Context, c *carry, chunk []outbox.Record, index []int) (map[string]bool, error) {
 	var (
 		keys    []string
 		created []time.Time
@@ -77,6 +80,14 @@ func (p *Publisher) blockedKeys(ctx context.Context, chunk []outbox.Record, inde
 	if len(keys) == 0 {
 		return blocked, nil
 	}
+	carried := make([]string, len(c.held))
+	for i, h := range c.held {
+		carried[i] = h.ID.String()
+		undelivered := h.Status == outbox.StatusPending || h.Status == outbox.StatusDead && !p.o.OrderedSkipDead
+		if h.key != "" && seen[h.key] && undelivered {
+			blocked[h.key] = true
+		}
+	}
 	statuses := `'pending', 'processing', 'dead'`
 	if p.o.OrderedSkipDead {
 		statuses = `'pending', 'processing'`
@@ -88,8 +99,8 @@ func (p *Publisher) blockedKeys(ctx context.Context, chunk []outbox.Record, inde
 	}
 	rows, err := p.store.DB().QueryContext(ctx, `SELECT u.key FROM unnest($1::text[], $2::timestamptz[], $3::uuid[]) AS u(key, created_at, id)`+
 		` WHERE EXISTS (SELECT 1 FROM `+tbl+` AS t WHERE t.namespace = $4 AND t.partition_key = u.key`+
-		` AND t.status IN (`+statuses+`) AND (t.created_at, t.id) < (u.created_at, u.id))`,
-		keys, created, ids, p.o.Namespace)
+		` AND t.status IN (`+statuses+`) AND (t.created_at, t.id) < (u.created_at, u.id) AND t.id <> ALL($5::uuid[]))`,
+		keys, created, ids, p.o.Namespace, carried)
 	if err != nil {
 		return nil, fmt.Errorf("outboxpglog: read the heads of partition keys: %w", err)
 	}

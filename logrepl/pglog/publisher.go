@@ -35,8 +35,12 @@ type Publisher struct {
 	// kill, set by tests, ends a session at once at the named point, as a crash there
 	// would: nothing settled or confirmed after it.
 	kill func(point string) bool
+	// invisible, set by tests, makes settles miss the rows it names, as they miss rows
+	// not visible yet to other sessions; patience is unseenPatience, shorter in tests.
+	invisible func(id uuid.UUID) bool
+	patience  time.Duration
 	// statuses counts the standby status updates sent, and unseenRetries the settles
-	// retried for rows not yet visible, for tests to wait on.
+	// that left outcomes carried for rows not yet visible, for tests to wait on.
 	statuses, unseenRetries atomic.Int64
 	// hadSlot is set once the Publisher read its slot: a missing slot after that was
 	// dropped. lostReported keeps a loss reported once until the slot is created again.
@@ -71,7 +75,7 @@ func New(store *outbox.Store, tr outbox.Transport, o Options) (*Publisher, error
 		return nil, fmt.Errorf("%w: ConnString: %w", ErrInvalid, err)
 	}
 	ko, _ := tr.(outbox.TransportKeyOrder)
-	return &Publisher{store: store, tr: tr, o: o, log: o.Logger, keyOrder: ko != nil && ko.KeepsKeyOrder()}, nil
+	return &Publisher{store: store, tr: tr, o: o, log: o.Logger, keyOrder: ko != nil && ko.KeepsKeyOrder(), patience: unseenPatience}, nil
 }
 
 // Slot returns the name of the Publisher's replication slot.
@@ -371,13 +375,31 @@ func (s *session) sendStatus(ctx context.Context) error {
 
 // deliver publishes and settles the committed transactions in commit order, a batch at a
 // time, and confirms a position only once the outcomes of everything before it are
-// committed.
+// committed. Outcomes whose rows were not visible yet to their settle are carried: settled
+// again with the next batch's, or on a short timer when none comes, without holding up the
+// next batch's publish.
 func (s *session) deliver(ctx context.Context) error {
 	p := s.p
+	c := &carry{}
+	var reached pglogrepl.LSN // the end of everything published and settled, or carried
+	defer func() {
+		// A shutdown, wherever it finds the deliverer, makes one last try for the carried
+		// outcomes, as complete does; what stays carried is not confirmed.
+		if ctx.Err() != nil && len(c.held) > 0 && p.settle(ctx, c) == nil {
+			s.confirm(c.bound(reached))
+		}
+	}()
 	for {
 		var it item
 		select {
 		case it = <-s.items:
+		case <-c.due():
+			if err := p.settle(ctx, c); err != nil {
+				return err
+			}
+			c.again(2 * c.pause)
+			s.confirm(c.bound(reached))
+			continue
 		case <-ctx.Done():
 			return ctx.Err()
 		}
@@ -406,26 +428,100 @@ func (s *session) deliver(ctx context.Context) error {
 		}
 		if len(rows) > 0 {
 			p.log.Debug("outboxpglog: batch", "rows", len(rows), "end", end)
-			if err := p.publishAndSettle(ctx, rows, first); err != nil {
+			if err := p.publishAndSettle(ctx, c, reached, rows, first); err != nil {
 				return err
 			}
+			c.again(firstPause)
 		}
 		if p.kill != nil && p.kill("confirm") {
 			return errKilled
 		}
-		if uint64(end) > s.confirmed.Load() {
-			s.confirmed.Store(uint64(end))
-		}
-		if uint64(end) > p.settled.Load() {
-			p.settled.Store(uint64(end))
-		}
+		reached = end
+		s.confirm(c.bound(reached))
+	}
+}
+
+// confirm records pos as the position every outcome before which is committed, for the
+// next status update, unless it is not past the one recorded.
+func (s *session) confirm(pos pglogrepl.LSN) {
+	if uint64(pos) > s.confirmed.Load() {
+		s.confirmed.Store(uint64(pos))
+	}
+	if uint64(pos) > s.p.settled.Load() {
+		s.p.settled.Store(uint64(pos))
+	}
+}
+
+// carry holds the outcomes that a settle found no row for yet, because the row was not
+// visible to it: the deliverer settles them again with the next batch's outcomes, in the
+// same statement, or after pause when no batch comes first.
+type carry struct {
+	held  []carried
+	pause time.Duration
+	timer *time.Timer
+}
+
+type carried struct {
+	outbox.Outcome
+	key string // the row's partition key, for ordered delivery
+	// safe is the position confirmed before the outcome's batch: the slot must not pass it
+	// while the outcome is carried, so that another session reads its transaction again.
+	safe pglogrepl.LSN
+	// since is when the outcome was first settled; after unseenPatience a row still
+	// missing counts as lost.
+	since time.Time
+}
+
+const (
+	firstPause = time.Millisecond
+	maxPause   = 100 * time.Millisecond
+)
+
+// add puts a batch's outcomes, of chunk's rows, before the settle that writes them.
+func (c *carry) add(chunk []outbox.Record, outcomes []outbox.Outcome, safe pglogrepl.LSN) {
+	now := time.Now()
+	for i, o := range outcomes {
+		c.held = append(c.held, carried{Outcome: o, key: chunk[i].PartitionKey, safe: safe, since: now})
+	}
+}
+
+// bound returns the position that may be confirmed once everything up to reached is
+// published: reached, or the position before the oldest carried outcome's batch.
+func (c *carry) bound(reached pglogrepl.LSN) pglogrepl.LSN {
+	for _, h := range c.held {
+		reached = min(reached, h.safe)
+	}
+	return reached
+}
+
+// due returns a channel that fires when the carried outcomes are to be settled again, and
+// nil, which never fires, when none are carried.
+func (c *carry) due() <-chan time.Time {
+	if len(c.held) == 0 {
+		return nil
+	}
+	return c.timer.C
+}
+
+// again arms the timer to settle the carried outcomes again after pause, at most maxPause,
+// if any are carried.
+func (c *carry) again(pause time.Duration) {
+	if len(c.held) == 0 {
+		return
+	}
+	c.pause = min(pause, maxPause)
+	if c.timer == nil {
+		c.timer = time.NewTimer(c.pause)
+	} else {
+		c.timer.Reset(c.pause)
 	}
 }
 
 // publishAndSettle hands rows to the transport in batches and settles each batch's
-// outcomes in one statement under the rows' insert leases. The transport's context ends
-// ShutdownTimeout after ctx, so that a shutdown lets the batch in flight finish.
-func (p *Publisher) publishAndSettle(ctx context.Context, rows []outbox.Record, committed time.Time) error {
+// outcomes, with those carried (c), in one statement under the rows' insert leases; safe
+// is the position confirmed before rows. The transport's context ends ShutdownTimeout
+// after ctx, so that a shutdown lets the batch in flight finish.
+func (p *Publisher) publishAndSettle(ctx context.Context, c *carry, safe pglogrepl.LSN, rows []outbox.Record, committed time.Time) error {
 	pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	context.AfterFunc(ctx, func() {
@@ -460,7 +556,7 @@ func (p *Publisher) publishAndSettle(ctx context.Context, rows []outbox.Record, 
 			p.stats.commitToPublish.Store(int64(time.Since(committed)))
 		}
 		if p.o.Ordered {
-			if err := p.publishOrdered(pctx, chunk, deliveries, index, outcomes); err != nil {
+			if err := p.publishOrdered(pctx, c, chunk, deliveries, index, outcomes); err != nil {
 				return err
 			}
 		} else {
@@ -469,7 +565,8 @@ func (p *Publisher) publishAndSettle(ctx context.Context, rows []outbox.Record, 
 		if p.kill != nil && p.kill("published") {
 			return errKilled
 		}
-		if err := p.settle(ctx, outcomes); err != nil {
+		c.add(chunk, outcomes, safe)
+		if err := p.settle(ctx, c); err != nil {
 			return err
 		}
 	}
@@ -525,49 +622,86 @@ func (p *Publisher) publish(ctx context.Context, ds []outbox.Delivery) (errs []e
 	return all(fmt.Errorf("outboxpglog: transport returned %d outcomes for %d messages", len(out), len(ds)))
 }
 
-// settle commits outcomes, retrying while the database is unreachable: a position is
-// confirmed only after it. A lost lease is an outcome too: polling took the row over
-// after its lease ran out, and owns it now. But the server sends a transaction's commit
-// as soon as its WAL is flushed, a moment before other sessions can see its rows, so a
-// row that the settle does not find yet is settled again once it is visible.
-func (p *Publisher) settle(ctx context.Context, outcomes []outbox.Outcome) error {
-	todo := outcomes
-	var lost []uuid.UUID
-	giveUp := time.Now().Add(unseenPatience)
-	for pause := time.Millisecond; ; pause = min(2*pause, 100*time.Millisecond) {
-		missed, err := p.complete(ctx, todo)
-		if err != nil {
-			return err
-		}
-		if len(missed) == 0 {
-			break
-		}
-		unseen, err := p.unseen(ctx, todo, missed)
-		if err != nil {
-			return err
-		}
-		if len(unseen) == 0 || time.Now().After(giveUp) {
-			lost = append(lost, missed...) // rows gone for good count as lost too
-			break
-		}
-		for _, id := range missed {
-			if !slices.Contains(unseen, id) {
-				lost = append(lost, id)
+// settle commits the outcomes c holds in one statement, retrying while the database is
+// unreachable: a position is confirmed only after it. A lost lease is an outcome too:
+// polling took the row over after its lease ran out, and owns it now. But the server sends
+// a transaction's commit as soon as its WAL is flushed, a moment before other sessions can
+// see its rows, so the outcome of a row that the settle does not find yet stays in c, to be
+// settled again; after unseenPatience (p.patience) the row was removed, and counts as lost.
+// Each outcome is counted once, when it is settled or lost.
+func (p *Publisher) settle(ctx context.Context, c *carry) error {
+	outcomes := c.outcomes()
+	var hidden []uuid.UUID
+	if p.invisible != nil {
+		outcomes = slices.DeleteFunc(outcomes, func(o outbox.Outcome) bool {
+			if p.invisible(o.ID) {
+				hidden = append(hidden, o.ID)
+				return true
 			}
-		}
-		todo = slices.DeleteFunc(slices.Clone(todo), func(o outbox.Outcome) bool { return !slices.Contains(unseen, o.ID) })
-		p.unseenRetries.Add(1)
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(pause):
-		}
+			return false
+		})
 	}
-	p.stats.count(outcomes, lost)
+	missed, err := p.complete(ctx, outcomes)
+	if err != nil {
+		return err
+	}
+	missed = append(missed, hidden...)
+	// Count and drop what this statement settled first, so that an error below leaves c
+	// holding only what is still to write.
+	isMissed := set(missed)
+	var done []outbox.Outcome
+	c.held = slices.DeleteFunc(c.held, func(h carried) bool {
+		settled := !isMissed[h.ID]
+		if settled {
+			done = append(done, h.Outcome)
+		}
+		return settled
+	})
+	p.stats.count(done, nil)
+	if len(c.held) == 0 || ctx.Err() != nil { // shutting down: the missed stay carried, unconfirmed
+		return nil
+	}
+	unseen, err := p.unseen(ctx, c.outcomes(), missed)
+	if err != nil {
+		return err
+	}
+	isUnseen := set(unseen)
+	done = nil
+	var lost []uuid.UUID
+	now := time.Now()
+	c.held = slices.DeleteFunc(c.held, func(h carried) bool {
+		if isUnseen[h.ID] && now.Sub(h.since) < p.patience {
+			return false
+		}
+		done, lost = append(done, h.Outcome), append(lost, h.ID) // taken over by polling, or gone for good
+		return true
+	})
+	p.stats.count(done, lost)
+	if len(c.held) > 0 {
+		p.unseenRetries.Add(1)
+	}
 	return nil
 }
 
-// unseenPatience bounds how long settle waits for a row it read in the log to become
+// set returns ids as a set, for lookups in a batch's outcomes.
+func set(ids []uuid.UUID) map[uuid.UUID]bool {
+	m := make(map[uuid.UUID]bool, len(ids))
+	for _, id := range ids {
+		m[id] = true
+	}
+	return m
+}
+
+// outcomes returns the outcomes c holds.
+func (c *carry) outcomes() []outbox.Outcome {
+	out := make([]outbox.Outcome, len(c.held))
+	for i, h := range c.held {
+		out[i] = h.Outcome
+	}
+	return out
+}
+
+// unseenPatience bounds how long a settle waits for a row it read in the log to become
 // visible; a row still missing then was removed, and counts as lost.
 const unseenPatience = 10 * time.Second
 

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pglogrepl"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -546,10 +547,11 @@ func TestOrderedHandsBackBehindAFailure(t *testing.T) {
 	require.Equal(t, []string{`{"n":1}`, `{"n":3}`, `{"n":5}`, `{"n":7}`}, firsts["b"])
 }
 
-// TestSettleWaitsForVisibility: the server sends a commit once its WAL is flushed, a moment
+// TestSettleCarriesUnseenRow: the server sends a commit once its WAL is flushed, a moment
 // before other sessions see the rows; a settle that does not find a row yet, while it is
-// still leased to the log, waits for it instead of counting the row as taken over.
-func TestSettleWaitsForVisibility(t *testing.T) {
+// still leased to the log, carries its outcome to the next settle instead of counting the
+// row as taken over.
+func TestSettleCarriesUnseenRow(t *testing.T) {
 	leakCheck(t)
 	b := setup(t, time.Minute)
 	p := b.publisher(t, Options{})
@@ -558,13 +560,17 @@ func TestSettleWaitsForVisibility(t *testing.T) {
 	defer func() { _ = tx.Rollback() }()
 	res, err := b.store.Enqueue(b.ctx, tx, msg(1))
 	require.NoError(t, err)
-	done := make(chan error, 1)
-	go func() {
-		done <- p.settle(b.ctx, []outbox.Outcome{{Lease: outbox.LogLeaseOf(res.ID), Status: outbox.StatusDelivered}})
-	}()
-	b.wait(t, "the settle misses the invisible row", func() bool { return p.unseenRetries.Load() > 0 })
+	c := &carry{}
+	c.add([]outbox.Record{{ID: res.ID}}, []outbox.Outcome{{Lease: outbox.LogLeaseOf(res.ID), Status: outbox.StatusDelivered}}, 7)
+	require.NoError(t, p.settle(b.ctx, c))
+	require.Len(t, c.held, 1, "carried while the row is not visible")
+	require.Equal(t, int64(1), p.unseenRetries.Load())
+	require.Equal(t, pglogrepl.LSN(7), c.bound(100), "the position waits for it")
+	require.Equal(t, Stats{}, p.Stats(), "nothing counted yet")
 	require.NoError(t, tx.Commit())
-	require.NoError(t, <-done)
+	require.NoError(t, p.settle(b.ctx, c))
+	require.Empty(t, c.held)
+	require.Equal(t, pglogrepl.LSN(100), c.bound(100))
 	require.Equal(t, int64(1), p.Stats().Delivered)
 	require.Zero(t, p.Stats().LeaseLost)
 	require.Equal(t, outbox.StatusDelivered, b.status(t)[res.ID])
