@@ -689,9 +689,12 @@ const unseenPatience = 10 * time.Second
 // yet is settled again once it is visible.
 func (p *Publisher) settle(ctx context.Context, owner uuid.UUID, outcomes []outbox.Outcome, at *position) error {
 	giveUp := time.Now().Add(unseenPatience)
-	backoff := 50 * time.Millisecond
+	// A row not visible yet is a moment away (its transaction is committing); an
+	// unreachable database is worth a longer backoff.
+	unseenPause, backoff := time.Millisecond, 50*time.Millisecond
 	for {
 		lost, retry, err := p.settleOnce(ctx, owner, outcomes, at, time.Now().After(giveUp))
+		var pause time.Duration
 		switch {
 		case err == nil && !retry:
 			p.stats.count(outcomes, lost)
@@ -701,17 +704,18 @@ func (p *Publisher) settle(ctx context.Context, owner uuid.UUID, outcomes []outb
 			return nil
 		case err == nil: // rows not visible yet
 			p.unseenRetries.Add(1)
+			pause, unseenPause = unseenPause, min(2*unseenPause, 100*time.Millisecond)
 		case errors.Is(err, errFenced), errors.Is(err, errKilled), errors.Is(err, outbox.ErrInvalid), ctx.Err() != nil:
 			return err
 		default:
 			p.log.Warn("outboxbinlog: settle failed; retrying", "err", err, "retry_in", backoff)
+			pause, backoff = backoff, min(2*backoff, 5*time.Second)
 		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(backoff):
+		case <-time.After(pause):
 		}
-		backoff = min(2*backoff, 5*time.Second)
 	}
 }
 
