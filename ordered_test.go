@@ -67,6 +67,7 @@ func TestOrderedOptionsValidate(t *testing.T) {
 		func(o *outbox.ClaimOptions) { o.Runs = true; o.Ordered = false },
 		func(o *outbox.ClaimOptions) { o.RunShare = 2 },
 		func(o *outbox.ClaimOptions) { o.Runs = true; o.RunShare = -1 },
+		func(o *outbox.ClaimOptions) { o.Continue = true },
 	} {
 		o := base
 		bad(&o)
@@ -74,7 +75,7 @@ func TestOrderedOptionsValidate(t *testing.T) {
 		require.ErrorIs(t, err, outbox.ErrInvalid, "%+v", o)
 	}
 	o := base
-	o.Runs, o.RunShare = true, 2
+	o.Runs, o.RunShare, o.Continue = true, 2, true
 	recs, err := s.Claim(ctx, o)
 	require.NoError(t, err)
 	require.Empty(t, recs)
