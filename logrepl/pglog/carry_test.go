@@ -85,21 +85,7 @@ func TestConfirmWaitsForCarried(t *testing.T) {
 	first := b.publisher(t, Options{Slot: "carry_kill", StatusInterval: 10 * time.Millisecond})
 	h := &hider{n: 1} // never released: the first row stays carried
 	first.invisible = h.invisible
-	var kills sync.Once
-	killed := make(chan struct{})
-	first.kill = func(at string) bool {
-		hit := false
-		if at == "confirm" && len(b.tr.deliveries()) >= 2 {
-			kills.Do(func() {
-				// Let the server hear of the position confirmed before the crash.
-				n := first.statuses.Load()
-				b.wait(t, "two status updates", func() bool { return first.statuses.Load() >= n+2 })
-				hit = true
-				close(killed)
-			})
-		}
-		return hit
-	}
+	killed := killAt(t, b, first, "confirm", func() bool { return len(b.tr.deliveries()) >= 2 })
 	done := make(chan error, 1)
 	go func() { done <- first.Run(b.ctx) }()
 	b.wait(t, "the first publisher reads its slot", func() bool { return first.Stats().Reading })

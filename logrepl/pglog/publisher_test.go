@@ -345,22 +345,7 @@ func TestResumesAfterKill(t *testing.T) {
 			b := setup(t, time.Minute)
 			slot := "kill_" + point
 			first := b.publisher(t, Options{Slot: slot, StatusInterval: 10 * time.Millisecond})
-			var kills sync.Once
-			killed := make(chan struct{})
-			first.kill = func(at string) bool {
-				hit := false
-				if at == point && len(b.tr.deliveries()) > 0 {
-					kills.Do(func() {
-						// Let the server hear of whatever position is confirmed at
-						// this point before the crash: it must not pass what is unsettled.
-						n := first.statuses.Load()
-						b.wait(t, "two status updates", func() bool { return first.statuses.Load() >= n+2 })
-						hit = true
-						close(killed)
-					})
-				}
-				return hit
-			}
+			killed := killAt(t, b, first, point, func() bool { return len(b.tr.deliveries()) > 0 })
 			ctx, cancel := context.WithCancel(b.ctx)
 			defer cancel()
 			done := make(chan error, 1)
@@ -805,4 +790,25 @@ func TestUnorderedWaivesKeyOrder(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, outbox.StatusDelivered, got.Status)
 	}
+}
+
+// killAt makes p's session end as a crash would at point, the first time it reaches point
+// once ready holds, and returns a channel closed then. Before the crash it lets the server
+// hear of whatever position is confirmed at that point: it must not pass what is unsettled.
+func killAt(t *testing.T, b *bundle, p *Publisher, point string, ready func() bool) <-chan struct{} {
+	var once sync.Once
+	killed := make(chan struct{})
+	p.kill = func(at string) bool {
+		hit := false
+		if at == point && ready() {
+			once.Do(func() {
+				n := p.statuses.Load()
+				b.wait(t, "two status updates", func() bool { return p.statuses.Load() >= n+2 })
+				hit = true
+				close(killed)
+			})
+		}
+		return hit
+	}
+	return killed
 }
