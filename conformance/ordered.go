@@ -40,6 +40,7 @@ var orderedTests = []test{
 	{"RunsSettleAndClaim", testRunsSettleAndClaim},
 	{"RunsContinue", testRunsContinue},
 	{"RunsContinueOnlyDelivered", testRunsContinueOnlyDelivered},
+	{"RunsContinueThenHeads", testRunsContinueThenHeads},
 }
 
 // orderedSetup is setup for the ordered section: it skips when the dialect cannot claim in
