@@ -11,6 +11,11 @@ import (
 	"github.com/outboxgo/outbox/internal/dialects/sqlkit"
 )
 
+// mysqlContinueShare is the least share of a claim's Limit per key that a continued claim
+// reads runs for: with more keys to continue than Limit over it, the claim searches for
+// heads as though it did not continue ([dialect.ClaimParams.Continue] may be ignored).
+const mysqlContinueShare = 2
+
 // mysqlContinuable returns where the runs of a continued claim start
 // ([dialect.ClaimParams.Continue]): of the keys of outcomes, just settled on tx, the last
 // row of each key whose rows there are all delivered now, in the order of first appearance.
