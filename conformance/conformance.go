@@ -97,12 +97,14 @@
 //     that ignores it); concurrent claimers never hold rows of one key at once; settling a
 //     run and claiming in one call returns the key's next run; with Continue (skipped for
 //     a dialect that ignores it) that call takes the delivered keys' next runs before an
-//     older head of another key, and never continues a key with a row put back or a
-//     lease lost. Tests:
+//     older head of another key, never continues a key with a row put back or a lease
+//     lost, and, when the continued runs leave the batch short, takes other keys' heads
+//     without the continued rows again. Tests:
 //     HeadOnly, RetryHoldsKey, DeadHeadBlocks, SkipDead, HeadsBeyondBacklog, Publishers,
 //     NeedsOrderedMigrations, RunsInSequence, RunsLimit, RunsFillBatch, RunsShare,
 //     RunsStopAtInFlight, RunsStopAtDead, RunsStopAtNotDue, RunsConcurrent,
-//     RunsSettleAndClaim, RunsContinue, RunsContinueOnlyDelivered, RunsContinueNotLost.
+//     RunsSettleAndClaim, RunsContinue, RunsContinueOnlyDelivered, RunsContinueNotLost,
+//     RunsContinueThenHeads.
 //  13. SettleClaimer ([dialect.SettleClaimer]): outcomes recorded and the next rows
 //     claimed in one call, lost leases reported, settled rows never claimed again by the
 //     same call, an ordered claim seeing the keys the outcomes released, the attempt an

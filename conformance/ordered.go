@@ -41,6 +41,7 @@ var orderedTests = []test{
 	{"RunsContinue", testRunsContinue},
 	{"RunsContinueOnlyDelivered", testRunsContinueOnlyDelivered},
 	{"RunsContinueNotLost", testRunsContinueNotLost},
+	{"RunsContinueThenHeads", testRunsContinueThenHeads},
 }
 
 // orderedSetup is setup for the ordered section: it skips when the dialect cannot claim in

@@ -565,38 +565,33 @@ func (d Dialect) claim(ctx context.Context, db *sql.DB, t dialect.Table, outcome
 			return nil, nil, err
 		}
 	}
-	recs, now, err := mysqlReclaim(ctx, tx, t, p)
+	// With Continue, the runs after the keys the settle delivered come first, and the
+	// search for heads (the window's walk, a head check per key, the key visit) runs only
+	// when they leave the batch short.
+	var (
+		cont    []dialect.Record
+		contNow int64
+	)
+	if len(outcomes) > 0 && p.Ordered && p.Runs && p.Continue && p.Namespace != "" {
+		from, err := mysqlContinuable(ctx, tx, t, outcomes, lost)
+		if err != nil {
+			return nil, nil, err
+		}
+		if len(from)*mysqlContinueShare > p.Limit {
+			// Each key's range read would bring a row or so, and the window's walk finds
+			// as many heads among consecutive rows for less: continued, a backlog of many
+			// keys with few rows each burned down markedly slower.
+			from = nil
+		}
+		if cont, contNow, err = mysqlRunsAfter(ctx, tx, t, p, from, p.Limit); err != nil {
+			return nil, nil, err
+		}
+	}
+	recs, now, err := d.claimRest(ctx, tx, t, p, cont)
 	if err != nil {
 		return nil, nil, err
 	}
-	if len(recs) < p.Limit {
-		var (
-			more []dialect.Record
-			now2 int64
-		)
-		if p.Ordered {
-			more, now2, err = mysqlClaimHeads(ctx, tx, t, p, p.Limit-len(recs), d.visits)
-		} else {
-			a := &dialect.Args{}
-			more, now2, err = mysqlLockRecords(ctx, tx, `SELECT `+mysqlClaimColumns+
-				` FROM `+mysqlTable(t)+` FORCE INDEX (`+sqlkit.QuoteIdent(t.Index("due"), '`')+`)`+
-				` WHERE `+mysqlDue+` AND attempts < `+a.Add(p.MaxAttempts)+sqlkit.ScopeSQL(a, p.Scope, "", sqlkit.UUIDBytes)+
-				` ORDER BY next_attempt_at, id LIMIT `+a.Add(p.Limit-len(recs))+` FOR UPDATE SKIP LOCKED`, a.Values)
-		}
-		if err != nil {
-			return nil, nil, err
-		}
-		recs, now = append(recs, more...), max(now, now2)
-	}
-	if p.Ordered && p.Runs && len(recs) < p.Limit {
-		// The runs of the heads whose run was not taken yet (mysqlClaimHeads takes those of
-		// the window's): a key with one row here.
-		runs, now3, err := mysqlClaimRuns(ctx, tx, t, p, mysqlLoneKeys(recs), p.Limit-len(recs))
-		if err != nil {
-			return nil, nil, err
-		}
-		recs, now = append(recs, runs...), max(now, now3)
-	}
+	recs, now = append(cont, recs...), max(now, contNow)
 	if len(recs) == 0 {
 		if len(outcomes) == 0 {
 			return nil, nil, nil // the deferred rollback ends the empty transaction
@@ -639,6 +634,49 @@ func (d Dialect) claim(ctx context.Context, db *sql.DB, t dialect.Table, outcome
 	sqlkit.StampClaimed(recs, p)
 	dialect.SortClaimed(recs)
 	return lost, recs, nil
+}
+
+// claimRest is the claim of up to p.Limit rows after cont, the runs a continued claim took
+// (none otherwise), on tx: expired leases, then due pending rows (heads, in an ordered
+// claim) and their runs. It returns the records and the clock.
+func (d Dialect) claimRest(ctx context.Context, tx *sql.Tx, t dialect.Table, p dialect.ClaimParams, cont []dialect.Record) ([]dialect.Record, int64, error) {
+	p.Limit -= len(cont)
+	if p.Limit <= 0 {
+		return nil, 0, nil
+	}
+	recs, now, err := mysqlReclaim(ctx, tx, t, p)
+	if err != nil {
+		return nil, 0, err
+	}
+	if len(recs) < p.Limit {
+		var (
+			more []dialect.Record
+			now2 int64
+		)
+		if p.Ordered {
+			more, now2, err = mysqlClaimHeads(ctx, tx, t, p, p.Limit-len(recs), cont, d.visits)
+		} else {
+			a := &dialect.Args{}
+			more, now2, err = mysqlLockRecords(ctx, tx, `SELECT `+mysqlClaimColumns+
+				` FROM `+mysqlTable(t)+` FORCE INDEX (`+sqlkit.QuoteIdent(t.Index("due"), '`')+`)`+
+				` WHERE `+mysqlDue+` AND attempts < `+a.Add(p.MaxAttempts)+sqlkit.ScopeSQL(a, p.Scope, "", sqlkit.UUIDBytes)+
+				` ORDER BY next_attempt_at, id LIMIT `+a.Add(p.Limit-len(recs))+` FOR UPDATE SKIP LOCKED`, a.Values)
+		}
+		if err != nil {
+			return nil, 0, err
+		}
+		recs, now = append(recs, more...), max(now, now2)
+	}
+	if p.Ordered && p.Runs && len(recs) < p.Limit {
+		// The runs of the heads whose run was not taken yet (mysqlClaimHeads takes those of
+		// the window's): a key with one row here.
+		runs, now3, err := mysqlClaimRuns(ctx, tx, t, p, mysqlLoneKeys(recs), p.Limit-len(recs))
+		if err != nil {
+			return nil, 0, err
+		}
+		recs, now = append(recs, runs...), max(now, now3)
+	}
+	return recs, now, nil
 }
 
 // mysqlReclaim locks the rows of expired leases, oldest first, that the claim may take

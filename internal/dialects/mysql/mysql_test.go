@@ -1318,3 +1318,33 @@ func resultIDsMy(res []outbox.Result) []uuid.UUID {
 	}
 	return ids
 }
+
+// A settle-and-claim that would continue more keys than half its batch (a row or so each)
+// searches for heads instead, oldest first: here another key's head and the continued keys'
+// next rows, where continuing would have taken those keys' rows alone.
+func TestMySQLContinueManyKeysSearchesHeads(t *testing.T) {
+	t.Parallel()
+	e := setupMySQL(t, "outbox_continue_many")
+	require.NoError(t, migrations.Up(e.ctx, e.db, "mysql", migrations.Options{Table: e.table, Ordered: true}))
+	var msgs []outbox.Message
+	for i, k := range []string{"a", "b", "c", "d", "a", "b", "c"} {
+		m := myMsg(i)
+		m.PartitionKey = k
+		msgs = append(msgs, m)
+	}
+	ids := resultIDsMy(e.enqueue(t, msgs...))
+	o := myClaimOpts(3)
+	o.Scope = outbox.Scope{Namespace: "orders"}
+	o.Ordered, o.Runs = true, true
+	first := e.claim(t, e.store, o)
+	require.Equal(t, ids[:3], myIDs(first))
+	outs := make([]outbox.Outcome, len(first))
+	for i, r := range first {
+		outs[i] = outbox.Outcome{Lease: r.Lease(), Status: outbox.StatusDelivered}
+	}
+	o.Continue = true
+	next, lost, err := e.store.CompleteAndClaim(e.ctx, outs, o)
+	require.NoError(t, err)
+	require.Empty(t, lost)
+	require.Equal(t, ids[3:6], myIDs(next), "key d's head, then a's and b's next rows: the oldest heads")
+}

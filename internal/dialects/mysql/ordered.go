@@ -81,8 +81,10 @@ func mysqlSkipDead(skipDead bool) string {
 // other databases do: a walk of the claim index bounded to the first orderedWindow(n)
 // pending rows in scope (mysqlWindow), then, when that locked fewer than n rows and there
 // are pending rows beyond the window, a visit of the keys (mysqlHeadsByKey). Without a
-// namespace the walk has no bound.
-func mysqlClaimHeads(ctx context.Context, tx *sql.Tx, t dialect.Table, p dialect.ClaimParams, n int, visits *mysqlVisits) ([]dialect.Record, int64, error) {
+// namespace the walk has no bound. It passes over taken, rows this transaction has locked
+// already (a continued claim's runs, mysqlContinuable): they are still pending in its own
+// reads, the first of each key its head, and a transaction's own locks never skip.
+func mysqlClaimHeads(ctx context.Context, tx *sql.Tx, t dialect.Table, p dialect.ClaimParams, n int, taken []dialect.Record, visits *mysqlVisits) ([]dialect.Record, int64, error) {
 	if p.Namespace == "" {
 		// Twice n: concurrent claimers read the same heads and skip each other's locks, so
 		// a margin keeps their batches full.
@@ -90,12 +92,13 @@ func mysqlClaimHeads(ctx context.Context, tx *sql.Tx, t dialect.Table, p dialect
 		if err != nil {
 			return nil, 0, err
 		}
-		return mysqlLockFirst(ctx, tx, t, p, ids, n)
+		return mysqlLockFirst(ctx, tx, t, p, mysqlNotTaken(ids, taken), n)
 	}
 	heads, edge, beyond, err := mysqlWindow(ctx, tx, t, p, sqlkit.OrderedWindow(n))
 	if err != nil {
 		return nil, 0, err
 	}
+	heads = mysqlNotTaken(heads, taken)
 	// The candidates are not cut to the share: the lock skips the heads that another
 	// claimer holds and takes the next ones (cut to twice a share of one, two held heads
 	// left the claim empty with a third free).
@@ -112,13 +115,23 @@ func mysqlClaimHeads(ctx context.Context, tx *sql.Tx, t dialect.Table, p dialect
 	if err != nil || len(recs) == n || !beyond || share < n && len(recs) > 0 {
 		return recs, now, err // with a share taken, the keys beyond the window are the other claimers'
 	}
-	more, now2, err := mysqlHeadsByKey(ctx, tx, t, p, n-len(recs), edge, recs, visits)
+	more, now2, err := mysqlHeadsByKey(ctx, tx, t, p, n-len(recs), edge, slices.Concat(taken, recs), visits)
 	if err != nil {
 		return nil, 0, err
 	}
 	recs = append(recs, more...)
 	dialect.SortClaimed(recs)
 	return recs, max(now, now2), nil
+}
+
+// mysqlNotTaken returns the ids that are not among taken.
+func mysqlNotTaken(ids []uuid.UUID, taken []dialect.Record) []uuid.UUID {
+	if len(taken) == 0 {
+		return ids
+	}
+	return slices.DeleteFunc(ids, func(id uuid.UUID) bool {
+		return slices.ContainsFunc(taken, func(r dialect.Record) bool { return r.ID == id })
+	})
 }
 
 // mysqlWindow is the bounded walk: one plain read of the claim index that returns the first
@@ -402,7 +415,15 @@ func mysqlClaimRuns(ctx context.Context, tx *sql.Tx, t dialect.Table, p dialect.
 			keyed = append(keyed, h)
 		}
 	}
-	if n <= 0 || len(keyed) == 0 {
+	return mysqlRunsAfter(ctx, tx, t, p, sqlkit.RunHeads(keyed), n)
+}
+
+// mysqlRunsAfter is the run claim of mysqlClaimRuns from the rows after, each of a key and
+// one this transaction holds locked with every earlier row of its key gone or delivered:
+// a head it locked, or a row its settle just delivered ([dialect.ClaimParams.Continue]),
+// which other claimers see processing until the commit, as they see a locked head pending.
+func mysqlRunsAfter(ctx context.Context, tx *sql.Tx, t dialect.Table, p dialect.ClaimParams, after []sqlkit.RunHead, n int) ([]dialect.Record, int64, error) {
+	if n <= 0 || len(after) == 0 {
 		return nil, 0, nil
 	}
 	order := mysqlTable(t) + ` e FORCE INDEX (` + sqlkit.QuoteIdent(t.Index("order"), '`') + `)`
@@ -431,7 +452,7 @@ func mysqlClaimRuns(ctx context.Context, tx *sql.Tx, t dialect.Table, p dialect.
 		sqlkit.SortRuns(rows)
 		return rows, err
 	}
-	runs, err := sqlkit.ReadRuns(sqlkit.RunHeads(keyed), n, read)
+	runs, err := sqlkit.ReadRuns(after, n, read)
 	if err != nil {
 		return nil, 0, err
 	}
