@@ -36,3 +36,20 @@ func TestPostgresContinueTopUpFails(t *testing.T) {
 	require.Equal(t, 2, b.count(t, `status = 'processing'`))
 	require.Equal(t, 1, b.count(t, `status = 'delivered'`))
 }
+
+// TestPostgresContinues: PostgreSQL honours Continue, which the conformance suite only
+// checks when a dialect does (OrderedClaimer/RunsContinue skips otherwise): the delivered
+// key's next run comes before another key's older head.
+func TestPostgresContinues(t *testing.T) {
+	t.Parallel()
+	b := pgRunsSetup(t, "outbox_review_continues")
+	res := b.enqueue(t, pgKeyed("a", 0), pgKeyed("b", 0), pgKeyed("a", 1), pgKeyed("a", 2))
+	first, err := b.store.Claim(b.ctx, pgRunOpts(1))
+	require.NoError(t, err)
+	require.Equal(t, []uuid.UUID{res[0].ID}, pgRecIDs(first))
+	o := pgRunOpts(2)
+	o.Continue = true
+	next, _, err := b.store.CompleteAndClaim(b.ctx, []outbox.Outcome{{Lease: first[0].Lease(), Status: outbox.StatusDelivered}}, o)
+	require.NoError(t, err)
+	require.Equal(t, []uuid.UUID{res[2].ID, res[3].ID}, pgRecIDs(next), "a's run, before b's older head")
+}
