@@ -56,7 +56,13 @@ func pgCompleteAndContinue(ctx context.Context, d *Dialect, db *sql.DB, t dialec
 		return more, err
 	})
 	if err != nil {
-		return nil, nil, err // the settle and the runs committed: the runs' leases run out
+		if len(recs) == 0 {
+			return nil, nil, err
+		}
+		// The settle and the runs committed, the top-up rolled back: the batch is the runs,
+		// short, since an error would leave them leased to no one until their lease ran
+		// out. The failure comes back at the next claim.
+		more = nil
 	}
 	return append(recs, more...), lost, nil
 }
