@@ -563,7 +563,10 @@ type ClaimOptions struct {
 	// key delivered and applied), from each key's last delivered row, and looks for other
 	// keys' heads only when those runs leave the batch short. It spares the search for heads
 	// while a loop's own keys keep it busy; since that keeps other keys' heads waiting, a
-	// [Publisher] sets it on three claims of a loop in four. A dialect may ignore it.
+	// [Publisher] sets it on three claims of a loop in four. It presumes that the outcomes
+	// settle every row the caller holds of each such key, as a Publisher settles a batch's
+	// rows together: a row of the key held and settled later would be overtaken. A dialect
+	// may ignore it.
 	Continue bool
 }
 

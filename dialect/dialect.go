@@ -236,6 +236,7 @@ type ClaimParams struct {
 	// outcome was applied and delivered, from the key's last such row, as though that row
 	// were a head it held (its next row is the key's head: every row before it is
 	// delivered). A key with any other outcome, or a lease found lost, is not continued.
+	// The engine sets it only when the outcomes settle every row it holds of such a key.
 	// The runs take a share of Limit per key first, then what is left, as runs do; only
 	// when they leave the batch short does the claim look for other heads. It spares the
 	// search for heads while a loop's keys keep it busy, so a claimer that continues keys

@@ -12,18 +12,19 @@ import (
 
 // pgCompleteAndContinue is CompleteAndClaim with [dialect.ClaimParams.Continue]: one
 // statement (settleAndLease) settles the outcomes and leases the runs after the keys they
-// delivered, as the unordered settle-and-claim is one statement; the search for heads, the
-// larger part of an ordered claim's time (the window's walk, a head check per key), runs
-// only when those runs leave the batch short.
+// delivered, and only when those leave the batch short does the search for heads run (the
+// larger part of an ordered claim's time: the window's walk, a head check per key), in the
+// same transaction, so that a claim commits once whatever it finds.
 //
 // A key is continued from its last settled row when every outcome of the key is a delivery
 // the settle applied (in s's RETURNING): a row put back, buried, or whose lease was lost
 // keeps the key for a search of heads. The row after the last delivered one is the key's
-// head: every row before it is delivered. The runs are read in the statement's snapshot,
-// which the settle does not change for them (it writes only rows before them), each key
-// reading its share of the batch at most (the count of continued keys is known only in
-// the statement, so the share is a subquery of h). No other claimer can take a row of
-// these runs: until the commit, the rows the settle delivers are in flight to them.
+// head, given what Continue asks of its caller: every row of the key it held up to that one
+// is settled in this call. The runs are read in the statement's snapshot, which the settle
+// does not change for them (it writes only rows before them), each key reading its share of
+// the batch at most (the count of continued keys is known only in the statement, so the
+// share is a subquery of h). No other claimer can take a row of these runs: until the
+// commit, the rows the settle delivers are in flight to them.
 func pgCompleteAndContinue(ctx context.Context, d *Dialect, db *sql.DB, t dialect.Table, outcomes []dialect.Outcome, p dialect.ClaimParams) ([]dialect.Record, []uuid.UUID, error) {
 	var delivered []uuid.UUID
 	for _, o := range outcomes {
@@ -35,7 +36,7 @@ func pgCompleteAndContinue(ctx context.Context, d *Dialect, db *sql.DB, t dialec
 		return pgCompleteThenClaimOrdered(ctx, d, db, t, outcomes, p)
 	}
 	tbl := pgTable(t)
-	recs, lost, err := d.settleAndLease(ctx, db, t, outcomes, p, func(a *dialect.Args) string {
+	continued := func(a *dialect.Args) string {
 		dl := a.Add(pgUUIDArray(len(delivered), func(i int) uuid.UUID { return delivered[i] }))
 		after := `SELECT id, namespace, partition_key, created_at FROM (SELECT e.id, e.namespace, e.partition_key, e.created_at,` +
 			` bool_and(s.id IS NOT NULL AND e.id = ANY(` + dl + `::uuid[])) OVER k AS ok, row_number() OVER (k ORDER BY e.created_at DESC, e.id DESC) AS rn` +
@@ -44,27 +45,22 @@ func pgCompleteAndContinue(ctx context.Context, d *Dialect, db *sql.DB, t dialec
 		n := a.Add(p.Limit)
 		per := `(SELECT (` + n + `::bigint + count(*) - 1) / GREATEST(count(*), 1) FROM h)`
 		return pgRunsAfterRows(tbl, a, p, after, per, p.Limit)
-	})
-	if err != nil || len(recs) == p.Limit {
-		return recs, lost, err
 	}
-	more, err := pgRetryDeadlock(ctx, func() (more []dialect.Record, err error) {
+	c, err := pgRetryDeadlock(ctx, func() (c pgClaimed, err error) {
 		err = sqlkit.InTx(ctx, db, nil, func(tx *sql.Tx) error {
-			more, err = pgClaimAfter(ctx, tx, t, p, recs)
+			if c.recs, c.lost, err = d.settleAndLease(ctx, tx, t, outcomes, p, continued); err != nil || len(c.recs) == p.Limit {
+				return err
+			}
+			more, err := pgClaimAfter(ctx, tx, t, p, c.recs)
+			c.recs = append(c.recs, more...)
 			return err
 		})
-		return more, err
+		return c, err
 	})
 	if err != nil {
-		if len(recs) == 0 {
-			return nil, nil, err
-		}
-		// The settle and the runs committed, the top-up rolled back: the batch is the runs,
-		// short, since an error would leave them leased to no one until their lease ran
-		// out. The failure comes back at the next claim.
-		more = nil
+		return nil, nil, err
 	}
-	return append(recs, more...), lost, nil
+	return c.recs, c.lost, nil
 }
 
 // pgClaimAfter claims, in q's transaction, what is left of p.Limit after claimed (rows

@@ -9,11 +9,9 @@ import (
 	"github.com/outboxgo/outbox"
 )
 
-// TestPostgresContinueTopUpFails: a claim that continues keys commits its settle and the
-// continued runs in one statement, and only then tops the batch up in a second
-// transaction. When that second transaction fails, the rows the first one leased come back
-// as a short batch: returned as an error instead, they stayed leased to no one, their key
-// held and their attempt spent, until the lease ran out.
+// TestPostgresContinueTopUpFails: a claim that continues keys and tops the batch up with a
+// search for heads commits once: when the top-up fails, nothing of the claim is left, the
+// settle included, and the caller settles again.
 func TestPostgresContinueTopUpFails(t *testing.T) {
 	t.Parallel()
 	b := pgRunsSetup(t, "outbox_review_topup")
@@ -29,12 +27,11 @@ func TestPostgresContinueTopUpFails(t *testing.T) {
 	require.NoError(t, err)
 	o := pgRunOpts(4)
 	o.Continue = true
-	next, lost, err := b.store.CompleteAndClaim(b.ctx, []outbox.Outcome{{Lease: first[0].Lease(), Status: outbox.StatusDelivered}}, o)
-	require.NoError(t, err)
-	require.Empty(t, lost)
-	require.Equal(t, []uuid.UUID{res[1].ID, res[2].ID}, pgRecIDs(next), "the continued run, leased by the statement that settled")
-	require.Equal(t, 2, b.count(t, `status = 'processing'`))
-	require.Equal(t, 1, b.count(t, `status = 'delivered'`))
+	_, _, err = b.store.CompleteAndClaim(b.ctx, []outbox.Outcome{{Lease: first[0].Lease(), Status: outbox.StatusDelivered}}, o)
+	require.ErrorContains(t, err, "top-up refused")
+	require.Equal(t, 1, b.count(t, `status = 'processing'`), "the first row still held, under its lease")
+	require.Equal(t, 3, b.count(t, `status = 'pending'`), "the continued run rolled back with the top-up")
+	require.NoError(t, b.store.Ack(b.ctx, first[0].Lease()), "the caller settles again")
 }
 
 // TestPostgresContinues: PostgreSQL honours Continue, which the conformance suite only

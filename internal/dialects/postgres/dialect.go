@@ -675,15 +675,26 @@ func (d *Dialect) completeAndClaimRows(ctx context.Context, db *sql.DB, t dialec
 	if p.Ordered {
 		return pgCompleteThenClaimOrdered(ctx, d, db, t, outcomes, p)
 	}
-	return d.settleAndLease(ctx, db, t, outcomes, p, func(a *dialect.Args) string {
-		return strings.TrimPrefix(pgDue(pgTable(t), a, p, ` AND id NOT IN (SELECT unnest($1::uuid[]))`), `WITH `)
+	c, err := pgRetryDeadlock(ctx, func() (c pgClaimed, err error) {
+		c.recs, c.lost, err = d.settleAndLease(ctx, db, t, outcomes, p, func(a *dialect.Args) string {
+			return strings.TrimPrefix(pgDue(pgTable(t), a, p, ` AND id NOT IN (SELECT unnest($1::uuid[]))`), `WITH `)
+		})
+		return c, err
 	})
+	return c.recs, c.lost, err
 }
 
-// settleAndLease runs, as one statement, the settle of outcomes (s) and a claim: claim
+// pgClaimed is what a settle-and-claim returns: the rows it leased, and the ids of the
+// outcomes it did not apply (their lease was lost).
+type pgClaimed struct {
+	recs []dialect.Record
+	lost []uuid.UUID
+}
+
+// settleAndLease runs on q, as one statement, the settle of outcomes (s) and a claim: claim
 // renders its CTEs after s, the last of which, c, returns the ids to lease. It returns the
 // leased rows and the ids of the outcomes not applied (their lease was lost).
-func (d *Dialect) settleAndLease(ctx context.Context, db *sql.DB, t dialect.Table, outcomes []dialect.Outcome, p dialect.ClaimParams,
+func (d *Dialect) settleAndLease(ctx context.Context, q dialect.DBTX, t dialect.Table, outcomes []dialect.Outcome, p dialect.ClaimParams,
 	claim func(a *dialect.Args) string) ([]dialect.Record, []uuid.UUID, error) {
 	tbl := pgTable(t)
 	settle, vals := d.settle(t, outcomes)
@@ -703,9 +714,7 @@ func (d *Dialect) settleAndLease(ctx context.Context, db *sql.DB, t dialect.Tabl
 	}
 	// $1 is the outcomes' ids in both of settle's statements.
 	b.WriteString(` FROM (SELECT unnest($1::uuid[]) EXCEPT SELECT id FROM s) AS x(id)`)
-	rows, err := pgRetryDeadlock(ctx, func() ([]dialect.Record, error) {
-		return sqlkit.QueryAll(ctx, db, b.String(), a.Values, sqlkit.ScanClaimed)
-	})
+	rows, err := sqlkit.QueryAll(ctx, q, b.String(), a.Values, sqlkit.ScanClaimed)
 	if err != nil {
 		return nil, nil, err
 	}
