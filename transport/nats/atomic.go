@@ -68,7 +68,8 @@ func (s *streams) maxBatch() int {
 	return DefaultMaxAtomicBatch
 }
 
-// lookup returns the stream that captures subject when it allows atomic publish.
+// atomicStream returns the stream that captures subject, and whether it allows atomic
+// publish, from the cache or, once per subject, from the stream's info.
 func (t *Transport) atomicStream(ctx context.Context, subject string) (string, bool) {
 	s := &t.streams
 	now := time.Now()

@@ -6,6 +6,19 @@
 // window (two minutes by default), so a redelivery after a lost acknowledgement is not
 // stored twice.
 //
+// # Key order
+//
+// A partition key's messages in a batch keep their order ([Transport.Publish]). On a stream
+// whose configuration allows atomic batch publish (AllowAtomicPublish, NATS Server 2.12 and
+// later), a key's run goes as one atomic batch (headers Nats-Batch-Id, Nats-Batch-Sequence,
+// and Nats-Batch-Commit on the last), one acknowledgement for the run, in consecutive batches
+// of at most the server's max_batch_size ([DefaultMaxAtomicBatch] until the server says its
+// limit is lower). The transport learns whether a stream allows it from the stream's info,
+// once per subject. Elsewhere a key's messages go one acknowledgement after another. Inside an
+// atomic batch the server refuses a message id it has seen within the duplicate window
+// rather than acknowledging it as a duplicate, so such a run goes again one message at a
+// time, where the seen ones are acknowledged and not stored twice.
+//
 // # Mapping
 //
 // The subject is "<namespace>.<topic>" unless [Options.Subject] says otherwise: an event
@@ -209,8 +222,12 @@ func (t *Transport) Destination(d outbox.Delivery) outbox.Destination {
 
 // Publish sends every message of batch without waiting, then waits for each
 // acknowledgement, and returns one outcome per message. Messages that share a namespace
-// and a partition key go one after another, each once the one ahead of it was
-// acknowledged, so that a stream never stores one whose predecessor it refused; different
+// and a partition key go as one atomic batch when the stream that captures them allows
+// atomic publish (NATS Server 2.12 and later): the stream stores them in order or none of
+// them, and a refusal fails them all, the first with the cause; a refusal that blames one
+// message, or a duplicate message id, sends them again one by one, so that each meets its
+// own fate. Elsewhere they go one after another, each once the one ahead of it was
+// acknowledged, so that a stream never stores one whose predecessor it refused. Different
 // keys, and messages without a key, still go together ([Transport.KeepsKeyOrder]).
 func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []error {
 	if !repeatsKey(batch) {
