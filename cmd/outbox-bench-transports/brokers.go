@@ -17,8 +17,9 @@ import (
 	"github.com/outboxgo/outbox/transport/redis"
 )
 
-// newNATS measures against a file-backed stream of its own capturing "<ns>.>".
-func newNATS(ctx context.Context, url, ns string) (*broker, error) {
+// newNATS measures against a file-backed stream of its own capturing "<ns>.>", which allows
+// atomic batch publish when atomic is set.
+func newNATS(ctx context.Context, url, ns string, atomic bool) (*broker, error) {
 	nc, err := nats.Connect(url)
 	if err != nil {
 		return nil, err
@@ -28,7 +29,7 @@ func newNATS(ctx context.Context, url, ns string) (*broker, error) {
 		nc.Close()
 		return nil, err
 	}
-	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: ns, Subjects: []string{ns + ".>"}, Storage: jetstream.FileStorage})
+	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: ns, Subjects: []string{ns + ".>"}, Storage: jetstream.FileStorage, AllowAtomicPublish: atomic})
 	if err != nil {
 		nc.Close()
 		return nil, err
