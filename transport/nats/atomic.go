@@ -79,6 +79,9 @@ func (t *Transport) atomicStream(ctx context.Context, subject string) (string, b
 	if ok && (e.atomic || now.Before(e.until)) {
 		return e.name, e.atomic
 	}
+	if nc := t.js.Conn(); nc != nil && !nc.IsConnected() {
+		return "", false // no wait for an answer that cannot come; asked again once connected
+	}
 	e = streamOf{until: now.Add(unknownStreamFor)}
 	ctx, cancel := context.WithTimeout(ctx, t.opts.AckTimeout)
 	defer cancel()
