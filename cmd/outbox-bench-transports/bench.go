@@ -390,7 +390,7 @@ func run(ctx context.Context, cfg config) (*report, error) {
 					return nil, fmt.Errorf("nats: %w", err)
 				}
 			}
-			b, err = newNATS(ctx, url, ns, cfg.NatsAtomic)
+			b, err = newNATS(ctx, url, ns, cfg.NatsAtomic, cfg.NatsMemory)
 		case "kafka":
 			b, err = newKafka(ctx, ns)
 		case "redis":

@@ -40,7 +40,10 @@
 // earlier one of its key fails the run. With -nats-embedded, NATS runs in the process
 // (nats-server 2.15) and its stream allows atomic batch publish, so that the ordered side
 // sends a key's run as one atomic batch; against the machine's server (-nats-url), it does
-// so when that server is 2.12 or later and -nats-atomic is given.
+// so when that server is 2.12 or later and -nats-atomic is given. The stream is file-backed
+// with one replica, where nats-server stages each atomic batch in a file store of its own
+// (created and synced per batch); -nats-memory makes it memory-backed, where the staging is
+// in memory too.
 //
 // e2e_<t>_vs_client is the concurrent burn-down's transport ÷ client (target >= 0.8; the
 // table also shows the ratio of the back-to-back burn-downs); transport_<t>_vs_client is the transport alone ÷ the client alone
@@ -86,9 +89,11 @@ type config struct {
 	// NatsEmbedded).
 	NatsEmbedded bool
 	NatsAtomic   bool
-	RedisAddr    string
-	AMQPURL      string
-	Transports   []string
+	// NatsMemory makes the stream's storage memory rather than file.
+	NatsMemory bool
+	RedisAddr  string
+	AMQPURL    string
+	Transports []string
 	// OrderedN is the ordered mode's backlog on one key; 0 leaves the mode out.
 	OrderedN int
 }
@@ -104,6 +109,7 @@ func main() {
 	flag.StringVar(&cfg.NatsURL, "nats-url", envOr("OUTBOX_NATS_URL", "nats://127.0.0.1:4222"), "NATS server with JetStream")
 	flag.BoolVar(&cfg.NatsEmbedded, "nats-embedded", false, "measure NATS on a server run in this process (nats-server 2.15, a file-backed stream that allows atomic batch publish) instead of -nats-url's")
 	flag.BoolVar(&cfg.NatsAtomic, "nats-atomic", false, "create the NATS stream with atomic batch publish allowed (needs nats-server 2.12 or later; the default with -nats-embedded, where -nats-atomic=false measures without)")
+	flag.BoolVar(&cfg.NatsMemory, "nats-memory", false, "make the NATS stream's storage memory instead of file (a one-replica file stream stages each atomic batch in a file store of its own)")
 	flag.StringVar(&cfg.RedisAddr, "redis-addr", envOr("OUTBOX_REDIS_ADDR", "127.0.0.1:6379"), "Redis server")
 	flag.StringVar(&cfg.AMQPURL, "amqp-url", envOr("OUTBOX_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ server (AMQP URI)")
 	flag.StringVar(&transports, "transports", "nats,kafka,redis,amqp,webhook", "comma-separated transports to measure")
