@@ -172,19 +172,20 @@ func (o *ordered) publish(ctx context.Context, batch []outbox.Delivery) []error 
 	return o.t.send(ctx, batch, groups)
 }
 
+// partKey is a message's ordering key: its namespace and partition key.
 type partKey struct{ ns, pk string }
 
 // sendGroup sends the messages of one atomic batch: all but the last without a reply (the
 // server answers only the commit), the last with the commit and a reply. It returns the
 // commit's future, or the error that stopped it and whether the batch must go again one by
 // one (nothing of it was sent).
-func (t *Transport) sendGroup(batch []outbox.Delivery, g []int) (jetstream.PubAckFuture, error, bool) {
+func (t *Transport) sendGroup(batch []outbox.Delivery, g []int) (f jetstream.PubAckFuture, again bool, err error) {
 	nc := t.js.Conn()
 	msgs := make([]*nats.Msg, len(g))
 	for n, i := range g {
 		m, err := t.message(batch[i])
 		if err != nil || nc == nil || msgSize(m) > nc.MaxPayload() {
-			return nil, nil, true // one by one, each message meets its own fate
+			return nil, true, nil // one by one, each message meets its own fate
 		}
 		msgs[n] = m
 	}
@@ -195,18 +196,18 @@ func (t *Transport) sendGroup(batch []outbox.Delivery, g []int) (jetstream.PubAc
 		if n < len(msgs)-1 {
 			if err := nc.PublishMsg(m); err != nil {
 				// The server drops the incomplete batch once its timeout passed.
-				return nil, t.classify(batch[g[n]], m.Subject, err), false
+				return nil, false, t.classify(batch[g[n]], m.Subject, err)
 			}
 			continue
 		}
 		m.Header[headerBatchCommit] = []string{"1"}
 		f, err := t.js.PublishMsgAsync(m)
 		if err != nil {
-			return nil, t.classify(batch[g[n]], m.Subject, err), false
+			return nil, false, t.classify(batch[g[n]], m.Subject, err)
 		}
-		return f, nil, false
+		return f, false, nil
 	}
-	return nil, nil, true
+	return nil, true, nil
 }
 
 // msgSize is the size of m on the wire as the client counts it against max_payload.

@@ -287,7 +287,7 @@ func (t *Transport) send(ctx context.Context, batch []outbox.Delivery, groups []
 			}
 			continue
 		}
-		f, err, again := t.sendGroup(batch, g)
+		f, again, err := t.sendGroup(batch, g)
 		switch {
 		case again:
 			redo, smaller = append(redo, g), append(smaller, false)
