@@ -291,3 +291,29 @@ func TestAtomicBatchDedupe(t *testing.T) {
 	require.Empty(t, transporttest.Failures(tr.Publish(context.Background(), run)))
 	require.Len(t, storedMsgs(t, s), len(run))
 }
+
+// TestAtomicBatchOverMaxPayload: a run that holds a message over the server's max_payload,
+// which the client refuses to send, is not started as a batch (a batch broken off would
+// blame the run's first message): it goes one by one, the messages ahead of the large one
+// are stored in order, the large one fails for good, the ones after it wait.
+func TestAtomicBatchOverMaxPayload(t *testing.T) {
+	t.Parallel()
+	js := connect(t, embedded(t, func(o *natsserver.Options) { o.MaxPayload = 4096 }))
+	ns, s := atomicStream(t, js, nil)
+	tr := newTransport(t, js, outboxnats.Options{AckTimeout: 3 * time.Second})
+
+	run := keyed(ns, "hot", 4)
+	run[2].Payload = []byte(`"` + strings.Repeat("x", 8000) + `"`)
+	errs := tr.Publish(context.Background(), run)
+	require.Len(t, errs, len(run))
+	require.NoError(t, errs[0])
+	require.NoError(t, errs[1])
+	require.True(t, outbox.IsPermanent(errs[2]), "the message over max_payload fails for good: %v", errs[2])
+	require.Error(t, errs[3])
+	require.False(t, outbox.IsPermanent(errs[3]), "the message after it is not at fault: %v", errs[3])
+	got := storedMsgs(t, s)
+	require.Len(t, got, 2)
+	for n, g := range got {
+		require.Equal(t, run[n].ID.String(), g.id, "message %d in its place", n)
+	}
+}
