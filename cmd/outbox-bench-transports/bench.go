@@ -372,6 +372,8 @@ func run(ctx context.Context, cfg config) (*report, error) {
 	defer db.close()
 	ns := "bench_" + randomSuffix()
 
+	stopNATS := func() {} // the embedded NATS server's, run after the brokers closed
+	defer func() { stopNATS() }()
 	var brokers []*broker
 	defer func() {
 		for _, b := range brokers {
@@ -382,7 +384,13 @@ func run(ctx context.Context, cfg config) (*report, error) {
 		var b *broker
 		switch name {
 		case "nats":
-			b, err = newNATS(ctx, cfg.NatsURL, ns)
+			url := cfg.NatsURL
+			if cfg.NatsEmbedded {
+				if url, stopNATS, err = startNATS(); err != nil {
+					return nil, fmt.Errorf("nats: %w", err)
+				}
+			}
+			b, err = newNATS(ctx, url, ns, cfg.NatsAtomic, cfg.NatsMemory)
 		case "kafka":
 			b, err = newKafka(ctx, ns)
 		case "redis":

@@ -17,8 +17,9 @@ import (
 	"github.com/outboxgo/outbox/transport/redis"
 )
 
-// newNATS measures against a file-backed stream of its own capturing "<ns>.>".
-func newNATS(ctx context.Context, url, ns string) (*broker, error) {
+// newNATS measures against a stream of its own capturing "<ns>.>", file-backed unless memory
+// is set, which allows atomic batch publish when atomic is set.
+func newNATS(ctx context.Context, url, ns string, atomic, memory bool) (*broker, error) {
 	nc, err := nats.Connect(url)
 	if err != nil {
 		return nil, err
@@ -28,7 +29,11 @@ func newNATS(ctx context.Context, url, ns string) (*broker, error) {
 		nc.Close()
 		return nil, err
 	}
-	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: ns, Subjects: []string{ns + ".>"}, Storage: jetstream.FileStorage})
+	storage := jetstream.FileStorage
+	if memory {
+		storage = jetstream.MemoryStorage
+	}
+	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: ns, Subjects: []string{ns + ".>"}, Storage: storage, AllowAtomicPublish: atomic})
 	if err != nil {
 		nc.Close()
 		return nil, err

@@ -37,7 +37,13 @@
 // ordered ÷ unordered (target >= 0.5), and e2e_nats_ordered_1key_vs_unkeyed, ordered ÷ the
 // rows without a key. An unordered Publisher waives key order, so its batches take the
 // transport's pipelined path either way. A message an ordered Publisher delivers before an
-// earlier one of its key fails the run.
+// earlier one of its key fails the run. With -nats-embedded, NATS runs in the process
+// (nats-server 2.15) and its stream allows atomic batch publish, so that the ordered side
+// sends a key's run as one atomic batch; against the machine's server (-nats-url), it does
+// so when that server is 2.12 or later and -nats-atomic is given. The stream is file-backed
+// with one replica, where nats-server stages each atomic batch in a file store of its own
+// (created and synced per batch); -nats-memory makes it memory-backed, where the staging is
+// in memory too.
 //
 // e2e_<t>_vs_client is the concurrent burn-down's transport ÷ client (target >= 0.8; the
 // table also shows the ratio of the back-to-back burn-downs); transport_<t>_vs_client is the transport alone ÷ the client alone
@@ -72,12 +78,19 @@ import (
 var logf = log.New(os.Stderr, "outbox-bench-transports: ", log.Ltime|log.Lmicroseconds).Printf
 
 type config struct {
-	N          int
-	Batch      int
-	Workers    int
-	Rounds     int
-	PgDSN      string
-	NatsURL    string
+	N       int
+	Batch   int
+	Workers int
+	Rounds  int
+	PgDSN   string
+	NatsURL string
+	// NatsEmbedded runs a NATS server (2.12 or later) in the process instead of NatsURL's;
+	// NatsAtomic creates the stream with atomic batch publish allowed (by default with
+	// NatsEmbedded).
+	NatsEmbedded bool
+	NatsAtomic   bool
+	// NatsMemory makes the stream's storage memory rather than file.
+	NatsMemory bool
 	RedisAddr  string
 	AMQPURL    string
 	Transports []string
@@ -94,6 +107,9 @@ func main() {
 	flag.IntVar(&cfg.Rounds, "rounds", 7, "rounds of every measurement; a ratio is the median of the rounds' back-to-back pairs")
 	flag.StringVar(&cfg.PgDSN, "pg-dsn", envOr("OUTBOX_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL server (the bench creates and drops its own database)")
 	flag.StringVar(&cfg.NatsURL, "nats-url", envOr("OUTBOX_NATS_URL", "nats://127.0.0.1:4222"), "NATS server with JetStream")
+	flag.BoolVar(&cfg.NatsEmbedded, "nats-embedded", false, "measure NATS on a server run in this process (nats-server 2.15, a file-backed stream that allows atomic batch publish) instead of -nats-url's")
+	flag.BoolVar(&cfg.NatsAtomic, "nats-atomic", false, "create the NATS stream with atomic batch publish allowed (needs nats-server 2.12 or later; the default with -nats-embedded, where -nats-atomic=false measures without)")
+	flag.BoolVar(&cfg.NatsMemory, "nats-memory", false, "make the NATS stream's storage memory instead of file (a one-replica file stream stages each atomic batch in a file store of its own)")
 	flag.StringVar(&cfg.RedisAddr, "redis-addr", envOr("OUTBOX_REDIS_ADDR", "127.0.0.1:6379"), "Redis server")
 	flag.StringVar(&cfg.AMQPURL, "amqp-url", envOr("OUTBOX_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ server (AMQP URI)")
 	flag.StringVar(&transports, "transports", "nats,kafka,redis,amqp,webhook", "comma-separated transports to measure")
@@ -101,6 +117,11 @@ func main() {
 	flag.IntVar(&cfg.OrderedN, "ordered", 0, "also drain a backlog of this many rows on one partition key through NATS, ordered against unordered (0: not measured)")
 	flag.Parse()
 	cfg.Transports = strings.Split(transports, ",")
+	atomicSet := false
+	flag.Visit(func(f *flag.Flag) { atomicSet = atomicSet || f.Name == "nats-atomic" })
+	if cfg.NatsEmbedded && !atomicSet {
+		cfg.NatsAtomic = true // what the embedded server is for; -nats-atomic=false measures without
+	}
 	if cfg.N < cfg.Batch || cfg.Batch < 1 || cfg.Batch > 1000 || cfg.Workers < 1 || cfg.Rounds < 1 || cfg.OrderedN < 0 {
 		fmt.Fprintln(os.Stderr, "need 1 <= -batch <= 1000, -n >= -batch, -workers >= 1, -rounds >= 1, -ordered >= 0")
 		os.Exit(2)

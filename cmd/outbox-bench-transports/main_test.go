@@ -67,3 +67,20 @@ func TestOrderedNeedsNATS(t *testing.T) {
 		Transports: []string{"webhook"}, OrderedN: 10})
 	require.ErrorContains(t, err, "add nats")
 }
+
+// With NatsEmbedded, the NATS transport is measured on a server run in the process, whose
+// stream allows atomic batch publish, the ordered mode included, and the server is gone
+// when run returns (goleak checks its goroutines).
+func TestEmbeddedNATS(t *testing.T) {
+	testdb.Postgres(t)
+	cfg := config{N: 2000, Batch: 50, Workers: 2, Rounds: 1, PgDSN: testdb.PostgresDSN(),
+		NatsURL: "nats://127.0.0.1:1", NatsEmbedded: true, NatsAtomic: true, Transports: []string{"nats"}, OrderedN: 10}
+	rep, err := run(context.Background(), cfg)
+	require.NoError(t, err)
+	var names []string
+	for _, m := range rep.metrics() {
+		require.Positive(t, m.Value, m.Metric)
+		names = append(names, m.Metric)
+	}
+	require.Contains(t, names, "e2e_nats_ordered_1key_vs_unordered")
+}

@@ -6,6 +6,19 @@
 // window (two minutes by default), so a redelivery after a lost acknowledgement is not
 // stored twice.
 //
+// # Key order
+//
+// A partition key's messages in a batch keep their order ([Transport.Publish]). On a stream
+// whose configuration allows atomic batch publish (AllowAtomicPublish, NATS Server 2.12 and
+// later), a key's run goes as one atomic batch (headers Nats-Batch-Id, Nats-Batch-Sequence,
+// and Nats-Batch-Commit on the last), one acknowledgement for the run, in consecutive batches
+// of at most the server's max_batch_size ([DefaultMaxAtomicBatch] until the server says its
+// limit is lower). The transport learns whether a stream allows it from the stream's info,
+// once per subject. Elsewhere a key's messages go one acknowledgement after another. Inside an
+// atomic batch the server refuses a message id it has seen within the duplicate window
+// rather than acknowledging it as a duplicate, so such a run goes again one message at a
+// time, where the seen ones are acknowledged and not stored twice.
+//
 // # Mapping
 //
 // The subject is "<namespace>.<topic>" unless [Options.Subject] says otherwise: an event
@@ -164,9 +177,10 @@ func (o *Options) validate() error {
 // Transport publishes deliveries to NATS JetStream. It is safe for concurrent use, and
 // implements [outbox.Transport].
 type Transport struct {
-	js   jetstream.JetStream
-	opts Options
-	link link
+	js      jetstream.JetStream
+	opts    Options
+	link    link
+	streams streams
 }
 
 var (
@@ -208,11 +222,35 @@ func (t *Transport) Destination(d outbox.Delivery) outbox.Destination {
 
 // Publish sends every message of batch without waiting, then waits for each
 // acknowledgement, and returns one outcome per message. Messages that share a namespace
-// and a partition key go one after another, each once the one ahead of it was
-// acknowledged, so that a stream never stores one whose predecessor it refused; different
+// and a partition key go as one atomic batch when the stream that captures them allows
+// atomic publish (NATS Server 2.12 and later): the stream stores them in order or none of
+// them, and a refusal fails them all, the first with the cause; a refusal that blames one
+// message, or a duplicate message id, sends them again one by one, so that each meets its
+// own fate. Elsewhere they go one after another, each once the one ahead of it was
+// acknowledged, so that a stream never stores one whose predecessor it refused. Different
 // keys, and messages without a key, still go together ([Transport.KeepsKeyOrder]).
 func (t *Transport) Publish(ctx context.Context, batch []outbox.Delivery) []error {
-	return outbox.PublishInKeyOrder(ctx, batch, nil, t.publish)
+	if !repeatsKey(batch) {
+		return outbox.PublishInKeyOrder(ctx, batch, nil, t.publish)
+	}
+	o := t.ordered(ctx)
+	return outbox.PublishInKeyOrder(ctx, batch, o.wait, o.publish)
+}
+
+// repeatsKey reports whether two messages of batch share a namespace and a partition key.
+func repeatsKey(batch []outbox.Delivery) bool {
+	seen := make(map[partKey]bool, len(batch))
+	for i := range batch {
+		if batch[i].PartitionKey == "" {
+			continue
+		}
+		k := partKey{batch[i].Namespace, batch[i].PartitionKey}
+		if seen[k] {
+			return true
+		}
+		seen[k] = true
+	}
+	return false
 }
 
 // KeepsKeyOrder reports true: Publish keeps the order of a partition key's messages inside
@@ -221,10 +259,52 @@ func (t *Transport) KeepsKeyOrder() bool { return true }
 
 // publish sends batch pipelined and waits for every acknowledgement.
 func (t *Transport) publish(ctx context.Context, batch []outbox.Delivery) []error {
+	return t.send(ctx, batch, nil)
+}
+
+// send sends batch pipelined and waits for every acknowledgement: the messages of each of
+// groups (positions in batch, in order) as one atomic batch, the others one each.
+func (t *Transport) send(ctx context.Context, batch []outbox.Delivery, groups [][]int) []error {
 	errs := make([]error, len(batch))
+	// futures[i] is the acknowledgement of the message at i, or of the commit of the batch
+	// whose last message is at i; group[i] that batch.
 	futures := make([]jetstream.PubAckFuture, len(batch))
+	group := make([][]int, len(batch))
+	sentAt := make([]bool, len(batch)) // the message at i went to the server
+	var redo [][]int                   // batches to publish anew: nothing of them was stored
+	var smaller []bool
+	inGroup := make([]bool, len(batch))
+	for _, g := range groups {
+		for _, i := range g {
+			inGroup[i] = true
+		}
+	}
 	var sent bool
+	for _, g := range groups {
+		if err := ctx.Err(); err != nil {
+			for _, i := range g {
+				errs[i] = err
+			}
+			continue
+		}
+		f, again, err := t.sendGroup(batch, g)
+		switch {
+		case again:
+			redo, smaller = append(redo, g), append(smaller, false)
+		case err != nil:
+			failGroup(errs, batch, g, err)
+		default:
+			last := g[len(g)-1]
+			futures[last], group[last], sent = f, g, true
+			for _, i := range g {
+				sentAt[i] = true
+			}
+		}
+	}
 	for i := range batch {
+		if inGroup[i] {
+			continue
+		}
 		if err := ctx.Err(); err != nil {
 			errs[i] = err
 			continue
@@ -239,16 +319,33 @@ func (t *Transport) publish(ctx context.Context, batch []outbox.Delivery) []erro
 			errs[i] = t.classify(batch[i], m.Subject, err)
 			continue
 		}
-		futures[i], sent = f, true
+		futures[i], sentAt[i], sent = f, true, true
 	}
 	if !sent {
 		t.link.note(false, errs)
+		t.again(ctx, batch, redo, smaller, errs)
 		return errs
 	}
 	timer := time.NewTimer(t.opts.AckTimeout)
 	defer timer.Stop()
 	var late error    // set once the deadline passed or ctx was cancelled
 	answered := false // an acknowledgement or a refusal came from the server
+	// refused takes the server's answer err to the message or batch whose future is at i.
+	refused := func(i int, f jetstream.PubAckFuture, err error) {
+		errs[i] = t.classify(batch[i], f.Msg().Subject, err)
+		answered = answered || !outbox.IsUnavailable(errs[i])
+		g := group[i]
+		if g == nil {
+			return
+		}
+		stream, _ := t.atomicStream(ctx, f.Msg().Subject)
+		if again, small := t.groupRefused(err, stream, len(g)); again {
+			errs[i] = nil
+			redo, smaller = append(redo, g), append(smaller, small)
+			return
+		}
+		failGroup(errs, batch, g, t.classify(batch[g[0]], f.Msg().Subject, fmt.Errorf("atomic batch refused at its commit (message %s): %w", batch[i].ID, err)))
+	}
 	for i, f := range futures {
 		if f == nil {
 			continue
@@ -259,8 +356,7 @@ func (t *Transport) publish(ctx context.Context, batch []outbox.Delivery) []erro
 				answered = true
 				continue
 			case err := <-f.Err():
-				errs[i] = t.classify(batch[i], f.Msg().Subject, err)
-				answered = answered || !outbox.IsUnavailable(errs[i])
+				refused(i, f, err)
 				continue
 			case <-timer.C:
 				late = fmt.Errorf("outbox/nats: no acknowledgement within %s", t.opts.AckTimeout)
@@ -273,24 +369,28 @@ func (t *Transport) publish(ctx context.Context, batch []outbox.Delivery) []erro
 		case <-f.Ok():
 			answered = true
 		case err := <-f.Err():
-			errs[i] = t.classify(batch[i], f.Msg().Subject, err)
-			answered = answered || !outbox.IsUnavailable(errs[i])
+			refused(i, f, err)
 		default:
-			errs[i] = t.late(late, batch[i])
+			if g := group[i]; g != nil {
+				failGroup(errs, batch, g, t.late(late, batch[g[0]]))
+			} else {
+				errs[i] = t.late(late, batch[i])
+			}
 		}
 	}
 	if late != nil && !answered && ctx.Err() == nil {
 		// Not one answer: a server that does not answer a ping either is down, however
 		// open its connection looks, and no message is at fault.
 		if down := t.check(); down != nil {
-			for i, f := range futures {
-				if f != nil && errs[i] != nil && !outbox.IsUnavailable(errs[i]) {
+			for i := range batch {
+				if sentAt[i] && errs[i] != nil && !outbox.IsUnavailable(errs[i]) {
 					errs[i] = outbox.Unavailable(fmt.Errorf("%w: %w", errs[i], down))
 				}
 			}
 		}
 	}
 	t.link.note(answered, errs)
+	t.again(ctx, batch, redo, smaller, errs)
 	return errs
 }
 

@@ -112,7 +112,8 @@ func decode(t testing.TB, m jetstream.Msg) transporttest.Received {
 		own[k] = vs[0]
 	}
 	r.Headers = transporttest.Strip(own, jetstream.MsgIDHeader, outboxnats.HeaderNamespace, outboxnats.HeaderTopic,
-		outboxnats.HeaderTenantID, outboxnats.HeaderDedupeKey, outboxnats.HeaderPartitionKey, outboxnats.HeaderAttempt)
+		outboxnats.HeaderTenantID, outboxnats.HeaderDedupeKey, outboxnats.HeaderPartitionKey, outboxnats.HeaderAttempt,
+		"Nats-Batch-Id", "Nats-Batch-Sequence", "Nats-Batch-Commit") // an atomic batch's, kept by the stream
 	return r
 }
 
