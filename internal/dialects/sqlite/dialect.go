@@ -286,7 +286,7 @@ func (d Dialect) Complete(ctx context.Context, q dialect.DBTX, t dialect.Table, 
 		return nil, nil
 	}
 	err = d.write(ctx, q, func(q, prep dialect.DBTX) error {
-		lost, _, err = sqliteComplete(ctx, q, prep, t, outcomes)
+		lost, err = sqliteComplete(ctx, q, prep, t, outcomes)
 		return err
 	})
 	return lost, err
@@ -312,9 +312,7 @@ func sqliteAckListLen(n int, prepared bool) int {
 }
 
 // sqliteComplete settles outcomes on q; prep is q with prepared statements (sqlkit.StmtCache).
-// It returns the leases lost and the rows it settled as it left them (sqliteSettledColumns),
-// which a claim that continues keys reads (sqliteContinueOrdered).
-func sqliteComplete(ctx context.Context, q, prep dialect.DBTX, t dialect.Table, outcomes []dialect.Outcome) ([]uuid.UUID, []sqlkit.SettledRow, error) {
+func sqliteComplete(ctx context.Context, q, prep dialect.DBTX, t dialect.Table, outcomes []dialect.Outcome) ([]uuid.UUID, error) {
 	a := &dialect.Args{}
 	if token, ok := sqlkit.UniformAck(outcomes); ok {
 		prepared := sqlkit.IsPrepared(prep) && len(outcomes) <= sqlkit.MaxBatch
@@ -322,12 +320,16 @@ func sqliteComplete(ctx context.Context, q, prep dialect.DBTX, t dialect.Table, 
 		query := `UPDATE ` + sqlkit.QuoteIdent(t.Name(), '"') + ` SET status = 'delivered', delivered_at = ` + sqliteStamp +
 			`, locked_by = NULL, locked_until = NULL, updated_at = ` + sqliteStamp +
 			` WHERE id IN ` + a.List(n, func(i int) any { return sqlkit.UUIDBytes(outcomes[min(i, len(outcomes)-1)].ID) }) +
-			` AND lease_token = ` + a.Add(sqlkit.UUIDBytes(token)) + ` AND status = 'processing' RETURNING ` + sqliteSettledColumns
+			` AND lease_token = ` + a.Add(sqlkit.UUIDBytes(token)) + ` AND status = 'processing' RETURNING id`
 		pq := q
 		if prepared {
 			pq = prep
 		}
-		return sqliteSettled(ctx, pq, query, a.Values, outcomes)
+		ids, err := dialect.QueryIDs(ctx, pq, query, a.Values...)
+		if err != nil {
+			return nil, err
+		}
+		return dialect.Lost(dialect.Leases(outcomes), ids), nil
 	}
 	var b strings.Builder
 	b.WriteString(`WITH u(o_id, o_token, o_status, o_delay, o_error, o_refund) AS (VALUES `)
@@ -348,31 +350,12 @@ func sqliteComplete(ctx context.Context, q, prep dialect.DBTX, t dialect.Table, 
 		` delivered_at = CASE WHEN u.o_status = 'delivered' THEN ` + sqliteStamp + ` ELSE delivered_at END,` +
 		` attempts = max(attempts - u.o_refund, 0),` + // RefundAttempt: an outage gives the claim's attempt back
 		` locked_by = NULL, locked_until = NULL, updated_at = ` + sqliteStamp +
-		` FROM u WHERE id = u.o_id AND lease_token = u.o_token AND status = 'processing' RETURNING ` + sqliteSettledColumns)
-	return sqliteSettled(ctx, q, b.String(), a.Values, outcomes)
-}
-
-// sqliteSettledColumns is what a settle returns of each row it applied: its key and place
-// in the key's sequence, and whether it is delivered now (sqlkit.SettledRow). Knowing them
-// from the settle spares a claim that continues keys a read of the rows it just wrote.
-const sqliteSettledColumns = `id, namespace, coalesce(partition_key, ''), created_at, status = 'delivered'`
-
-// sqliteSettled runs a settle statement that returns sqliteSettledColumns, and returns the
-// leases of outcomes it did not apply (lost) and the rows it did.
-func sqliteSettled(ctx context.Context, q dialect.DBTX, query string, args []any, outcomes []dialect.Outcome) ([]uuid.UUID, []sqlkit.SettledRow, error) {
-	rows, err := sqlkit.QueryAll(ctx, q, query, args, func(s sqlkit.RowScanner) (sqlkit.SettledRow, error) {
-		var r sqlkit.SettledRow
-		err := s.Scan(&r.ID, &r.Namespace, &r.PartitionKey, &r.At, &r.Delivered)
-		return r, err
-	})
+		` FROM u WHERE id = u.o_id AND lease_token = u.o_token AND status = 'processing' RETURNING id`)
+	ids, err := dialect.QueryIDs(ctx, q, b.String(), a.Values...)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	ids := make([]uuid.UUID, len(rows))
-	for i, r := range rows {
-		ids[i] = r.ID
-	}
-	return dialect.Lost(dialect.Leases(outcomes), ids), rows, nil
+	return dialect.Lost(dialect.Leases(outcomes), ids), nil
 }
 
 func (d Dialect) Extend(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ExtendParams) (lost []uuid.UUID, err error) {
@@ -513,18 +496,13 @@ func (d Dialect) completeAndClaim(ctx context.Context, db *sql.DB, t dialect.Tab
 	defer release()
 	err = sqlkit.InTx(ctx, db, nil, func(tx *sql.Tx) error {
 		prep := d.stmts.InTx(db, tx, missed)
-		var settled []sqlkit.SettledRow
 		if len(outcomes) > 0 {
-			if lost, settled, err = sqliteComplete(ctx, tx, prep, t, outcomes); err != nil {
+			if lost, err = sqliteComplete(ctx, tx, prep, t, outcomes); err != nil {
 				return err
 			}
 		}
 		if p.Ordered && p.Namespace != "" {
-			var from []sqlkit.RunHead
-			if p.Continue && p.Runs && len(lost) == 0 {
-				from = sqlkit.ContinueHeads(settled) // with a lease lost, its row's key is unknown
-			}
-			recs, err = sqliteContinueOrdered(ctx, prep, t, p, from)
+			recs, err = sqliteLeaseOrdered(ctx, prep, t, p, true)
 		} else {
 			recs, err = sqliteClaim(ctx, prep, t, p)
 			recs, err = sqliteWithRuns(ctx, prep, t, p, recs, err)
@@ -535,27 +513,6 @@ func (d Dialect) completeAndClaim(ctx context.Context, db *sql.DB, t dialect.Tab
 		return nil, nil, err
 	}
 	return lost, recs, nil
-}
-
-// sqliteContinueOrdered is the ordered claim of completeAndClaim, on q, which holds the
-// write lock. With from, the last rows of the keys that the settle before it delivered
-// (p.Continue, sqlkit.ContinueHeads), the runs after them come first (sqliteRunsAfter), and
-// the heads are looked for only when those leave the batch short, which spares the window's
-// walk and a head check per row while a claimer's keys keep it busy. It continues when each
-// key's share of the batch is two rows or more: with a share of one, the keys' next rows are
-// most of the window, heads the walk finds at one check each, and the run read and lease of
-// one row a key cost more than the walk (CPU a batch, continuing against not: 12-15 % more
-// with 100 keys of one row each; 8 % less with 50 keys of two, 9-14 % less with 1 or 5 keys).
-func sqliteContinueOrdered(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ClaimParams, from []sqlkit.RunHead) (recs []dialect.Record, err error) {
-	rest := p
-	if len(from) > 0 && 2*len(from) <= p.Limit {
-		if recs, err = sqliteRunsAfter(ctx, q, t, p, from, p.Limit); err != nil || len(recs) == p.Limit {
-			return recs, err
-		}
-		rest.Limit -= len(recs)
-	}
-	more, err := sqliteLeaseOrdered(ctx, q, t, rest, true)
-	return append(recs, more...), err
 }
 
 // Claim implements [dialect.Dialect]. RETURNING has no order of its own, and an ordered

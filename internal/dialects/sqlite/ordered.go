@@ -166,7 +166,16 @@ func (Dialect) BlockedKeys(ctx context.Context, q dialect.DBTX, t dialect.Table,
 }
 
 // sqliteClaimRuns leases, on q, the runs ([dialect.ClaimParams.Runs]) of heads, rows the
-// same transaction has just claimed in order, up to n rows in all (sqliteRunsAfter).
+// same transaction has just claimed in order, up to n rows in all. Two statements: a read
+// of the order index, one range per keyed head (the heads passed as one JSON list, each
+// head's range a correlated subquery: its next entries after the head, each with whether
+// it can be claimed now), from which sqlkit.RunTake keeps each key's claimable prefix, in
+// turns across the keys; then the lease of those rows (sqliteLease, with its guard, the
+// ids a JSON list too). Both texts are the same whatever the heads, so both are prepared
+// once: a UNION ALL of a range per head was a text per number of heads, parsed at every
+// claim, a quarter of the ordered claim's time with 50 keys. The transaction holds SQLite's one write lock from its first
+// statement (BEGIN IMMEDIATE's effect: the heads' claim writes first), so no other
+// claimer runs between the read and the lease, and no row can be held by another.
 func sqliteClaimRuns(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ClaimParams, heads []dialect.Record, n int) ([]dialect.Record, error) {
 	var keyed []dialect.Record
 	for _, h := range heads {
@@ -175,26 +184,6 @@ func sqliteClaimRuns(ctx context.Context, q dialect.DBTX, t dialect.Table, p dia
 		}
 	}
 	if n <= 0 || len(keyed) == 0 {
-		return nil, nil
-	}
-	return sqliteRunsAfter(ctx, q, t, p, sqlkit.RunHeads(keyed), n)
-}
-
-// sqliteRunsAfter leases, on q, up to n rows of the runs that follow the rows after: heads
-// the same transaction has just claimed, or the last rows of keys it has just delivered
-// ([dialect.ClaimParams.Continue]), each the point its key's run is read from. Two
-// statements: a read of the order index, one range per key (the starting rows passed as
-// one JSON list, each key's range a correlated subquery: its next entries after the row,
-// each with whether it can be claimed now), from which sqlkit.ReadRuns keeps each key's
-// claimable prefix, its share of n first, in turns across the keys; then the lease of those
-// rows (sqliteLease, with its guard, the ids a JSON list too). Both texts are the same
-// whatever the keys, so both are prepared once: a UNION ALL of a range per head was a text
-// per number of heads, parsed at every claim, a quarter of the ordered claim's time with 50
-// keys. The transaction holds SQLite's one write lock from its first statement (BEGIN
-// IMMEDIATE's effect: it writes first), so no other claimer runs between the read and the
-// lease, and no row can be held by another.
-func sqliteRunsAfter(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ClaimParams, after []sqlkit.RunHead, n int) ([]dialect.Record, error) {
-	if n <= 0 || len(after) == 0 {
 		return nil, nil
 	}
 	tbl := sqlkit.QuoteIdent(t.Name(), '"')
@@ -223,7 +212,7 @@ func sqliteRunsAfter(ctx context.Context, q dialect.DBTX, t dialect.Table, p dia
 		sqlkit.SortRuns(rows)
 		return rows, err
 	}
-	runs, err := sqlkit.ReadRuns(after, n, read)
+	runs, err := sqlkit.ReadRuns(sqlkit.RunHeads(keyed), n, read)
 	if err != nil {
 		return nil, err
 	}

@@ -112,61 +112,6 @@ func TestSQLiteRunsPrepared(t *testing.T) {
 	require.Equal(t, 2, rec.preparedRuns(`json_each`), "the run read and the run lease")
 }
 
-// TestSQLiteContinueRunsPrepared: a settle and claim that continues the keys it delivered
-// (ClaimOptions.Continue) runs its settle, and the run read and lease after the settled
-// rows, prepared once warm, whatever the number of outcomes and keys.
-func TestSQLiteContinueRunsPrepared(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	s, db, rec := newLoggedSQLiteStore(ctx, t)
-	require.NoError(t, migrations.Up(ctx, db, "sqlite", migrations.Options{Ordered: true}))
-	o := outbox.ClaimOptions{Scope: outbox.Scope{Namespace: "n"}, Lease: time.Minute, MaxAttempts: 5, WorkerID: "w", Ordered: true, Runs: true}
-	leases := func(recs []outbox.Record) []outbox.Lease {
-		var out []outbox.Lease
-		for _, r := range recs {
-			out = append(out, r.Lease())
-		}
-		return out
-	}
-	settleAndContinue := func(keys []string, rows int) {
-		var msgs []outbox.Message
-		for i := range 2 * rows {
-			for _, k := range keys {
-				msgs = append(msgs, outbox.Message{Namespace: "n", Topic: "t", PartitionKey: k, Payload: []byte(fmt.Sprintf(`{"i":%d}`, i))})
-			}
-		}
-		_, err := s.EnqueueStandalone(ctx, msgs...)
-		require.NoError(t, err)
-		o.Limit, o.Continue = len(keys)*rows, false
-		first, err := s.Claim(ctx, o)
-		require.NoError(t, err)
-		require.Len(t, first, len(keys)*rows, "each key's first half")
-		o.Limit, o.Continue = 100, true
-		next, lost, err := s.CompleteAndClaim(ctx, outcomesOf(first), o)
-		require.NoError(t, err)
-		require.Empty(t, lost)
-		require.Len(t, next, len(keys)*rows, "each key continued to its end")
-		require.NoError(t, s.Ack(ctx, leases(next)...))
-	}
-	settleAndContinue([]string{"a", "b"}, 4) // prepares them (the settle of 8 rows)
-	rec.reset()
-	settleAndContinue([]string{"c", "d", "e"}, 2) // 6 rows: the settle binds 8 ids (sqliteAckListLen)
-	for _, q := range rec.all() {
-		require.NotContains(t, q, `json_each`, "the run reads and the run leases run prepared")
-		require.NotContains(t, q, `SET status = 'delivered'`, "the settle runs prepared")
-	}
-	require.Equal(t, 2, rec.preparedRuns(`SET status = 'delivered'`), "the settle of the first half and the ack of the rest")
-}
-
-// outcomesOf returns an ack of every record.
-func outcomesOf(recs []outbox.Record) []outbox.Outcome {
-	out := make([]outbox.Outcome, len(recs))
-	for i, r := range recs {
-		out[i] = outbox.Outcome{Lease: r.Lease(), Status: outbox.StatusDelivered}
-	}
-	return out
-}
-
 // newLoggedSQLiteStore returns a Store on a new, migrated SQLite database whose driver
 // records what it runs (unpreparedLog), the database, and the record.
 func newLoggedSQLiteStore(ctx context.Context, t *testing.T) (*outbox.Store, *sql.DB, *unpreparedLog) {
