@@ -241,7 +241,9 @@ func runLogDelivery(ctx context.Context, cfg config, b backend, res *backendResu
 			}
 		}
 		if producersOn {
-			achieved, err := producersAlone(ctx, modeCfg("log"), lb, rate)
+			// As the polling mode produces: rows under the log's lease would wait in the
+			// slot for the next window's reader, which would find them gone.
+			achieved, err := producersAlone(ctx, modeCfg("poll"), lb, rate)
 			if err != nil {
 				return err
 			}
