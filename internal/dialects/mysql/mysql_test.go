@@ -1348,3 +1348,29 @@ func TestMySQLContinueManyKeysSearchesHeads(t *testing.T) {
 	require.Empty(t, lost)
 	require.Equal(t, ids[3:6], myIDs(next), "key d's head, then a's and b's next rows: the oldest heads")
 }
+
+// TestMySQLContinues: MySQL honours Continue, which the conformance suite only checks when
+// a dialect does (OrderedClaimer/RunsContinue skips otherwise): the delivered key's next run
+// comes before another key's older head.
+func TestMySQLContinues(t *testing.T) {
+	t.Parallel()
+	e := setupMySQL(t, "outbox_continues")
+	require.NoError(t, migrations.Up(e.ctx, e.db, "mysql", migrations.Options{Table: e.table, Ordered: true}))
+	var msgs []outbox.Message
+	for i, k := range []string{"a", "b", "a", "a"} {
+		m := myMsg(i)
+		m.PartitionKey = k
+		msgs = append(msgs, m)
+	}
+	ids := resultIDsMy(e.enqueue(t, msgs...))
+	o := myClaimOpts(1)
+	o.Scope = outbox.Scope{Namespace: "orders"}
+	o.Ordered, o.Runs = true, true
+	first := e.claim(t, e.store, o)
+	require.Equal(t, ids[:1], myIDs(first))
+	o.Limit, o.Continue = 2, true
+	next, lost, err := e.store.CompleteAndClaim(e.ctx, []outbox.Outcome{{Lease: first[0].Lease(), Status: outbox.StatusDelivered}}, o)
+	require.NoError(t, err)
+	require.Empty(t, lost)
+	require.Equal(t, []uuid.UUID{ids[2], ids[3]}, myIDs(next), "a's run, before b's older head")
+}
