@@ -310,6 +310,11 @@ func TestDeliversInCommitOrder(t *testing.T) {
 		require.Equal(t, 1, d.Attempt)
 		require.Equal(t, "orders", d.Namespace)
 		require.Equal(t, "order.created", d.Topic)
+		var stored string
+		require.NoError(t, b.db.QueryRowContext(b.ctx, `SELECT created_at FROM outbox_events WHERE id = ?`, d.ID[:]).Scan(&stored))
+		created, err := time.Parse("2006-01-02 15:04:05.999999", stored)
+		require.NoError(t, err)
+		require.True(t, created.Equal(d.CreatedAt), "created_at %s read from the binlog as %s", created, d.CreatedAt)
 	}
 	require.Equal(t, outbox.StatusPending, b.status(t)[late], "a delayed row is left to polling")
 	b.wait(t, "the publisher counts its settles", func() bool { return p.Stats().Delivered == int64(len(ids)) })
