@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -22,41 +21,76 @@ import (
 type decoder struct {
 	schema, table string // the table the publisher serves; schema "" matches any
 	scope         outbox.Scope
-	relations     map[uint32]*pglogrepl.RelationMessage
+	relations     map[uint32]*layout
 	types         *pgtype.Map
 }
 
+// The columns a record is read from, by their index in a layout.
+const (
+	colID = iota
+	colStatus
+	colLockedBy
+	colNamespace
+	colTopic
+	colTenant
+	colDedupe
+	colPartition
+	colPayload
+	colHash
+	colHeaders
+	colToken
+	colAttempts
+	colCreated
+	nCols
+)
+
+var colNames = [nCols]string{"id", "status", "locked_by", "namespace", "topic", "tenant_id", "dedupe_key",
+	"partition_key", "payload", "payload_hash", "headers", "lease_token", "attempts", "created_at"}
+
+// layout is what a relation message says of a table: whether it is the outbox table, and
+// where each column a record needs sits in its tuples (-1 when missing). It is worked out
+// once per relation message, not once per row.
+type layout struct {
+	ours bool
+	at   [nCols]int
+}
+
 func newDecoder(t dialect.Table, scope outbox.Scope) *decoder {
-	return &decoder{schema: t.Schema(), table: t.Name(), scope: scope, relations: map[uint32]*pglogrepl.RelationMessage{}, types: pgtype.NewMap()}
+	return &decoder{schema: t.Schema(), table: t.Name(), scope: scope, relations: map[uint32]*layout{}, types: pgtype.NewMap()}
+}
+
+// relation records a relation message: the server sends one before a table's first row in
+// a session, and again when its columns change.
+func (d *decoder) relation(m *pglogrepl.RelationMessage) {
+	l := &layout{ours: m.RelationName == d.table && (d.schema == "" || m.Namespace == d.schema)}
+	for i, name := range colNames {
+		l.at[i] = slices.IndexFunc(m.Columns, func(c *pglogrepl.RelationMessageColumn) bool { return c.Name == name })
+	}
+	d.relations[m.RelationID] = l
 }
 
 // insert returns the record of an inserted row, and whether it is one the log's reader
 // owns: a row of the outbox table inserted leased to outbox.LogWorkerID. Other rows
 // (delayed ones, or rows of a Store without LogLease) are polling's.
 func (d *decoder) insert(m *pglogrepl.InsertMessage) (outbox.Record, bool, error) {
-	rel, ok := d.relations[m.RelationID]
+	l, ok := d.relations[m.RelationID]
 	if !ok {
 		return outbox.Record{}, false, fmt.Errorf("outboxpglog: insert into relation %d before its description", m.RelationID)
 	}
-	if rel.RelationName != d.table || (d.schema != "" && rel.Namespace != d.schema) {
+	if !l.ours {
 		return outbox.Record{}, false, nil
 	}
-	cols := map[string]*pglogrepl.TupleDataColumn{}
-	for i, c := range m.Tuple.Columns {
-		if i < len(rel.Columns) {
-			cols[rel.Columns[i].Name] = c
+	raw := func(c int) []byte {
+		if i := l.at[c]; i >= 0 && i < len(m.Tuple.Columns) && m.Tuple.Columns[i].DataType == pglogrepl.TupleDataTypeText {
+			return m.Tuple.Columns[i].Data
 		}
+		return nil
 	}
-	text := func(name string) string {
-		if c := cols[name]; c != nil && c.DataType == pglogrepl.TupleDataTypeText {
-			return string(c.Data)
-		}
-		return ""
-	}
-	if text("status") != string(outbox.StatusProcessing) || text("locked_by") != outbox.LogWorkerID {
+	text := func(c int) string { return string(raw(c)) }
+	if string(raw(colStatus)) != string(outbox.StatusProcessing) || string(raw(colLockedBy)) != outbox.LogWorkerID {
 		return outbox.Record{}, false, nil
 	}
-	if !d.inScope(text("namespace"), text("topic"), text("tenant_id")) {
+	if !d.inScope(raw(colNamespace), raw(colTopic), raw(colTenant)) {
 		return outbox.Record{}, false, nil
 	}
 	var (
@@ -64,35 +98,40 @@ func (d *decoder) insert(m *pglogrepl.InsertMessage) (outbox.Record, bool, error
 		err error
 	)
 	r.Status, r.LockedBy = outbox.StatusProcessing, outbox.LogWorkerID
-	r.Namespace, r.Topic = text("namespace"), text("topic")
-	r.DedupeKey, r.PartitionKey = text("dedupe_key"), text("partition_key")
-	r.Payload = []byte(text("payload"))
-	if r.ID, err = uuid.Parse(text("id")); err != nil {
-		return r, false, fmt.Errorf("outboxpglog: row id %q: %w", text("id"), err)
+	r.Namespace, r.Topic = text(colNamespace), text(colTopic)
+	r.DedupeKey, r.PartitionKey = text(colDedupe), text(colPartition)
+	r.Payload = slices.Clone(raw(colPayload))
+	if r.ID, err = uuid.ParseBytes(raw(colID)); err != nil {
+		return r, false, fmt.Errorf("outboxpglog: row id %q: %w", raw(colID), err)
 	}
-	if s := text("tenant_id"); s != "" {
-		if r.TenantID, err = uuid.Parse(s); err != nil {
+	if b := raw(colTenant); b != nil {
+		if r.TenantID, err = uuid.ParseBytes(b); err != nil {
 			return r, false, fmt.Errorf("outboxpglog: row %s: tenant_id: %w", r.ID, err)
 		}
 	}
-	if s := text("lease_token"); s != "" {
-		if r.LeaseToken, err = uuid.Parse(s); err != nil {
+	if b := raw(colToken); b != nil {
+		if r.LeaseToken, err = uuid.ParseBytes(b); err != nil {
 			return r, false, fmt.Errorf("outboxpglog: row %s: lease_token: %w", r.ID, err)
 		}
 	}
-	if r.Attempts, err = strconv.Atoi(text("attempts")); err != nil {
+	if r.Attempts, err = strconv.Atoi(text(colAttempts)); err != nil {
 		return r, false, fmt.Errorf("outboxpglog: row %s: attempts: %w", r.ID, err)
 	}
 	// A damaged hash or headers make the record fail its integrity check, which
 	// dead-letters the row, as a claim's read does.
-	r.PayloadHash, _ = hex.DecodeString(strings.TrimPrefix(text("payload_hash"), `\x`))
-	if s := text("headers"); s != "" {
+	if b := raw(colHash); len(b) >= 2 && b[0] == '\\' && b[1] == 'x' {
+		r.PayloadHash = make([]byte, hex.DecodedLen(len(b)-2))
+		if _, err := hex.Decode(r.PayloadHash, b[2:]); err != nil {
+			r.PayloadHash = nil
+		}
+	}
+	if s := text(colHeaders); s != "" {
 		_ = dialect.ScanHeaders(&r).Scan(s)
 	}
-	if s := text("created_at"); s != "" {
+	if b := raw(colCreated); b != nil {
 		var t time.Time
-		if err := d.types.Scan(pgtype.TimestamptzOID, pgtype.TextFormatCode, []byte(s), &t); err != nil {
-			return r, false, fmt.Errorf("outboxpglog: row %s: created_at %q: %w", r.ID, s, err)
+		if err := d.types.Scan(pgtype.TimestamptzOID, pgtype.TextFormatCode, b, &t); err != nil {
+			return r, false, fmt.Errorf("outboxpglog: row %s: created_at %q: %w", r.ID, b, err)
 		}
 		r.CreatedAt = t.UTC()
 	}
@@ -100,12 +139,12 @@ func (d *decoder) insert(m *pglogrepl.InsertMessage) (outbox.Record, bool, error
 }
 
 // inScope reports whether a row with these columns is in the publisher's scope.
-func (d *decoder) inScope(namespace, topic, tenant string) bool {
-	if namespace != d.scope.Namespace {
+func (d *decoder) inScope(namespace, topic, tenant []byte) bool {
+	if string(namespace) != d.scope.Namespace {
 		return false
 	}
-	if len(d.scope.Topics) > 0 && !slices.Contains(d.scope.Topics, topic) {
+	if len(d.scope.Topics) > 0 && !slices.Contains(d.scope.Topics, string(topic)) {
 		return false
 	}
-	return d.scope.TenantID == uuid.Nil || tenant == d.scope.TenantID.String()
+	return d.scope.TenantID == uuid.Nil || string(tenant) == d.scope.TenantID.String()
 }

@@ -332,7 +332,7 @@ func (s *session) read(ctx context.Context) error {
 			}
 			switch m := msg.(type) {
 			case *pglogrepl.RelationMessage:
-				s.dec.relations[m.RelationID] = m
+				s.dec.relation(m)
 			case *pglogrepl.BeginMessage:
 				inTx, cur = true, item{}
 			case *pglogrepl.InsertMessage:

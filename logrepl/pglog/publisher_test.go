@@ -277,6 +277,9 @@ func TestDeliversInCommitOrder(t *testing.T) {
 	for i, d := range b.tr.deliveries() {
 		require.JSONEq(t, fmt.Sprintf(`{"n":%d}`, i), string(d.Payload))
 		require.Equal(t, 1, d.Attempt)
+		var created time.Time
+		require.NoError(t, b.db.QueryRowContext(b.ctx, `SELECT created_at FROM outbox_events WHERE id = $1`, d.ID).Scan(&created))
+		require.True(t, created.Equal(d.CreatedAt), "created_at %s read from the log as %s", created, d.CreatedAt)
 	}
 	require.Equal(t, outbox.StatusPending, b.status(t)[late], "a delayed row is left to polling")
 	// A settle's commit is seen before its publisher counts it.
