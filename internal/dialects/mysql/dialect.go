@@ -884,6 +884,23 @@ func (Dialect) Complete(ctx context.Context, q dialect.DBTX, t dialect.Table, ou
 			` AND status = 'processing'`)
 		return mysqlSettled(ctx, q, t, outcomes, b.String(), a.Values)
 	}
+	if mysqlAllDelivered(outcomes) {
+		// Deliveries under leases of their own (a log reader's, one per row): the ids
+		// bound the primary key's range, the pairs check each row's token. The join on a
+		// derived table of the outcomes costs MariaDB several times more per row.
+		b.WriteString(`UPDATE ` + tbl + ` FORCE INDEX (PRIMARY) SET status = 'delivered', delivered_at = UTC_TIMESTAMP(6),` +
+			` locked_by = NULL, locked_until = NULL, updated_at = UTC_TIMESTAMP(6)` +
+			` WHERE id IN ` + a.List(len(outcomes), func(i int) any { return sqlkit.UUIDBytes(outcomes[i].ID) }) +
+			` AND (id, lease_token) IN (`)
+		for i, o := range outcomes {
+			if i > 0 {
+				b.WriteString(`, `)
+			}
+			b.WriteString(`(` + a.Add(sqlkit.UUIDBytes(o.ID)) + `, ` + a.Add(sqlkit.UUIDBytes(o.Token)) + `)`)
+		}
+		b.WriteString(`) AND status = 'processing'`)
+		return mysqlSettled(ctx, q, t, outcomes, b.String(), a.Values)
+	}
 	b.WriteString(`UPDATE `)
 	mysqlLeaseJoin(&b, tbl, len(outcomes), func(i int, first bool) string {
 		o := &outcomes[i]
@@ -908,6 +925,16 @@ func (Dialect) Complete(ctx context.Context, q dialect.DBTX, t dialect.Table, ou
 		` t.locked_by = NULL, t.locked_until = NULL, t.updated_at = UTC_TIMESTAMP(6)` +
 		` WHERE t.status = 'processing'`)
 	return mysqlSettled(ctx, q, t, outcomes, b.String(), a.Values)
+}
+
+// mysqlAllDelivered reports whether every outcome is a delivery.
+func mysqlAllDelivered(outcomes []dialect.Outcome) bool {
+	for _, o := range outcomes {
+		if o.Status != dialect.StatusDelivered {
+			return false
+		}
+	}
+	return true
 }
 
 // mysqlSettled runs a Complete statement and returns the leases it could not apply.
