@@ -47,8 +47,9 @@ type Options struct {
 	Ordered bool
 	// OrderedSkipDead, with Ordered, stops a dead row from holding back its key.
 	OrderedSkipDead bool
-	// BatchSize bounds the messages of one Publish call and one settle. Default 100, at
-	// most outbox.MaxBatch.
+	// BatchSize bounds the messages of one Publish call. Default 100, at most
+	// outbox.MaxBatch. One settle covers up to eight such batches when the reader has
+	// that many rows waiting.
 	BatchSize int
 	// RetryPolicy judges failed deliveries, as a polling Publisher's does. Default
 	// outbox.DefaultRetryPolicy() for each zero field; give both the same policy.

@@ -12,24 +12,21 @@ import (
 // its key was not delivered yet.
 const heldBack = "held back for ordered delivery: an earlier message of its partition key is not delivered yet"
 
-// publishOrdered publishes the deliveries of chunk (its rows at index) so that each key's
+// publishOrdered publishes the deliveries of rows (the rows at index) so that each key's
 // rows go in commit order, and hands back to polling, with their attempt given back, the
-// rows of a key whose earlier row is undelivered: in the table (blockedKeys) or in this
-// chunk (failed, or not sent behind a failure). A transport that keeps key order
+// rows of a key that is stopped: held back by an earlier row undelivered in the table
+// (blockedKeys, read by the caller), or by a failure among the rows before them, which
+// stops the key for the rest of the caller's batches too. A transport that keeps key order
 // ([outbox.TransportKeyOrder]) gets them in one call, each key's rows together; any other
 // gets them in rounds of at most one row per key ([outbox.PublishInKeyOrder]).
-func (p *Publisher) publishOrdered(ctx context.Context, chunk []outbox.Record, deliveries []outbox.Delivery, index []int, outcomes []outbox.Outcome) error {
-	stopped, err := p.blockedKeys(ctx, chunk, index)
-	if err != nil {
-		return err
-	}
+func (p *Publisher) publishOrdered(ctx context.Context, rows []outbox.Record, deliveries []outbox.Delivery, index []int, outcomes []outbox.Outcome, stopped map[string]bool) {
 	hold := func(r outbox.Record) outbox.Outcome {
 		return outbox.Outcome{Lease: r.Lease(), Status: outbox.StatusPending, Error: heldBack, RefundAttempt: true}
 	}
 	var ds []outbox.Delivery
 	var ix []int
 	for j, i := range index {
-		if r := chunk[i]; r.PartitionKey != "" && stopped[r.PartitionKey] {
+		if r := rows[i]; r.PartitionKey != "" && stopped[r.PartitionKey] {
 			outcomes[i] = hold(r)
 			continue
 		}
@@ -41,9 +38,9 @@ func (p *Publisher) publishOrdered(ctx context.Context, chunk []outbox.Record, d
 			return outbox.PublishInKeyOrder(ctx, batch, nil, p.publish)
 		}
 	}
-	ok := p.publishInto(ctx, publish, chunk, ds, ix, outcomes)
+	ok := p.publishInto(ctx, publish, rows, ds, ix, outcomes)
 	for n, i := range ix {
-		r := chunk[i]
+		r := rows[i]
 		switch k := r.PartitionKey; {
 		case k == "":
 		case stopped[k]: // behind a failure: whatever the transport reported for it
@@ -52,7 +49,6 @@ func (p *Publisher) publishOrdered(ctx context.Context, chunk []outbox.Record, d
 			stopped[k] = true
 		}
 	}
-	return nil
 }
 
 // blockedKeys returns the partition keys of chunk's rows at index that have an earlier row
