@@ -374,6 +374,24 @@ func latency(ctx context.Context, cfg config, b backend, rate float64, poll time
 	defer stopPub()
 	pubDone := make(chan error, 1)
 	go func() { pubDone <- run(pctx) }()
+	if cfg.logReader != nil {
+		// A log reader deployed runs all along; this one starts with the window, behind the
+		// log of everything since the last log window (other modes' windows, the resets).
+		// It must have read that before the window starts, or its first seconds measure a
+		// catch-up no running reader has: one marker event, published once read.
+		marker, err := enqueueOne(ctx, pubDB, pubStore, message(0))
+		if err != nil {
+			return r, err
+		}
+		if err := waitFor(ctx, time.Minute, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			_, ok := published[marker]
+			return ok
+		}); err != nil {
+			return r, fmt.Errorf("log reader did not catch up before the window: %w", err)
+		}
+	}
 
 	// Producers: in this process, or in a producer process (producer.go).
 	record := func(ids []uuid.UUID, at time.Time) {
@@ -615,4 +633,31 @@ func quantile(sorted []float64, q float64) float64 {
 	}
 	i := int(math.Ceil(q*float64(len(sorted)))) - 1
 	return sorted[max(0, min(i, len(sorted)-1))]
+}
+
+// enqueueOne commits one message in a transaction of its own and returns its id.
+func enqueueOne(ctx context.Context, db *sql.DB, store *outbox.Store, m outbox.Message) (uuid.UUID, error) {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return uuid.Nil, err
+	}
+	defer tx.Rollback()
+	res, err := store.Enqueue(ctx, tx, m)
+	if err != nil {
+		return uuid.Nil, err
+	}
+	return res.ID, tx.Commit()
+}
+
+// waitFor polls cond until it holds, or returns an error after timeout.
+func waitFor(ctx context.Context, timeout time.Duration, cond func() bool) error {
+	for deadline := time.Now().Add(timeout); !cond(); time.Sleep(5 * time.Millisecond) {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not within %s", timeout)
+		}
+	}
+	return nil
 }
