@@ -48,8 +48,8 @@ type Options struct {
 	// OrderedSkipDead, with Ordered, stops a dead row from holding back its key.
 	OrderedSkipDead bool
 	// BatchSize bounds the messages of one Publish call. Default 100, at most
-	// outbox.MaxBatch. One settle covers up to eight such batches when the reader has
-	// that many rows waiting.
+	// outbox.MaxBatch. One settle covers the transactions the reader has waiting, up to
+	// eight such batches of rows, and always a transaction's rows together.
 	BatchSize int
 	// RetryPolicy judges failed deliveries, as a polling Publisher's does. Default
 	// outbox.DefaultRetryPolicy() for each zero field; give both the same policy.

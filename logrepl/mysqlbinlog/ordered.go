@@ -3,6 +3,7 @@ package outboxbinlog
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/outboxgo/outbox"
@@ -51,33 +52,45 @@ func (p *Publisher) publishOrdered(ctx context.Context, rows []outbox.Record, de
 	}
 }
 
-// blockedKeys returns the partition keys of chunk's rows at index that have an earlier row
-// (by created_at, id) in the table that is not delivered: pending, processing or, unless
-// OrderedSkipDead, dead. Each key is checked from its first row in commit order. The
-// ordered migration set's order_key (the partition key of a row that is pending,
-// processing or dead) and its index (namespace, order_key, created_at, id) serve it.
-func (p *Publisher) blockedKeys(ctx context.Context, chunk []outbox.Record, index []int) (map[string]bool, error) {
+// blockedKeys returns the partition keys of rows at index that have an earlier row (by
+// created_at, id) in the table that is not delivered: pending, processing or, unless
+// OrderedSkipDead, dead. Each key is checked from its first row in commit order, up to
+// outbox.MaxBatch keys a statement (a transaction's rows can hold any number of keys, and
+// a statement takes at most 65,535 placeholders). The ordered migration set's order_key
+// (the partition key of a row that is pending, processing or dead) and its index
+// (namespace, order_key, created_at, id) serve it.
+func (p *Publisher) blockedKeys(ctx context.Context, rows []outbox.Record, index []int) (map[string]bool, error) {
+	var firsts []outbox.Record
+	seen := map[string]bool{}
+	for _, i := range index {
+		if r := rows[i]; r.PartitionKey != "" && !seen[r.PartitionKey] {
+			seen[r.PartitionKey] = true
+			firsts = append(firsts, r)
+		}
+	}
+	blocked := map[string]bool{}
+	for part := range slices.Chunk(firsts, outbox.MaxBatch) {
+		if err := p.readBlocked(ctx, part, blocked); err != nil {
+			return nil, err
+		}
+	}
+	return blocked, nil
+}
+
+// readBlocked adds to blocked the keys of firsts, each its key's first row, that an
+// earlier row holds back.
+func (p *Publisher) readBlocked(ctx context.Context, firsts []outbox.Record, blocked map[string]bool) error {
 	var (
 		b    strings.Builder
 		args []any
 	)
-	seen := map[string]bool{}
-	for _, i := range index {
-		r := chunk[i]
-		if r.PartitionKey == "" || seen[r.PartitionKey] {
-			continue
-		}
-		if len(seen) == 0 {
+	for i, r := range firsts {
+		if i == 0 {
 			b.WriteString(`SELECT CAST(? AS BINARY) AS k, ` + epoch + ` + INTERVAL ? MICROSECOND AS c, CAST(? AS BINARY(16)) AS i`)
 		} else {
 			b.WriteString(` UNION ALL SELECT ?, ` + epoch + ` + INTERVAL ? MICROSECOND, ?`)
 		}
-		seen[r.PartitionKey] = true
 		args = append(args, []byte(r.PartitionKey), r.CreatedAt.UnixMicro(), r.ID[:])
-	}
-	blocked := map[string]bool{}
-	if len(seen) == 0 {
-		return blocked, nil
 	}
 	dead := ``
 	if p.o.OrderedSkipDead {
@@ -88,17 +101,17 @@ func (p *Publisher) blockedKeys(ctx context.Context, chunk []outbox.Record, inde
 		quote(p.store.Table().Name())+` AS t WHERE t.namespace = ? AND t.order_key = u.k AND (t.created_at, t.id) < (u.c, u.i)`+dead+`)`,
 		args...)
 	if err != nil {
-		return nil, fmt.Errorf("outboxbinlog: read the heads of partition keys (is the table made with the ordered migration set?): %w", err)
+		return fmt.Errorf("outboxbinlog: read the heads of partition keys (is the table made with the ordered migration set?): %w", err)
 	}
 	defer rows.Close()
 	for rows.Next() {
 		var k []byte
 		if err := rows.Scan(&k); err != nil {
-			return nil, err
+			return err
 		}
 		blocked[string(k)] = true
 	}
-	return blocked, rows.Err()
+	return rows.Err()
 }
 
 // epoch is the Unix epoch as a DATETIME literal: arithmetic from it involves no time zone.

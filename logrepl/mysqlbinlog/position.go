@@ -194,6 +194,12 @@ func (p *Publisher) checkServer(ctx context.Context) (server, error) {
 	if strings.Contains(strings.ToLower(version), "mariadb") {
 		return server{flavor: gomysql.MariaDBFlavor, gtids: true}, nil
 	}
+	// MySQL 8 can write a transaction's events compressed into one payload event, which the
+	// reader does not open: its rows would wait out their lease and be polled.
+	var compressed int
+	if err := db.QueryRowContext(ctx, `SELECT @@GLOBAL.binlog_transaction_compression`).Scan(&compressed); err == nil && compressed == 1 {
+		return server{}, &SetupError{Problem: "binlog_transaction_compression is ON", Fix: "set binlog_transaction_compression = OFF"}
+	}
 	var mode string
 	if err := db.QueryRowContext(ctx, `SELECT @@gtid_mode`).Scan(&mode); err == nil && strings.EqualFold(mode, "ON") {
 		s.gtids = true

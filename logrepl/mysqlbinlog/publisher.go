@@ -491,8 +491,8 @@ func (w *positionWriter) timer() (<-chan time.Time, func() bool) {
 	return t.C, t.Stop
 }
 
-// deliver publishes and settles the committed transactions in commit order, a batch at a
-// time, and writes the position after them: with a batch's settle when the position is
+// deliver publishes and settles the committed transactions in commit order, what the reader
+// has waiting at a time (publishAndSettle), and writes the position after them: with a batch's settle when the position is
 // due, alone when only other tables' transactions went by, and once more as the session
 // ends (a shutdown, a lost connection or lock), so that the next session reads nothing
 // again after a clean stop.
@@ -634,7 +634,7 @@ func (s *session) publishAndSettle(ctx context.Context, rows []outbox.Record, co
 	}
 	var stop error
 	for from := 0; from < len(deliveries); from += p.o.BatchSize {
-		if stop = ctx.Err(); stop != nil && from > 0 {
+		if stop = ctx.Err(); stop != nil {
 			at = nil // shutting down: the rest stay leased, and the position before them stands
 			break
 		}

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -1010,6 +1011,41 @@ func TestPositionWritesPerInterval(t *testing.T) {
 			require.Positive(t, writes, "the stop wrote the position at least")
 		})
 	}
+}
+
+// TestOrderedTransactionOfManyKeys: one transaction of more keys than a statement has
+// placeholders for (three a key in the ordered check), on a pool that sends placeholders
+// to the server (the driver's default): the reader's reads of the rows' keys and leases go
+// in parts, and every row is delivered from the log.
+func TestOrderedTransactionOfManyKeys(t *testing.T) {
+	leakCheck(t)
+	b := setup(t, time.Minute, true)
+	cfg, err := mysql.ParseDSN(b.dsn)
+	require.NoError(t, err)
+	cfg.InterpolateParams = false
+	db, err := sql.Open("mysql", cfg.FormatDSN())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	store, err := outbox.New(db, outbox.MySQL(), outbox.Options{LogLease: time.Minute, DisableNotify: true})
+	require.NoError(t, err)
+	lp, err := New(store, b.tr, Options{ConnString: b.dsn, Scope: outbox.Scope{Namespace: "orders"}, Ordered: true, Logger: slog.New(slog.NewTextHandler(testLog{t}, nil))})
+	require.NoError(t, err)
+	b.start(t, lp)
+
+	const n = 22_000
+	tx, err := b.db.BeginTx(b.ctx, nil)
+	require.NoError(t, err)
+	for from := 0; from < n; from += outbox.MaxBatch {
+		batch := msgs(from, outbox.MaxBatch)
+		for i := range batch {
+			batch[i].PartitionKey = fmt.Sprintf("k%d", from+i)
+		}
+		_, err := b.store.EnqueueBatch(b.ctx, tx, batch)
+		require.NoError(t, err)
+	}
+	require.NoError(t, tx.Commit())
+	b.wait(t, "every row is delivered from the log", func() bool { return lp.Stats().Delivered == n })
+	require.Len(t, b.tr.deliveries(), n, "each once")
 }
 
 // TestSavepointEndsNothing: a SAVEPOINT inside a transaction is a statement of its own in

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/google/uuid"
@@ -22,7 +23,19 @@ type querier interface {
 
 // leases reads which of the rows with ids exist (present) and which are still processing
 // under the lease token that tokens gives them (held).
+// It reads outbox.MaxBatch ids a statement: one transaction's rows can be any number, and a
+// statement takes at most 65,535 placeholders.
 func (p *Publisher) leases(ctx context.Context, q querier, ids []uuid.UUID, tokens map[uuid.UUID]uuid.UUID) (present, held map[uuid.UUID]bool, err error) {
+	present, held = map[uuid.UUID]bool{}, map[uuid.UUID]bool{}
+	for part := range slices.Chunk(ids, outbox.MaxBatch) {
+		if err := p.readLeases(ctx, q, part, tokens, present, held); err != nil {
+			return nil, nil, err
+		}
+	}
+	return present, held, nil
+}
+
+func (p *Publisher) readLeases(ctx context.Context, q querier, ids []uuid.UUID, tokens map[uuid.UUID]uuid.UUID, present, held map[uuid.UUID]bool) error {
 	args := make([]any, len(ids))
 	for i, id := range ids {
 		args[i] = id[:]
@@ -30,22 +43,21 @@ func (p *Publisher) leases(ctx context.Context, q querier, ids []uuid.UUID, toke
 	rows, err := q.QueryContext(ctx, `SELECT id, status, lease_token FROM `+quote(p.store.Table().Name())+
 		` WHERE id IN (?`+strings.Repeat(`, ?`, len(ids)-1)+`)`, args...)
 	if err != nil {
-		return nil, nil, fmt.Errorf("outboxbinlog: read rows' leases: %w", err)
+		return fmt.Errorf("outboxbinlog: read rows' leases: %w", err)
 	}
 	defer rows.Close()
-	present, held = map[uuid.UUID]bool{}, map[uuid.UUID]bool{}
 	for rows.Next() {
 		var id, tok []byte
 		var status string
 		if err := rows.Scan(&id, &status, &tok); err != nil {
-			return nil, nil, err
+			return err
 		}
 		u, _ := uuid.FromBytes(id)
 		t, _ := uuid.FromBytes(tok)
 		present[u] = true
 		held[u] = status == string(outbox.StatusProcessing) && t == tokens[u]
 	}
-	return present, held, rows.Err()
+	return rows.Err()
 }
 
 // skipSettled returns chunk without the rows that are no longer under their insert lease,
