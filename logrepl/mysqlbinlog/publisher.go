@@ -492,10 +492,10 @@ func (w *positionWriter) timer() (<-chan time.Time, func() bool) {
 }
 
 // deliver publishes and settles the committed transactions in commit order, what the reader
-// has waiting at a time (publishAndSettle), and writes the position after them: with a batch's settle when the position is
-// due, alone when only other tables' transactions went by, and once more as the session
-// ends (a shutdown, a lost connection or lock), so that the next session reads nothing
-// again after a clean stop.
+// has waiting at a time (publishAndSettle), and writes the position after them: with a
+// settle when the position is due, alone when only other tables' transactions went by, and
+// once more as the session ends (a shutdown, a lost connection or lock), so that the next
+// session reads nothing again after a clean stop.
 func (s *session) deliver(ctx context.Context) error {
 	err := s.deliverLoop(ctx)
 	if errors.Is(err, errKilled) || errors.Is(err, errFenced) || s.p.mistake == noFinalPosition {
