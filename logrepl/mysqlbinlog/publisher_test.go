@@ -395,7 +395,9 @@ func killRun(t *testing.T, point string, hit int, interval time.Duration, m mist
 		return at == point && hits == hit
 	}
 	stop := b.start(t, p)
-	k := killed{ids: b.enqueue(t, msgs(0, 10)...), settledBefore: map[uuid.UUID]bool{}}
+	// Enough rows for the fourth settle however the reader gathers them: a settle covers
+	// up to settleBatches batches of two, so 70 rows take five settles at least.
+	k := killed{ids: b.enqueue(t, msgs(0, 70)...), settledBefore: map[uuid.UUID]bool{}}
 	b.wait(t, "the reader is killed", func() bool { return !p.running.Load() })
 	require.ErrorIs(t, stop(), errKilled)
 	for id, st := range b.status(t) {
