@@ -1319,23 +1319,30 @@ func resultIDsMy(res []outbox.Result) []uuid.UUID {
 	return ids
 }
 
+// myOrderedRows makes table with the ordered migration set, enqueues one row per key in
+// keys, in that order, and returns their ids and the options of an ordered claim of limit
+// rows with runs.
+func myOrderedRows(t *testing.T, table string, limit int, keys ...string) (*myEnv, []uuid.UUID, outbox.ClaimOptions) {
+	t.Helper()
+	e := setupMySQL(t, table)
+	require.NoError(t, migrations.Up(e.ctx, e.db, "mysql", migrations.Options{Table: e.table, Ordered: true}))
+	msgs := make([]outbox.Message, len(keys))
+	for i, k := range keys {
+		msgs[i] = myMsg(i)
+		msgs[i].PartitionKey = k
+	}
+	o := myClaimOpts(limit)
+	o.Scope = outbox.Scope{Namespace: "orders"}
+	o.Ordered, o.Runs = true, true
+	return e, resultIDsMy(e.enqueue(t, msgs...)), o
+}
+
 // A settle-and-claim that would continue more keys than half its batch (a row or so each)
 // searches for heads instead, oldest first: here another key's head and the continued keys'
 // next rows, where continuing would have taken those keys' rows alone.
 func TestMySQLContinueManyKeysSearchesHeads(t *testing.T) {
 	t.Parallel()
-	e := setupMySQL(t, "outbox_continue_many")
-	require.NoError(t, migrations.Up(e.ctx, e.db, "mysql", migrations.Options{Table: e.table, Ordered: true}))
-	var msgs []outbox.Message
-	for i, k := range []string{"a", "b", "c", "d", "a", "b", "c"} {
-		m := myMsg(i)
-		m.PartitionKey = k
-		msgs = append(msgs, m)
-	}
-	ids := resultIDsMy(e.enqueue(t, msgs...))
-	o := myClaimOpts(3)
-	o.Scope = outbox.Scope{Namespace: "orders"}
-	o.Ordered, o.Runs = true, true
+	e, ids, o := myOrderedRows(t, "outbox_continue_many", 3, "a", "b", "c", "d", "a", "b", "c")
 	first := e.claim(t, e.store, o)
 	require.Equal(t, ids[:3], myIDs(first))
 	outs := make([]outbox.Outcome, len(first))
@@ -1354,18 +1361,7 @@ func TestMySQLContinueManyKeysSearchesHeads(t *testing.T) {
 // comes before another key's older head.
 func TestMySQLContinues(t *testing.T) {
 	t.Parallel()
-	e := setupMySQL(t, "outbox_continues")
-	require.NoError(t, migrations.Up(e.ctx, e.db, "mysql", migrations.Options{Table: e.table, Ordered: true}))
-	var msgs []outbox.Message
-	for i, k := range []string{"a", "b", "a", "a"} {
-		m := myMsg(i)
-		m.PartitionKey = k
-		msgs = append(msgs, m)
-	}
-	ids := resultIDsMy(e.enqueue(t, msgs...))
-	o := myClaimOpts(1)
-	o.Scope = outbox.Scope{Namespace: "orders"}
-	o.Ordered, o.Runs = true, true
+	e, ids, o := myOrderedRows(t, "outbox_continues", 1, "a", "b", "a", "a")
 	first := e.claim(t, e.store, o)
 	require.Equal(t, ids[:1], myIDs(first))
 	o.Limit, o.Continue = 2, true

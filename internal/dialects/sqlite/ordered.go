@@ -173,9 +173,10 @@ func (Dialect) BlockedKeys(ctx context.Context, q dialect.DBTX, t dialect.Table,
 // turns across the keys; then the lease of those rows (sqliteLease, with its guard, the
 // ids a JSON list too). Both texts are the same whatever the heads, so both are prepared
 // once: a UNION ALL of a range per head was a text per number of heads, parsed at every
-// claim, a quarter of the ordered claim's time with 50 keys. The transaction holds SQLite's one write lock from its first
-// statement (BEGIN IMMEDIATE's effect: the heads' claim writes first), so no other
-// claimer runs between the read and the lease, and no row can be held by another.
+// claim, a quarter of the ordered claim's time with 50 keys. The transaction holds
+// SQLite's one write lock from its first statement (BEGIN IMMEDIATE's effect: the heads'
+// claim writes first), so no other claimer runs between the read and the lease, and no
+// row can be held by another.
 func sqliteClaimRuns(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ClaimParams, heads []dialect.Record, n int) ([]dialect.Record, error) {
 	var keyed []dialect.Record
 	for _, h := range heads {
