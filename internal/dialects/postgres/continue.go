@@ -12,9 +12,10 @@ import (
 
 // pgCompleteAndContinue is CompleteAndClaim with [dialect.ClaimParams.Continue]: one
 // statement (settleAndLease) settles the outcomes and leases the runs after the keys they
-// delivered, and only when those leave the batch short does the search for heads run (the
-// larger part of an ordered claim's time: the window's walk, a head check per key), in the
-// same transaction, so that a claim commits once whatever it finds.
+// delivered, on its own, without a transaction around it (BEGIN and COMMIT were two more
+// round trips on every claim); only when those leave the batch short does the search for
+// heads run (the larger part of an ordered claim's time: the window's walk, a head check per
+// key), in a transaction of its own that first locks the rows just leased (pgHold).
 //
 // A key is continued from its last settled row when every outcome of the key is a delivery
 // the settle applied (in s's RETURNING): a row put back, buried, or whose lease was lost
@@ -24,7 +25,9 @@ import (
 // does not change for them (it writes only rows before them), each key reading its share of
 // the batch at most (the count of continued keys is known only in the statement, so the
 // share is a subquery of h). No other claimer can take a row of these runs: until the
-// commit, the rows the settle delivers are in flight to them.
+// commit, the rows the settle delivers are in flight to them. s's ids are read as one
+// array: joined to s, which the planner holds to one row, they were a nested loop that
+// compared every outcome with every settled row, a third of the statement's time.
 func pgCompleteAndContinue(ctx context.Context, d *Dialect, db *sql.DB, t dialect.Table, outcomes []dialect.Outcome, p dialect.ClaimParams) ([]dialect.Record, []uuid.UUID, error) {
 	var delivered []uuid.UUID
 	for _, o := range outcomes {
@@ -39,28 +42,49 @@ func pgCompleteAndContinue(ctx context.Context, d *Dialect, db *sql.DB, t dialec
 	continued := func(a *dialect.Args) string {
 		dl := a.Add(pgUUIDArray(len(delivered), func(i int) uuid.UUID { return delivered[i] }))
 		after := `SELECT id, namespace, partition_key, created_at FROM (SELECT e.id, e.namespace, e.partition_key, e.created_at,` +
-			` bool_and(s.id IS NOT NULL AND e.id = ANY(` + dl + `::uuid[])) OVER k AS ok, row_number() OVER (k ORDER BY e.created_at DESC, e.id DESC) AS rn` +
-			` FROM ` + tbl + ` e LEFT JOIN s ON s.id = e.id WHERE e.id = ANY($1::uuid[]) AND e.partition_key IS NOT NULL` +
+			` bool_and(e.id = ANY(ARRAY(SELECT id FROM s)) AND e.id = ANY(` + dl + `::uuid[])) OVER k AS ok, row_number() OVER (k ORDER BY e.created_at DESC, e.id DESC) AS rn` +
+			` FROM ` + tbl + ` e WHERE e.id = ANY($1::uuid[]) AND e.partition_key IS NOT NULL` +
 			` WINDOW k AS (PARTITION BY e.namespace, e.partition_key)) o WHERE ok AND rn = 1`
 		n := a.Add(p.Limit)
 		per := `(SELECT (` + n + `::bigint + count(*) - 1) / GREATEST(count(*), 1) FROM h)`
 		return pgRunsAfterRows(tbl, a, p, after, per, p.Limit)
 	}
-	c, err := pgRetryDeadlock(ctx, func() (c pgClaimed, err error) {
+	c, err := pgRetryDeadlock(ctx, func() (pgClaimed, error) {
+		recs, lost, err := d.settleAndLease(ctx, db, t, outcomes, p, continued)
+		return pgClaimed{recs, lost}, err
+	})
+	if err != nil || len(c.recs) == p.Limit {
+		return c.recs, c.lost, err
+	}
+	// The settle is applied and the runs leased: a failure from here on leaves a short batch,
+	// which the next claim tops up, rather than outcomes that would be settled twice.
+	more, err := pgRetryDeadlock(ctx, func() (more []dialect.Record, err error) {
 		err = sqlkit.InTx(ctx, db, nil, func(tx *sql.Tx) error {
-			if c.recs, c.lost, err = d.settleAndLease(ctx, tx, t, outcomes, p, continued); err != nil || len(c.recs) == p.Limit {
+			if held, err := pgHold(ctx, tx, t, p, c.recs); err != nil || !held {
 				return err
 			}
-			more, err := pgClaimAfter(ctx, tx, t, p, c.recs)
-			c.recs = append(c.recs, more...)
+			more, err = pgClaimAfter(ctx, tx, t, p, c.recs)
 			return err
 		})
-		return c, err
+		return more, err
 	})
 	if err != nil {
-		return nil, nil, err
+		return c.recs, c.lost, nil
 	}
-	return c.recs, c.lost, nil
+	return append(c.recs, more...), c.lost, nil
+}
+
+// pgHold locks recs, rows just leased under p.Token, in the transaction q, and reports
+// whether every one of them is still under that lease: a top-up reads runs after them and
+// passes them over as held, which is sound only while they are. A lease that ran out since
+// (a short one, on a slow machine) leaves the top-up undone rather than another claimer's
+// key run in two batches, or a row in the batch twice.
+func pgHold(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ClaimParams, recs []dialect.Record) (bool, error) {
+	var n int
+	err := q.QueryRowContext(ctx, `SELECT count(*) FROM (SELECT id FROM `+pgTable(t)+` WHERE id = ANY($1::uuid[]) AND status = 'processing'`+
+		` AND lease_token = $2 AND locked_until > now() FOR UPDATE) x`,
+		pgUUIDArray(len(recs), func(i int) uuid.UUID { return recs[i].ID }), pgUUID(p.Token)).Scan(&n)
+	return n == len(recs), err
 }
 
 // pgClaimAfter claims, in q's transaction, what is left of p.Limit after claimed (rows
