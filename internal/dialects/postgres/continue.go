@@ -15,7 +15,7 @@ import (
 // delivered, on its own, without a transaction around it (BEGIN and COMMIT were two more
 // round trips on every claim); only when those leave the batch short does the search for
 // heads run (the larger part of an ordered claim's time: the window's walk, a head check per
-// key), in a transaction of its own that first locks the rows just leased (pgHold).
+// key), in a transaction of its own that first locks the rows just leased (pgStillLeased).
 //
 // A key is continued from its last settled row when every outcome of the key is a delivery
 // the settle applied (in s's RETURNING): a row put back, buried, or whose lease was lost
@@ -56,11 +56,12 @@ func pgCompleteAndContinue(ctx context.Context, d *Dialect, db *sql.DB, t dialec
 	if err != nil || len(c.recs) == p.Limit {
 		return c.recs, c.lost, err
 	}
-	// The settle is applied and the runs leased: a failure from here on leaves a short batch,
-	// which the next claim tops up, rather than outcomes that would be settled twice.
+	// The settle is applied and the runs are leased. A top-up that fails leaves the batch
+	// short instead: an error would have the caller drop the leased rows, whose keys would
+	// then wait out the lease, and back off. The next claim finds what the top-up missed.
 	more, err := pgRetryDeadlock(ctx, func() (more []dialect.Record, err error) {
 		err = sqlkit.InTx(ctx, db, nil, func(tx *sql.Tx) error {
-			if held, err := pgHold(ctx, tx, t, p, c.recs); err != nil || !held {
+			if held, err := pgStillLeased(ctx, tx, t, p, c.recs); err != nil || !held {
 				return err
 			}
 			more, err = pgClaimAfter(ctx, tx, t, p, c.recs)
@@ -74,16 +75,20 @@ func pgCompleteAndContinue(ctx context.Context, d *Dialect, db *sql.DB, t dialec
 	return append(c.recs, more...), c.lost, nil
 }
 
-// pgHold locks recs, rows just leased under p.Token, in the transaction q, and reports
-// whether every one of them is still under that lease: a top-up reads runs after them and
-// passes them over as held, which is sound only while they are. A lease that ran out since
-// (a short one, on a slow machine) leaves the top-up undone rather than another claimer's
-// key run in two batches, or a row in the batch twice.
-func pgHold(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ClaimParams, recs []dialect.Record) (bool, error) {
+// pgStillLeased locks recs, rows just leased under p.Token, in the transaction q, and
+// reports whether every one of them is still under that lease, unexpired: a top-up reads
+// runs after them and its search for heads passes them over as held, which is sound only
+// while they are. A lease that ran out since (a short one, on a slow machine) leaves the
+// top-up undone rather than a row in the batch twice, or a key's rows in two claimers'
+// batches; a row another transaction has locked (a renewal, an operator's change) leaves it
+// undone too, rather than waiting. It also turns bitmap scans off for the transaction, as
+// claimRows does, without a round trip of its own: the head search's window walk must stay
+// a walk of the claim index whatever the statistics say.
+func pgStillLeased(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ClaimParams, recs []dialect.Record) (bool, error) {
 	var n int
-	err := q.QueryRowContext(ctx, `SELECT count(*) FROM (SELECT id FROM `+pgTable(t)+` WHERE id = ANY($1::uuid[]) AND status = 'processing'`+
-		` AND lease_token = $2 AND locked_until > now() FOR UPDATE) x`,
-		pgUUIDArray(len(recs), func(i int) uuid.UUID { return recs[i].ID }), pgUUID(p.Token)).Scan(&n)
+	err := q.QueryRowContext(ctx, `SELECT count(*), set_config('enable_bitmapscan', 'off', true) FROM (SELECT id FROM `+pgTable(t)+
+		` WHERE id = ANY($1::uuid[]) AND status = 'processing' AND lease_token = $2 AND locked_until > now() FOR UPDATE SKIP LOCKED) x`,
+		pgUUIDArray(len(recs), func(i int) uuid.UUID { return recs[i].ID }), pgUUID(p.Token)).Scan(&n, new(string))
 	return n == len(recs), err
 }
 

@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
@@ -76,4 +77,27 @@ func TestPostgresContinueTopUpNeedsTheLease(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []uuid.UUID{res[1].ID, res[2].ID}, pgRecIDs(next), "k's run; no top-up")
 	require.Equal(t, 1, b.count(t, `status = 'pending' AND id = '`+res[3].ID.String()+`'`), "j's head left for another claim")
+}
+
+// TestPostgresContinueTopUpAfterTheLeaseRanOut: a continued claim whose lease runs out before
+// its top-up (a 3 ms lease, a statement slowed by 30 ms) does not top up: its search for heads
+// would find the leased row claimable again and put it in the batch twice.
+func TestPostgresContinueTopUpAfterTheLeaseRanOut(t *testing.T) {
+	t.Parallel()
+	b := pgRunsSetup(t, "outbox_review_topup_expired")
+	res := b.enqueue(t, pgKeyed("k", 0), pgKeyed("k", 1), pgKeyed("j", 0))
+	first, err := b.store.Claim(b.ctx, pgRunOpts(1))
+	require.NoError(t, err)
+	require.Equal(t, []uuid.UUID{res[0].ID}, pgRecIDs(first))
+	_, err = b.db.ExecContext(b.ctx, `CREATE FUNCTION review_topup_slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.03); RETURN NEW; END $$`)
+	require.NoError(t, err)
+	_, err = b.db.ExecContext(b.ctx, `CREATE TRIGGER review_topup_slow BEFORE UPDATE ON "`+b.table+`" FOR EACH ROW`+
+		` WHEN (NEW.id = '`+res[1].ID.String()+`'::uuid AND OLD.status = 'pending' AND NEW.status = 'processing') EXECUTE FUNCTION review_topup_slow()`)
+	require.NoError(t, err)
+	o := pgRunOpts(4)
+	o.Continue, o.Lease = true, 3*time.Millisecond
+	next, _, err := b.store.CompleteAndClaim(b.ctx, []outbox.Outcome{{Lease: first[0].Lease(), Status: outbox.StatusDelivered}}, o)
+	require.NoError(t, err)
+	require.Equal(t, []uuid.UUID{res[1].ID}, pgRecIDs(next), "k's run once; no top-up")
+	require.Equal(t, 1, b.count(t, `status = 'pending' AND id = '`+res[2].ID.String()+`'`), "j's head left for another claim")
 }
