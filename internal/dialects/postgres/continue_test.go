@@ -17,19 +17,10 @@ import (
 func TestPostgresContinueTopUpFails(t *testing.T) {
 	t.Parallel()
 	b := pgRunsSetup(t, "outbox_review_topup")
-	res := b.enqueue(t, pgKeyed("k", 0), pgKeyed("k", 1), pgKeyed("k", 2), pgKeyed("j", 0))
-	first, err := b.store.Claim(b.ctx, pgRunOpts(1))
-	require.NoError(t, err)
-	require.Equal(t, []uuid.UUID{res[0].ID}, pgRecIDs(first))
+	res, first := pgClaimFirst(t, b, pgKeyed("k", 0), pgKeyed("k", 1), pgKeyed("k", 2), pgKeyed("j", 0))
 	// Leasing j's head, which only the top-up's search for heads reaches, fails.
-	_, err = b.db.ExecContext(b.ctx, `CREATE FUNCTION review_topup_fail() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'top-up refused'; END $$`)
-	require.NoError(t, err)
-	_, err = b.db.ExecContext(b.ctx, `CREATE TRIGGER review_topup_fail BEFORE UPDATE ON "`+b.table+`" FOR EACH ROW`+
-		` WHEN (NEW.id = '`+res[3].ID.String()+`'::uuid AND NEW.status = 'processing') EXECUTE FUNCTION review_topup_fail()`)
-	require.NoError(t, err)
-	o := pgRunOpts(4)
-	o.Continue = true
-	next, lost, err := b.store.CompleteAndClaim(b.ctx, []outbox.Outcome{{Lease: first[0].Lease(), Status: outbox.StatusDelivered}}, o)
+	pgBeforeLease(t, b, "review_topup_fail", res[3].ID, `RAISE EXCEPTION 'top-up refused';`)
+	next, lost, err := pgContinueFrom(b, first, pgRunOpts(4))
 	require.NoError(t, err)
 	require.Empty(t, lost)
 	require.Equal(t, []uuid.UUID{res[1].ID, res[2].ID}, pgRecIDs(next), "k's run, without j's head")
@@ -44,13 +35,8 @@ func TestPostgresContinueTopUpFails(t *testing.T) {
 func TestPostgresContinues(t *testing.T) {
 	t.Parallel()
 	b := pgRunsSetup(t, "outbox_review_continues")
-	res := b.enqueue(t, pgKeyed("a", 0), pgKeyed("b", 0), pgKeyed("a", 1), pgKeyed("a", 2))
-	first, err := b.store.Claim(b.ctx, pgRunOpts(1))
-	require.NoError(t, err)
-	require.Equal(t, []uuid.UUID{res[0].ID}, pgRecIDs(first))
-	o := pgRunOpts(2)
-	o.Continue = true
-	next, _, err := b.store.CompleteAndClaim(b.ctx, []outbox.Outcome{{Lease: first[0].Lease(), Status: outbox.StatusDelivered}}, o)
+	res, first := pgClaimFirst(t, b, pgKeyed("a", 0), pgKeyed("b", 0), pgKeyed("a", 1), pgKeyed("a", 2))
+	next, _, err := pgContinueFrom(b, first, pgRunOpts(2))
 	require.NoError(t, err)
 	require.Equal(t, []uuid.UUID{res[2].ID, res[3].ID}, pgRecIDs(next), "a's run, before b's older head")
 }
@@ -62,18 +48,9 @@ func TestPostgresContinues(t *testing.T) {
 func TestPostgresContinueTopUpNeedsTheLease(t *testing.T) {
 	t.Parallel()
 	b := pgRunsSetup(t, "outbox_review_topup_lease")
-	res := b.enqueue(t, pgKeyed("k", 0), pgKeyed("k", 1), pgKeyed("k", 2), pgKeyed("j", 0))
-	first, err := b.store.Claim(b.ctx, pgRunOpts(1))
-	require.NoError(t, err)
-	require.Equal(t, []uuid.UUID{res[0].ID}, pgRecIDs(first))
-	_, err = b.db.ExecContext(b.ctx, `CREATE FUNCTION review_topup_steal() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN NEW.lease_token := gen_random_uuid(); RETURN NEW; END $$`)
-	require.NoError(t, err)
-	_, err = b.db.ExecContext(b.ctx, `CREATE TRIGGER review_topup_steal BEFORE UPDATE ON "`+b.table+`" FOR EACH ROW`+
-		` WHEN (NEW.id = '`+res[2].ID.String()+`'::uuid AND NEW.status = 'processing') EXECUTE FUNCTION review_topup_steal()`)
-	require.NoError(t, err)
-	o := pgRunOpts(4)
-	o.Continue = true
-	next, _, err := b.store.CompleteAndClaim(b.ctx, []outbox.Outcome{{Lease: first[0].Lease(), Status: outbox.StatusDelivered}}, o)
+	res, first := pgClaimFirst(t, b, pgKeyed("k", 0), pgKeyed("k", 1), pgKeyed("k", 2), pgKeyed("j", 0))
+	pgBeforeLease(t, b, "review_topup_steal", res[2].ID, `NEW.lease_token := gen_random_uuid(); RETURN NEW;`)
+	next, _, err := pgContinueFrom(b, first, pgRunOpts(4))
 	require.NoError(t, err)
 	require.Equal(t, []uuid.UUID{res[1].ID, res[2].ID}, pgRecIDs(next), "k's run; no top-up")
 	require.Equal(t, 1, b.count(t, `status = 'pending' AND id = '`+res[3].ID.String()+`'`), "j's head left for another claim")
@@ -85,19 +62,40 @@ func TestPostgresContinueTopUpNeedsTheLease(t *testing.T) {
 func TestPostgresContinueTopUpAfterTheLeaseRanOut(t *testing.T) {
 	t.Parallel()
 	b := pgRunsSetup(t, "outbox_review_topup_expired")
-	res := b.enqueue(t, pgKeyed("k", 0), pgKeyed("k", 1), pgKeyed("j", 0))
-	first, err := b.store.Claim(b.ctx, pgRunOpts(1))
-	require.NoError(t, err)
-	require.Equal(t, []uuid.UUID{res[0].ID}, pgRecIDs(first))
-	_, err = b.db.ExecContext(b.ctx, `CREATE FUNCTION review_topup_slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.03); RETURN NEW; END $$`)
-	require.NoError(t, err)
-	_, err = b.db.ExecContext(b.ctx, `CREATE TRIGGER review_topup_slow BEFORE UPDATE ON "`+b.table+`" FOR EACH ROW`+
-		` WHEN (NEW.id = '`+res[1].ID.String()+`'::uuid AND OLD.status = 'pending' AND NEW.status = 'processing') EXECUTE FUNCTION review_topup_slow()`)
-	require.NoError(t, err)
+	res, first := pgClaimFirst(t, b, pgKeyed("k", 0), pgKeyed("k", 1), pgKeyed("j", 0))
+	pgBeforeLease(t, b, "review_topup_slow", res[1].ID, `PERFORM pg_sleep(0.03); RETURN NEW;`)
 	o := pgRunOpts(4)
-	o.Continue, o.Lease = true, 3*time.Millisecond
-	next, _, err := b.store.CompleteAndClaim(b.ctx, []outbox.Outcome{{Lease: first[0].Lease(), Status: outbox.StatusDelivered}}, o)
+	o.Lease = 3 * time.Millisecond
+	next, _, err := pgContinueFrom(b, first, o)
 	require.NoError(t, err)
 	require.Equal(t, []uuid.UUID{res[1].ID}, pgRecIDs(next), "k's run once; no top-up")
 	require.Equal(t, 1, b.count(t, `status = 'pending' AND id = '`+res[2].ID.String()+`'`), "j's head left for another claim")
+}
+
+// pgBeforeLease installs a trigger, name, that runs body (PL/pgSQL statements) before each
+// lease of the pending row id, as the claim's UPDATE sets it processing.
+func pgBeforeLease(t *testing.T, b *pgBundle, name string, id uuid.UUID, body string) {
+	t.Helper()
+	_, err := b.db.ExecContext(b.ctx, `CREATE FUNCTION `+name+`() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN `+body+` END $$`)
+	require.NoError(t, err)
+	_, err = b.db.ExecContext(b.ctx, `CREATE TRIGGER `+name+` BEFORE UPDATE ON "`+b.table+`" FOR EACH ROW`+
+		` WHEN (NEW.id = '`+id.String()+`'::uuid AND OLD.status = 'pending' AND NEW.status = 'processing') EXECUTE FUNCTION `+name+`()`)
+	require.NoError(t, err)
+}
+
+// pgClaimFirst enqueues msgs and claims the first of them alone, in order, with runs.
+func pgClaimFirst(t *testing.T, b *pgBundle, msgs ...outbox.Message) ([]outbox.Result, outbox.Record) {
+	t.Helper()
+	res := b.enqueue(t, msgs...)
+	first, err := b.store.Claim(b.ctx, pgRunOpts(1))
+	require.NoError(t, err)
+	require.Equal(t, []uuid.UUID{res[0].ID}, pgRecIDs(first))
+	return res, first[0]
+}
+
+// pgContinueFrom settles first as delivered with a claim that continues its key (o with
+// Continue).
+func pgContinueFrom(b *pgBundle, first outbox.Record, o outbox.ClaimOptions) ([]outbox.Record, []uuid.UUID, error) {
+	o.Continue = true
+	return b.store.CompleteAndClaim(b.ctx, []outbox.Outcome{{Lease: first.Lease(), Status: outbox.StatusDelivered}}, o)
 }
