@@ -214,9 +214,9 @@ func pgClaimRuns(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect
 
 // pgRunsAfter claims, in q's transaction, up to n rows of the runs that follow the rows
 // after (rows this claimer holds and q has locked: heads it has just claimed, or the rows a
-// continued claim leased, which pgStillLeased locked), each
-// key's share first and then, when the batch came back short, more of the keys whose share
-// was all claimable, from their last row.
+// continued claim leased, which pgStillLeased locked), each key's share first and then,
+// when the batch came back short, more of the keys whose share was all claimable, from
+// their last row.
 func pgRunsAfter(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ClaimParams, after []uuid.UUID, n int) ([]dialect.Record, error) {
 	share := (n + len(after) - 1) / len(after)
 	a := &dialect.Args{Numbered: true}
