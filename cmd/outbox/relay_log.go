@@ -91,8 +91,8 @@ func (s *logSource) run(ctx context.Context, log *slog.Logger) error {
 	if err == nil || errors.Is(err, context.Canceled) {
 		return nil
 	}
-	msg := err.Error()
-	s.failed.Store(&msg)
 	log.Error("outbox relay: log delivery stopped; polling delivers the rows", "err", err)
+	msg := err.Error()
+	s.failed.Store(&msg) // after the log line: what /readyz reports has been logged
 	return err
 }
