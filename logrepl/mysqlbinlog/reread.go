@@ -22,9 +22,8 @@ type querier interface {
 }
 
 // leases reads which of the rows with ids exist (present) and which are still processing
-// under the lease token that tokens gives them (held).
-// It reads outbox.MaxBatch ids a statement: one transaction's rows can be any number, and a
-// statement takes at most 65,535 placeholders.
+// under the lease token that tokens gives them (held), outbox.MaxBatch ids a statement: one
+// transaction's rows can be any number, and a statement takes at most 65,535 placeholders.
 func (p *Publisher) leases(ctx context.Context, q querier, ids []uuid.UUID, tokens map[uuid.UUID]uuid.UUID) (present, held map[uuid.UUID]bool, err error) {
 	present, held = map[uuid.UUID]bool{}, map[uuid.UUID]bool{}
 	for part := range slices.Chunk(ids, outbox.MaxBatch) {
@@ -35,6 +34,7 @@ func (p *Publisher) leases(ctx context.Context, q querier, ids []uuid.UUID, toke
 	return present, held, nil
 }
 
+// readLeases adds to present and held what leases reports of ids, in one statement.
 func (p *Publisher) readLeases(ctx context.Context, q querier, ids []uuid.UUID, tokens map[uuid.UUID]uuid.UUID, present, held map[uuid.UUID]bool) error {
 	args := make([]any, len(ids))
 	for i, id := range ids {

@@ -1,6 +1,7 @@
 package postgres_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -42,18 +43,28 @@ func TestPostgresContinues(t *testing.T) {
 }
 
 // TestPostgresContinueTopUpNeedsTheLease: the top-up after a continued claim runs in a
-// transaction of its own, so it first checks that the rows the claim leased are still under
-// its lease; when one is not (here a trigger gives it another token as it is leased, as if
-// its lease had run out and been taken over in between), the batch comes back short.
+// transaction of its own, so it first checks that the rows the claim leased are still
+// processing under its lease; when one is not (here a trigger changes it as it is leased: as
+// if its lease had been taken over, or the row put back, in between), the batch comes back
+// short rather than with j's head, or with the row put back claimed a second time.
 func TestPostgresContinueTopUpNeedsTheLease(t *testing.T) {
 	t.Parallel()
-	b := pgRunsSetup(t, "outbox_review_topup_lease")
-	res, first := pgClaimFirst(t, b, pgKeyed("k", 0), pgKeyed("k", 1), pgKeyed("k", 2), pgKeyed("j", 0))
-	pgBeforeLease(t, b, "review_topup_steal", res[2].ID, `NEW.lease_token := gen_random_uuid(); RETURN NEW;`)
-	next, _, err := pgContinueFrom(b, first, pgRunOpts(4))
-	require.NoError(t, err)
-	require.Equal(t, []uuid.UUID{res[1].ID, res[2].ID}, pgRecIDs(next), "k's run; no top-up")
-	require.Equal(t, 1, b.count(t, `status = 'pending' AND id = '`+res[3].ID.String()+`'`), "j's head left for another claim")
+	for name, change := range map[string]string{
+		"taken over": `NEW.lease_token := gen_random_uuid(); RETURN NEW;`,
+		"put back":   `NEW.status := 'pending'; RETURN NEW;`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			table := "outbox_review_topup_" + strings.ReplaceAll(name, " ", "_")
+			b := pgRunsSetup(t, table)
+			res, first := pgClaimFirst(t, b, pgKeyed("k", 0), pgKeyed("k", 1), pgKeyed("k", 2), pgKeyed("j", 0))
+			pgBeforeLease(t, b, table+"_change", res[2].ID, change)
+			next, _, err := pgContinueFrom(b, first, pgRunOpts(4))
+			require.NoError(t, err)
+			require.Equal(t, []uuid.UUID{res[1].ID, res[2].ID}, pgRecIDs(next), "k's run; no top-up")
+			require.Equal(t, 1, b.count(t, `status = 'pending' AND id = '`+res[3].ID.String()+`'`), "j's head left for another claim")
+		})
+	}
 }
 
 // TestPostgresContinueTopUpAfterTheLeaseRanOut: a continued claim whose lease runs out before
