@@ -669,6 +669,7 @@ func proxyOutage(t *testing.T, kind OutageKind, ns string, tr outbox.Transport, 
 	ob.WaitDelivered(t, n/2, 30*time.Second)
 
 	began := time.Now()
+	atCut := logs.len()
 	stopFlap := make(chan struct{})
 	var flapped <-chan struct{}
 	switch kind {
@@ -692,6 +693,7 @@ func proxyOutage(t *testing.T, kind OutageKind, ns string, tr outbox.Transport, 
 		proxy.Restore()
 	}
 	restored := time.Now()
+	atRestore := logs.len()
 	ob.WaitDelivered(t, n, restoreWithin)
 	t.Logf("%s: every message delivered %s after the broker came back", kind, time.Since(restored).Round(time.Millisecond))
 	st := run.Stop(t)
@@ -711,7 +713,16 @@ func proxyOutage(t *testing.T, kind OutageKind, ns string, tr outbox.Transport, 
 	require.Positive(t, lost, "no line said the broker went away")
 	require.Equal(t, lost, back, "a line when the broker went away, one when it came back")
 	if kind != Flapping {
-		require.Equal(t, 1, lost, "one line when the broker went away")
+		// The outage is judged by its own lines: a batch that outlives the test's short
+		// timeouts on a loaded machine, before the cut or after the broker is back, is a
+		// loss of its own, rightly logged as one more pair.
+		downBefore, outageLost, backAt := logs.outage(atCut)
+		want := 1
+		if downBefore {
+			want = 0
+		}
+		require.Equal(t, want, outageLost, "one line when the broker went away (already said before it: %v)", downBefore)
+		require.GreaterOrEqual(t, backAt, atRestore, "the line saying the broker was back came while it was away")
 	}
 }
 
@@ -719,9 +730,12 @@ func proxyOutage(t *testing.T, kind OutageKind, ns string, tr outbox.Transport, 
 // went away, an information line that it came back; debug lines are not kept.
 type Logs struct {
 	mu    sync.Mutex
-	lines []string
-	lost  int
-	back  int
+	lines []logLine
+}
+
+type logLine struct {
+	lost bool // a warning, or worse; an information line otherwise
+	text string
 }
 
 // Logger returns a logger writing to l.
@@ -731,28 +745,64 @@ func (l *Logs) Logger() *slog.Logger { return slog.New(l) }
 func (l *Logs) Count() (lost, back int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.lost, l.back
+	for _, ln := range l.lines {
+		if ln.lost {
+			lost++
+		} else {
+			back++
+		}
+	}
+	return lost, back
 }
 
-// Lines returns the lines kept, each as its level and message.
+// Lines returns the lines kept, each as its level, message and attributes.
 func (l *Logs) Lines() []string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return slices.Clone(l.lines)
+	lines := make([]string, len(l.lines))
+	for i, ln := range l.lines {
+		lines[i] = ln.text
+	}
+	return lines
+}
+
+// outage reports the lines of the outage that began when l held from lines: whether the
+// transport had already said the broker was lost (a warning not yet followed by an
+// information line), the warnings from then until the first information line after it,
+// and the index of that line (-1 when there is none).
+func (l *Logs) outage(from int) (downBefore bool, lost, backAt int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, ln := range l.lines[:from] {
+		downBefore = ln.lost
+	}
+	for i, ln := range l.lines[from:] {
+		if !ln.lost {
+			return downBefore, lost, from + i
+		}
+		lost++
+	}
+	return downBefore, lost, -1
+}
+
+// len returns how many lines l holds.
+func (l *Logs) len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.lines)
 }
 
 func (l *Logs) Enabled(_ context.Context, level slog.Level) bool { return level >= slog.LevelInfo }
 
 func (l *Logs) Handle(_ context.Context, r slog.Record) error {
+	text := r.Level.String() + " " + r.Message
+	r.Attrs(func(a slog.Attr) bool {
+		text += " " + a.String()
+		return true
+	})
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	switch {
-	case r.Level >= slog.LevelWarn:
-		l.lost++
-	case r.Level >= slog.LevelInfo:
-		l.back++
-	}
-	l.lines = append(l.lines, r.Level.String()+" "+r.Message)
+	l.lines = append(l.lines, logLine{lost: r.Level >= slog.LevelWarn, text: text})
 	return nil
 }
 
