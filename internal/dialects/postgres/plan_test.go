@@ -501,3 +501,43 @@ func TestPostgresSettleByID(t *testing.T) {
 		require.NotEqual(t, b.table+"_claim_idx", n.IndexName, "a settle reads the rows by primary key, not the claim index:\n%s", plan.format(""))
 	})
 }
+
+// TestPostgresStillLeasedByID: the check that a continued claim's rows are still leased,
+// before its top-up, finds them by primary key, as the settles do (TestPostgresSettleByID),
+// on statistics taken before thousands of rows went in flight. Written with status =
+// 'processing', it walked the whole claim index for 100 ids (10,000 buffers against 400).
+func TestPostgresStillLeasedByID(t *testing.T) {
+	t.Parallel()
+	const inFlight = 10_000
+	b := pgRunsSetup(t, "outbox_plan_still_leased")
+	for range inFlight / 1_000 {
+		msgs := make([]outbox.Message, 1_000)
+		for i := range msgs {
+			msgs[i] = outbox.Message{Namespace: "elsewhere", Topic: "t", Payload: json.RawMessage(`{"v":1}`)}
+		}
+		b.enqueue(t, msgs...)
+	}
+	exec := func(sql string) {
+		_, err := b.db.ExecContext(b.ctx, sql)
+		require.NoError(t, err)
+	}
+	// Statistics taken when every row was delivered, then all of them in flight elsewhere.
+	exec(`UPDATE "` + b.table + `" SET status = 'delivered', delivered_at = now()`)
+	exec(`ANALYZE "` + b.table + `"`)
+	exec(`UPDATE "` + b.table + `" SET status = 'processing', lease_token = gen_random_uuid(), locked_until = now() + interval '1 hour'`)
+	res, first := pgClaimFirst(t, b, pgKeyed("k", 0), pgKeyed("k", 1), pgKeyed("j", 0))
+	rec := &recordingConnector{}
+	store, err := outbox.New(openRecording(t, b, rec), outbox.Postgres(), outbox.Options{Table: b.table})
+	require.NoError(t, err)
+	o := pgRunOpts(4)
+	o.Continue = true
+	next, _, err := store.CompleteAndClaim(b.ctx, []outbox.Outcome{{Lease: first.Lease(), Status: outbox.StatusDelivered}}, o)
+	require.NoError(t, err)
+	require.Equal(t, []uuid.UUID{res[1].ID, res[2].ID}, pgRecIDs(next), "k's run, then j's head from the top-up")
+	plan := b.explainAnalyzeLast(t, rec, "the lease check", func(sql string) bool {
+		return strings.HasPrefix(sql, `SELECT count(*), set_config('enable_bitmapscan'`)
+	})
+	plan.walk(func(n *orderedPlanNode) {
+		require.NotEqual(t, b.table+"_claim_idx", n.IndexName, "the lease check reads the rows by primary key, not the claim index:\n%s", plan.format(""))
+	})
+}
