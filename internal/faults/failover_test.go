@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/outboxgo/outbox/internal/testdb"
 )
 
 // pgPair is a private PostgreSQL primary and a streaming standby made from it with
@@ -50,7 +52,7 @@ func newPGPair(t *testing.T, sync bool) *pgPair {
 
 	dir, err := os.MkdirTemp("", "outbox-faults-standby-")
 	require.NoError(t, err)
-	port, err := freePort()
+	port, err := testdb.FreePort()
 	require.NoError(t, err)
 	standby := &server{backend: "postgres", dir: dir, port: port, cred: primary.cred,
 		args: []string{"-c", fmt.Sprintf("primary_conninfo=host=127.0.0.1 port=%d user=postgres application_name=%s", primary.port, standbyName)}}

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxgo/outbox"
+	"github.com/outboxgo/outbox/internal/testdb"
 )
 
 // galeraProvider is where Debian's galera-4 package installs the wsrep provider.
@@ -63,7 +64,7 @@ func newGalera(t *testing.T) *galera {
 	gports := make([]int, n)
 	var addrs []string
 	for i := range gports {
-		p, err := freePort()
+		p, err := testdb.FreePort()
 		require.NoError(t, err)
 		gports[i] = p
 		addrs = append(addrs, fmt.Sprintf("127.0.0.1:%d", p))
@@ -76,9 +77,9 @@ func newGalera(t *testing.T) *galera {
 		}
 	})
 	for i := range n {
-		ist, err := freePort()
+		ist, err := testdb.FreePort()
 		require.NoError(t, err)
-		sst, err := freePort()
+		sst, err := testdb.FreePort()
 		require.NoError(t, err)
 		args := []string{
 			"--wsrep-on=ON", "--wsrep-provider=" + galeraProvider,

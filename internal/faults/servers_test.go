@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -19,6 +18,8 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
+
+	"github.com/outboxgo/outbox/internal/testdb"
 )
 
 // server is a private database server, a direct child of the test process, in a temporary
@@ -73,15 +74,6 @@ func stopPrivate() {
 	}
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 // pgBin returns the newest installed PostgreSQL's bin directory.
 func pgBin() (string, error) {
 	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
@@ -110,7 +102,7 @@ func newServerAs(backend, osUser string, args ...string) (*server, error) {
 	if err != nil {
 		return nil, err
 	}
-	port, err := freePort()
+	port, err := testdb.FreePort()
 	if err != nil {
 		return nil, err
 	}

@@ -100,7 +100,10 @@ func PgBouncer(t testing.TB, o BouncerOptions) string {
 		t.Fatal(err)
 	}
 	for attempt := 0; ; attempt++ {
-		listen := freePort(t)
+		listen, err := FreePort()
+		if err != nil {
+			t.Fatal(err)
+		}
 		ini := fmt.Sprintf(`[databases]
 %s = host=%s port=%s dbname=%s
 
@@ -171,16 +174,6 @@ func waitListening(addr string, exited chan error) bool {
 		time.Sleep(10 * time.Millisecond)
 	}
 	return false
-}
-
-// freePort returns a TCP port of 127.0.0.1 that nothing listened on a moment ago.
-func freePort(t testing.TB) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 func cmpOr[T comparable](v, def T) T {
