@@ -105,7 +105,8 @@ func (l *loop) claim() (batch, bool) {
 			o.Limit = probeSize
 		}
 		began := time.Now()
-		recs, err := l.claimNow(o)
+		lost := map[uuid.UUID]bool{}
+		recs, err := l.claimNow(o, lost)
 		l.adm.claimed(t, len(recs), err)
 		if err == nil {
 			l.retries.claimed(began)
@@ -122,7 +123,7 @@ func (l *loop) claim() (batch, bool) {
 		case len(recs) > 0:
 			l.pace.busy()
 			r.p.claimed.Add(int64(len(recs)))
-			return batch{recs: recs, lost: map[uuid.UUID]bool{}, ticket: t}, true
+			return batch{recs: recs, lost: lost, ticket: t}, true
 		case !t.probe: // after an empty probe the circuit waits for the next one
 			l.pace.idle(&l.retries)
 		}
@@ -143,7 +144,7 @@ func (l *loop) publish(b batch) (ahead batch, ok bool) {
 	ahead.lost = map[uuid.UUID]bool{}
 	var aheadErr error
 	if full && l.claimAhead && r.ctx.Err() == nil && l.adm.ahead(l.settler) {
-		ahead.recs, aheadErr = l.claimNow(l.o) // more is likely waiting
+		ahead.recs, aheadErr = l.claimNow(l.o, ahead.lost) // more is likely waiting
 		l.adm.claimed(ticket{}, len(ahead.recs), aheadErr)
 	} else {
 		l.settler.keep(len(b.recs))
@@ -192,9 +193,22 @@ func (l *loop) freed(out *outcomes) bool {
 	return false
 }
 
-// claimNow claims with o, settling the batch the loop carries.
-func (l *loop) claimNow(o ClaimOptions) ([]Record, error) {
-	return l.settler.claim(o)
+// claimNow claims with o, settling the batch the loop carries. A row's lease starts when
+// the database runs the claim, so a claim whose answer took over a third of the lease (a
+// commit waiting on a synchronous standby, on the disk, on a lock) may bring rows whose
+// lease ran out meanwhile and another worker claimed: their leases are renewed before
+// they are published, and the rows already lost are marked in lost, for their new owner.
+func (l *loop) claimNow(o ClaimOptions, lost map[uuid.UUID]bool) ([]Record, error) {
+	began := time.Now()
+	recs, err := l.settler.claim(o)
+	if len(recs) > 0 && time.Since(began) >= l.r.p.opts.Lease/3 {
+		held := make([]Lease, len(recs))
+		for i := range recs {
+			held[i] = recs[i].Lease()
+		}
+		l.r.extend(held, lost)
+	}
+	return recs, err
 }
 
 // pacer is a claim loop's pauses: the idle pause, which doubles while claims come back

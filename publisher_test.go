@@ -1120,6 +1120,11 @@ type faultyDialect struct {
 	lostReplies atomic.Int64
 	skipExtend  atomic.Bool
 	completes   atomic.Int64
+	// lateReply, when set, holds back the answer of the first claim that brings rows:
+	// claimed is closed once the rows are leased, and the claim returns them when lateReply
+	// is closed, as a claim whose commit waited on a synchronous standby.
+	lateReply, claimed chan struct{}
+	late               sync.Once
 }
 
 var errInjected = errors.New("injected database failure")
@@ -1128,7 +1133,14 @@ func (d *faultyDialect) Claim(ctx context.Context, db *sql.DB, t dialect.Table, 
 	if d.claimFails.Add(-1) >= 0 {
 		return nil, errInjected
 	}
-	return d.Dialect.Claim(ctx, db, t, p)
+	recs, err := d.Dialect.Claim(ctx, db, t, p)
+	if len(recs) > 0 && d.lateReply != nil {
+		d.late.Do(func() {
+			close(d.claimed)
+			<-d.lateReply
+		})
+	}
+	return recs, err
 }
 
 func (d *faultyDialect) Complete(ctx context.Context, q dialect.DBTX, t dialect.Table, o []outbox.Outcome) ([]uuid.UUID, error) {
@@ -1286,6 +1298,72 @@ func TestPublisherLeaseLost(t *testing.T) {
 			require.Equal(t, []int{2}, rec.seen(id))
 		}
 		require.Equal(t, outbox.PublisherStats{Claimed: 4, LeaseLost: 4}, stale.Stats())
+	})
+}
+
+// TestPublisherLateClaimAnswer: a claim whose answer came back after its rows' lease had
+// run out (its commit waited on a synchronous standby) does not publish the rows another
+// publisher claimed meanwhile: the late publisher renews the leases first, finds them lost,
+// and leaves the rows to their new owner.
+func TestPublisherLateClaimAnswer(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, e *pubEnv) {
+		ids := e.enqueue(t, "late", 4)
+		d := &faultyDialect{Dialect: pubDialect(e.backend), lateReply: make(chan struct{}), claimed: make(chan struct{})}
+		var rivalHolds atomic.Bool
+		var overlaps atomic.Int64
+		o := fastOptions(t, "late")
+		o.Lease = 300 * time.Millisecond
+		o.Logger = slog.New(slog.DiscardHandler) // lost leases are logged as warnings
+		late, err := outbox.NewPublisher(e.newStore(t, e.db, d), outbox.TransportFunc(func(_ context.Context, batch []outbox.Delivery) []error {
+			if rivalHolds.Load() {
+				overlaps.Add(int64(len(batch)))
+			}
+			return make([]error, len(batch))
+		}), o)
+		require.NoError(t, err)
+		stopLate := start(t, late)
+		select {
+		case <-d.claimed:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the late publisher claimed nothing")
+		}
+
+		// The rival claims the rows once their lease has run out, and holds them in its
+		// transport until the late claim has answered and the late publisher has dealt with it.
+		rivalHas, rivalGo := make(chan struct{}), make(chan struct{})
+		var once, goOnce sync.Once
+		letRivalGo := func() { goOnce.Do(func() { close(rivalGo) }) }
+		rec := newRecorder(nil)
+		rivalTr := rec.transport("rival")
+		rival, err := outbox.NewPublisher(e.newStore(t, e.openPool(t), pubDialect(e.backend)),
+			outbox.TransportFunc(func(ctx context.Context, batch []outbox.Delivery) []error {
+				rivalHolds.Store(true)
+				once.Do(func() { close(rivalHas) })
+				<-rivalGo
+				rivalHolds.Store(false)
+				return rivalTr.Publish(ctx, batch)
+			}), fastOptions(t, "late"))
+		require.NoError(t, err)
+		stopRival := start(t, rival)
+		t.Cleanup(letRivalGo) // before the rival is stopped, also when the test fails first
+		select {
+		case <-rivalHas:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the rival claimed nothing")
+		}
+		close(d.lateReply)
+		require.Eventually(t, func() bool { return late.Stats().LeaseLost == 4 || overlaps.Load() > 0 },
+			10*time.Second, 5*time.Millisecond)
+		require.Zero(t, overlaps.Load(), "the late publisher published rows the rival held")
+		letRivalGo()
+		e.waitCounts(t, 30*time.Second, func(m map[outbox.Status]int) bool { return m[outbox.StatusDelivered] == 4 })
+		stopLate()
+		stopRival()
+		for _, id := range ids {
+			require.Equal(t, []int{2}, rec.seen(id))
+		}
+		require.Equal(t, outbox.PublisherStats{Claimed: 4, LeaseLost: 4}, late.Stats())
 	})
 }
 
