@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"maps"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -696,9 +697,11 @@ func (r *run) awaitPublish(published <-chan *outcomes, ahead []Record, lost map[
 	if len(ahead) == 0 && carry == nil {
 		return <-published
 	}
-	held := make([]Lease, len(ahead))
+	held := make([]Lease, 0, len(ahead))
 	for i := range ahead {
-		held[i] = ahead[i].Lease()
+		if !lost[ahead[i].ID] { // found lost by a late claim's renewal
+			held = append(held, ahead[i].Lease())
+		}
 	}
 	var carried []Lease
 	if carry != nil {
@@ -1059,6 +1062,41 @@ func (r *run) extend(held []Lease, lost map[uuid.UUID]bool) ([]Lease, time.Durat
 		p.errs.Add(1)
 		p.log.Log(r.work, dbErrorLevel(err), "outbox publisher: lease renewal failed", "err", err, idsAttr(held))
 		return held, max(p.opts.Lease/10, time.Millisecond)
+	}
+}
+
+// confirmLate renews the leases of the rows a late claim brought (claimNow), again while
+// a renewal itself answers late, so that they are published with two thirds of their lease
+// left at least. The renewal matches the claim's token, so rows another worker claimed
+// meanwhile come back lost and go to lost, for their new owner. When a renewal fails, the
+// publisher cannot tell whether the rows are still its own: they go to lost too, uncounted,
+// and are left until their lease runs out and a claim takes them again.
+func (r *run) confirmLate(recs []Record, lost map[uuid.UUID]bool) {
+	p := r.p
+	held := make([]Lease, len(recs))
+	for i := range recs {
+		held[i] = recs[i].Lease()
+	}
+	for len(held) > 0 && r.work.Err() == nil {
+		began := time.Now()
+		err := p.store.Extend(r.work, p.opts.Lease, held...)
+		var lle *LeaseLostError
+		switch {
+		case errors.As(err, &lle):
+			r.lostLeases(lle.IDs, lost, "renewing a late claim")
+		case err != nil:
+			p.errs.Add(1)
+			p.log.Log(r.work, dbErrorLevel(err), "outbox publisher: renewing a late claim's leases failed; its rows are left until their lease runs out",
+				"err", err, idsAttr(held))
+			for _, l := range held {
+				lost[l.ID] = true
+			}
+			return
+		}
+		if time.Since(began) < p.opts.Lease/3 {
+			return
+		}
+		held = slices.DeleteFunc(held, func(l Lease) bool { return lost[l.ID] })
 	}
 }
 

@@ -194,19 +194,15 @@ func (l *loop) freed(out *outcomes) bool {
 }
 
 // claimNow claims with o, settling the batch the loop carries. A row's lease starts when
-// the database runs the claim, so a claim whose answer took over a third of the lease (a
-// commit waiting on a synchronous standby, on the disk, on a lock) may bring rows whose
-// lease ran out meanwhile and another worker claimed: their leases are renewed before
-// they are published, and the rows already lost are marked in lost, for their new owner.
+// the database runs the claim, so a claim that answered a third of the lease or more after
+// the call (its commit waited on a synchronous standby, the disk or a lock; a wait for a
+// pooled connection counts too) may bring rows whose lease ran out and that another worker
+// claimed since: they are confirmed before they are published (confirmLate).
 func (l *loop) claimNow(o ClaimOptions, lost map[uuid.UUID]bool) ([]Record, error) {
 	began := time.Now()
 	recs, err := l.settler.claim(o)
 	if len(recs) > 0 && time.Since(began) >= l.r.p.opts.Lease/3 {
-		held := make([]Lease, len(recs))
-		for i := range recs {
-			held[i] = recs[i].Lease()
-		}
-		l.r.extend(held, lost)
+		l.r.confirmLate(recs, lost)
 	}
 	return recs, err
 }

@@ -1119,6 +1119,7 @@ type faultyDialect struct {
 	// report an error anyway, as when a commit's reply is lost on the way back.
 	lostReplies atomic.Int64
 	skipExtend  atomic.Bool
+	extendFails atomic.Int64
 	completes   atomic.Int64
 	// lateReply, when set, holds back the answer of the first claim that brings rows:
 	// claimed is closed once the rows are leased, and the claim returns them when lateReply
@@ -1137,7 +1138,10 @@ func (d *faultyDialect) Claim(ctx context.Context, db *sql.DB, t dialect.Table, 
 	if len(recs) > 0 && d.lateReply != nil {
 		d.late.Do(func() {
 			close(d.claimed)
-			<-d.lateReply
+			select {
+			case <-d.lateReply:
+			case <-ctx.Done():
+			}
 		})
 	}
 	return recs, err
@@ -1160,6 +1164,9 @@ func (d *faultyDialect) Complete(ctx context.Context, q dialect.DBTX, t dialect.
 func (d *faultyDialect) Extend(ctx context.Context, q dialect.DBTX, t dialect.Table, p dialect.ExtendParams) ([]uuid.UUID, error) {
 	if d.skipExtend.Load() {
 		return nil, nil
+	}
+	if d.extendFails.Add(-1) >= 0 {
+		return nil, errInjected
 	}
 	return d.Dialect.Extend(ctx, q, t, p)
 }
@@ -1302,68 +1309,97 @@ func TestPublisherLeaseLost(t *testing.T) {
 }
 
 // TestPublisherLateClaimAnswer: a claim whose answer came back after its rows' lease had
-// run out (its commit waited on a synchronous standby) does not publish the rows another
-// publisher claimed meanwhile: the late publisher renews the leases first, finds them lost,
-// and leaves the rows to their new owner.
+// run out (its commit waited on a synchronous standby) renews the leases before it
+// publishes. Rows another publisher claimed meanwhile are left to it. When the renewal
+// fails, the rows are left until their lease runs out, and delivered by a later claim.
 func TestPublisherLateClaimAnswer(t *testing.T) {
 	t.Parallel()
-	eachBackend(t, func(t *testing.T, e *pubEnv) {
-		ids := e.enqueue(t, "late", 4)
-		d := &faultyDialect{Dialect: pubDialect(e.backend), lateReply: make(chan struct{}), claimed: make(chan struct{})}
-		var rivalHolds atomic.Bool
-		var overlaps atomic.Int64
+	// lateStart starts a publisher with a 300 ms lease whose first claim with rows answers
+	// only when release is called, and returns it, stop, what its transport saw, and
+	// release.
+	lateStart := func(t *testing.T, e *pubEnv, d *faultyDialect) (late *outbox.Publisher, stop func(), rec *recorder, release func()) {
+		d.lateReply, d.claimed = make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		release = func() { once.Do(func() { close(d.lateReply) }) }
 		o := fastOptions(t, "late")
 		o.Lease = 300 * time.Millisecond
-		o.Logger = slog.New(slog.DiscardHandler) // lost leases are logged as warnings
-		late, err := outbox.NewPublisher(e.newStore(t, e.db, d), outbox.TransportFunc(func(_ context.Context, batch []outbox.Delivery) []error {
-			if rivalHolds.Load() {
-				overlaps.Add(int64(len(batch)))
-			}
-			return make([]error, len(batch))
-		}), o)
+		o.Logger = slog.New(slog.DiscardHandler) // lost leases and the failed renewal are logged
+		rec = newRecorder(nil)
+		late, err := outbox.NewPublisher(e.newStore(t, e.db, d), rec.transport("late"), o)
 		require.NoError(t, err)
-		stopLate := start(t, late)
+		stop = start(t, late)
+		t.Cleanup(release) // before the publisher is stopped, also when the test fails first
 		select {
 		case <-d.claimed:
 		case <-time.After(30 * time.Second):
 			t.Fatal("the late publisher claimed nothing")
 		}
+		return late, stop, rec, release
+	}
 
-		// The rival claims the rows once their lease has run out, and holds them in its
-		// transport until the late claim has answered and the late publisher has dealt with it.
-		rivalHas, rivalGo := make(chan struct{}), make(chan struct{})
-		var once, goOnce sync.Once
-		letRivalGo := func() { goOnce.Do(func() { close(rivalGo) }) }
-		rec := newRecorder(nil)
-		rivalTr := rec.transport("rival")
-		rival, err := outbox.NewPublisher(e.newStore(t, e.openPool(t), pubDialect(e.backend)),
-			outbox.TransportFunc(func(ctx context.Context, batch []outbox.Delivery) []error {
-				rivalHolds.Store(true)
-				once.Do(func() { close(rivalHas) })
-				<-rivalGo
-				rivalHolds.Store(false)
-				return rivalTr.Publish(ctx, batch)
-			}), fastOptions(t, "late"))
-		require.NoError(t, err)
-		stopRival := start(t, rival)
-		t.Cleanup(letRivalGo) // before the rival is stopped, also when the test fails first
-		select {
-		case <-rivalHas:
-		case <-time.After(30 * time.Second):
-			t.Fatal("the rival claimed nothing")
-		}
-		close(d.lateReply)
-		require.Eventually(t, func() bool { return late.Stats().LeaseLost == 4 || overlaps.Load() > 0 },
-			10*time.Second, 5*time.Millisecond)
-		require.Zero(t, overlaps.Load(), "the late publisher published rows the rival held")
-		letRivalGo()
-		e.waitCounts(t, 30*time.Second, func(m map[outbox.Status]int) bool { return m[outbox.StatusDelivered] == 4 })
-		stopLate()
-		stopRival()
-		for _, id := range ids {
-			require.Equal(t, []int{2}, rec.seen(id))
-		}
-		require.Equal(t, outbox.PublisherStats{Claimed: 4, LeaseLost: 4}, late.Stats())
+	t.Run("taken meanwhile", func(t *testing.T) {
+		t.Parallel()
+		eachBackend(t, func(t *testing.T, e *pubEnv) {
+			ids := e.enqueue(t, "late", 4)
+			late, stopLate, lateRec, release := lateStart(t, e, &faultyDialect{Dialect: pubDialect(e.backend)})
+
+			// The rival claims the rows once their lease has run out, and holds them in
+			// its transport until the late claim has answered and the late publisher has
+			// stopped.
+			rivalHas, rivalGo := make(chan struct{}), make(chan struct{})
+			var has, goes sync.Once
+			letRivalGo := func() { goes.Do(func() { close(rivalGo) }) }
+			rec := newRecorder(nil)
+			rivalTr := rec.transport("rival")
+			rival, err := outbox.NewPublisher(e.newStore(t, e.openPool(t), pubDialect(e.backend)),
+				outbox.TransportFunc(func(ctx context.Context, batch []outbox.Delivery) []error {
+					has.Do(func() { close(rivalHas) })
+					<-rivalGo
+					return rivalTr.Publish(ctx, batch)
+				}), fastOptions(t, "late"))
+			require.NoError(t, err)
+			stopRival := start(t, rival)
+			t.Cleanup(letRivalGo)
+			select {
+			case <-rivalHas:
+			case <-time.After(30 * time.Second):
+				t.Fatal("the rival claimed nothing")
+			}
+			release()
+			require.Eventually(t, func() bool { return late.Stats().LeaseLost == 4 }, 10*time.Second, 5*time.Millisecond)
+			stopLate() // a batch it claimed is published before Run returns
+			for _, id := range ids {
+				require.Empty(t, lateRec.seen(id), "the late publisher published a row the rival held")
+			}
+			letRivalGo()
+			e.waitCounts(t, 30*time.Second, func(m map[outbox.Status]int) bool { return m[outbox.StatusDelivered] == 4 })
+			stopRival()
+			for _, id := range ids {
+				require.Equal(t, []int{2}, rec.seen(id))
+			}
+			require.Equal(t, outbox.PublisherStats{Claimed: 4, LeaseLost: 4}, late.Stats())
+		})
+	})
+
+	t.Run("renewal fails", func(t *testing.T) {
+		t.Parallel()
+		eachBackend(t, func(t *testing.T, e *pubEnv) {
+			ids := e.enqueue(t, "late", 4)
+			d := &faultyDialect{Dialect: pubDialect(e.backend)}
+			d.extendFails.Store(1)
+			late, _, rec, release := lateStart(t, e, d)
+			time.Sleep(300 * time.Millisecond) // the claim answers a whole lease late
+			release()
+			e.waitCounts(t, 30*time.Second, func(m map[outbox.Status]int) bool { return m[outbox.StatusDelivered] == 4 })
+			for _, id := range ids {
+				require.Equal(t, []int{2}, rec.seen(id), "published only by the claim after the lease ran out")
+			}
+			st := late.Stats()
+			require.EqualValues(t, 8, st.Claimed)
+			require.EqualValues(t, 4, st.Delivered)
+			require.EqualValues(t, 1, st.Errors)
+			require.Zero(t, st.LeaseLost)
+		})
 	})
 }
 
