@@ -232,7 +232,6 @@ func (p *Publisher) streamError(ctx context.Context, srv server, owner uuid.UUID
 	if !isPurged(err) {
 		return err
 	}
-	p.stats.resets.Add(1)
 	p.log.Error("outboxbinlog: the binlog at the stored position was purged; rows committed meanwhile are delivered by polling once their leases run out, and reading starts again at the server's current position",
 		"reader", p.o.Name, "position", p.Stats().Position, "err", err)
 	rctx := context.WithoutCancel(ctx)
@@ -244,6 +243,9 @@ func (p *Publisher) streamError(ctx context.Context, srv server, owner uuid.UUID
 		return fmt.Errorf("%w; reset failed: %w", err, cerr)
 	}
 	p.setPosition(pos)
+	// Counted once the new position is stored: a row committed after Resets went up is
+	// read from the binlog, not left to polling.
+	p.stats.resets.Add(1)
 	return fmt.Errorf("%w: %w", ErrBinlogPurged, err)
 }
 

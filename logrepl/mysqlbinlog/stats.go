@@ -25,8 +25,8 @@ type Stats struct {
 	// binlog, summed over its files, as read every HeartbeatInterval.
 	LagBytes int64
 	// Resets counts the times the binlog at the stored position was found purged and the
-	// Publisher started again from the server's current position; polling delivered the
-	// rows committed meanwhile.
+	// Publisher stored the server's current position to start again from; polling
+	// delivers the rows committed meanwhile, and the binlog those committed after the count.
 	Resets int64
 	// Skipped counts the rows read after a start, from a stored position that may lag the
 	// outcomes, that were not published because they were no longer under their insert
