@@ -1387,10 +1387,11 @@ func TestPublisherLateClaimAnswer(t *testing.T) {
 			ids := e.enqueue(t, "late", 4)
 			d := &faultyDialect{Dialect: pubDialect(e.backend)}
 			d.extendFails.Store(1)
-			late, _, rec, release := lateStart(t, e, d)
+			late, stop, rec, release := lateStart(t, e, d)
 			time.Sleep(300 * time.Millisecond) // the claim answers a whole lease late
 			release()
 			e.waitCounts(t, 30*time.Second, func(m map[outbox.Status]int) bool { return m[outbox.StatusDelivered] == 4 })
+			stop() // the counters are read once the settle that the table shows has returned
 			for _, id := range ids {
 				require.Equal(t, []int{2}, rec.seen(id), "published only by the claim after the lease ran out")
 			}
