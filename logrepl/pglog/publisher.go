@@ -151,7 +151,6 @@ func (p *Publisher) slotLost(why string) {
 	if p.lostReported.Swap(true) {
 		return
 	}
-	p.stats.slotResets.Add(1)
 	p.log.Error("outboxpglog: replication slot lost; rows committed meanwhile are delivered by polling once their leases run out, and the slot is created again",
 		"slot", p.o.Slot, "why", why)
 }

@@ -171,7 +171,11 @@ func (p *Publisher) ensureSlot(ctx context.Context, conn *pgconn.PgConn) (bool, 
 	default:
 		return false, fmt.Errorf("outboxpglog: create slot: %w", err)
 	}
-	p.lostReported.Store(false)
+	if p.lostReported.Swap(false) {
+		// Counted once the slot exists again: a row committed after SlotResets went up is
+		// read from the log, not left to polling.
+		p.stats.slotResets.Add(1)
+	}
 	p.settled.Store(0) // a new slot's positions owe nothing to the old one's
 	return created, nil
 }

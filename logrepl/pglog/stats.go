@@ -31,7 +31,8 @@ type Stats struct {
 	// to be lost) or lost.
 	WALStatus string
 	// SlotResets counts the times the slot was found dropped or invalidated and created
-	// again; polling delivered the rows committed meanwhile.
+	// again, counted once it exists again: polling delivers the rows committed meanwhile,
+	// and the log those committed after the count.
 	SlotResets int64
 	// CommitToPublish is, for the last batch, the time from its first transaction's commit
 	// (the server's clock) to its hand-over to the transport (this host's clock).
