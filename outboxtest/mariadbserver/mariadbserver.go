@@ -64,22 +64,31 @@ func Start(options ...string) (*Server, error) {
 	if out, err := install.CombinedOutput(); err != nil {
 		return fail(fmt.Errorf("mariadb-install-db: %v: %s", err, out))
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return fail(err)
-	}
-	s := &Server{dir: dir, port: l.Addr().(*net.TCPAddr).Port}
-	_ = l.Close()
-	s.args = append([]string{"--no-defaults", "--datadir=" + data,
-		"--port=" + strconv.Itoa(s.port), "--bind-address=127.0.0.1", "--socket=" + filepath.Join(dir, "mysqld.sock"),
-		"--user=root", "--skip-name-resolve", "--innodb-buffer-pool-size=32M", "--max-connections=200",
-		"--pid-file=" + filepath.Join(dir, "mysqld.pid"), "--tmpdir=" + dir,
-		"--log-bin=" + filepath.Join(dir, "binlog"), "--max-allowed-packet=64M"}, options...)
-	if err := s.start(); err != nil {
+	// A port that was free a moment ago can be given to an outgoing connection or another
+	// listener before the server binds it: a server that could not bind its port starts
+	// again on another.
+	s := &Server{dir: dir}
+	for try := 1; ; try++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return fail(err)
+		}
+		s.port = l.Addr().(*net.TCPAddr).Port
+		_ = l.Close()
+		s.args = append([]string{"--no-defaults", "--datadir=" + data,
+			"--port=" + strconv.Itoa(s.port), "--bind-address=127.0.0.1", "--socket=" + filepath.Join(dir, "mysqld.sock"),
+			"--user=root", "--skip-name-resolve", "--innodb-buffer-pool-size=32M", "--max-connections=200",
+			"--pid-file=" + filepath.Join(dir, "mysqld.pid"), "--tmpdir=" + dir,
+			"--log-bin=" + filepath.Join(dir, "binlog"), "--max-allowed-packet=64M"}, options...)
+		err = s.start()
+		if err == nil {
+			return s, nil
+		}
 		s.halt(syscall.SIGKILL)
-		return fail(err)
+		if try == 3 || !strings.Contains(err.Error(), "Address already in use") {
+			return fail(err)
+		}
 	}
-	return s, nil
 }
 
 // start starts the server and waits until it answers.
@@ -97,7 +106,10 @@ func (s *Server) start() error {
 	}
 	s.cmd, s.exited = cmd, make(chan struct{})
 	go func() { _ = cmd.Wait(); close(s.exited) }()
-	db, err := sql.Open("mysql", s.DSN(""))
+	// Over the server's own socket: on TCP another server may hold the port.
+	cfg := mysql.NewConfig()
+	cfg.User, cfg.Net, cfg.Addr, cfg.Timeout = "root", "unix", filepath.Join(s.dir, "mysqld.sock"), 5*time.Second
+	db, err := sql.Open("mysql", cfg.FormatDSN())
 	if err != nil {
 		return err
 	}

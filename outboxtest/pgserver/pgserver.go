@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -77,24 +78,32 @@ func Start(settings ...string) (*Server, error) {
 	if out, err := initdb.CombinedOutput(); err != nil {
 		return fail(fmt.Errorf("initdb: %v: %s", err, out))
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return fail(err)
+	// A port that was free a moment ago can be given to an outgoing connection or another
+	// listener before the server binds it: a server that could not bind its port starts
+	// again on another.
+	for try := 1; ; try++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return fail(err)
+		}
+		s.port = l.Addr().(*net.TCPAddr).Port
+		_ = l.Close()
+		s.args = []string{"-D", data, "-p", strconv.Itoa(s.port), "-k", dir,
+			"-c", "listen_addresses=127.0.0.1", "-c", "max_replication_slots=20",
+			"-c", "max_wal_senders=20", "-c", "max_connections=100", "-c", "shared_buffers=32MB",
+			"-c", "logging_collector=off"}
+		for _, kv := range settings {
+			s.args = append(s.args, "-c", kv)
+		}
+		err = s.start()
+		if err == nil {
+			return s, nil
+		}
+		s.halt(syscall.SIGKILL)
+		if try == 3 || !strings.Contains(err.Error(), "Address already in use") {
+			return fail(err)
+		}
 	}
-	s.port = l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
-	s.args = []string{"-D", data, "-p", strconv.Itoa(s.port), "-k", dir,
-		"-c", "listen_addresses=127.0.0.1", "-c", "max_replication_slots=20",
-		"-c", "max_wal_senders=20", "-c", "max_connections=100", "-c", "shared_buffers=32MB",
-		"-c", "logging_collector=off"}
-	for _, kv := range settings {
-		s.args = append(s.args, "-c", kv)
-	}
-	if err := s.start(); err != nil {
-		s.Stop()
-		return fail(err)
-	}
-	return s, nil
 }
 
 // binDir returns the newest installed PostgreSQL's bin directory.
@@ -128,7 +137,8 @@ func (s *Server) start() error {
 	}
 	s.cmd, s.exited = cmd, make(chan struct{})
 	go func() { _ = cmd.Wait(); close(s.exited) }()
-	db, err := sql.Open("pgx", s.DSN("postgres"))
+	// Over the server's own socket: on TCP another server may hold the port.
+	db, err := sql.Open("pgx", fmt.Sprintf("host=%s port=%d user=postgres dbname=postgres sslmode=disable connect_timeout=5", s.dir, s.port))
 	if err != nil {
 		return err
 	}

@@ -5,13 +5,6 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
-	"net"
-	"os"
-	"os/exec"
-	"os/user"
-	"path/filepath"
-	"sort"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -21,78 +14,18 @@ import (
 
 	"github.com/outboxgo/outbox"
 	"github.com/outboxgo/outbox/migrations"
+	"github.com/outboxgo/outbox/outboxtest/pgserver"
 	"github.com/outboxgo/outbox/outboxtest/testdb"
 )
 
 // logicalPostgres starts a private PostgreSQL with wal_level = logical (the shared server's
-// is replica) in a temporary directory on a free port, stopped when the test ends, and
-// returns the DSN of its postgres database.
+// is replica), stopped when the test ends, and returns the DSN of its postgres database.
 func logicalPostgres(t *testing.T) string {
 	t.Helper()
-	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
-	sort.Slice(dirs, func(i, j int) bool {
-		vi, _ := strconv.Atoi(filepath.Base(filepath.Dir(dirs[i])))
-		vj, _ := strconv.Atoi(filepath.Base(filepath.Dir(dirs[j])))
-		return vi > vj
-	})
-	if len(dirs) == 0 {
-		t.Fatal("no PostgreSQL server binaries in /usr/lib/postgresql/*/bin: install the PostgreSQL server package")
-	}
-	bin := dirs[0]
-	dir, err := os.MkdirTemp("", "outbox-e2e-pg-")
+	srv, err := pgserver.Start(append([]string{"wal_level=logical"}, pgserver.Fast...)...)
 	require.NoError(t, err)
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	var cred *syscall.Credential
-	if os.Geteuid() == 0 { // PostgreSQL refuses to run as root
-		u, err := user.Lookup("postgres")
-		require.NoError(t, err, "running as root needs a postgres user to run the server as")
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
-		require.NoError(t, os.Chown(dir, uid, gid))
-	}
-	data := filepath.Join(dir, "data")
-	initdb := exec.Command(filepath.Join(bin, "initdb"), "-D", data, "-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-sync")
-	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
-	out, err := initdb.CombinedOutput()
-	require.NoError(t, err, "initdb: %s", out)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	port := l.Addr().(*net.TCPAddr).Port
-	require.NoError(t, l.Close())
-	srv := exec.Command(filepath.Join(bin, "postgres"), "-D", data, "-p", strconv.Itoa(port), "-k", dir,
-		"-c", "listen_addresses=127.0.0.1", "-c", "wal_level=logical", "-c", "max_replication_slots=10",
-		"-c", "max_wal_senders=10", "-c", "fsync=off", "-c", "shared_buffers=32MB")
-	srv.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGKILL, Setpgid: true}
-	logf, err := os.Create(filepath.Join(dir, "server.log"))
-	require.NoError(t, err)
-	srv.Stdout, srv.Stderr = logf, logf
-	require.NoError(t, srv.Start())
-	exited := make(chan struct{})
-	go func() { _ = srv.Wait(); _ = logf.Close(); close(exited) }()
-	t.Cleanup(func() {
-		_ = srv.Process.Signal(syscall.SIGINT)
-		select {
-		case <-exited:
-		case <-time.After(30 * time.Second):
-			_ = syscall.Kill(-srv.Process.Pid, syscall.SIGKILL)
-			<-exited
-		}
-	})
-	dsn := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable&connect_timeout=5", port)
-	db, err := sql.Open("pgx", dsn)
-	require.NoError(t, err)
-	defer db.Close()
-	testdb.Poll(t, 60*time.Second, "the private PostgreSQL to answer", func() bool {
-		select {
-		case <-exited:
-			b, _ := os.ReadFile(filepath.Join(dir, "server.log"))
-			t.Fatalf("postgres exited: %s", b)
-		default:
-		}
-		return db.Ping() == nil
-	})
-	return dsn
+	t.Cleanup(srv.Stop)
+	return srv.DSN("postgres")
 }
 
 // TestRelayLogDelivery: with delivery = "log" the relay reads PostgreSQL's log through a
