@@ -252,12 +252,16 @@ func TestRelayDeliversEverywhere(t *testing.T) {
 			code, body := p.get("/healthz")
 			require.Equal(t, http.StatusOK, code)
 			require.Equal(t, "ok\n", body)
+			// Polling delivered the rows whether or not the listener was up yet.
+			testdb.Poll(t, 30*time.Second, "the PostgreSQL store's wake-up listener", func() bool {
+				_, body := p.get("/readyz")
+				return strings.Contains(body, "(wake-up listener connected)")
+			})
 			code, body = p.get("/readyz")
 			require.Equal(t, http.StatusOK, code, body)
 			require.True(t, strings.HasPrefix(body, "ready\n"), body)
 			require.Contains(t, body, "circuit: closed")
 			require.Contains(t, body, "reachable")
-			require.Contains(t, body, "(wake-up listener connected)", "the PostgreSQL store listens")
 			testdb.Poll(t, 10*time.Second, "the backlog gauges", func() bool {
 				_, m := p.get("/metrics")
 				return strings.Contains(m, `outbox_messages{`)
