@@ -11,7 +11,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,6 +21,8 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql" // registers "mysql"
+
+	"github.com/outboxgo/outbox/outboxtest/internal/serverport"
 )
 
 // Server is a private MariaDB server.
@@ -64,31 +65,24 @@ func Start(options ...string) (*Server, error) {
 	if out, err := install.CombinedOutput(); err != nil {
 		return fail(fmt.Errorf("mariadb-install-db: %v: %s", err, out))
 	}
-	// A port that was free a moment ago can be given to an outgoing connection or another
-	// listener before the server binds it: a server that could not bind its port starts
-	// again on another.
 	s := &Server{dir: dir}
-	for try := 1; ; try++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return fail(err)
-		}
-		s.port = l.Addr().(*net.TCPAddr).Port
-		_ = l.Close()
+	err = serverport.Start(func(port int) error {
+		s.port = port
 		s.args = append([]string{"--no-defaults", "--datadir=" + data,
 			"--port=" + strconv.Itoa(s.port), "--bind-address=127.0.0.1", "--socket=" + filepath.Join(dir, "mysqld.sock"),
 			"--user=root", "--skip-name-resolve", "--innodb-buffer-pool-size=32M", "--max-connections=200",
 			"--pid-file=" + filepath.Join(dir, "mysqld.pid"), "--tmpdir=" + dir,
 			"--log-bin=" + filepath.Join(dir, "binlog"), "--max-allowed-packet=64M"}, options...)
-		err = s.start()
-		if err == nil {
-			return s, nil
+		err := s.start()
+		if err != nil {
+			s.halt(syscall.SIGKILL)
 		}
-		s.halt(syscall.SIGKILL)
-		if try == 3 || !strings.Contains(err.Error(), "Address already in use") {
-			return fail(err)
-		}
+		return err
+	})
+	if err != nil {
+		return fail(err)
 	}
+	return s, nil
 }
 
 // start starts the server and waits until it answers.

@@ -12,18 +12,18 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
 	"path/filepath"
 	"sort"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
+
+	"github.com/outboxgo/outbox/outboxtest/internal/serverport"
 )
 
 // Server is a private PostgreSQL server.
@@ -78,16 +78,8 @@ func Start(settings ...string) (*Server, error) {
 	if out, err := initdb.CombinedOutput(); err != nil {
 		return fail(fmt.Errorf("initdb: %v: %s", err, out))
 	}
-	// A port that was free a moment ago can be given to an outgoing connection or another
-	// listener before the server binds it: a server that could not bind its port starts
-	// again on another.
-	for try := 1; ; try++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return fail(err)
-		}
-		s.port = l.Addr().(*net.TCPAddr).Port
-		_ = l.Close()
+	err = serverport.Start(func(port int) error {
+		s.port = port
 		s.args = []string{"-D", data, "-p", strconv.Itoa(s.port), "-k", dir,
 			"-c", "listen_addresses=127.0.0.1", "-c", "max_replication_slots=20",
 			"-c", "max_wal_senders=20", "-c", "max_connections=100", "-c", "shared_buffers=32MB",
@@ -95,15 +87,16 @@ func Start(settings ...string) (*Server, error) {
 		for _, kv := range settings {
 			s.args = append(s.args, "-c", kv)
 		}
-		err = s.start()
-		if err == nil {
-			return s, nil
+		err := s.start()
+		if err != nil {
+			s.halt(syscall.SIGKILL)
 		}
-		s.halt(syscall.SIGKILL)
-		if try == 3 || !strings.Contains(err.Error(), "Address already in use") {
-			return fail(err)
-		}
+		return err
+	})
+	if err != nil {
+		return fail(err)
 	}
+	return s, nil
 }
 
 // binDir returns the newest installed PostgreSQL's bin directory.
