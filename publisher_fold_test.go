@@ -87,6 +87,9 @@ func TestPublisherLeaseLostOnFoldedSettle(t *testing.T) {
 		d := newFoldingDialect(e.backend)
 		d.skipExtend.Store(true)
 		taken := make(chan struct{})
+		// The claim made ahead while the batch is published waits for the rival too: on a
+		// stalled machine it could run after the lease ran out and take the rows back.
+		d.gate = taken
 		var calls atomic.Int64
 		started := make(chan struct{}, 1)
 		rec := newRecorder(nil)

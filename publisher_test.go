@@ -1126,6 +1126,9 @@ type faultyDialect struct {
 	// is closed, as a claim whose commit waited on a synchronous standby.
 	lateReply, claimed chan struct{}
 	late               sync.Once
+	// gate, when set, holds every claim after the first until it is closed.
+	gate   chan struct{}
+	claims atomic.Int64
 }
 
 var errInjected = errors.New("injected database failure")
@@ -1133,6 +1136,13 @@ var errInjected = errors.New("injected database failure")
 func (d *faultyDialect) Claim(ctx context.Context, db *sql.DB, t dialect.Table, p dialect.ClaimParams) ([]outbox.Record, error) {
 	if d.claimFails.Add(-1) >= 0 {
 		return nil, errInjected
+	}
+	if d.gate != nil && d.claims.Add(1) > 1 {
+		select {
+		case <-d.gate:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
 	}
 	recs, err := d.Dialect.Claim(ctx, db, t, p)
 	if len(recs) > 0 && d.lateReply != nil {
