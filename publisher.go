@@ -1036,32 +1036,36 @@ func failAll(n int, err error) []error {
 
 // extend renews held and returns the leases still held and when to renew next.
 func (r *run) extend(held []Lease, lost map[uuid.UUID]bool) ([]Lease, time.Duration) {
+	kept, ok := r.renew(held, lost, "renewing", "")
+	if !ok {
+		// Try again soon: the lease is still running, but time is short.
+		return kept, max(r.p.opts.Lease/10, time.Millisecond)
+	}
+	return kept, r.p.opts.Lease / 3
+}
+
+// renew renews held once and returns the leases still held: those another worker took
+// over are counted, marked in lost and left out. It reports false when the renewal failed
+// (counted as an error and logged, with then saying what follows).
+func (r *run) renew(held []Lease, lost map[uuid.UUID]bool, while, then string) ([]Lease, bool) {
 	p := r.p
-	every := p.opts.Lease / 3
 	if len(held) == 0 {
-		return held, every
+		return held, true
 	}
 	err := p.store.Extend(r.work, p.opts.Lease, held...)
 	var lle *LeaseLostError
 	switch {
 	case err == nil:
-		return held, every
+		return held, true
 	case errors.As(err, &lle):
-		r.lostLeases(lle.IDs, lost, "renewing")
-		kept := held[:0]
-		for _, l := range held {
-			if !lost[l.ID] {
-				kept = append(kept, l)
-			}
-		}
-		return kept, every
+		r.lostLeases(lle.IDs, lost, while)
+		return slices.DeleteFunc(held, func(l Lease) bool { return lost[l.ID] }), true
 	case r.work.Err() != nil:
-		return held, every
+		return held, true
 	default:
-		// Try again soon: the lease is still running, but time is short.
 		p.errs.Add(1)
-		p.log.Log(r.work, dbErrorLevel(err), "outbox publisher: lease renewal failed", "err", err, idsAttr(held))
-		return held, max(p.opts.Lease/10, time.Millisecond)
+		p.log.Log(r.work, dbErrorLevel(err), "outbox publisher: lease renewal failed"+then, "err", err, idsAttr(held))
+		return held, false
 	}
 }
 
@@ -1072,31 +1076,23 @@ func (r *run) extend(held []Lease, lost map[uuid.UUID]bool) ([]Lease, time.Durat
 // publisher cannot tell whether the rows are still its own: they go to lost too, uncounted,
 // and are left until their lease runs out and a claim takes them again.
 func (r *run) confirmLate(recs []Record, lost map[uuid.UUID]bool) {
-	p := r.p
 	held := make([]Lease, len(recs))
 	for i := range recs {
 		held[i] = recs[i].Lease()
 	}
 	for len(held) > 0 && r.work.Err() == nil {
 		began := time.Now()
-		err := p.store.Extend(r.work, p.opts.Lease, held...)
-		var lle *LeaseLostError
-		switch {
-		case errors.As(err, &lle):
-			r.lostLeases(lle.IDs, lost, "renewing a late claim")
-		case err != nil:
-			p.errs.Add(1)
-			p.log.Log(r.work, dbErrorLevel(err), "outbox publisher: renewing a late claim's leases failed; its rows are left until their lease runs out",
-				"err", err, idsAttr(held))
+		kept, ok := r.renew(held, lost, "renewing a late claim", " after a late claim; its rows are left until their lease runs out")
+		if !ok {
 			for _, l := range held {
 				lost[l.ID] = true
 			}
 			return
 		}
-		if time.Since(began) < p.opts.Lease/3 {
+		if time.Since(began) < r.p.opts.Lease/3 {
 			return
 		}
-		held = slices.DeleteFunc(held, func(l Lease) bool { return lost[l.ID] })
+		held = kept
 	}
 }
 

@@ -1120,7 +1120,11 @@ type faultyDialect struct {
 	lostReplies atomic.Int64
 	skipExtend  atomic.Bool
 	extendFails atomic.Int64
-	completes   atomic.Int64
+	// slowExtends is the number of renewals still to answer extendDelay after they renewed;
+	// extends counts the renewals that reached the database.
+	slowExtends, extends atomic.Int64
+	extendDelay          time.Duration
+	completes            atomic.Int64
 	// lateReply, when set, holds back the answer of the first claim that brings rows:
 	// claimed is closed once the rows are leased, and the claim returns them when lateReply
 	// is closed, as a claim whose commit waited on a synchronous standby.
@@ -1178,7 +1182,12 @@ func (d *faultyDialect) Extend(ctx context.Context, q dialect.DBTX, t dialect.Ta
 	if d.extendFails.Add(-1) >= 0 {
 		return nil, errInjected
 	}
-	return d.Dialect.Extend(ctx, q, t, p)
+	d.extends.Add(1)
+	lost, err := d.Dialect.Extend(ctx, q, t, p)
+	if d.slowExtends.Add(-1) >= 0 {
+		time.Sleep(d.extendDelay) // the renewal's answer comes back late
+	}
+	return lost, err
 }
 
 // TestPublisherDatabaseErrors: failing claims are retried after a backoff; a failing
@@ -1388,6 +1397,25 @@ func TestPublisherLateClaimAnswer(t *testing.T) {
 				require.Equal(t, []int{2}, rec.seen(id))
 			}
 			require.Equal(t, outbox.PublisherStats{Claimed: 4, LeaseLost: 4}, late.Stats())
+		})
+	})
+
+	t.Run("renewal late too", func(t *testing.T) {
+		t.Parallel()
+		eachBackend(t, func(t *testing.T, e *pubEnv) {
+			ids := e.enqueue(t, "late", 4)
+			d := &faultyDialect{Dialect: pubDialect(e.backend), extendDelay: 150 * time.Millisecond}
+			d.slowExtends.Store(1)
+			late, stop, rec, release := lateStart(t, e, d)
+			time.Sleep(300 * time.Millisecond) // the claim answers a whole lease late
+			release()
+			e.waitCounts(t, 30*time.Second, func(m map[outbox.Status]int) bool { return m[outbox.StatusDelivered] == 4 })
+			stop()
+			for _, id := range ids {
+				require.Equal(t, []int{1}, rec.seen(id), "published from the late claim, once renewed")
+			}
+			require.GreaterOrEqual(t, d.extends.Load(), int64(2), "a renewal that answered a third of the lease late is made again")
+			require.Equal(t, outbox.PublisherStats{Claimed: 4, Delivered: 4}, late.Stats())
 		})
 	})
 
