@@ -134,6 +134,9 @@ func TestPublisherLeaseLostOnFoldedSettle(t *testing.T) {
 			require.Equal(t, 2, r.Attempts)
 		}
 
+		// Renewals back on, so that the later batch keeps its 300 ms lease on a loaded
+		// machine, and is published once.
+		d.skipExtend.Store(false)
 		later := e.enqueue(t, "foldlost", 2)
 		require.Eventually(t, func() bool { return stale.Stats().Delivered == 2 }, 10*time.Second, 5*time.Millisecond)
 		stop()
